@@ -1,0 +1,1 @@
+"""NATS JetStream plumbing: broker factory, streams, KV, dead letters, telemetry, embedded servers."""

@@ -1,0 +1,68 @@
+"""Commands (imperative) sent to one node's executor or to the preemption service."""
+
+from __future__ import annotations
+
+import time
+from typing import Annotated, Literal
+
+from pydantic import Field, TypeAdapter
+
+from .events import RankPlacement, new_id
+from .jobspec import JobSpec, Strict
+
+
+class _Command(Strict):
+    command_id: str = Field(default_factory=lambda: new_id("cmd-"))
+    job_id: str
+    node: str
+    token: int = Field(description="Fencing token of the reservation; stale tokens are refused")
+    ts: float = Field(default_factory=time.time)
+
+
+class LaunchRanks(_Command):
+    kind: Literal["launch"] = "launch"
+    spec: JobSpec
+    ranks: list[RankPlacement] = Field(description="The ranks of this job that run on this node")
+    world_size: int
+    node_rank: int
+    nodes: list[str]
+    master_addr: str
+    master_port: int = 29500
+    resume_from_checkpoint_ts: float | None = None
+
+
+class PreemptRanks(_Command):
+    kind: Literal["preempt"] = "preempt"
+    signal: str = "SIGUSR1"
+    grace_s: float = 120.0
+    reason: str = "preempted"
+
+
+class CancelRanks(_Command):
+    kind: Literal["cancel"] = "cancel"
+    reason: str = "cancelled"
+
+
+NodeCommand = Annotated[LaunchRanks | PreemptRanks | CancelRanks, Field(discriminator="kind")]
+NODE_COMMAND_ADAPTER: TypeAdapter[NodeCommand] = TypeAdapter(NodeCommand)
+
+
+class PreemptionRequest(Strict):
+    """The solver could not place a high-priority gang; the preemption service picks victims."""
+
+    request_id: str = Field(default_factory=lambda: new_id("pre-"))
+    job_id: str
+    priority: int
+    gpus: float
+    reason: str
+    ts: float = Field(default_factory=time.time)
+
+
+class SubmitReply(Strict):
+    """Answer to a request on the submit subject."""
+
+    ok: bool
+    job_id: str | None = None
+    duplicate: bool = False
+    error: str | None = None
+    warnings: list[str] = Field(default_factory=list)

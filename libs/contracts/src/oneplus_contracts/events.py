@@ -1,0 +1,207 @@
+"""Job lifecycle events (past tense) and the current-state record kept per job."""
+
+from __future__ import annotations
+
+import time
+import uuid
+from typing import Annotated, Literal
+
+from pydantic import Field, TypeAdapter
+
+from .jobspec import Domain, JobSpec, Strict
+
+JobState = Literal[
+    "SUBMITTED",
+    "ACCEPTED",
+    "REJECTED",
+    "PLACED",
+    "STARTING",
+    "RUNNING",
+    "PREEMPTING",
+    "CHECKPOINTED",
+    "SUCCEEDED",
+    "FAILED",
+    "CANCELLED",
+]
+TERMINAL_STATES: frozenset[str] = frozenset({"REJECTED", "SUCCEEDED", "FAILED", "CANCELLED"})
+ACTIVE_STATES: frozenset[str] = frozenset({"PLACED", "STARTING", "RUNNING", "PREEMPTING"})
+
+
+def new_id(prefix: str = "") -> str:
+    return prefix + uuid.uuid4().hex[:12]
+
+
+class RankPlacement(Strict):
+    rank: int = Field(ge=0)
+    node: str
+    gpus: list[int]
+    gpu_milli: int = Field(default=0, ge=0, le=1000, description="Share of each GPU; 0 for whole GPUs")
+    cpus: float = 1.0
+    memory_mb: int = 1024
+
+
+class Allocation(Strict):
+    ranks: list[RankPlacement]
+    domain: Domain = "node"
+    ring_gbps: float = 0.0
+    solver: str = "greedy"
+    score: dict[str, float] = Field(default_factory=dict, description="Objective terms of the decision")
+
+    @property
+    def nodes(self) -> list[str]:
+        seen: dict[str, None] = {}
+        for r in self.ranks:
+            seen.setdefault(r.node, None)
+        return list(seen)
+
+
+class _Event(Strict):
+    event_id: str = Field(default_factory=lambda: new_id("ev-"))
+    job_id: str
+    ts: float = Field(default_factory=time.time)
+
+
+class JobSubmitted(_Event):
+    type: Literal["submitted"] = "submitted"
+    spec: JobSpec
+    source: str = "cli"
+
+
+class JobAccepted(_Event):
+    type: Literal["accepted"] = "accepted"
+    spec: JobSpec
+    source: str = "cli"
+    warnings: list[str] = Field(default_factory=list)
+
+
+class JobRejected(_Event):
+    type: Literal["rejected"] = "rejected"
+    reason: str
+    source: str = "cli"
+    team: str | None = None
+
+
+class JobPlaced(_Event):
+    type: Literal["placed"] = "placed"
+    allocation: Allocation
+    token: int
+    attempt: int = 1
+
+
+class JobStarting(_Event):
+    type: Literal["starting"] = "starting"
+    node: str
+    token: int
+
+
+class JobRunning(_Event):
+    type: Literal["running"] = "running"
+    node: str
+    token: int
+
+
+class JobNodeFinished(_Event):
+    """One node's ranks of the job have ended; the job ends when every node has."""
+
+    type: Literal["node_finished"] = "node_finished"
+    node: str
+    token: int
+    exit_code: int
+    reason: str
+
+
+class JobFinished(_Event):
+    type: Literal["finished"] = "finished"
+    state: Literal["SUCCEEDED", "FAILED", "CANCELLED"]
+    reason: str
+    token: int | None = None
+    exit_code: int | None = None
+
+
+class JobCancelRequested(_Event):
+    type: Literal["cancel_requested"] = "cancel_requested"
+    reason: str = "cancelled by user"
+    by: str | None = None
+
+
+class JobPreempting(_Event):
+    type: Literal["preempting"] = "preempting"
+    token: int
+    preemptor: str | None = None
+    reason: str
+
+
+class JobCheckpointed(_Event):
+    type: Literal["checkpointed"] = "checkpointed"
+    node: str
+    token: int
+    checkpoint_ts: float
+    acknowledged: bool = Field(description="False when the grace period ran out before the job acknowledged")
+
+
+class JobRequeued(_Event):
+    type: Literal["requeued"] = "requeued"
+    reason: str
+    checkpoint_ts: float | None = None
+
+
+JobEvent = Annotated[
+    JobSubmitted
+    | JobAccepted
+    | JobRejected
+    | JobPlaced
+    | JobStarting
+    | JobRunning
+    | JobNodeFinished
+    | JobFinished
+    | JobCancelRequested
+    | JobPreempting
+    | JobCheckpointed
+    | JobRequeued,
+    Field(discriminator="type"),
+]
+JOB_EVENT_ADAPTER: TypeAdapter[JobEvent] = TypeAdapter(JobEvent)
+EVENT_TYPES: tuple[str, ...] = (
+    "submitted",
+    "accepted",
+    "rejected",
+    "placed",
+    "starting",
+    "running",
+    "node_finished",
+    "finished",
+    "cancel_requested",
+    "preempting",
+    "checkpointed",
+    "requeued",
+)
+
+
+def parse_job_event(data: bytes | str) -> JobEvent:
+    return JOB_EVENT_ADAPTER.validate_json(data)
+
+
+class JobRecord(Strict):
+    """Current state of one job, as kept in the `jobs` KV bucket (a cache of the event stream)."""
+
+    job_id: str
+    spec: JobSpec
+    state: JobState
+    submitted_ts: float
+    updated_ts: float
+    reason: str | None = None
+    allocation: Allocation | None = None
+    token: int | None = None
+    attempt: int = 0
+    preemptions: int = 0
+    traceparent: str | None = None
+    checkpoint_ts: float | None = None
+    started_ts: float | None = None
+    finished_ts: float | None = None
+    nodes_done: dict[str, int] = Field(default_factory=dict, description="node → exit code, for this attempt")
+    source: str = "cli"
+    warnings: list[str] = Field(default_factory=list)
+
+    @property
+    def terminal(self) -> bool:
+        return self.state in TERMINAL_STATES

@@ -1,0 +1,145 @@
+"""The one job spec every input format is translated into.
+
+A job is one gang of identical ranks; each rank asks for GPUs (whole or a fraction),
+CPU and memory. Unknown fields are an error, never silently dropped.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Annotated, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+SCHEMA_VERSION = "1"
+
+Domain = Literal["node", "leaf", "spine", "cluster"]
+ConstraintMode = Literal["required", "preferred"]
+RestartPolicy = Literal["Never", "OnFailure", "Always"]
+PullPolicy = Literal["Always", "IfNotPresent", "Never"]
+
+_NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
+_SIGNALS = {"SIGUSR1", "SIGUSR2", "SIGTERM", "SIGINT", "SIGHUP", "SIGQUIT", "SIGKILL", "SIGCONT"}
+
+
+class Strict(BaseModel):
+    """Base for every contract: unknown fields are rejected by name."""
+
+    model_config = ConfigDict(extra="forbid", frozen=False, populate_by_name=True)
+
+
+class RankResources(Strict):
+    """What one rank of the gang asks for."""
+
+    gpus: Annotated[float, Field(gt=0, le=64, description="GPUs per rank; a value below 1 is a share of one GPU")]
+    cpus: Annotated[float, Field(gt=0, le=1024)] = 1.0
+    memory_mb: Annotated[int, Field(gt=0, le=16 * 1024 * 1024)] = 1024
+    gpu_models: list[str] | None = Field(
+        default=None, description="Allowed GPU models (substring match on the device name), e.g. ['H100']"
+    )
+
+    @field_validator("gpus")
+    @classmethod
+    def _whole_or_share(cls, v: float) -> float:
+        if v > 1 and v != int(v):
+            raise ValueError(f"gpus={v}: more than one GPU must be a whole number")
+        if v < 1 and round(v * 1000) < 1:
+            raise ValueError(f"gpus={v}: a GPU share must be at least 0.001")
+        return v
+
+    @property
+    def whole_gpus(self) -> int:
+        return int(self.gpus) if self.gpus >= 1 else 0
+
+    @property
+    def gpu_milli(self) -> int:
+        """A share in thousandths of one GPU; 0 for whole-GPU ranks."""
+        return 0 if self.gpus >= 1 else round(self.gpus * 1000)
+
+
+class TopologyConstraint(Strict):
+    """Where the gang may be placed.
+
+    `domain` keeps all ranks inside one node/leaf/spine (`required` refuses to place otherwise,
+    `preferred` only scores). `group_gpus` asks that each consecutive group of K GPUs (a
+    tensor-parallel group) sits inside one NVLink domain. `max_leaves` is Slurm's --switches.
+    """
+
+    domain: Domain | None = None
+    mode: ConstraintMode = "preferred"
+    group_gpus: Annotated[int, Field(gt=0)] | None = None
+    max_leaves: Annotated[int, Field(gt=0)] | None = None
+    exclusive: bool = False
+
+
+class CheckpointPolicy(Strict):
+    signal: str = "SIGUSR1"
+    grace_s: Annotated[int, Field(ge=0, le=24 * 3600)] = 120
+    interval_s: Annotated[int, Field(gt=0)] | None = None
+    marker_path: str | None = Field(default=None, description="File the job writes when its checkpoint is done")
+
+    @field_validator("signal")
+    @classmethod
+    def _known_signal(cls, v: str) -> str:
+        s = v.upper()
+        if not s.startswith("SIG"):
+            s = "SIG" + s
+        if s not in _SIGNALS:
+            raise ValueError(f"unknown checkpoint signal {v!r}; use one of {sorted(_SIGNALS)}")
+        return s
+
+
+class SimulatedRun(Strict):
+    """For the simulated runtime (demo, simulator, tests): how the job behaves."""
+
+    duration_s: Annotated[float, Field(ge=0, le=7 * 24 * 3600)] = 1.0
+    exit_code: int = 0
+    checkpoint_after_s: Annotated[float, Field(ge=0)] | None = Field(
+        default=0.2, description="Seconds the job takes to write its checkpoint after the signal; null: never"
+    )
+
+
+class JobSpec(Strict):
+    schema_version: Literal["1"] = SCHEMA_VERSION
+    name: str
+    team: str = "default"
+    user: str = "unknown"
+    queue: str = "default"
+    priority: Annotated[int, Field(ge=0, le=1_000_000)] = 0
+    priority_class: str | None = None
+    preemptible: bool = True
+    ranks: Annotated[int, Field(ge=1, le=4096)] = 1
+    resources: RankResources
+    topology: TopologyConstraint = Field(default_factory=TopologyConstraint)
+    checkpoint: CheckpointPolicy = Field(default_factory=CheckpointPolicy)
+    image: str = "localhost/busybox:latest"
+    command: list[str] = Field(default_factory=list)
+    env: dict[str, str] = Field(default_factory=dict)
+    time_limit_s: Annotated[int, Field(gt=0)] | None = None
+    min_runtime_s: Annotated[int, Field(ge=0)] = 0
+    restart_policy: RestartPolicy = "Never"
+    pull_policy: PullPolicy = "IfNotPresent"
+    labels: dict[str, str] = Field(default_factory=dict)
+    simulate: SimulatedRun | None = None
+
+    @field_validator("name", "team", "queue")
+    @classmethod
+    def _dns_like(cls, v: str) -> str:
+        if not _NAME_RE.match(v):
+            raise ValueError(f"{v!r} must be 1-128 letters, digits, '.', '_' or '-', starting with a letter or digit")
+        return v
+
+    @model_validator(mode="after")
+    def _coherent(self) -> JobSpec:
+        if self.resources.gpus < 1 and self.ranks > 1 and self.topology.group_gpus:
+            raise ValueError("group_gpus needs whole-GPU ranks")
+        if self.topology.group_gpus and self.resources.gpus >= 1:
+            g = self.topology.group_gpus
+            per_rank = int(self.resources.gpus)
+            if g % per_rank and per_rank % g:
+                raise ValueError(f"group_gpus={g} must divide or be a multiple of gpus per rank ({per_rank})")
+        return self
+
+    @property
+    def total_gpus(self) -> float:
+        return self.ranks * self.resources.gpus

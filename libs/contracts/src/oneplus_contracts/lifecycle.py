@@ -1,0 +1,135 @@
+"""The job state machine: a pure fold of events into a `JobRecord`.
+
+Every service that changes a job's state goes through `apply_event`, so an illegal transition is
+refused the same way everywhere and a job's history can be replayed from the stream.
+"""
+
+from __future__ import annotations
+
+from .events import (
+    TERMINAL_STATES,
+    JobAccepted,
+    JobCancelRequested,
+    JobCheckpointed,
+    JobEvent,
+    JobFinished,
+    JobNodeFinished,
+    JobPlaced,
+    JobPreempting,
+    JobRecord,
+    JobRejected,
+    JobRequeued,
+    JobRunning,
+    JobStarting,
+    JobSubmitted,
+)
+
+
+class IllegalTransition(ValueError):
+    """An event that does not apply to the job's current state (stale or out of order)."""
+
+
+def _require(rec: JobRecord | None, event: JobEvent, *states: str) -> JobRecord:
+    if rec is None:
+        raise IllegalTransition(f"{event.type} for unknown job {event.job_id}")
+    if states and rec.state not in states:
+        raise IllegalTransition(f"{event.type} not allowed in state {rec.state} (job {rec.job_id})")
+    return rec
+
+
+def _token_matches(rec: JobRecord, token: int | None, event: JobEvent) -> None:
+    if token is not None and rec.token is not None and token != rec.token:
+        raise IllegalTransition(f"{event.type} carries stale token {token}, current {rec.token}")
+
+
+def apply_event(rec: JobRecord | None, event: JobEvent) -> JobRecord:
+    """Return the record after `event`; raise `IllegalTransition` when it does not apply."""
+    if rec is not None and rec.state in TERMINAL_STATES:
+        raise IllegalTransition(f"job {rec.job_id} is already {rec.state}")
+    match event:
+        case JobSubmitted() | JobAccepted():
+            if rec is not None and rec.state != "SUBMITTED":
+                raise IllegalTransition(f"job {event.job_id} already exists in state {rec.state}")
+            state = "ACCEPTED" if isinstance(event, JobAccepted) else "SUBMITTED"
+            warnings = event.warnings if isinstance(event, JobAccepted) else []
+            return JobRecord(
+                job_id=event.job_id,
+                spec=event.spec,
+                state=state,
+                submitted_ts=rec.submitted_ts if rec else event.ts,
+                updated_ts=event.ts,
+                source=event.source,
+                warnings=warnings,
+                traceparent=rec.traceparent if rec else None,
+            )
+        case JobRejected():
+            if rec is None:
+                raise IllegalTransition("a rejected submission has no record")
+            return rec.model_copy(update={"state": "REJECTED", "reason": event.reason, "updated_ts": event.ts})
+        case JobPlaced():
+            r = _require(rec, event, "ACCEPTED")
+            return r.model_copy(
+                update={
+                    "state": "PLACED",
+                    "allocation": event.allocation,
+                    "token": event.token,
+                    "attempt": event.attempt,
+                    "nodes_done": {},
+                    "reason": None,
+                    "updated_ts": event.ts,
+                }
+            )
+        case JobStarting():
+            r = _require(rec, event, "PLACED", "STARTING")
+            _token_matches(r, event.token, event)
+            return r.model_copy(update={"state": "STARTING", "updated_ts": event.ts})
+        case JobRunning():
+            r = _require(rec, event, "PLACED", "STARTING", "RUNNING")
+            _token_matches(r, event.token, event)
+            started = r.started_ts if r.state == "RUNNING" and r.started_ts else event.ts
+            return r.model_copy(update={"state": "RUNNING", "started_ts": started, "updated_ts": event.ts})
+        case JobNodeFinished():
+            r = _require(rec, event, "PLACED", "STARTING", "RUNNING", "PREEMPTING")
+            _token_matches(r, event.token, event)
+            done = dict(r.nodes_done)
+            done[event.node] = event.exit_code
+            return r.model_copy(update={"nodes_done": done, "updated_ts": event.ts})
+        case JobFinished():
+            r = _require(rec, event)
+            _token_matches(r, event.token, event)
+            return r.model_copy(
+                update={
+                    "state": event.state,
+                    "reason": event.reason,
+                    "finished_ts": event.ts,
+                    "updated_ts": event.ts,
+                }
+            )
+        case JobCancelRequested():
+            r = _require(rec, event)
+            return r.model_copy(update={"reason": event.reason, "updated_ts": event.ts})
+        case JobPreempting():
+            r = _require(rec, event, "PLACED", "STARTING", "RUNNING")
+            _token_matches(r, event.token, event)
+            return r.model_copy(update={"state": "PREEMPTING", "reason": event.reason, "updated_ts": event.ts})
+        case JobCheckpointed():
+            r = _require(rec, event, "PREEMPTING", "RUNNING", "CHECKPOINTED")
+            _token_matches(r, event.token, event)
+            state = "CHECKPOINTED" if r.state in ("PREEMPTING", "CHECKPOINTED") else r.state
+            return r.model_copy(update={"state": state, "checkpoint_ts": event.checkpoint_ts, "updated_ts": event.ts})
+        case JobRequeued():
+            r = _require(rec, event, "PREEMPTING", "CHECKPOINTED", "PLACED", "STARTING", "RUNNING")
+            ck = event.checkpoint_ts if event.checkpoint_ts is not None else r.checkpoint_ts
+            return r.model_copy(
+                update={
+                    "state": "ACCEPTED",
+                    "allocation": None,
+                    "token": None,
+                    "nodes_done": {},
+                    "reason": event.reason,
+                    "checkpoint_ts": ck,
+                    "preemptions": r.preemptions + 1,
+                    "updated_ts": event.ts,
+                }
+            )
+    raise IllegalTransition(f"unknown event {event!r}")  # pragma: no cover - the union is exhaustive

@@ -1,0 +1,84 @@
+"""The one catalogue of subjects, streams and KV buckets.
+
+Job events are `oneplus.job.<job_id>.<type>` so one job's history is one filter away.
+"""
+
+from __future__ import annotations
+
+PREFIX = "oneplus"
+
+# Request/reply into intake (core NATS; intake publishes into JetStream).
+SUBMIT = f"{PREFIX}.jobs.submit"
+
+# Streams: name → subjects.
+JOBS_STREAM = "ONEPLUS_JOBS"
+NODES_STREAM = "ONEPLUS_NODES"
+COMMANDS_STREAM = "ONEPLUS_COMMANDS"
+DEAD_LETTER_STREAM = "ONEPLUS_DLQ"
+
+JOB_EVENTS_ALL = f"{PREFIX}.job.>"
+NODE_EVENTS_ALL = f"{PREFIX}.node.>"
+COMMANDS_ALL = f"{PREFIX}.cmd.>"
+DEAD_LETTER_ALL = f"{PREFIX}.dlq.>"
+TOPOLOGY_CHANGED = f"{PREFIX}.topology.changed"
+
+STREAMS: dict[str, list[str]] = {
+    JOBS_STREAM: [JOB_EVENTS_ALL],
+    NODES_STREAM: [NODE_EVENTS_ALL, TOPOLOGY_CHANGED],
+    COMMANDS_STREAM: [COMMANDS_ALL],
+    DEAD_LETTER_STREAM: [DEAD_LETTER_ALL],
+}
+
+# KV buckets.
+JOBS_KV = "jobs"
+TOPOLOGY_KV = "topology"
+QUEUES_KV = "queues"
+
+# Ops requests (core NATS request/reply, answered by the owning service).
+OPS_QUEUE_LIST = f"{PREFIX}.ops.queue.list"
+OPS_JOB_SHOW = f"{PREFIX}.ops.job.show"
+OPS_JOB_EXPLAIN = f"{PREFIX}.ops.job.explain"
+OPS_JOB_CANCEL = f"{PREFIX}.ops.job.cancel"
+OPS_NODE_LIST = f"{PREFIX}.ops.node.list"
+OPS_NODE_DRAIN = f"{PREFIX}.ops.node.drain"
+OPS_NODE_CORDON = f"{PREFIX}.ops.node.cordon"
+OPS_NODE_UNCORDON = f"{PREFIX}.ops.node.uncordon"
+
+
+def job_event(job_id: str, event_type: str) -> str:
+    return f"{PREFIX}.job.{job_id}.{event_type}"
+
+
+def job_events_of(job_id: str) -> str:
+    return f"{PREFIX}.job.{job_id}.*"
+
+
+def all_job_events(event_type: str) -> str:
+    return f"{PREFIX}.job.*.{event_type}"
+
+
+def node_topology(node: str) -> str:
+    return f"{PREFIX}.node.{node}.topology"
+
+
+def node_heartbeat(node: str) -> str:
+    return f"{PREFIX}.node.{node}.heartbeat"
+
+
+def node_lost(node: str) -> str:
+    return f"{PREFIX}.node.{node}.lost"
+
+
+def node_command(node: str, kind: str) -> str:
+    return f"{PREFIX}.cmd.node.{node}.{kind}"
+
+
+def node_commands_of(node: str) -> str:
+    return f"{PREFIX}.cmd.node.{node}.*"
+
+
+PREEMPTION_REQUEST = f"{PREFIX}.cmd.preemption.request"
+
+
+def dead_letter(subject: str) -> str:
+    return f"{PREFIX}.dlq.{subject}"

@@ -1,0 +1,103 @@
+"""Wire form of what a node says about itself: its topology report and its heartbeats.
+
+The analysis of this data (NVLink groups, ring bandwidth, fabric tree) lives in `oneplus_topology`.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import Field
+
+from .jobspec import Strict
+
+# The PCIe tiers of `nvidia-smi topo -m`, nearest first.
+PCIE_TIERS = ("PIX", "PXB", "PHB", "NODE", "SYS")
+TopologySource = Literal["nvml", "nvidia-smi", "preset", "synthetic"]
+
+
+class GpuInfo(Strict):
+    index: int = Field(ge=0)
+    uuid: str | None = None
+    name: str = "unknown"
+    memory_mb: int | None = None
+    pci_bus_id: str | None = None
+    numa_node: int | None = None
+    cpu_affinity: str | None = Field(default=None, description="CPU list as printed, e.g. '0-47,96-143'")
+    pcie_switch: str | None = Field(default=None, description="Id of the PCIe switch above the GPU, if known")
+    nvlinks_total: int = 0
+    nvlinks_active: int = 0
+    mig_enabled: bool = False
+    clique_id: int | None = None
+    cluster_uuid: str | None = None
+    healthy: bool = True
+    health_reason: str | None = None
+
+
+class GpuLink(Strict):
+    """The connection between two GPUs as nvidia-smi prints it: `NV#` or a PCIe tier."""
+
+    a: int
+    b: int
+    kind: str = Field(description="e.g. NV12, NV2, PIX, PXB, PHB, NODE, SYS")
+    nvlinks: int = 0
+    gbps: float = Field(description="Unidirectional GB/s a ring hop over this link can carry")
+
+
+class NicInfo(Strict):
+    name: str
+    numa_node: int | None = None
+    near_gpus: list[int] = Field(default_factory=list, description="GPUs at PIX/PXB distance: this NIC's rail")
+    gpu_tiers: dict[int, str] = Field(default_factory=dict, description="PCIe tier to each GPU")
+
+
+class NodeTopology(Strict):
+    node: str
+    gpu_model: str = "unknown"
+    gpus: list[GpuInfo]
+    links: list[GpuLink] = Field(default_factory=list, description="One entry per GPU pair a<b")
+    nics: list[NicInfo] = Field(default_factory=list)
+    cpus: int = 64
+    memory_mb: int = 512 * 1024
+    leaf: str | None = None
+    spine: str | None = None
+    nvlink_domain: str | None = Field(default=None, description="Multi-node NVLink domain (NVL72 clique)")
+    nic_gbps_per_gpu: float = 50.0
+    labels: dict[str, str] = Field(default_factory=dict)
+    source: TopologySource = "nvidia-smi"
+
+
+class GpuHealth(Strict):
+    index: int
+    healthy: bool = True
+    reason: str | None = None
+    nvlinks_active: int | None = None
+
+
+class NodeHeartbeat(Strict):
+    node: str
+    ts: float
+    gpus: list[GpuHealth] = Field(default_factory=list)
+    engine_ok: bool = True
+    engine_reason: str | None = None
+    running: list[str] = Field(default_factory=list, description="Job ids with ranks running here")
+
+
+NodeStatus = Literal["ready", "lost", "draining", "cordoned", "unhealthy"]
+
+
+class NodeRecord(Strict):
+    """What the topology registry keeps per node in the `topology` KV bucket."""
+
+    topology: NodeTopology
+    status: NodeStatus = "ready"
+    last_heartbeat: float = 0.0
+    cordoned: bool = False
+    draining: bool = False
+    reason: str | None = None
+    unhealthy_gpus: list[int] = Field(default_factory=list)
+    engine_ok: bool = True
+
+    @property
+    def schedulable(self) -> bool:
+        return self.status == "ready" and not self.cordoned and not self.draining and self.engine_ok

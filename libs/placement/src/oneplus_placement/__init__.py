@@ -1,0 +1,1 @@
+"""Topology-aware gang placement: greedy and CP-SAT."""

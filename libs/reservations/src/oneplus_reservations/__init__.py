@@ -1,0 +1,1 @@
+"""Redis gang reservations: one Lua commit, leases, fencing tokens."""

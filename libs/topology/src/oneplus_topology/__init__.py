@@ -1,0 +1,1 @@
+"""Cluster topology model and parsers (nvidia-smi topo -m, NVML, cluster YAML)."""

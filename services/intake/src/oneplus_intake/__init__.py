@@ -1,0 +1,1 @@
+"""Intake service: validates and accepts jobs."""

@@ -1,0 +1,1 @@
+"""Preemption service."""

@@ -1,0 +1,1 @@
+"""OnePlus: CLI, client and the embedded dev stack."""
