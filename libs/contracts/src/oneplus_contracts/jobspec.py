@@ -100,7 +100,7 @@ class SimulatedRun(Strict):
 
 
 class JobSpec(Strict):
-    schema_version: Literal["1"] = SCHEMA_VERSION
+    schema_version: Literal["1"] = "1"
     name: str
     team: str = "default"
     user: str = "unknown"
