@@ -1,0 +1,1 @@
+"""Every input format (Kubeflow, sbatch, CloudEvents, MLflow webhooks) translated into the one JobSpec."""

@@ -1,0 +1,1 @@
+"""Queueing and preemption policy: quotas, fair share, backfill, victim choice."""

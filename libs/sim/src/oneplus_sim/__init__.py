@@ -1,0 +1,1 @@
+"""Trace simulator driving the same placement and queueing code as the live services."""

@@ -1,0 +1,5 @@
+"""CLI commands (being written)."""
+
+import typer
+
+app = typer.Typer()
