@@ -1,0 +1,268 @@
+"""Queue configuration: the organisation → team tree, guarantees and borrowing, priority classes, policy knobs.
+
+The config is kept in the `queues` KV bucket as YAML; intake calls `validate_job` to reject a job whose queue or
+priority class does not exist, and the scheduling cycle reads everything else.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from collections.abc import Iterable
+from typing import Annotated, Any
+
+import yaml
+from oneplus_contracts import JobSpec
+from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError, model_validator
+
+_NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
+DEFAULT_QUEUE = "default"
+
+
+class QueueConfigError(ValueError):
+    """The queue configuration is invalid, or a job names something it does not define."""
+
+
+class UnknownQueue(QueueConfigError):
+    def __init__(self, name: str, known: Iterable[str]) -> None:
+        self.queue = name
+        super().__init__(f"unknown queue {name!r}; known queues: {', '.join(sorted(known)) or '(none)'}")
+
+
+class UnknownPriorityClass(QueueConfigError):
+    def __init__(self, name: str, known: Iterable[str]) -> None:
+        self.priority_class = name
+        super().__init__(f"unknown priority class {name!r}; known classes: {', '.join(sorted(known)) or '(none)'}")
+
+
+class _Model(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class QueueSpec(_Model):
+    """One node of the queue tree: an organisation (no parent) or a team under one."""
+
+    name: str
+    parent: str | None = None
+    guarantee_gpus: Annotated[float, Field(ge=0)] = 0.0
+    borrow_limit_gpus: Annotated[float, Field(ge=0)] | None = Field(
+        default=None, description="GPUs it may use above its guarantee; null: no limit"
+    )
+    weight: Annotated[float, Field(gt=0)] = 1.0
+    description: str = ""
+
+    @model_validator(mode="after")
+    def _valid_name(self) -> QueueSpec:
+        if not _NAME_RE.match(self.name):
+            raise ValueError(f"queue name {self.name!r} must be 1-128 letters, digits, '.', '_' or '-'")
+        return self
+
+    @property
+    def limit_gpus(self) -> float:
+        """The most GPUs this queue may hold: guarantee plus borrow limit."""
+        if self.borrow_limit_gpus is None:
+            return math.inf
+        return self.guarantee_gpus + self.borrow_limit_gpus
+
+
+class PriorityClass(_Model):
+    value: Annotated[int, Field(ge=0, le=1_000_000)]
+    preemptible: bool = Field(default=True, description="False makes every job of the class non-preemptible")
+    description: str = ""
+
+
+class FairSharePolicy(_Model):
+    half_life_s: Annotated[float, Field(gt=0)] = 7 * 24 * 3600.0
+    weight: Annotated[float, Field(ge=0)] = 1000.0
+
+
+class AgeingPolicy(_Model):
+    """Waiting raises a job's score linearly up to `weight` at `max_age_s`, so nothing waits forever."""
+
+    weight: Annotated[float, Field(ge=0)] = 1000.0
+    max_age_s: Annotated[float, Field(gt=0)] = 24 * 3600.0
+
+
+class PreemptionPolicy(_Model):
+    enabled: bool = True
+    preemption_delay_s: Annotated[float, Field(ge=0)] = Field(
+        default=0.0, description="A pending job waits this long before it may evict anyone"
+    )
+    min_runtime_s: Annotated[float, Field(ge=0)] = Field(
+        default=0.0, description="Floor on every victim's run time since its (re)start; a job's min_runtime_s adds"
+    )
+    restart_cost_s: Annotated[float, Field(ge=0)] = Field(
+        default=60.0, description="Seconds of GPU time a restart costs each victim GPU (load, warm-up)"
+    )
+    protection_backoff: Annotated[float, Field(ge=1)] = Field(
+        default=2.0, description="Each earlier preemption multiplies a job's minimum run time by this"
+    )
+    max_preemptions_per_job: Annotated[int, Field(ge=1)] = Field(
+        default=3, description="A job preempted this many times is never preempted again"
+    )
+    rate_limit_gangs: Annotated[int, Field(ge=1)] = Field(default=20, description="Victim gangs per rate window")
+    rate_window_s: Annotated[float, Field(gt=0)] = 300.0
+    max_candidates: Annotated[int, Field(ge=1)] = Field(
+        default=64, description="Victim candidates examined per domain, cheapest first"
+    )
+    exact_search_max: Annotated[int, Field(ge=0, le=16)] = Field(
+        default=10, description="Up to this many candidates in a domain, every subset is tried (exact minimum)"
+    )
+
+
+class BackfillPolicy(_Model):
+    scan_limit: Annotated[int, Field(ge=0)] = Field(
+        default=200, description="Pending jobs examined after the head-of-line job is blocked"
+    )
+    default_time_limit_s: Annotated[float, Field(gt=0)] | None = Field(
+        default=None, description="Assumed time limit of jobs that give none; null: such jobs never end for planning"
+    )
+
+
+class QueueConfig(_Model):
+    queues: list[QueueSpec] = Field(default_factory=lambda: [QueueSpec(name=DEFAULT_QUEUE)])
+    priority_classes: dict[str, PriorityClass] = Field(default_factory=dict)
+    default_priority_class: str | None = None
+    fairshare: FairSharePolicy = Field(default_factory=FairSharePolicy)
+    ageing: AgeingPolicy = Field(default_factory=AgeingPolicy)
+    preemption: PreemptionPolicy = Field(default_factory=PreemptionPolicy)
+    backfill: BackfillPolicy = Field(default_factory=BackfillPolicy)
+
+    _by_name: dict[str, QueueSpec] = PrivateAttr(default_factory=dict)
+    _children: dict[str | None, list[str]] = PrivateAttr(default_factory=dict)
+    _paths: dict[str, tuple[str, ...]] = PrivateAttr(default_factory=dict)
+
+    @model_validator(mode="after")
+    def _coherent_tree(self) -> QueueConfig:
+        if not self.queues:
+            raise ValueError("queues: at least one queue is needed")
+        by_name: dict[str, QueueSpec] = {}
+        for q in self.queues:
+            if q.name in by_name:
+                raise ValueError(f"queues: {q.name!r} is defined twice")
+            by_name[q.name] = q
+        for q in self.queues:
+            if q.parent is not None and q.parent not in by_name:
+                raise ValueError(f"queues: {q.name!r} has unknown parent {q.parent!r}")
+        paths = {q.name: _path_to_root(q.name, by_name) for q in self.queues}
+        children: dict[str | None, list[str]] = {}
+        for q in self.queues:
+            children.setdefault(q.parent, []).append(q.name)
+        for parent, kids in children.items():
+            if parent is None:
+                continue
+            total = sum(by_name[k].guarantee_gpus for k in kids)
+            if total > by_name[parent].guarantee_gpus + 1e-9:
+                raise ValueError(
+                    f"queues: the guarantees of {parent!r}'s children sum to {total:g} GPUs, "
+                    f"more than its own guarantee of {by_name[parent].guarantee_gpus:g}"
+                )
+        if self.default_priority_class is not None and self.default_priority_class not in self.priority_classes:
+            raise ValueError(
+                f"default_priority_class {self.default_priority_class!r} is not one of the priority_classes "
+                f"({', '.join(sorted(self.priority_classes)) or 'none defined'})"
+            )
+        for name in self.priority_classes:
+            if not _NAME_RE.match(name):
+                raise ValueError(f"priority class name {name!r} must be 1-128 letters, digits, '.', '_' or '-'")
+        self._by_name = by_name
+        self._children = children
+        self._paths = paths
+        return self
+
+    # -- the tree -------------------------------------------------------------------------------------------------
+
+    def queue(self, name: str) -> QueueSpec:
+        try:
+            return self._by_name[name]
+        except KeyError:
+            raise UnknownQueue(name, self._by_name) from None
+
+    def children(self, name: str | None) -> list[str]:
+        """Children of a queue; `None` gives the organisations (top-level queues)."""
+        return list(self._children.get(name, ()))
+
+    def is_leaf(self, name: str) -> bool:
+        self.queue(name)
+        return not self._children.get(name)
+
+    def leaf_queues(self) -> list[str]:
+        return [q.name for q in self.queues if not self._children.get(q.name)]
+
+    def path(self, name: str) -> tuple[str, ...]:
+        """Queue names from the organisation down to `name`."""
+        self.queue(name)
+        return self._paths[name]
+
+    # -- jobs -----------------------------------------------------------------------------------------------------
+
+    def validate_job(self, spec: JobSpec) -> None:
+        """Raise `QueueConfigError` (with a message a person can act on) when the job cannot be queued."""
+        if not self.is_leaf(spec.queue):
+            raise QueueConfigError(
+                f"queue {spec.queue!r} is an organisation queue; submit to one of its teams: "
+                f"{', '.join(sorted(self.children(spec.queue)))}"
+            )
+        self._priority_class(spec)
+
+    def _priority_class(self, spec: JobSpec) -> PriorityClass | None:
+        name = spec.priority_class or self.default_priority_class
+        if name is None:
+            return None
+        try:
+            return self.priority_classes[name]
+        except KeyError:
+            raise UnknownPriorityClass(name, self.priority_classes) from None
+
+    def priority_of(self, spec: JobSpec) -> int:
+        """Static priority: the class's value (or the default class's) plus the job's own `priority`."""
+        pc = self._priority_class(spec)
+        return (pc.value if pc else 0) + spec.priority
+
+    def preemptible(self, spec: JobSpec) -> bool:
+        """A job is preemptible unless it or its priority class says otherwise."""
+        pc = self._priority_class(spec)
+        return spec.preemptible and (pc.preemptible if pc else True)
+
+
+def _path_to_root(name: str, by_name: dict[str, QueueSpec]) -> tuple[str, ...]:
+    path = [name]
+    seen = {name}
+    parent = by_name[name].parent
+    while parent is not None:
+        if parent in seen:
+            raise ValueError(f"queues: the parents of {name!r} form a cycle through {parent!r}")
+        seen.add(parent)
+        path.append(parent)
+        parent = by_name[parent].parent
+    return tuple(reversed(path))
+
+
+def default_config() -> QueueConfig:
+    """One `default` queue with no guarantee and no limit, so a bare system schedules by priority and age."""
+    return QueueConfig()
+
+
+def load_queue_config(yaml_text: str) -> QueueConfig:
+    """Parse the YAML form; every problem comes back as a `QueueConfigError` naming the key."""
+    try:
+        data: Any = yaml.safe_load(yaml_text)
+    except yaml.YAMLError as exc:
+        raise QueueConfigError(f"queue config is not valid YAML: {exc}") from exc
+    if data is None:
+        return default_config()
+    if not isinstance(data, dict):
+        raise QueueConfigError(f"queue config must be a mapping with a 'queues' list, got {type(data).__name__}")
+    try:
+        return QueueConfig.model_validate(data)
+    except ValidationError as exc:
+        raise QueueConfigError(_describe(exc)) from exc
+
+
+def _describe(exc: ValidationError) -> str:
+    lines = []
+    for err in exc.errors():
+        where = ".".join(str(p) for p in err["loc"]) or "(top level)"
+        msg = err["msg"].removeprefix("Value error, ")
+        lines.append(f"{where}: {msg}")
+    return "invalid queue config: " + "; ".join(lines)

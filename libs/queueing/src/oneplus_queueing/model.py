@@ -1,0 +1,138 @@
+"""What a scheduling cycle reads (pending and running jobs) and what it decides."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Literal
+
+from oneplus_contracts import ACTIVE_STATES, Allocation, Domain, JobRecord, JobSpec
+
+ReasonCode = Literal[
+    "Priority",  # jobs ahead of it (or the protected reservation) come first
+    "Resources",  # not enough free GPUs/CPU/memory now
+    "Topology",  # enough GPUs, but not inside the domain its constraint asks for
+    "QuotaExceeded",  # its queue (or an ancestor) is at guarantee + borrow limit
+    "Preempting",  # victims are being evicted for it; the freed GPUs are nominated for it
+    "InvalidQueue",  # its queue or priority class is not in the queue config
+]
+PreemptionKind = Literal["priority", "reclaim", "reservation"]
+
+
+@dataclass(frozen=True, slots=True)
+class PendingJob:
+    job_id: str
+    spec: JobSpec
+    submitted_ts: float
+    preemptions: int = 0
+    checkpoint_ts: float | None = None
+
+    @classmethod
+    def from_record(cls, rec: JobRecord) -> PendingJob:
+        if rec.state != "ACCEPTED":
+            raise ValueError(f"job {rec.job_id} is {rec.state}, not pending (ACCEPTED)")
+        return cls(rec.job_id, rec.spec, rec.submitted_ts, rec.preemptions, rec.checkpoint_ts)
+
+    @property
+    def queue(self) -> str:
+        return self.spec.queue
+
+    @property
+    def gpus(self) -> float:
+        return self.spec.total_gpus
+
+
+@dataclass(frozen=True, slots=True)
+class RunningJob:
+    """A job that holds GPUs: placed, starting, running or already being preempted."""
+
+    job_id: str
+    spec: JobSpec
+    allocation: Allocation
+    started_ts: float
+    checkpoint_ts: float | None = None
+    preemptions: int = 0
+    preempting: bool = False
+
+    @classmethod
+    def from_record(cls, rec: JobRecord) -> RunningJob:
+        if rec.state not in ACTIVE_STATES or rec.allocation is None:
+            raise ValueError(f"job {rec.job_id} is {rec.state} without an allocation; it holds no GPUs")
+        started = rec.started_ts if rec.started_ts is not None else rec.updated_ts
+        return cls(
+            rec.job_id,
+            rec.spec,
+            rec.allocation,
+            started,
+            rec.checkpoint_ts,
+            rec.preemptions,
+            rec.state == "PREEMPTING",
+        )
+
+    @property
+    def queue(self) -> str:
+        return self.spec.queue
+
+    @property
+    def gpus(self) -> float:
+        return self.spec.total_gpus
+
+    def end_ts(self, default_time_limit_s: float | None = None) -> float | None:
+        """When its time limit runs out; None when it has none (it may run forever)."""
+        limit = self.spec.time_limit_s if self.spec.time_limit_s is not None else default_time_limit_s
+        return None if limit is None else self.started_ts + limit
+
+    def lost_work_gpu_s(self, now: float) -> float:
+        """GPU-seconds thrown away if it stopped now: work since its last checkpoint of this run."""
+        since = max(self.started_ts, self.checkpoint_ts if self.checkpoint_ts is not None else self.started_ts)
+        return self.gpus * max(0.0, now - since)
+
+
+@dataclass(frozen=True, slots=True)
+class PendingReason:
+    job_id: str
+    code: ReasonCode
+    message: str
+
+
+@dataclass(frozen=True, slots=True)
+class Reservation:
+    """The head-of-line job's protected block: the domain it will start in, and when."""
+
+    job_id: str
+    domain: Domain
+    domain_name: str  # the node, leaf or spine name; "cluster" for the whole cluster
+    nodes: tuple[str, ...]
+    start_ts: float | None  # None: some blocker has no time limit, so the start cannot be known
+    allocation: Allocation
+
+
+@dataclass(frozen=True, slots=True)
+class VictimChoice:
+    preemptor: str
+    victims: tuple[str, ...]
+    nominated: Allocation  # the allocation the preemptor gets once the victims are gone
+    lost_work_gpu_s: float  # Σ GPUs × time since last checkpoint, plus restart costs
+    freed_gpus: float
+    kind: PreemptionKind
+    grace_s: float  # the longest checkpoint grace among the victims: when the nominated GPUs free up
+
+
+@dataclass
+class CycleStats:
+    placement_calls: int = 0
+    skipped_by_count: int = 0
+    skipped_by_memo: int = 0
+    victim_searches: int = 0
+    wall_s: float = 0.0
+
+
+@dataclass
+class CycleDecision:
+    now: float
+    placements: dict[str, Allocation] = field(default_factory=dict)
+    reasons: dict[str, PendingReason] = field(default_factory=dict)
+    reservation: Reservation | None = None
+    preemptions: list[VictimChoice] = field(default_factory=list)
+    order: list[str] = field(default_factory=list)  # pending job ids, first to be served first
+    scores: dict[str, float] = field(default_factory=dict)
+    stats: CycleStats = field(default_factory=CycleStats)
