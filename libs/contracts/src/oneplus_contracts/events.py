@@ -196,11 +196,13 @@ class JobRecord(Strict):
     preemptions: int = 0
     traceparent: str | None = None
     checkpoint_ts: float | None = None
+    placed_ts: float | None = None
     started_ts: float | None = None
     finished_ts: float | None = None
     nodes_done: dict[str, int] = Field(default_factory=dict, description="node → exit code, for this attempt")
     source: str = "cli"
     warnings: list[str] = Field(default_factory=list)
+    cancel_requested: bool = False
 
     @property
     def terminal(self) -> bool:

@@ -76,6 +76,7 @@ def apply_event(rec: JobRecord | None, event: JobEvent) -> JobRecord:
                     "attempt": event.attempt,
                     "nodes_done": {},
                     "reason": None,
+                    "placed_ts": event.ts,
                     "updated_ts": event.ts,
                 }
             )
@@ -107,7 +108,7 @@ def apply_event(rec: JobRecord | None, event: JobEvent) -> JobRecord:
             )
         case JobCancelRequested():
             r = _require(rec, event)
-            return r.model_copy(update={"reason": event.reason, "updated_ts": event.ts})
+            return r.model_copy(update={"reason": event.reason, "cancel_requested": True, "updated_ts": event.ts})
         case JobPreempting():
             r = _require(rec, event, "PLACED", "STARTING", "RUNNING")
             _token_matches(r, event.token, event)

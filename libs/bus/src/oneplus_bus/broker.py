@@ -1,0 +1,34 @@
+"""One FastStream NATS broker per service, with tracing, metrics and dead letters wired the same way."""
+
+from __future__ import annotations
+
+from faststream.nats import NatsBroker
+from faststream.nats.opentelemetry import NatsTelemetryMiddleware
+from faststream.nats.prometheus import NatsPrometheusMiddleware
+from opentelemetry.sdk.trace import TracerProvider
+from prometheus_client import CollectorRegistry
+
+from .deadletter import dead_letter_middleware
+from .settings import BusSettings
+
+
+def make_broker(
+    service: str,
+    settings: BusSettings,
+    tracer_provider: TracerProvider,
+    registry: CollectorRegistry | None = None,
+) -> NatsBroker:
+    middlewares: list[object] = [
+        NatsTelemetryMiddleware(tracer_provider=tracer_provider),
+        dead_letter_middleware(settings.max_deliver),
+    ]
+    if registry is not None:
+        middlewares.insert(1, NatsPrometheusMiddleware(registry=registry, app_name=service))
+    return NatsBroker(
+        settings.nats_url,
+        name=f"oneplus-{service}",
+        middlewares=middlewares,  # type: ignore[arg-type]
+        max_reconnect_attempts=-1,
+        reconnect_time_wait=1,
+        graceful_timeout=5.0,
+    )

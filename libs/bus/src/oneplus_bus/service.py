@@ -1,0 +1,206 @@
+"""The scaffold every OnePlus service shares: broker, streams, KV, ledger, NATS micro ops, background loops.
+
+A service module declares its handlers on `svc.broker`, its ops endpoints with `@svc.ops(...)` and its
+loops with `@svc.background`; `svc.run()` starts it with graceful shutdown on SIGINT/SIGTERM.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+import nats
+import nats.micro
+from faststream import FastStream
+from faststream.nats import JStream
+from nats.aio.client import Client
+from nats.js import JetStreamContext
+from nats.js.kv import KeyValue
+from nats.micro.request import Request
+from nats.micro.service import Service
+from oneplus_contracts import subjects
+from opentelemetry.sdk.trace.export import SpanExporter
+from prometheus_client import CollectorRegistry
+from pydantic import BaseModel, ValidationError
+
+from .broker import make_broker
+from .ledger import JobLedger
+from .settings import BusSettings
+from .streams import ensure_kv, ensure_streams
+from .telemetry import make_tracer_provider
+
+VERSION = "0.1.0"
+OpsHandler = Callable[[dict[str, Any], dict[str, str]], Awaitable[Any]]
+log = logging.getLogger("oneplus")
+
+
+class OpsError(Exception):
+    """An ops request that cannot be served; the message goes back to the caller as the error."""
+
+    def __init__(self, message: str, code: int = 400) -> None:
+        super().__init__(message)
+        self.code = code
+
+
+def jstream(name: str) -> JStream:
+    """A reference to a stream that `ensure_streams` declared (subscribers must not redeclare it)."""
+    return JStream(name=name, declare=False)
+
+
+class OneplusService:
+    def __init__(
+        self,
+        name: str,
+        description: str,
+        settings: BusSettings | None = None,
+        span_exporters: tuple[SpanExporter, ...] = (),
+    ) -> None:
+        self.name = name
+        self.description = description
+        self.settings = settings or BusSettings.from_env()
+        self.tracer_provider = make_tracer_provider(name, span_exporters)
+        self.tracer = self.tracer_provider.get_tracer(f"oneplus.{name}")
+        self.metrics = CollectorRegistry()
+        self.broker = make_broker(name, self.settings, self.tracer_provider, self.metrics)
+        self.app = FastStream(
+            self.broker,
+            on_startup=[self._declare],
+            after_startup=[self._after_startup],
+            on_shutdown=[self._on_shutdown],
+        )
+        self._ops: list[tuple[str, str, OpsHandler]] = []
+        self._loops: list[Callable[[], Awaitable[None]]] = []
+        self._starters: list[Callable[[], Awaitable[None]]] = []
+        self._stoppers: list[Callable[[], Awaitable[None]]] = []
+        self._tasks: list[asyncio.Task[None]] = []
+        self.micro: Service | None = None
+        self.kv: dict[str, KeyValue] = {}
+        self._js: JetStreamContext | None = None
+        self._ledger: JobLedger | None = None
+
+    # --- wiring -------------------------------------------------------------------------------
+    @property
+    def nc(self) -> Client:
+        return self.broker.connection
+
+    @property
+    def js(self) -> JetStreamContext:
+        assert self._js is not None, "service not started"
+        return self._js
+
+    @property
+    def ledger(self) -> JobLedger:
+        assert self._ledger is not None, "service not started"
+        return self._ledger
+
+    def ops(self, endpoint: str, subject: str) -> Callable[[OpsHandler], OpsHandler]:
+        def register(fn: OpsHandler) -> OpsHandler:
+            self._ops.append((endpoint, subject, fn))
+            return fn
+
+        return register
+
+    def background(self, fn: Callable[[], Awaitable[None]]) -> Callable[[], Awaitable[None]]:
+        self._loops.append(fn)
+        return fn
+
+    def on_start(self, fn: Callable[[], Awaitable[None]]) -> Callable[[], Awaitable[None]]:
+        """Runs after streams, KV and the connection exist, before background loops."""
+        self._starters.append(fn)
+        return fn
+
+    def on_stop(self, fn: Callable[[], Awaitable[None]]) -> Callable[[], Awaitable[None]]:
+        self._stoppers.append(fn)
+        return fn
+
+    # --- lifecycle ----------------------------------------------------------------------------
+    async def _declare(self) -> None:
+        # Streams must exist before the subscribers' durable consumers are created.
+        nc = await nats.connect(self.settings.nats_url, max_reconnect_attempts=5, connect_timeout=5)
+        try:
+            await ensure_streams(nc.jetstream())
+            await ensure_kv(nc.jetstream())
+        finally:
+            await nc.close()
+
+    async def _after_startup(self) -> None:
+        self._js = self.nc.jetstream()
+        self.kv = await ensure_kv(self._js)
+        self._ledger = JobLedger(self._js, self.kv[subjects.JOBS_KV])
+        self.micro = await nats.micro.add_service(
+            self.nc,
+            name=f"oneplus-{self.name}",
+            version=VERSION,
+            description=self.description,
+            metadata={"service": self.name},
+        )
+        for endpoint, subject, fn in self._ops:
+            await self.micro.add_endpoint(name=endpoint, subject=subject, handler=self._ops_adapter(fn))
+        for start in self._starters:
+            await start()
+        for loop in self._loops:
+            self._tasks.append(asyncio.create_task(self._guard(loop), name=f"{self.name}:{loop.__name__}"))
+        log.info("%s started (%d ops endpoints, %d loops)", self.name, len(self._ops), len(self._loops))
+
+    async def _guard(self, loop: Callable[[], Awaitable[None]]) -> None:
+        # A loop that raises is restarted: a transient broker or Redis error must not stop the service.
+        while True:
+            try:
+                await loop()
+                return
+            except asyncio.CancelledError:
+                raise
+            except Exception:
+                log.exception("%s: loop %s failed; restarting in 1s", self.name, loop.__name__)
+                await asyncio.sleep(1.0)
+
+    async def _on_shutdown(self) -> None:
+        for t in self._tasks:
+            t.cancel()
+        for t in self._tasks:
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await t
+        for stop in self._stoppers:
+            with contextlib.suppress(Exception):
+                await stop()
+        if self.micro is not None:
+            with contextlib.suppress(Exception):
+                await self.micro.stop()
+        self.tracer_provider.shutdown()
+
+    def _ops_adapter(self, fn: OpsHandler) -> Callable[[Request], Awaitable[None]]:
+        async def handle(req: Request) -> None:
+            try:
+                payload = json.loads(req.data or b"{}") if req.data else {}
+                if not isinstance(payload, dict):
+                    raise OpsError("the request body must be a JSON object")
+                result = await fn(payload, dict(req.headers or {}))
+                body = result.model_dump(mode="json") if isinstance(result, BaseModel) else result
+                await req.respond(json.dumps({"ok": True, "result": body}, default=_json_default).encode())
+            except OpsError as exc:
+                await req.respond_error(str(exc.code), str(exc), json.dumps({"ok": False, "error": str(exc)}).encode())
+            except (json.JSONDecodeError, ValidationError) as exc:
+                msg = f"bad request: {exc}"
+                await req.respond_error("400", msg[:500], json.dumps({"ok": False, "error": msg}).encode())
+            except Exception as exc:
+                log.exception("%s: ops handler failed", self.name)
+                msg = f"{type(exc).__name__}: {exc}"
+                await req.respond_error("500", msg[:500], json.dumps({"ok": False, "error": msg}).encode())
+
+        return handle
+
+    def run(self) -> None:
+        logging.basicConfig(level=logging.INFO, format=f"%(asctime)s {self.name} %(levelname)s %(message)s")
+        asyncio.run(self.app.run())
+
+
+def _json_default(o: Any) -> Any:
+    if isinstance(o, BaseModel):
+        return o.model_dump(mode="json")
+    if isinstance(o, set | frozenset | tuple):
+        return list(o)
+    raise TypeError(f"not JSON serialisable: {type(o).__name__}")

@@ -1,0 +1,41 @@
+"""Redis key layout. Every key of one cluster shares a hash tag, so the gang script runs on Redis Cluster too."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class KeySpace:
+    cluster: str = "default"
+
+    @property
+    def tag(self) -> str:
+        return "{oneplus:" + self.cluster + "}"
+
+    @property
+    def fence(self) -> str:
+        return f"{self.tag}:fence"
+
+    @property
+    def history(self) -> str:
+        return f"{self.tag}:history"
+
+    @property
+    def gangs(self) -> str:
+        return f"{self.tag}:gangs"
+
+    def gang(self, job_id: str) -> str:
+        return f"{self.tag}:gang:{job_id}"
+
+    def gpu(self, node: str, index: int) -> str:
+        return f"{self.tag}:gpu:{node}:{index}"
+
+    def share(self, node: str, index: int) -> str:
+        return f"{self.tag}:share:{node}:{index}"
+
+    def gpu_prefix(self) -> str:
+        return f"{self.tag}:gpu:"
+
+    def share_prefix(self) -> str:
+        return f"{self.tag}:share:"

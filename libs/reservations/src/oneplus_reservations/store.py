@@ -1,0 +1,170 @@
+"""The reservation store: the single source of truth for who holds which GPU."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import redis.asyncio as aioredis
+from oneplus_contracts import Allocation
+
+from . import scripts
+from .keys import KeySpace
+
+DEFAULT_LEASE_S = 60.0
+
+
+@dataclass(frozen=True)
+class Reservation:
+    job_id: str
+    token: int
+    allocation: Allocation
+    ts_ms: int = 0
+
+
+@dataclass(frozen=True)
+class Conflict:
+    """Why a gang commit was refused: nothing was taken."""
+
+    reason: str
+    key: str | None = None
+    holder: str | None = None
+
+
+@dataclass(frozen=True)
+class HistoryEntry:
+    op: str
+    job_id: str
+    token: int
+    slots: tuple[tuple[str, int], ...]
+    entry_id: str
+
+
+def _slots(ks: KeySpace, alloc: Allocation) -> tuple[list[str], list[str], list[int]]:
+    gpu_keys: list[str] = []
+    share_keys: list[str] = []
+    milli: list[int] = []
+    for rank in alloc.ranks:
+        for g in rank.gpus:
+            gpu_keys.append(ks.gpu(rank.node, g))
+            share_keys.append(ks.share(rank.node, g))
+            milli.append(rank.gpu_milli)
+    return gpu_keys, share_keys, milli
+
+
+def _s(v: object) -> str:
+    return v.decode() if isinstance(v, bytes) else str(v)
+
+
+class ReservationStore:
+    def __init__(self, client: aioredis.Redis, cluster: str = "default") -> None:
+        self.r = client
+        self.ks = KeySpace(cluster)
+        self._reserve = client.register_script(scripts.RESERVE)
+        self._release = client.register_script(scripts.RELEASE)
+        self._renew = client.register_script(scripts.RENEW)
+
+    @classmethod
+    def from_url(cls, url: str, cluster: str = "default") -> ReservationStore:
+        return cls(aioredis.Redis.from_url(url), cluster)
+
+    async def close(self) -> None:
+        await self.r.aclose()
+
+    async def reserve(self, job_id: str, alloc: Allocation, lease_s: float = DEFAULT_LEASE_S) -> int | Conflict:
+        """Take every GPU (and share) of every rank, or nothing. Returns the fencing token."""
+        gpu_keys, share_keys, milli = _slots(self.ks, alloc)
+        if len(set(gpu_keys)) != len(gpu_keys):
+            return Conflict("the allocation names one GPU twice")
+        keys = [self.ks.fence, self.ks.gang(job_id), self.ks.history, self.ks.gangs, *gpu_keys, *share_keys]
+        args: list[str | int] = [job_id, alloc.model_dump_json(), int(lease_s * 1000), len(gpu_keys), *milli]
+        res = await self._reserve(keys=keys, args=args)
+        if int(res[0]) == 1:
+            return int(res[1])
+        return Conflict(_s(res[1]), _s(res[2]) if len(res) > 2 else None, _s(res[3]) if len(res) > 3 else None)
+
+    async def release(self, job_id: str, token: int | None = None, reason: str = "finished") -> bool:
+        """Free the gang's GPUs; with a token, only if it is still current (a stale actor frees nothing)."""
+        keys = [self.ks.gang(job_id), self.ks.history, self.ks.gangs]
+        res = await self._release(keys=keys, args=[job_id, token or 0, reason])
+        return int(res[0]) == 1
+
+    async def renew(self, job_id: str, token: int, lease_s: float = DEFAULT_LEASE_S) -> bool:
+        res = await self._renew(keys=[self.ks.gang(job_id)], args=[job_id, token, int(lease_s * 1000)])
+        return int(res[0]) == 1
+
+    async def get(self, job_id: str) -> Reservation | None:
+        data = await self.r.hgetall(self.ks.gang(job_id))
+        if not data:
+            return None
+        d = {_s(k): _s(v) for k, v in data.items()}
+        return Reservation(job_id, int(d["token"]), Allocation.model_validate_json(d["alloc"]), int(d.get("ts", "0")))
+
+    async def current_token(self, job_id: str) -> int | None:
+        tok = await self.r.hget(self.ks.gang(job_id), "token")
+        return int(tok) if tok is not None else None
+
+    async def all(self) -> list[Reservation]:
+        """Every live reservation; gangs whose lease expired are pruned from the index as they are found."""
+        jobs = [_s(j) for j in await self.r.smembers(self.ks.gangs)]
+        out: list[Reservation] = []
+        for job in sorted(jobs):
+            res = await self.get(job)
+            if res is None:
+                await self.r.srem(self.ks.gangs, job)
+                continue
+            out.append(res)
+        return out
+
+    async def history(self, count: int | None = None) -> list[HistoryEntry]:
+        entries = await self.r.xrange(self.ks.history, count=count)
+        out: list[HistoryEntry] = []
+        for entry_id, fields in entries or []:
+            f = {_s(k): _s(v) for k, v in (fields or {}).items()}
+            slots: list[tuple[str, int]] = []
+            for slot in filter(None, f.get("slots", "").split(",")):
+                key, _, milli = slot.rpartition("=")
+                slots.append((key, int(milli)))
+            out.append(HistoryEntry(f["op"], f["job"], int(f["token"]), tuple(slots), _s(entry_id)))
+        return out
+
+    async def held_slots(self) -> dict[str, str]:
+        """Whole-GPU key → holder, read straight from Redis (for audits and tests)."""
+        out: dict[str, str] = {}
+        async for key in self.r.scan_iter(match=self.ks.gpu_prefix() + "*", count=1000):
+            val = await self.r.get(key)
+            if val is not None:
+                out[_s(key)] = _s(val)
+        return out
+
+    async def wipe(self) -> None:
+        """Delete every key of this cluster (tests and `oneplus dev reset`)."""
+        async for key in self.r.scan_iter(match=self.ks.tag + "*", count=1000):
+            await self.r.delete(key)
+
+
+def check_history(entries: Sequence[HistoryEntry]) -> list[str]:
+    """Replay the reservation history; return every moment a GPU was held twice (empty: the invariant held)."""
+    whole: dict[str, str] = {}
+    shares: dict[str, dict[str, int]] = {}
+    problems: list[str] = []
+    for e in entries:
+        holder = f"{e.job_id}|{e.token}"
+        for key, milli in e.slots:
+            if e.op == "reserve":
+                used = sum(shares.get(key, {}).values())
+                if milli == 0:
+                    if key in whole or used:
+                        problems.append(f"{e.entry_id}: {key} taken by {holder} while held by {whole.get(key)}")
+                    whole[key] = holder
+                else:
+                    if key in whole or used + milli > 1000:
+                        problems.append(f"{e.entry_id}: share {key} over-committed by {holder}")
+                    shares.setdefault(key, {})[holder] = milli
+            elif e.op == "release":
+                if milli == 0:
+                    if whole.get(key) == holder:
+                        del whole[key]
+                else:
+                    shares.get(key, {}).pop(holder, None)
+    return problems

@@ -1,0 +1,124 @@
+"""A runtime that runs no process: each job 'runs' for its simulated duration.
+
+Used by the demo, the end-to-end tests and the simulator's live mode. It honours the same
+lifecycle as a container: signals, checkpoint acknowledgement after a delay, stop, exit codes.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from dataclasses import dataclass, field
+
+from oneplus_contracts import LaunchRanks
+
+from .base import RanksExit, RunningRanks
+
+STOPPED_EXIT = 143  # 128 + SIGTERM, as a container stopped by the engine reports it
+
+
+@dataclass
+class _SimJob:
+    cmd: LaunchRanks
+    env: dict[int, dict[str, str]]
+    started: float
+    task: asyncio.Task[RanksExit] | None = None
+    stop_reason: str | None = None
+    checkpoint_ts: float | None = None
+    signals: list[str] = field(default_factory=list)
+    logs: list[str] = field(default_factory=list)
+    stopped: asyncio.Event = field(default_factory=asyncio.Event)
+
+
+class SimulatedRuntime:
+    name = "simulated"
+
+    def __init__(self, time_scale: float = 1.0) -> None:
+        self.time_scale = time_scale
+        self._jobs: dict[str, _SimJob] = {}
+
+    async def launch(self, cmd: LaunchRanks, env_per_rank: dict[int, dict[str, str]]) -> None:
+        current = self._jobs.get(cmd.job_id)
+        if current is not None and current.cmd.token >= cmd.token:
+            return  # idempotent by (job, token): a redelivered launch starts nothing
+        job = _SimJob(cmd=cmd, env=env_per_rank, started=time.time())
+        job.logs.extend(f"[rank {r.rank}] started on {r.node} gpus={r.gpus}" for r in cmd.ranks)
+        job.task = asyncio.create_task(self._run(job), name=f"sim:{cmd.job_id}")
+        self._jobs[cmd.job_id] = job
+
+    async def _run(self, job: _SimJob) -> RanksExit:
+        sim = job.cmd.spec.simulate
+        duration = (sim.duration_s if sim else 1.0) * self.time_scale
+        code = sim.exit_code if sim else 0
+        try:
+            await asyncio.wait_for(job.stopped.wait(), timeout=duration)
+        except TimeoutError:
+            job.logs.extend(f"[rank {r.rank}] exited {code}" for r in job.cmd.ranks)
+            return RanksExit(
+                code, "exited" if code == 0 else f"exit code {code}", {r.rank: code for r in job.cmd.ranks}
+            )
+        reason = job.stop_reason or "stopped"
+        return RanksExit(
+            STOPPED_EXIT,
+            reason,
+            {r.rank: STOPPED_EXIT for r in job.cmd.ranks},
+            checkpointed=job.checkpoint_ts is not None,
+            checkpoint_ts=job.checkpoint_ts,
+        )
+
+    async def wait(self, job_id: str) -> RanksExit:
+        job = self._jobs[job_id]
+        assert job.task is not None
+        return await asyncio.shield(job.task)
+
+    async def signal(self, job_id: str, signal: str) -> None:
+        job = self._jobs.get(job_id)
+        if job is None:
+            return
+        job.signals.append(signal)
+        job.logs.append(f"received {signal}")
+        sim = job.cmd.spec.simulate
+        delay = sim.checkpoint_after_s if sim else 0.2
+        if signal == job.cmd.spec.checkpoint.signal and delay is not None:
+            asyncio.get_running_loop().call_later(delay * self.time_scale, self._mark_checkpoint, job)
+
+    def _mark_checkpoint(self, job: _SimJob) -> None:
+        job.checkpoint_ts = time.time()
+        job.logs.append("checkpoint written")
+
+    async def checkpoint_acknowledged(self, job_id: str) -> float | None:
+        job = self._jobs.get(job_id)
+        return job.checkpoint_ts if job else None
+
+    async def stop(self, job_id: str, grace_s: float) -> None:
+        job = self._jobs.get(job_id)
+        if job is None:
+            return
+        job.stop_reason = job.stop_reason or "stopped"
+        job.stopped.set()
+
+    async def list_running(self) -> list[RunningRanks]:
+        return [
+            RunningRanks(j.cmd.job_id, j.cmd.token, tuple(r.rank for r in j.cmd.ranks))
+            for j in self._jobs.values()
+            if j.task is not None and not j.task.done()
+        ]
+
+    async def logs(self, job_id: str, rank: int | None, follow: bool) -> list[str]:
+        job = self._jobs.get(job_id)
+        if job is None:
+            return []
+        if rank is None:
+            return list(job.logs)
+        return [line for line in job.logs if line.startswith(f"[rank {rank}]") or not line.startswith("[rank")]
+
+    async def healthy(self) -> tuple[bool, str | None]:
+        return True, None
+
+    async def close(self) -> None:
+        for job in self._jobs.values():
+            job.stopped.set()
+            if job.task is not None:
+                with contextlib.suppress(Exception):
+                    await job.task

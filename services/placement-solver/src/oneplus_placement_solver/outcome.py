@@ -1,0 +1,45 @@
+"""How a job's attempt ends once its nodes report: pure, so the rule is tested without a broker."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+from oneplus_contracts import JobRecord
+
+
+@dataclass(frozen=True)
+class AttemptOutcome:
+    action: Literal["wait", "finish", "requeue", "stop_others"]
+    state: Literal["SUCCEEDED", "FAILED", "CANCELLED"] | None = None
+    reason: str = ""
+    exit_code: int | None = None
+    stop_nodes: tuple[str, ...] = ()
+
+
+def attempt_outcome(rec: JobRecord) -> AttemptOutcome:
+    """Decide what the nodes' reports so far mean for the job."""
+    cancel_requested = rec.cancel_requested
+    if rec.allocation is None:
+        return AttemptOutcome("wait")
+    nodes = rec.allocation.nodes
+    done = rec.nodes_done
+    failed = {n: c for n, c in done.items() if c != 0}
+    pending = tuple(n for n in nodes if n not in done)
+    if rec.state in ("PREEMPTING", "CHECKPOINTED"):
+        if pending:
+            return AttemptOutcome("wait")
+        return AttemptOutcome("requeue", reason=rec.reason or "preempted")
+    if pending:
+        if failed and not cancel_requested:
+            node, code = next(iter(failed.items()))
+            return AttemptOutcome(
+                "stop_others", reason=f"rank on {node} exited with code {code}", stop_nodes=pending, exit_code=code
+            )
+        return AttemptOutcome("wait")
+    if cancel_requested:
+        return AttemptOutcome("finish", "CANCELLED", rec.reason or "cancelled", exit_code=None)
+    if failed:
+        node, code = sorted(failed.items())[0]
+        return AttemptOutcome("finish", "FAILED", f"rank on {node} exited with code {code}", exit_code=code)
+    return AttemptOutcome("finish", "SUCCEEDED", "all ranks exited 0", exit_code=0)

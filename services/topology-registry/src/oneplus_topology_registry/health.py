@@ -1,0 +1,55 @@
+"""Pure rules for a node's status from its reports, heartbeats and the operator's requests."""
+
+from __future__ import annotations
+
+from oneplus_contracts import NodeHeartbeat, NodeRecord, NodeStatus
+
+
+def status_of(rec: NodeRecord, now: float, lost_after_s: float) -> NodeStatus:
+    if rec.last_heartbeat and now - rec.last_heartbeat > lost_after_s:
+        return "lost"
+    if rec.cordoned:
+        return "cordoned"
+    if rec.draining:
+        return "draining"
+    if not rec.engine_ok or (rec.topology.gpus and len(rec.unhealthy_gpus) == len(rec.topology.gpus)):
+        return "unhealthy"
+    return "ready"
+
+
+def apply_heartbeat(rec: NodeRecord, hb: NodeHeartbeat) -> NodeRecord:
+    """Fold a heartbeat in: GPU health, engine health and NVLink degradation (fewer active links)."""
+    by_index = {g.index: g for g in hb.gpus}
+    gpus = []
+    unhealthy: list[int] = []
+    for g in rec.topology.gpus:
+        h = by_index.get(g.index)
+        if h is None:
+            gpus.append(g)
+            continue
+        active = h.nvlinks_active if h.nvlinks_active is not None else g.nvlinks_active
+        gpus.append(g.model_copy(update={"healthy": h.healthy, "health_reason": h.reason, "nvlinks_active": active}))
+        if not h.healthy:
+            unhealthy.append(g.index)
+    topo = rec.topology.model_copy(update={"gpus": gpus})
+    return rec.model_copy(
+        update={
+            "topology": topo,
+            "last_heartbeat": hb.ts,
+            "unhealthy_gpus": unhealthy,
+            "engine_ok": hb.engine_ok,
+            "reason": hb.engine_reason if not hb.engine_ok else None,
+        }
+    )
+
+
+def summary_changed(a: NodeRecord, b: NodeRecord) -> bool:
+    """Whether placement must hear about it (heartbeat timestamps alone are not news)."""
+    return (
+        a.status != b.status
+        or a.unhealthy_gpus != b.unhealthy_gpus
+        or a.engine_ok != b.engine_ok
+        or [g.nvlinks_active for g in a.topology.gpus] != [g.nvlinks_active for g in b.topology.gpus]
+        or a.cordoned != b.cordoned
+        or a.draining != b.draining
+    )

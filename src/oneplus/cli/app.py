@@ -1,0 +1,288 @@
+"""`oneplus`: the operator's and user's command line."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import signal
+import sys
+import time
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+from typing import Annotated, Any, TypeVar
+
+import typer
+from oneplus_contracts import subjects
+from rich.console import Console
+
+from ..client import OnePlusClient, PlatformError
+from . import place, sim, slurm, topology
+from .render import jobs_table, nodes_table
+
+app = typer.Typer(help="OnePlus: topology-aware, atomic gang scheduling for private GPU clouds.", no_args_is_help=True)
+jobs_app = typer.Typer(help="Look at and act on jobs.", no_args_is_help=True)
+nodes_app = typer.Typer(help="The cluster's nodes.", invoke_without_command=True)
+dev_app = typer.Typer(help="The embedded development stack.", no_args_is_help=True)
+app.add_typer(jobs_app, name="jobs")
+app.add_typer(nodes_app, name="nodes")
+app.add_typer(dev_app, name="dev")
+app.add_typer(topology.app, name="topology", help="Read and show node topologies.")
+app.add_typer(sim.app, name="sim", help="Replay traces on a modelled cluster.")
+if hasattr(place, "place"):
+    app.command("place")(place.place)
+for _name in ("sbatch", "squeue", "scancel", "sinfo"):
+    if hasattr(slurm, _name):
+        app.command(_name, context_settings={"allow_extra_args": True, "ignore_unknown_options": True})(
+            getattr(slurm, _name)
+        )
+
+console = Console()
+err = Console(stderr=True)
+T = TypeVar("T")
+NatsOpt = Annotated[str | None, typer.Option("--nats", envvar="NATS_URL", help="NATS server URL")]
+TeamOpt = Annotated[str | None, typer.Option("--team", envvar="ONEPLUS_TEAM", help="Act as this team")]
+JsonOpt = Annotated[bool, typer.Option("--json", help="Print JSON")]
+
+
+def fail(message: str, code: int = 2) -> typer.Exit:
+    err.print(f"[red]error:[/] {message}")
+    return typer.Exit(code)
+
+
+def call(nats: str | None, team: str | None, fn: Callable[[OnePlusClient], Awaitable[T]]) -> T:
+    async def go() -> T:
+        async with OnePlusClient.connect(nats, team=team) as c:
+            return await fn(c)
+
+    try:
+        return asyncio.run(go())
+    except PlatformError as exc:
+        raise fail(str(exc)) from exc
+
+
+def dump(obj: Any) -> None:
+    print(json.dumps(obj, indent=2, default=str))
+
+
+@app.command()
+def submit(
+    file: Annotated[Path, typer.Option("-f", "--file", help="JobSpec, PyTorchJob, MPIJob, TrainJob or sbatch script")],
+    dry_run: Annotated[bool, typer.Option("--dry-run", help="Print the normalised job spec; submit nothing")] = False,
+    as_json: JsonOpt = False,
+    msg_id: Annotated[
+        str | None, typer.Option("--id", help="Submission id: a retry with the same id is not a second job")
+    ] = None,
+    nats: NatsOpt = None,
+    team: TeamOpt = None,
+) -> None:
+    """Submit a job from a file."""
+    from oneplus_jobformats.errors import JobFormatError
+    from oneplus_jobformats.load import load_job_document
+    from oneplus_jobformats.summary import dry_run_summary
+
+    try:
+        text = file.read_text(encoding="utf-8")
+    except OSError as exc:
+        raise fail(f"cannot read {file}: {exc.strerror}") from exc
+    try:
+        tr = load_job_document(text, filename=str(file))
+    except JobFormatError as exc:
+        raise fail(str(exc)) from exc
+    spec = tr.spec if team is None else tr.spec.model_copy(update={"team": team})
+    for w in tr.warnings:
+        err.print(f"[yellow]warning:[/] {w}")
+    if dry_run:
+        summary = dry_run_summary(spec, tr.warnings)
+        if as_json:
+            dump(summary)
+        else:
+            console.print_json(json.dumps(summary, default=str))
+        return
+    reply = call(nats, team, lambda c: c.submit(spec, msg_id=msg_id, source=f"cli:{tr.kind}"))
+    if as_json:
+        dump(reply.model_dump(mode="json"))
+    if not reply.ok:
+        raise fail(f"rejected: {reply.error}", 1)
+    if not as_json:
+        note = " (already submitted: same id)" if reply.duplicate else ""
+        console.print(f"submitted job [bold]{reply.job_id}[/]{note}")
+
+
+@app.command()
+def queue(nats: NatsOpt = None, team: TeamOpt = None, as_json: JsonOpt = False) -> None:
+    """Pending and running jobs, squeue-like, with the reason a pending job waits."""
+    rows = call(nats, team, lambda c: c.queue())
+    if as_json:
+        dump(rows)
+        return
+    from rich.table import Table
+
+    t = Table(title="queue")
+    for col in ("JOBID", "QUEUE", "NAME", "USER", "ST", "TIME", "GPUS", "NODELIST(REASON)"):
+        t.add_column(col)
+    for r in rows:
+        t.add_row(r["job_id"], r["queue"], r["name"], r["user"], r["st"], r["time"], r["gpus"], r["where"])
+    console.print(t)
+
+
+@jobs_app.command("list")
+def jobs_list(nats: NatsOpt = None, team: TeamOpt = None, as_json: JsonOpt = False) -> None:
+    """Every job (of your team, with --team)."""
+    jobs = call(nats, team, lambda c: c.list_jobs(team))
+    if as_json:
+        dump([j.model_dump(mode="json") for j in jobs])
+    else:
+        console.print(jobs_table(jobs))
+
+
+@jobs_app.command("show")
+def jobs_show(job_id: str, nats: NatsOpt = None, team: TeamOpt = None, as_json: JsonOpt = False) -> None:
+    """One job: its spec, state, allocation and history."""
+    rec = call(nats, team, lambda c: c.get_job(job_id))
+    if as_json:
+        dump(rec.model_dump(mode="json"))
+        return
+    console.print(jobs_table([rec], title=rec.job_id))
+    if rec.allocation:
+        for r in rec.allocation.ranks:
+            console.print(
+                f"  rank {r.rank}: {r.node} GPUs {r.gpus}" + (f" ({r.gpu_milli}/1000 each)" if r.gpu_milli else "")
+            )
+        console.print(
+            f"  domain {rec.allocation.domain}, ring {rec.allocation.ring_gbps:g} GB/s, solver {rec.allocation.solver}"
+        )
+    if rec.reason:
+        console.print(f"  reason: {rec.reason}")
+
+
+@jobs_app.command("explain")
+def jobs_explain(job_id: str, nats: NatsOpt = None, team: TeamOpt = None, as_json: JsonOpt = False) -> None:
+    """Why a job is pending, in terms you can act on."""
+    res = call(nats, team, lambda c: c.explain(job_id))
+    if as_json:
+        dump(res)
+    else:
+        console.print(res.get("message", res))
+
+
+@jobs_app.command("cancel")
+def jobs_cancel(job_id: str, nats: NatsOpt = None, team: TeamOpt = None) -> None:
+    """Cancel a job (same as `oneplus cancel`)."""
+    res = call(nats, team, lambda c: c.cancel(job_id, team))
+    console.print(f"cancel requested for {res['job_id']} (was {res['state']})")
+
+
+@app.command()
+def cancel(job_id: str, nats: NatsOpt = None, team: TeamOpt = None) -> None:
+    """Cancel a job: pending jobs end at once, running ranks are stopped."""
+    jobs_cancel(job_id, nats, team)
+
+
+@nodes_app.callback()
+def nodes(ctx: typer.Context, nats: NatsOpt = None, as_json: JsonOpt = False) -> None:
+    """sinfo-like view: node, leaf, GPUs free/total, NVLink summary, health."""
+    if ctx.invoked_subcommand is not None:
+        return
+
+    async def go(c: OnePlusClient) -> tuple[list[Any], list[Any]]:
+        return await c.nodes(), await c.list_jobs()
+
+    node_list, jobs = call(nats, None, go)
+    used: dict[str, int] = {}
+    for j in jobs:
+        if j.allocation is not None and not j.terminal:
+            for r in j.allocation.ranks:
+                used[r.node] = used.get(r.node, 0) + (len(r.gpus) if not r.gpu_milli else 0)
+    if as_json:
+        dump([{**n.model_dump(mode="json"), "gpus_used": used.get(n.topology.node, 0)} for n in node_list])
+    else:
+        console.print(nodes_table(node_list, used))
+
+
+@nodes_app.command("show")
+def nodes_show(node: str, nats: NatsOpt = None) -> None:
+    """One node: the GPU link matrix, NVLink groups, NUMA and NICs."""
+    node_list = call(nats, None, lambda c: c.nodes())
+    match = [n for n in node_list if n.topology.node == node]
+    if not match:
+        raise fail(f"no node {node!r}; known: {', '.join(n.topology.node for n in node_list)}")
+    console.print(topology.render_link_matrix(match[0].topology))
+
+
+def _node_op(subject: str, node: str, nats: str | None, **extra: Any) -> None:
+    res = call(nats, None, lambda c: c.node_op(subject, node, **extra))
+    console.print(f"{res['node']}: {res['status']}")
+
+
+@nodes_app.command("drain")
+def nodes_drain(node: str, nats: NatsOpt = None) -> None:
+    """Place nothing new on NODE; running jobs finish."""
+    _node_op(subjects.OPS_NODE_DRAIN, node, nats)
+
+
+@nodes_app.command("cordon")
+def nodes_cordon(node: str, nats: NatsOpt = None) -> None:
+    """Mark NODE unschedulable."""
+    _node_op(subjects.OPS_NODE_CORDON, node, nats)
+
+
+@nodes_app.command("uncordon")
+def nodes_uncordon(node: str, nats: NatsOpt = None) -> None:
+    """Make NODE schedulable again (clears drain too)."""
+    _node_op(subjects.OPS_NODE_UNCORDON, node, nats)
+
+
+@dev_app.command("up")
+def dev_up(
+    runtime: Annotated[str, typer.Option(help="simulated or docker")] = "simulated",
+) -> None:
+    """Start the embedded stack (NATS, Redis, five services, four simulated nodes) until Ctrl-C."""
+    from ..devstack import EmbeddedServers, Platform, urls_from_env
+
+    nats_url, redis_url = urls_from_env()
+    servers = None if nats_url and redis_url else EmbeddedServers().start()
+    nats_url = nats_url or (servers.nats_url if servers else "")
+    redis_url = redis_url or (servers.redis_url if servers else "")
+    platform = Platform(nats_url, redis_url, runtime=runtime).start()
+    console.print(f"NATS_URL={nats_url}\nREDIS_URL={redis_url}\nlogs: {platform.logdir}")
+    console.print("export those two variables in another shell to use the CLI; Ctrl-C stops everything")
+    stopping = False
+
+    def _stop(*_: object) -> None:
+        nonlocal stopping
+        stopping = True
+
+    signal.signal(signal.SIGTERM, _stop)
+    try:
+        while not stopping:
+            dead = platform.dead()
+            if dead:
+                err.print(f"[red]process exited:[/] {dead} (see {platform.logdir})")
+                break
+            time.sleep(0.5)
+    except KeyboardInterrupt:
+        pass
+    finally:
+        platform.stop()
+        if servers is not None:
+            servers.stop()
+        console.print("stopped")
+
+
+@app.command()
+def demo(
+    jobs: Annotated[int, typer.Option(help="How many gangs to submit")] = 20,
+    seed: Annotated[int, typer.Option(help="Workload seed")] = 7,
+    runtime: Annotated[str, typer.Option(help="simulated, or docker (ONEPLUS_DOCKER_URL)")] = "simulated",
+) -> None:
+    """Run the platform on the embedded default with a mixed workload of 1- to 16-GPU gangs."""
+    from ..demo import run_demo
+
+    raise typer.Exit(run_demo(jobs, seed, runtime))
+
+
+def main() -> None:
+    try:
+        app()
+    except KeyboardInterrupt:
+        sys.exit(130)

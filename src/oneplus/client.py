@@ -1,0 +1,108 @@
+"""A Python client for CI scripts and the CLI: submit jobs and ask the platform about them over NATS.
+
+async with OnePlusClient.connect() as c:
+    reply = await c.submit(spec, msg_id="ci-run-1234")
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import AsyncIterator, Mapping
+from contextlib import asynccontextmanager
+from typing import Any
+
+import nats
+from nats.aio.client import Client
+from nats.errors import NoRespondersError
+from nats.errors import TimeoutError as NatsTimeout
+from oneplus_contracts import JobRecord, JobSpec, NodeRecord, SubmitReply, subjects
+
+
+class PlatformError(RuntimeError):
+    """The platform answered with an error, or nobody answered."""
+
+
+class OnePlusClient:
+    def __init__(self, nc: Client, team: str | None = None, timeout: float = 5.0) -> None:
+        self.nc = nc
+        self.team = team
+        self.timeout = timeout
+
+    @classmethod
+    @asynccontextmanager
+    async def connect(
+        cls, nats_url: str | None = None, *, team: str | None = None, timeout: float = 5.0
+    ) -> AsyncIterator[OnePlusClient]:
+        url = nats_url or os.environ.get("NATS_URL", "nats://127.0.0.1:4222")
+        try:
+            nc = await nats.connect(url, connect_timeout=3, max_reconnect_attempts=2, allow_reconnect=False)
+        except Exception as exc:
+            raise PlatformError(f"cannot reach NATS at {url}: {exc}; is the platform up (`oneplus dev up`)?") from exc
+        try:
+            yield cls(nc, team=team or os.environ.get("ONEPLUS_TEAM"), timeout=timeout)
+        finally:
+            await nc.close()
+
+    async def _request(self, subject: str, body: bytes, headers: Mapping[str, str] | None = None) -> bytes:
+        try:
+            msg = await self.nc.request(subject, body, timeout=self.timeout, headers=dict(headers or {}))
+        except NoRespondersError as exc:
+            raise PlatformError(f"no service answers on {subject}; is the platform up?") from exc
+        except NatsTimeout as exc:
+            raise PlatformError(f"no answer on {subject} within {self.timeout:g}s") from exc
+        return bytes(msg.data)
+
+    async def submit_raw(self, body: bytes, headers: Mapping[str, str] | None = None) -> SubmitReply:
+        data = await self._request(subjects.SUBMIT, body, headers)
+        return SubmitReply.model_validate_json(data)
+
+    async def submit(self, spec: JobSpec, *, msg_id: str | None = None, source: str = "cli") -> SubmitReply:
+        headers = {"Oneplus-Source": source}
+        if msg_id:
+            headers["Nats-Msg-Id"] = msg_id
+        return await self.submit_raw(spec.model_dump_json().encode(), headers)
+
+    async def ops(self, subject: str, payload: Mapping[str, Any] | None = None) -> Any:
+        body = dict(payload or {})
+        if self.team and "team" not in body:
+            body["team"] = self.team
+        data = await self._request(subject, json.dumps(body).encode())
+        try:
+            reply = json.loads(data)
+        except json.JSONDecodeError as exc:
+            raise PlatformError(f"unreadable answer on {subject}: {data[:200]!r}") from exc
+        if not reply.get("ok"):
+            raise PlatformError(str(reply.get("error") or reply))
+        return reply["result"]
+
+    async def get_job(self, job_id: str) -> JobRecord:
+        return JobRecord.model_validate(await self.ops(subjects.OPS_JOB_SHOW, {"job_id": job_id}))
+
+    async def list_jobs(self, team: str | None = None) -> list[JobRecord]:
+        payload = {"team": team} if team else {}
+        rows = await self.ops(f"{subjects.PREFIX}.ops.job.list", payload)
+        return [JobRecord.model_validate(r) for r in rows]
+
+    async def cancel(self, job_id: str, team: str | None = None) -> dict[str, Any]:
+        payload: dict[str, Any] = {"job_id": job_id, "by": os.environ.get("USER", "cli")}
+        if team:
+            payload["team"] = team
+        result: dict[str, Any] = await self.ops(subjects.OPS_JOB_CANCEL, payload)
+        return result
+
+    async def explain(self, job_id: str) -> dict[str, Any]:
+        result: dict[str, Any] = await self.ops(subjects.OPS_JOB_EXPLAIN, {"job_id": job_id})
+        return result
+
+    async def queue(self) -> list[dict[str, Any]]:
+        result: list[dict[str, Any]] = await self.ops(subjects.OPS_QUEUE_LIST, {})
+        return result
+
+    async def nodes(self) -> list[NodeRecord]:
+        rows = await self.ops(subjects.OPS_NODE_LIST, {})
+        return [NodeRecord.model_validate(r) for r in rows]
+
+    async def node_op(self, subject: str, node: str, **extra: Any) -> dict[str, Any]:
+        result: dict[str, Any] = await self.ops(subject, {"node": node, **extra})
+        return result
