@@ -1,0 +1,28 @@
+"""Scheduling policies the simulator compares; `make_policy` builds one by its report name."""
+
+from __future__ import annotations
+
+from ..engine import Policy
+from .baselines import FifoFirstFit, K8sDefault, KueueTas, SlurmTree
+
+BASELINES = ("k8s-default", "slurm-tree", "kueue-tas", "fifo-firstfit")
+POLICY_NAMES = ("oneplus", *BASELINES)
+
+
+def make_policy(name: str, seed: int = 0) -> Policy:
+    if name == "k8s-default":
+        return K8sDefault(seed)
+    if name == "slurm-tree":
+        return SlurmTree()
+    if name == "kueue-tas":
+        return KueueTas()
+    if name == "fifo-firstfit":
+        return FifoFirstFit()
+    if name == "oneplus":
+        from .oneplus import OnePlusPolicy
+
+        return OnePlusPolicy(seed)
+    raise ValueError(f"unknown policy {name!r}; choose from {', '.join(POLICY_NAMES)}")
+
+
+__all__ = ["BASELINES", "POLICY_NAMES", "FifoFirstFit", "K8sDefault", "KueueTas", "SlurmTree", "make_policy"]

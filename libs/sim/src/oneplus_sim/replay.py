@@ -1,0 +1,102 @@
+"""One trace replay: load, apply the trace rules, run every policy on its own copy, assemble the report."""
+
+from __future__ import annotations
+
+import copy
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from .cluster import SimCluster, load_cluster
+from .engine import SimResult, Simulation
+from .metrics import figures
+from .policies import make_policy
+from .trace import SimJob, TraceError, TraceRules, cut, load_trace
+
+
+@dataclass
+class ReplaySpec:
+    cluster: Path | str | SimCluster
+    trace: Path | str | Sequence[SimJob]
+    policies: Sequence[str]
+    window: tuple[int, int] | None = None
+    max_jobs: int | None = None
+    seed: int = 0
+    load: float = 1.0
+    preempt_grace_s: float = 30.0
+    rules: TraceRules | None = None
+
+
+@dataclass
+class Replay:
+    report: dict[str, object]
+    results: dict[str, SimResult] = field(default_factory=dict)
+    cluster: SimCluster | None = None
+
+
+def prepare_jobs(spec: ReplaySpec, cluster: SimCluster) -> tuple[list[SimJob], dict[str, object], TraceRules]:
+    if isinstance(spec.trace, (str, Path)):
+        trace = load_trace(spec.trace)
+        raw, source, dropped = trace.jobs, str(spec.trace), trace.dropped
+    else:
+        raw, source, dropped = list(spec.trace), "in-memory", {}
+    jobs = cut(raw, spec.window, spec.max_jobs, spec.load)
+    rules = spec.rules or TraceRules(seed=spec.seed)
+    rules.apply(jobs, cluster.max_node_gpus)
+    fit, rejected = [], []
+    for j in jobs:
+        (fit if _can_ever_fit(cluster, j) else rejected).append(j)
+    if not fit:
+        raise TraceError("no job of the selection fits on this cluster")
+    info: dict[str, object] = {
+        "source": source,
+        "jobs_selected": len(jobs),
+        "jobs_rejected_too_big": len(rejected),
+        "dropped_at_load": dropped,
+        "window": list(spec.window) if spec.window else None,
+        "max_jobs": spec.max_jobs,
+        "load": spec.load,
+    }
+    return fit, info, rules
+
+
+def _can_ever_fit(cluster: SimCluster, job: SimJob) -> bool:
+    ok = 0
+    for n in cluster.nodes:
+        k = n.kind
+        if job.gpu_models and k.gpu_model not in job.gpu_models:
+            continue
+        if k.cpus < job.cpus or k.memory_mb < job.memory_mb:
+            continue
+        if k.n_gpus >= (1 if job.gpu_milli else job.gpus_per_rank):
+            ok += 1
+    return ok >= job.ranks
+
+
+def run_replay(spec: ReplaySpec, on_progress: Callable[[str, int, int], None] | None = None) -> Replay:
+    cluster = spec.cluster if isinstance(spec.cluster, SimCluster) else load_cluster(spec.cluster)
+    jobs, trace_info, rules = prepare_jobs(spec, cluster)
+    report: dict[str, object] = {
+        "cluster": cluster.describe(),
+        "trace": trace_info,
+        "seed": spec.seed,
+        "rules": rules.describe(),
+        "preempt_grace_s": spec.preempt_grace_s,
+        "policies": {},
+    }
+    results: dict[str, SimResult] = {}
+    policies: dict[str, object] = {}
+    total = len(jobs)
+    for name in spec.policies:
+        policy = make_policy(name, spec.seed)
+        run_jobs = copy.deepcopy(jobs)
+        cb = (lambda done, _n=name: on_progress(_n, done, total)) if on_progress else None
+        t0 = time.perf_counter()
+        res = Simulation(cluster, run_jobs, policy, preempt_grace_s=spec.preempt_grace_s, on_progress=cb).run()
+        figs = figures(res)
+        figs["wall_s"] = round(time.perf_counter() - t0, 2)
+        policies[name] = figs
+        results[name] = res
+    report["policies"] = policies
+    return Replay(report, results, cluster)
