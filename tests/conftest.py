@@ -1,0 +1,79 @@
+"""Shared fixtures: a real NATS JetStream and a real Redis.
+
+When NATS_URL / REDIS_URL are set the tests use those servers (and wipe OnePlus's streams, buckets
+and keys there first); otherwise they start the embedded default from the wheels, once per session.
+"""
+
+from __future__ import annotations
+
+import os
+import uuid
+from collections.abc import AsyncIterator, Iterator
+
+import nats
+import pytest
+import redis.asyncio as aioredis
+from nats.aio.client import Client
+
+from oneplus.devstack import EmbeddedServers
+from oneplus_contracts import subjects
+from oneplus_reservations import ReservationStore
+
+
+class Servers:
+    def __init__(self, nats_url: str, redis_url: str) -> None:
+        self.nats_url = nats_url
+        self.redis_url = redis_url
+
+
+@pytest.fixture(scope="session")
+def servers() -> Iterator[Servers]:
+    nats_url, redis_url = os.environ.get("NATS_URL"), os.environ.get("REDIS_URL")
+    embedded = None
+    if not nats_url or not redis_url:
+        embedded = EmbeddedServers().start()
+    try:
+        yield Servers(nats_url or embedded.nats_url, redis_url or embedded.redis_url)  # type: ignore[union-attr]
+    finally:
+        if embedded is not None:
+            embedded.stop()
+
+
+async def wipe_bus(nc: Client) -> None:
+    """Delete OnePlus's streams and KV buckets so a test starts from nothing."""
+    js = nc.jetstream()
+    for name in subjects.STREAMS:
+        try:
+            await js.delete_stream(name)
+        except Exception:  # not there yet
+            pass
+    for bucket in (subjects.JOBS_KV, subjects.TOPOLOGY_KV, subjects.QUEUES_KV):
+        try:
+            await js.delete_key_value(bucket)
+        except Exception:  # not there yet
+            pass
+
+
+@pytest.fixture
+async def nc(servers: Servers) -> AsyncIterator[Client]:
+    client = await nats.connect(servers.nats_url)
+    await wipe_bus(client)
+    try:
+        yield client
+    finally:
+        await client.close()
+
+
+@pytest.fixture
+async def store(servers: Servers) -> AsyncIterator[ReservationStore]:
+    s = ReservationStore(aioredis.Redis.from_url(servers.redis_url), cluster=f"t{uuid.uuid4().hex[:8]}")
+    try:
+        yield s
+    finally:
+        await s.wipe()
+        await s.close()
+
+
+@pytest.fixture
+def cluster_name() -> str:
+    return f"t{uuid.uuid4().hex[:8]}"
