@@ -1,0 +1,78 @@
+"""The communication model: ring bandwidth of a gang's GPUs, inside a node and across the fabric.
+
+Inside a node a ring is as fast as its weakest GPU-to-GPU hop (the node's bandwidth matrix). Across nodes every GPU
+sends through its own NIC rail, so the ring also cannot beat one NIC's rate per GPU (Gb/s / 8 = GB/s), divided by the
+fabric's oversubscription once the ring leaves a leaf. The simulator uses the same function for a job's speed.
+"""
+
+from __future__ import annotations
+
+import math
+
+from oneplus_contracts import Allocation
+
+from .snapshot import ClusterLike, Layout, _Holdings, _layout_of
+
+
+def layout_of(where: _Holdings | Layout | ClusterLike) -> Layout:
+    if isinstance(where, Layout):
+        return where
+    if isinstance(where, _Holdings):
+        return where.layout
+    return _layout_of(where)
+
+
+def fabric_gbps(layout: Layout, crosses_leaf: bool) -> float:
+    """GB/s one GPU's ring hop gets over the network."""
+    rate = layout.nic_gbps_per_gpu / 8
+    return rate / layout.oversubscription if crosses_leaf else rate
+
+
+def allocation_ring_gbps(where: _Holdings | Layout | ClusterLike, alloc: Allocation) -> float:
+    """Bottleneck GB/s of one ring through every GPU of `alloc` (0 for a single GPU or GPU share)."""
+    layout = layout_of(where)
+    masks: dict[int, int] = {}
+    for r in alloc.ranks:
+        i = layout.index(r.node)
+        masks[i] = masks.get(i, 0) | layout.slots[i].shape.mask_of(r.gpus)
+    return _ring_of(layout, masks)
+
+
+def ring_of_masks(layout: Layout, masks: dict[int, int]) -> float:
+    return _ring_of(layout, masks)
+
+
+def _ring_of(layout: Layout, masks: dict[int, int]) -> float:
+    if not masks:
+        return 0.0
+    if len(masks) == 1:
+        ((i, mask),) = masks.items()
+        return layout.slots[i].shape.ring_gbps(mask)
+    intra = math.inf
+    for i, mask in masks.items():
+        if mask.bit_count() > 1:
+            intra = min(intra, layout.slots[i].shape.ring_gbps(mask))
+    leaves = {layout.slots[i].leaf for i in masks}
+    return min(intra, fabric_gbps(layout, len(leaves) > 1))
+
+
+def ideal_ring_gbps(where: _Holdings | Layout | ClusterLike, total_gpus: int, gpus_per_rank: int = 1) -> float:
+    """The best ring any placement of this gang could get on an empty cluster (the B* of a job)."""
+    layout = layout_of(where)
+    if total_gpus < 2 or gpus_per_rank < 1:
+        return 0.0
+    best = 0.0
+    biggest_leaf = max(len(nodes) for nodes in layout.leaf_nodes)
+    for shape in {id(s.shape): s.shape for s in layout.slots}.values():
+        if gpus_per_rank > shape.n:
+            continue
+        if total_gpus <= shape.n:
+            top = shape.top(shape.full, total_gpus)
+            best = max(best, shape.ring_gbps(top[0]) if top else 0.0)
+            continue
+        per_node = (shape.n // gpus_per_rank) * gpus_per_rank
+        nodes = math.ceil(total_gpus / per_node)
+        top = shape.top(shape.full, per_node)
+        intra = shape.ring_gbps(top[0]) if top and per_node > 1 else math.inf
+        best = max(best, min(intra, fabric_gbps(layout, nodes > biggest_leaf)))
+    return best

@@ -1,0 +1,193 @@
+"""Why a gang cannot be placed, in terms a person can act on: which constraint blocks at which level."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass, field
+
+from .fitters import static_eligible
+from .levels import DomainSearch
+from .request import GangRequest
+from .snapshot import _Holdings
+
+_WHERE = {"node": "on one node", "leaf": "under one leaf", "spine": "under one spine", "cluster": "in the cluster"}
+
+
+@dataclass(frozen=True)
+class Explanation:
+    """`level` is where the gang stops fitting ("request" when no node could ever host it)."""
+
+    level: str
+    constraint: str
+    needed_gpus: float
+    message: str
+    best_candidate: str | None = None
+    best_free_gpus: float = 0.0
+    best_usable_gpus: float = 0.0
+    ahead: tuple[str, ...] = ()
+    preempt_to_fit: tuple[str, ...] = ()
+    fits_now: bool = False
+    details: dict[str, float] = field(default_factory=dict)
+
+    def to_dict(self) -> dict[str, object]:
+        d = asdict(self)
+        d["ahead"] = list(self.ahead)
+        d["preempt_to_fit"] = list(self.preempt_to_fit)
+        return d
+
+
+def _never(req: GangRequest, constraint: str, message: str) -> Explanation:
+    return Explanation(level="request", constraint=constraint, needed_gpus=req.total_gpus, message=message)
+
+
+def static_reason(snap: _Holdings, req: GangRequest) -> Explanation | None:
+    """A reason no node of this cluster could host one unit even when empty, or None."""
+    slots = snap.layout.slots
+    if any(static_eligible(snap.layout, req)):
+        return None
+    by_model = [s for s in slots if s.matches_model(req.models)]
+    if not by_model:
+        have = sorted({s.gpu_model for s in slots})
+        return _never(req, "gpu_model", f"needs GPU model {' or '.join(req.models or ())}; this cluster has {have}")
+    if not req.shared:
+        biggest = max(by_model, key=lambda s: s.shape.n)
+        if biggest.shape.n < req.unit_gpus:
+            unit = "rank" if req.ranks_per_unit == 1 else f"tensor-parallel group of {req.ranks_per_unit} ranks"
+            return _never(
+                req,
+                "rank_size",
+                f"a {unit} needs {req.unit_gpus} GPUs on one node; the largest node ({biggest.name}) has "
+                f"{biggest.shape.n}",
+            )
+        if req.group > 1:
+            widest = max(by_model, key=lambda s: s.shape.largest_domain)
+            return _never(
+                req,
+                "nvlink_domain",
+                f"each tensor-parallel group of {req.group} GPUs must sit inside one NVLink domain; the largest "
+                f"NVLink domain here has {widest.shape.largest_domain} GPUs ({widest.name})",
+            )
+    most_cpu = max(s.cpus for s in by_model)
+    if most_cpu + 1e-9 < req.unit_cpus:
+        return _never(req, "cpu", f"a rank needs {req.unit_cpus:g} CPUs; the largest node has {most_cpu:g}")
+    most_mem = max(s.memory_mb for s in by_model)
+    return _never(req, "memory", f"a rank needs {req.unit_memory_mb} MB; the largest node has {most_mem} MB")
+
+
+def _amount(req: GangRequest, units: float) -> str:
+    if req.shared:
+        return f"room for {units:g} share{'s' if units != 1 else ''}"
+    return f"{units * req.unit_gpus:g} free"
+
+
+def diagnose(snap: _Holdings, req: GangRequest, search: DomainSearch) -> Explanation:
+    """The widest allowed level, its best domain and what it lacks."""
+    static = static_reason(snap, req)
+    if static is not None:
+        return static
+    level = req.levels()[-1]
+    name, usable, raw = _best_domain(snap, search, level)
+    need = req.units
+    what = req.describe()
+    where = _WHERE[level]
+    qualifiers: list[str] = []
+    if req.models:
+        qualifiers.append(f"on {' or '.join(req.models)} GPUs")
+    if req.exclusive:
+        qualifiers.append("on idle nodes")
+    if req.group > 1:
+        qualifiers.append(f"in NVLink groups of {req.group}")
+    qual = (" " + " ".join(qualifiers)) if qualifiers else ""
+    limit = req.max_leaves if req.required else None
+    if limit is not None and level in ("spine", "cluster") and search.plans(level, limit=1) == []:
+        best_leaves = sorted(search.leaf_caps, reverse=True)[:limit]
+        got = sum(best_leaves)
+        if sum(search.leaf_caps) >= need:
+            return Explanation(
+                level=level,
+                constraint="max_leaves",
+                needed_gpus=req.total_gpus,
+                best_usable_gpus=got * max(req.unit_gpus, 1),
+                message=f"needs {what}{qual} across at most {limit} leaves; the best {limit} have {_amount(req, got)}",
+            )
+    message = f"needs {what}{qual} {where}; "
+    if name is None:
+        message += "no node has room"
+    else:
+        if level == "cluster":
+            message += f"the cluster has {_amount(req, usable)}"
+        else:
+            message += f"best {level} {name} has {_amount(req, usable)}"
+        if not req.shared and raw > usable * req.unit_gpus:
+            message += f" ({raw} free GPUs in all, but only {usable * req.unit_gpus} in usable sets)"
+    constraint = "capacity" if level == "cluster" else "domain"
+    ceiling = _static_ceiling(snap, req, level)
+    if ceiling < need:
+        room = _amount(req, ceiling).replace(" free", "")
+        message += f"; even an empty {level} holds only {room}, so it can never fit"
+        constraint = "domain_size" if level != "cluster" else "cluster_size"
+    return Explanation(
+        level=level,
+        constraint=constraint,
+        needed_gpus=req.total_gpus,
+        message=message,
+        best_candidate=name,
+        best_free_gpus=float(raw),
+        best_usable_gpus=float(usable * (req.unit_gpus or req.milli / 1000)),
+        details={"units_needed": float(need), "units_best": float(usable)},
+    )
+
+
+def _best_domain(snap: _Holdings, search: DomainSearch, level: str) -> tuple[str | None, int, int]:
+    """(name, usable units, raw free GPUs) of the domain of `level` with the most usable units."""
+    layout = snap.layout
+    eligible = search.fitter.eligible
+    fc = snap.free_count
+    if level == "node":
+        if not search.caps:
+            return None, 0, 0
+        i = max(search.caps, key=lambda n: (search.caps[n], fc[n], -n))
+        return layout.slots[i].name, search.caps[i], fc[i]
+    if level == "leaf":
+        caps, groups, names = search.leaf_caps, layout.leaf_nodes, layout.leaf_names
+    elif level == "spine":
+        caps = search.spine_caps
+        groups = tuple(tuple(i for leaf in leaves for i in layout.leaf_nodes[leaf]) for leaves in layout.spine_leaves)
+        names = layout.spine_names
+    else:
+        raw = sum(fc[i] for i in range(len(fc)) if eligible[i])
+        return layout.name, sum(search.leaf_caps), raw
+    best = max(range(len(caps)), key=lambda g: (caps[g], -g))
+    raw = sum(fc[i] for i in groups[best] if eligible[i])
+    return names[best], caps[best], raw
+
+
+def _static_ceiling(snap: _Holdings, req: GangRequest, level: str) -> int:
+    """Units the largest domain of `level` holds when empty."""
+    layout = snap.layout
+    key = ("ceiling", level, req.models, req.unit_gpus, req.group, req.milli, req.unit_cpus, req.unit_memory_mb)
+    got = layout.cache.get(key)
+    if isinstance(got, int):
+        return got
+    eligible = static_eligible(layout, req)
+    per_node = [0] * len(layout.slots)
+    for s in layout.slots:
+        if not eligible[s.index]:
+            continue
+        if req.shared:
+            gpu = s.shape.n * (1000 // req.milli)
+        else:
+            gpu = s.shape.capacity(s.shape.full, req.unit_gpus, req.group)
+        per_node[s.index] = min(gpu, int(s.cpus // req.unit_cpus), s.memory_mb // req.unit_memory_mb)
+    groups: Sequence[Sequence[int]]
+    if level == "node":
+        groups = [[i] for i in range(len(per_node))]
+    elif level == "leaf":
+        groups = layout.leaf_nodes
+    elif level == "spine":
+        groups = [[i for leaf in leaves for i in layout.leaf_nodes[leaf]] for leaves in layout.spine_leaves]
+    else:
+        groups = [list(range(len(per_node)))]
+    ceiling = max(sum(per_node[i] for i in g) for g in groups)
+    layout.cache[key] = ceiling
+    return ceiling

@@ -1,0 +1,237 @@
+"""How one node hosts units of a gang: whole GPUs (by ring quality) or GPU shares (packed onto shared GPUs).
+
+A fitter answers three questions per node — how many units fit now, how good a home the node is for `u` units
+(a sort key: best fit first), and which GPUs those units get — so the domain search above it is the same for both.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from .request import GangRequest
+from .shape import NodeShape, bits, popcount
+from .snapshot import FULL_SHARE, Layout, NodeSlot, _Holdings
+
+NodeKey = tuple[float, ...]
+
+
+@dataclass(frozen=True)
+class RankPick:
+    """One rank's GPUs on one node (positions as a mask) and its share of each, 0 for whole GPUs."""
+
+    node: int
+    mask: int
+    milli: int
+
+
+def tie_break(i: int, seed: int) -> int:
+    """Seed 0 keeps node order; another seed gives another fixed order among equally good nodes."""
+    if seed == 0:
+        return i
+    return ((i + 1) * 0x9E3779B1 ^ (seed * 0x85EBCA6B)) & 0xFFFFFFFF
+
+
+def static_eligible(layout: Layout, req: GangRequest) -> tuple[bool, ...]:
+    """Nodes that could host one unit on an empty cluster: model, size, NVLink domains, CPU, memory."""
+    key = ("eligible", req.models, req.unit_gpus, req.group, req.shared, req.unit_cpus, req.unit_memory_mb)
+    got = layout.cache.get(key)
+    if got is None:
+        got = tuple(_could_host(s, req) for s in layout.slots)
+        layout.cache[key] = got
+    return got  # type: ignore[return-value]
+
+
+def _could_host(slot: NodeSlot, req: GangRequest) -> bool:
+    if not slot.matches_model(req.models):
+        return False
+    if slot.cpus + 1e-9 < req.unit_cpus or slot.memory_mb < req.unit_memory_mb:
+        return False
+    if req.shared:
+        return slot.shape.n > 0
+    return slot.shape.capacity(slot.shape.full, req.unit_gpus, req.group) > 0
+
+
+class Fitter:
+    """Common bookkeeping: eligibility, CPU/memory caps, leaf fill levels for best fit."""
+
+    def __init__(self, snap: _Holdings, req: GangRequest, seed: int = 0) -> None:
+        self.snap = snap
+        self.req = req
+        self.seed = seed
+        self.layout = snap.layout
+        self.eligible = static_eligible(snap.layout, req)
+        self._leaf_free: list[int] | None = None
+
+    @property
+    def leaf_free(self) -> list[int]:
+        if self._leaf_free is None:
+            fc = self.snap.free_count
+            self._leaf_free = [sum(fc[i] for i in nodes) for nodes in self.layout.leaf_nodes]
+        return self._leaf_free
+
+    def resource_cap(self, i: int) -> int:
+        """Units the node's free CPU and memory allow."""
+        snap, req = self.snap, self.req
+        cpu = int((snap.cpu_free(i) + 1e-9) // req.unit_cpus)
+        mem = snap.mem_free(i) // req.unit_memory_mb
+        return min(cpu, mem)
+
+    def candidates(self) -> list[int]:
+        raise NotImplementedError
+
+    def capacity(self, i: int) -> int:
+        raise NotImplementedError
+
+    def node_key(self, i: int, units: int) -> NodeKey:
+        raise NotImplementedError
+
+    def pick(self, i: int, units: int, rails: frozenset[int] | None) -> list[RankPick]:
+        raise NotImplementedError
+
+    def capacities(self) -> dict[int, int]:
+        caps: dict[int, int] = {}
+        for i in self.candidates():
+            c = self.capacity(i)
+            if c > 0:
+                caps[i] = c
+        return caps
+
+
+class WholeGpuFitter(Fitter):
+    """Units of whole GPUs; a unit's GPUs are the best-ring subset that leaves the node's rest most useful."""
+
+    def candidates(self) -> list[int]:
+        unit, fc, el = self.req.unit_gpus, self.snap.free_count, self.eligible
+        return [i for i in range(len(fc)) if fc[i] >= unit and el[i]]
+
+    def capacity(self, i: int) -> int:
+        snap, req = self.snap, self.req
+        if req.exclusive and not snap.idle(i):
+            return 0
+        c = self.layout.slots[i].shape.capacity(snap.free[i], req.unit_gpus, req.group)
+        return min(c, self.resource_cap(i)) if c else 0
+
+    def union(self, i: int, units: int, rails: frozenset[int] | None = None) -> int:
+        shape = self.layout.slots[i].shape
+        tops = shape.top(self.snap.free[i], units * self.req.unit_gpus, self.req.group)
+        if rails is not None:
+            for m in tops:
+                if shape.rail_set(m) == rails:
+                    return m
+        return tops[0]
+
+    def ideal(self, i: int, mask: int) -> bool:
+        shape = self.layout.slots[i].shape
+        best = shape.top(shape.full, popcount(mask), self.req.group)
+        return bool(best) and shape.quality(mask) >= shape.quality(best[0])
+
+    def node_key(self, i: int, units: int) -> NodeKey:
+        size = units * self.req.unit_gpus
+        mask = self.union(i, units)
+        slot = self.layout.slots[i]
+        return (
+            0.0 if self.ideal(i, mask) else 1.0,
+            float(self.snap.free_count[i] - size),
+            float(self.leaf_free[slot.leaf]),
+            float(tie_break(i, self.seed)),
+        )
+
+    def pick(self, i: int, units: int, rails: frozenset[int] | None) -> list[RankPick]:
+        shape = self.layout.slots[i].shape
+        req = self.req
+        union = self.union(i, units, rails)
+        out: list[RankPick] = []
+        rest = union
+        while rest:
+            unit_mask = shape.top(rest, req.unit_gpus, req.group)[0]
+            rest &= ~unit_mask
+            for rank_mask in split_unit(shape, unit_mask, req.gpus_per_rank, req.ranks_per_unit, req.group):
+                out.append(RankPick(i, rank_mask, 0))
+        return out
+
+
+def split_unit(shape: NodeShape, unit_mask: int, k: int, ranks: int, group: int) -> list[int]:
+    """A TP group spanning ranks splits into its ranks, each the best ring of what is left."""
+    if ranks == 1:
+        return [unit_mask]
+    out: list[int] = []
+    rest = unit_mask
+    for _ in range(ranks):
+        m = shape.top(rest, k)[0]
+        out.append(m)
+        rest &= ~m
+    return out
+
+
+def ordered_gpus(shape: NodeShape, mask: int) -> list[int]:
+    """GPU indexes with each NVLink domain's GPUs together, so consecutive TP groups share a domain."""
+    order = {p: n for n, d in enumerate(shape.domains) for p in bits(d)}
+    return [shape.indexes[p] for p in sorted(bits(mask), key=lambda p: (order.get(p, 0), p))]
+
+
+class ShareFitter(Fitter):
+    """Ranks of a fraction of one GPU: fill GPUs already shared (fullest first), then open as few new ones as can."""
+
+    def candidates(self) -> list[int]:
+        el, sched = self.eligible, self.snap.schedulable
+        return [i for i in range(len(el)) if el[i] and sched[i]]
+
+    def _rooms(self, i: int) -> tuple[list[tuple[int, int]], int]:
+        """(position, ranks it can take) of shared GPUs fullest first; and the count of whole free GPUs."""
+        snap, milli = self.snap, self.req.milli
+        shares = snap.shares[i]
+        shared: list[tuple[int, int, int]] = []
+        if shares is not None:
+            for p in bits(snap.share_mask[i] & ~snap.blocked[i]):
+                room = (FULL_SHARE - shares[p]) // milli
+                if room > 0:
+                    shared.append((-shares[p], p, room))
+        shared.sort()
+        return [(p, room) for _, p, room in shared], snap.free_count[i]
+
+    def capacity(self, i: int) -> int:
+        if self.req.exclusive and not self.snap.idle(i):
+            return 0
+        shared, fresh = self._rooms(i)
+        gpu_cap = sum(r for _, r in shared) + fresh * (FULL_SHARE // self.req.milli)
+        return min(gpu_cap, self.resource_cap(i)) if gpu_cap else 0
+
+    def node_key(self, i: int, units: int) -> NodeKey:
+        shared, _ = self._rooms(i)
+        in_shared = sum(r for _, r in shared)
+        fresh = math.ceil(max(0, units - in_shared) / (FULL_SHARE // self.req.milli))
+        return (
+            float(fresh),
+            float(self.snap.free_count[i]),
+            float(self.leaf_free[self.layout.slots[i].leaf]),
+            float(tie_break(i, self.seed)),
+        )
+
+    def pick(self, i: int, units: int, rails: frozenset[int] | None) -> list[RankPick]:
+        shape = self.layout.slots[i].shape
+        per_gpu = FULL_SHARE // self.req.milli
+        shared, _ = self._rooms(i)
+        slots: list[tuple[int, int]] = list(shared)
+        free = self.snap.free[i]
+        out: list[RankPick] = []
+        while len(out) < units:
+            if not slots:
+                p_mask = shape.top(free, 1)[0]
+                free &= ~p_mask
+                slots.append((p_mask.bit_length() - 1, per_gpu))
+            p, room = slots[0]
+            out.append(RankPick(i, 1 << p, self.req.milli))
+            slots[0] = (p, room - 1)
+            if room - 1 == 0:
+                slots.pop(0)
+        return out
+
+
+def fitter_for(snap: _Holdings, req: GangRequest, seed: int = 0) -> Fitter:
+    return ShareFitter(snap, req, seed) if req.shared else WholeGpuFitter(snap, req, seed)
+
+
+def rank_gpus(layout: Layout, picks: Sequence[RankPick]) -> list[list[int]]:
+    return [ordered_gpus(layout.slots[p.node].shape, p.mask) for p in picks]

@@ -1,0 +1,114 @@
+"""Topology-aware greedy placement of one gang: the tightest domain that fits, best fit inside it."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from oneplus_contracts import Allocation, JobSpec, RankPlacement
+
+from .bandwidth import ideal_ring_gbps, ring_of_masks
+from .diagnosis import Explanation, diagnose, static_reason
+from .fitters import Fitter, RankPick, fitter_for, ordered_gpus
+from .levels import DomainSearch, Plan
+from .request import GangRequest, InvalidRequest
+from .snapshot import _Holdings
+
+
+@dataclass(frozen=True)
+class PlacementResult:
+    """Either an allocation (every rank placed) or an explanation of why not."""
+
+    allocation: Allocation | None
+    explanation: Explanation | None
+
+    @property
+    def placed(self) -> bool:
+        return self.allocation is not None
+
+
+def place_gang(snapshot: _Holdings, spec: JobSpec, job_id: str = "", seed: int = 0) -> PlacementResult:
+    """Place every rank of `spec` or none; never changes `snapshot`."""
+    try:
+        req = GangRequest.of(spec)
+    except InvalidRequest as exc:
+        return PlacementResult(None, Explanation("request", "spec", spec.total_gpus, str(exc)))
+    return place_request(snapshot, req, seed=seed)
+
+
+def place_request(snapshot: _Holdings, req: GangRequest, seed: int = 0, solver: str = "greedy") -> PlacementResult:
+    static = static_reason(snapshot, req)
+    if static is not None:
+        return PlacementResult(None, static)
+    fitter = fitter_for(snapshot, req, seed)
+    search = DomainSearch(fitter, req)
+    plan = search.best(req.levels())
+    if plan is None:
+        return PlacementResult(None, diagnose(snapshot, req, search))
+    return PlacementResult(materialise(fitter, req, plan, solver), None)
+
+
+def materialise(fitter: Fitter, req: GangRequest, plan: Plan, solver: str = "greedy") -> Allocation:
+    """Turn a plan into ranks with GPU indexes, rails lined up across nodes where ties allow."""
+    layout = fitter.layout
+    pieces = sorted(plan.pieces, key=lambda p: (layout.slots[p[0]].spine, layout.slots[p[0]].leaf, p[0]))
+    picks: list[RankPick] = []
+    rails: frozenset[int] | None = None
+    for i, units in pieces:
+        got = fitter.pick(i, units, rails if len(pieces) > 1 else None)
+        if rails is None and not req.shared:
+            mask = 0
+            for p in got:
+                mask |= p.mask
+            rails = layout.slots[i].shape.rail_set(mask)
+        picks.extend(got)
+    ranks = [
+        RankPlacement(
+            rank=n,
+            node=layout.slots[p.node].name,
+            gpus=ordered_gpus(layout.slots[p.node].shape, p.mask),
+            gpu_milli=p.milli,
+            cpus=req.cpus,
+            memory_mb=req.memory_mb,
+        )
+        for n, p in enumerate(picks)
+    ]
+    score = score_terms(fitter, req, plan, picks)
+    return Allocation(ranks=ranks, domain=plan.domain, ring_gbps=score["ring_gbps"], solver=solver, score=score)
+
+
+def score_terms(fitter: Fitter, req: GangRequest, plan: Plan, picks: list[RankPick]) -> dict[str, float]:
+    """The objective terms of one decision, recorded with it."""
+    snap = fitter.snap
+    layout = fitter.layout
+    masks: dict[int, int] = {}
+    for p in picks:
+        masks[p.node] = masks.get(p.node, 0) | p.mask
+    ring = 0.0 if req.shared else ring_of_masks(layout, masks)
+    ideal = 0.0 if req.shared else ideal_ring_gbps(layout, req.ranks * req.gpus_per_rank, req.gpus_per_rank)
+    broken = sum(1 for i in masks if snap.idle(i) and masks[i] != layout.slots[i].shape.full)
+    leaves = {layout.slots[i].leaf for i in masks}
+    preferred_met = 1.0
+    if req.domain is not None:
+        order = ("node", "leaf", "spine", "cluster")
+        preferred_met = 1.0 if order.index(plan.domain) <= order.index(req.domain) else 0.0
+    gpus = float(sum(m.bit_count() for m in masks.values())) if not req.shared else req.total_gpus
+    return {
+        "placed_gpus": gpus,
+        "ring_gbps": round(ring, 3),
+        "ideal_ring_gbps": round(ideal, 3),
+        "topology_quality": round(min(1.0, ring / ideal), 4) if ideal > 0 else 1.0,
+        "nodes": float(len(masks)),
+        "leaves": float(len(leaves)),
+        "whole_nodes_broken": float(broken),
+        "free_left_on_nodes": float(
+            sum(snap.free_count[i] - (m.bit_count() if not req.shared else 0) for i, m in masks.items())
+        ),
+        "preferred_domain_met": preferred_met,
+    }
+
+
+def search_for(snapshot: _Holdings, req: GangRequest, seed: int = 0) -> DomainSearch | None:
+    """The domain search for a request, or None when no node could ever host it (for batch candidates)."""
+    if static_reason(snapshot, req) is not None:
+        return None
+    return DomainSearch(fitter_for(snapshot, req, seed), req)

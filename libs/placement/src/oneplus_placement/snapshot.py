@@ -1,0 +1,438 @@
+"""What placement decides on: the cluster's static layout plus what is held on every node right now.
+
+`ClusterState` is the mutable form (the simulator applies and releases thousands of allocations on it);
+`ClusterSnapshot` is the frozen view a decision reads. Both share one `Layout`, built once per cluster.
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from typing import Protocol
+
+from oneplus_contracts import Allocation, NodeRecord, NodeTopology
+
+from .shape import NodeShape, bits, popcount, shape_of
+
+FULL_SHARE = 1000  # a GPU's share capacity, in thousandths
+
+
+class AllocationConflict(ValueError):
+    """An allocation would over-allocate a GPU, mix a share with a whole-GPU hold, or name an unknown GPU."""
+
+
+class FabricLike(Protocol):
+    @property
+    def nic_gbps_per_gpu(self) -> float: ...
+
+    @property
+    def oversubscription(self) -> float: ...
+
+
+class ClusterLike(Protocol):
+    @property
+    def name(self) -> str: ...
+
+    @property
+    def fabric(self) -> FabricLike: ...
+
+    @property
+    def nodes(self) -> Sequence[NodeTopology]: ...
+
+
+@dataclass(frozen=True, eq=False)
+class NodeSlot:
+    """The static facts of one node."""
+
+    index: int
+    name: str
+    shape: NodeShape
+    leaf: int
+    spine: int
+    gpu_model: str
+    cpus: float
+    memory_mb: int
+    nvlink_domain: str | None
+    topology: NodeTopology
+
+    def matches_model(self, models: Sequence[str] | None) -> bool:
+        if not models:
+            return True
+        names = [self.gpu_model.lower(), *(g.name.lower() for g in self.topology.gpus)]
+        return any(m.lower() in n for m in models for n in names)
+
+
+@dataclass(frozen=True, eq=False)
+class Layout:
+    """Nodes indexed 0..N-1 with their leaf and spine indexes, and the fabric's rates."""
+
+    name: str
+    slots: tuple[NodeSlot, ...]
+    leaf_names: tuple[str, ...]
+    spine_names: tuple[str, ...]
+    leaf_nodes: tuple[tuple[int, ...], ...]
+    spine_leaves: tuple[tuple[int, ...], ...]
+    leaf_spine: tuple[int, ...]
+    nic_gbps_per_gpu: float
+    oversubscription: float
+    by_name: dict[str, int]
+    # Per-request facts that depend only on the layout (which nodes could ever host a unit), memoised.
+    cache: dict[object, object] = field(default_factory=dict, repr=False)
+
+    @classmethod
+    def build(
+        cls, name: str, nodes: Sequence[NodeTopology], nic_gbps_per_gpu: float, oversubscription: float
+    ) -> Layout:
+        if not nodes:
+            raise ValueError(f"cluster {name!r} has no nodes")
+        leaf_ix: dict[str, int] = {}
+        spine_ix: dict[str, int] = {}
+        leaf_spine: list[int] = []
+        leaf_nodes: list[list[int]] = []
+        spine_leaves: list[list[int]] = []
+        slots: list[NodeSlot] = []
+        by_name: dict[str, int] = {}
+        for i, topo in enumerate(nodes):
+            if topo.node in by_name:
+                raise ValueError(f"cluster {name!r}: node {topo.node!r} appears twice")
+            by_name[topo.node] = i
+            spine = topo.spine or "spine-0"
+            leaf = topo.leaf or f"leaf-{topo.node}"
+            if spine not in spine_ix:
+                spine_ix[spine] = len(spine_ix)
+                spine_leaves.append([])
+            if leaf not in leaf_ix:
+                leaf_ix[leaf] = len(leaf_ix)
+                leaf_nodes.append([])
+                leaf_spine.append(spine_ix[spine])
+                spine_leaves[spine_ix[spine]].append(leaf_ix[leaf])
+            leaf_nodes[leaf_ix[leaf]].append(i)
+            slots.append(
+                NodeSlot(
+                    index=i,
+                    name=topo.node,
+                    shape=shape_of(topo),
+                    leaf=leaf_ix[leaf],
+                    spine=leaf_spine[leaf_ix[leaf]],
+                    gpu_model=topo.gpu_model,
+                    cpus=float(topo.cpus),
+                    memory_mb=topo.memory_mb,
+                    nvlink_domain=topo.nvlink_domain,
+                    topology=topo,
+                )
+            )
+        return cls(
+            name=name,
+            slots=tuple(slots),
+            leaf_names=tuple(leaf_ix),
+            spine_names=tuple(spine_ix),
+            leaf_nodes=tuple(map(tuple, leaf_nodes)),
+            spine_leaves=tuple(map(tuple, spine_leaves)),
+            leaf_spine=tuple(leaf_spine),
+            nic_gbps_per_gpu=float(nic_gbps_per_gpu),
+            oversubscription=max(1.0, float(oversubscription)),
+            by_name=by_name,
+        )
+
+    def index(self, node: str) -> int:
+        try:
+            return self.by_name[node]
+        except KeyError:
+            raise AllocationConflict(f"node {node!r} is not in cluster {self.name!r}") from None
+
+
+class _Holdings:
+    """Per-node arrays of what is held; shared by the mutable state and the frozen snapshot."""
+
+    layout: Layout
+    whole: list[int]
+    shares: list[tuple[int, ...] | None]
+    share_mask: list[int]
+    blocked: list[int]
+    schedulable: list[bool]
+    cpu_used: list[float]
+    mem_used: list[int]
+    free: list[int]
+    free_count: list[int]
+
+    def _init_empty(self, layout: Layout) -> None:
+        n = len(layout.slots)
+        self.layout = layout
+        self.whole = [0] * n
+        self.shares = [None] * n
+        self.share_mask = [0] * n
+        self.blocked = [_unhealthy_mask(s) for s in layout.slots]
+        self.schedulable = [True] * n
+        self.cpu_used = [0.0] * n
+        self.mem_used = [0] * n
+        self.free = [0] * n
+        self.free_count = [0] * n
+        for i in range(n):
+            self._refresh(i)
+
+    def _copy_from(self, other: _Holdings) -> None:
+        self.layout = other.layout
+        self.whole = list(other.whole)
+        self.shares = list(other.shares)
+        self.share_mask = list(other.share_mask)
+        self.blocked = list(other.blocked)
+        self.schedulable = list(other.schedulable)
+        self.cpu_used = list(other.cpu_used)
+        self.mem_used = list(other.mem_used)
+        self.free = list(other.free)
+        self.free_count = list(other.free_count)
+
+    def _refresh(self, i: int) -> None:
+        slot = self.layout.slots[i]
+        held = self.whole[i] | self.share_mask[i] | self.blocked[i]
+        f = slot.shape.full & ~held if self.schedulable[i] else 0
+        self.free[i] = f
+        self.free_count[i] = popcount(f)
+
+    # --- read-only views ---------------------------------------------------------------------------------------
+
+    @property
+    def slots(self) -> tuple[NodeSlot, ...]:
+        return self.layout.slots
+
+    def cpu_free(self, i: int) -> float:
+        return self.layout.slots[i].cpus - self.cpu_used[i]
+
+    def mem_free(self, i: int) -> int:
+        return self.layout.slots[i].memory_mb - self.mem_used[i]
+
+    def share_used(self, i: int, pos: int) -> int:
+        s = self.shares[i]
+        return 0 if s is None else s[pos]
+
+    def idle(self, i: int) -> bool:
+        """Nothing at all held on the node and every healthy GPU free."""
+        return (
+            self.schedulable[i]
+            and self.whole[i] == 0
+            and self.share_mask[i] == 0
+            and self.cpu_used[i] <= 0
+            and self.mem_used[i] <= 0
+        )
+
+    def total_free_gpus(self) -> int:
+        return sum(self.free_count)
+
+    def total_gpus(self) -> int:
+        return sum(s.shape.n for s in self.layout.slots)
+
+    def usable_gpus(self) -> int:
+        """GPUs that could hold work: on schedulable nodes and healthy."""
+        return sum(
+            popcount(s.shape.full & ~self.blocked[s.index]) for s in self.layout.slots if self.schedulable[s.index]
+        )
+
+
+class ClusterState(_Holdings):
+    """Mutable holdings: apply and release allocations, cordon nodes, mark GPUs unhealthy."""
+
+    def __init__(self, layout: Layout) -> None:
+        self._init_empty(layout)
+
+    @classmethod
+    def from_cluster(cls, cluster: ClusterLike) -> ClusterState:
+        return cls(_layout_of(cluster))
+
+    def snapshot(self) -> ClusterSnapshot:
+        snap = ClusterSnapshot.__new__(ClusterSnapshot)
+        snap._copy_from(self)
+        return snap
+
+    def set_schedulable(self, node: str, schedulable: bool) -> None:
+        i = self.layout.index(node)
+        self.schedulable[i] = schedulable
+        self._refresh(i)
+
+    def set_unhealthy(self, node: str, gpus: Iterable[int]) -> None:
+        i = self.layout.index(node)
+        self.blocked[i] = self.layout.slots[i].shape.mask_of(list(gpus))
+        self._refresh(i)
+
+    def apply(self, alloc: Allocation) -> None:
+        """Take every GPU share, CPU and byte of memory of `alloc`, or raise and take nothing."""
+        plan = self._plan(alloc, sign=1)
+        for i, (whole, shares, cpus, mem) in plan.items():
+            self.whole[i] |= whole
+            self._set_shares(i, shares)
+            self.cpu_used[i] += cpus
+            self.mem_used[i] += mem
+            self._refresh(i)
+
+    def release(self, alloc: Allocation) -> None:
+        """Give back what `alloc` holds; raise if it does not hold it."""
+        plan = self._plan(alloc, sign=-1)
+        for i, (whole, shares, cpus, mem) in plan.items():
+            self.whole[i] &= ~whole
+            self._set_shares(i, shares)
+            self.cpu_used[i] = max(0.0, self.cpu_used[i] - cpus)
+            self.mem_used[i] = max(0, self.mem_used[i] - mem)
+            self._refresh(i)
+
+    def _set_shares(self, i: int, shares: tuple[int, ...] | None) -> None:
+        if shares is None:
+            return
+        if any(shares):
+            self.shares[i] = shares
+            self.share_mask[i] = sum(1 << p for p, v in enumerate(shares) if v)
+        else:
+            self.shares[i] = None
+            self.share_mask[i] = 0
+
+    def _plan(self, alloc: Allocation, sign: int) -> dict[int, tuple[int, tuple[int, ...] | None, float, int]]:
+        """Check the whole allocation first so that a failure changes nothing."""
+        whole: dict[int, int] = {}
+        shares: dict[int, list[int]] = {}
+        cpus: dict[int, float] = {}
+        mem: dict[int, int] = {}
+        for r in alloc.ranks:
+            i = self.layout.index(r.node)
+            slot = self.layout.slots[i]
+            mask = slot.shape.mask_of(r.gpus)
+            if popcount(mask) != len(r.gpus):
+                raise AllocationConflict(f"rank {r.rank} names a GPU twice on {r.node}: {r.gpus}")
+            cpus[i] = cpus.get(i, 0.0) + r.cpus
+            mem[i] = mem.get(i, 0) + r.memory_mb
+            if r.gpu_milli:
+                cur = shares.setdefault(i, list(self.shares[i] or (0,) * slot.shape.n))
+                for p in bits(mask):
+                    cur[p] += sign * r.gpu_milli
+                continue
+            if whole.get(i, 0) & mask:
+                raise AllocationConflict(f"rank {r.rank} takes GPUs {r.gpus} on {r.node} that another rank takes")
+            whole[i] = whole.get(i, 0) | mask
+        plan: dict[int, tuple[int, tuple[int, ...] | None, float, int]] = {}
+        for i in set(whole) | set(shares) | set(cpus):
+            self._check_node(i, whole.get(i, 0), shares.get(i), cpus.get(i, 0.0), mem.get(i, 0), sign)
+            share_t = tuple(shares[i]) if i in shares else None
+            plan[i] = (whole.get(i, 0), share_t, cpus.get(i, 0.0), mem.get(i, 0))
+        return plan
+
+    def _check_node(self, i: int, whole: int, shares: list[int] | None, cpus: float, mem: int, sign: int) -> None:
+        slot = self.layout.slots[i]
+        name = slot.name
+        if sign > 0:
+            taken = whole & (self.whole[i] | self.share_mask[i])
+            if taken:
+                raise AllocationConflict(f"GPUs {slot.shape.gpu_indexes(taken)} on {name} are already held")
+            if shares is not None:
+                over = [slot.shape.indexes[p] for p, v in enumerate(shares) if v > FULL_SHARE]
+                if over:
+                    raise AllocationConflict(f"GPU shares on {name} GPUs {over} would exceed one whole GPU")
+                mixed = self.whole[i] & sum(1 << p for p, v in enumerate(shares) if v)
+                if mixed:
+                    raise AllocationConflict(
+                        f"GPUs {slot.shape.gpu_indexes(mixed)} on {name} are held whole; a share cannot join them"
+                    )
+            if self.cpu_used[i] + cpus > slot.cpus + 1e-9:
+                raise AllocationConflict(f"{name}: {cpus:g} CPUs asked, {slot.cpus - self.cpu_used[i]:g} free")
+            if self.mem_used[i] + mem > slot.memory_mb:
+                raise AllocationConflict(f"{name}: {mem} MB asked, {slot.memory_mb - self.mem_used[i]} MB free")
+        else:
+            missing = whole & ~self.whole[i]
+            if missing:
+                raise AllocationConflict(f"GPUs {slot.shape.gpu_indexes(missing)} on {name} are not held")
+            if shares is not None and any(v < 0 for v in shares):
+                raise AllocationConflict(f"{name}: releasing a GPU share that is not held")
+
+
+class ClusterSnapshot(_Holdings):
+    """A frozen view of the holdings; decisions read it and never change it."""
+
+    def __init__(self, layout: Layout) -> None:
+        self._init_empty(layout)
+
+    @classmethod
+    def from_cluster(cls, cluster: ClusterLike) -> ClusterSnapshot:
+        """Every GPU free, every node schedulable (unhealthy GPUs of the topology excepted)."""
+        return cls(_layout_of(cluster))
+
+    @classmethod
+    def from_records(
+        cls, name: str, records: Sequence[NodeRecord], nic_gbps_per_gpu: float = 400.0, oversubscription: float = 1.0
+    ) -> ClusterSnapshot:
+        """From the topology registry's records: cordoned, draining, lost nodes and unhealthy GPUs are not free."""
+        state = ClusterState(Layout.build(name, [r.topology for r in records], nic_gbps_per_gpu, oversubscription))
+        for r in records:
+            state.set_schedulable(r.topology.node, r.schedulable)
+            if r.unhealthy_gpus:
+                state.set_unhealthy(r.topology.node, r.unhealthy_gpus)
+        return state.snapshot()
+
+    def thaw(self) -> ClusterState:
+        state = ClusterState.__new__(ClusterState)
+        state._copy_from(self)
+        return state
+
+    def with_allocation(self, alloc: Allocation) -> ClusterSnapshot:
+        state = self.thaw()
+        state.apply(alloc)
+        return state.snapshot()
+
+    def without_allocation(self, alloc: Allocation) -> ClusterSnapshot:
+        state = self.thaw()
+        state.release(alloc)
+        return state.snapshot()
+
+
+def _unhealthy_mask(slot: NodeSlot) -> int:
+    bad = [g.index for g in slot.topology.gpus if not g.healthy]
+    return slot.shape.mask_of(bad) if bad else 0
+
+
+_LAYOUTS: dict[int, tuple[ClusterLike, Layout]] = {}
+
+
+def _layout_of(cluster: ClusterLike) -> Layout:
+    """One layout per cluster object: snapshots of the same cluster share its shapes and indexes."""
+    got = _LAYOUTS.get(id(cluster))
+    if got is not None and got[0] is cluster:
+        return got[1]
+    fabric = cluster.fabric
+    layout = Layout.build(cluster.name, list(cluster.nodes), fabric.nic_gbps_per_gpu, fabric.oversubscription)
+    if len(_LAYOUTS) > 64:
+        _LAYOUTS.clear()
+    _LAYOUTS[id(cluster)] = (cluster, layout)
+    return layout
+
+
+_FILL_SIZES = (1, 1, 1, 1, 2, 2, 4, 8)
+
+
+def seeded_fill(snapshot: ClusterSnapshot, seed: int, pct: float) -> ClusterSnapshot:
+    """Hold random small pieces (1-8 GPUs on random GPUs of random nodes) until `pct`% of usable GPUs are held.
+
+    The same seed and snapshot always give the same fill; CPU and memory are taken in proportion.
+    """
+    if not 0 <= pct <= 100:
+        raise ValueError(f"fill percentage must be between 0 and 100, got {pct}")
+    rng = random.Random(seed)
+    state = snapshot.thaw()
+    usable = state.usable_gpus()
+    target = round(usable * pct / 100)
+    held = usable - state.total_free_gpus()
+    open_nodes = [i for i in range(len(state.free)) if state.free_count[i]]
+    while held < target and open_nodes:
+        k = rng.randrange(len(open_nodes))
+        i = open_nodes[k]
+        slot = state.slots[i]
+        free_pos = list(bits(state.free[i]))
+        size = min(rng.choice(_FILL_SIZES), len(free_pos), target - held)
+        mask = 0
+        for p in rng.sample(free_pos, size):
+            mask |= 1 << p
+        frac = size / slot.shape.n
+        state.whole[i] |= mask
+        state.cpu_used[i] = min(slot.cpus, state.cpu_used[i] + slot.cpus * frac / 2)
+        state.mem_used[i] = min(slot.memory_mb, state.mem_used[i] + int(slot.memory_mb * frac / 2))
+        state._refresh(i)
+        held += size
+        if not state.free_count[i]:
+            open_nodes[k] = open_nodes[-1]
+            open_nodes.pop()
+    return state.snapshot()
