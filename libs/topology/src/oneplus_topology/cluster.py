@@ -1,0 +1,266 @@
+"""A cluster: nodes (each a `NodeTopology`) placed under leaf switches and spines, from a YAML file or synthetic.
+
+Nodes of one group share the parsed topology object (copied with `model_copy(update=...)`), so building thousands
+of nodes is cheap; treat a node's `gpus` and `links` as read-only and change a node through copies
+(`analysis.degrade`, `analysis.apply_health`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Annotated, Any
+
+import yaml
+from oneplus_contracts import NodeTopology
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from .bandwidth import nic_gbytes, nic_ring_gbps
+from .errors import ClusterConfigError, TopologyParseError
+from .fabric import leaf_from_lldp, nvlink_domain_of, place_from_labels
+from .presets import PRESETS, shared_preset
+from .smi import parse_topo_matrix
+
+_NAME = r"^[a-z0-9]([a-z0-9.-]{0,61}[a-z0-9])?$"
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class Fabric(_Strict):
+    """The network above the nodes. `nic_gbps_per_gpu` is in Gb/s as fabrics are quoted: 400 means 50 GB/s."""
+
+    nodes_per_leaf: Annotated[int, Field(gt=0)] = 8
+    leaves_per_spine: Annotated[int, Field(gt=0)] = 4
+    nic_gbps_per_gpu: Annotated[float, Field(gt=0, description="Gb/s of NIC per GPU")] = 400.0
+    oversubscription: Annotated[float, Field(ge=1.0, description="Leaf downlink : uplink ratio")] = 1.0
+    label_levels: list[str] | None = Field(
+        default=None, description="Kueue Topology levels, top to bottom, that name spine and leaf in node labels"
+    )
+
+    @property
+    def nic_gbytes_per_gpu(self) -> float:
+        return nic_gbytes(self.nic_gbps_per_gpu)
+
+    def ring_gbps(self, crosses_spine: bool) -> float:
+        """GB/s per GPU of a ring hop between two nodes; leaving the leaf pays the oversubscription."""
+        return nic_ring_gbps(self.nic_gbps_per_gpu, self.oversubscription if crosses_spine else 1.0)
+
+
+class NodeGroup(_Strict):
+    prefix: Annotated[str, Field(pattern=_NAME)]
+    count: Annotated[int, Field(gt=0, le=100_000)]
+    topology: str = Field(description="A preset name or a topo -m file, relative to the YAML file")
+    start: Annotated[int, Field(ge=0)] = 0
+    cpus: Annotated[int, Field(gt=0)] | None = None
+    memory_mb: Annotated[int, Field(gt=0)] | None = None
+    labels: dict[str, str] = Field(default_factory=dict)
+    nodes_per_nvlink_domain: Annotated[int, Field(gt=0)] | None = Field(
+        default=None, description="Nodes per multi-node NVLink domain, e.g. 18 GB200 trays per NVL72"
+    )
+
+
+class NodeOverride(_Strict):
+    labels: dict[str, str] = Field(default_factory=dict)
+    lldp: str | dict[str, Any] | None = Field(default=None, description="lldpctl -f json output, inline or a file")
+    leaf: str | None = None
+    spine: str | None = None
+    nvlink_domain: str | None = None
+
+
+class ClusterFile(_Strict):
+    name: Annotated[str, Field(min_length=1)]
+    fabric: Fabric = Field(default_factory=Fabric)
+    node_groups: Annotated[list[NodeGroup], Field(min_length=1)]
+    nodes: dict[str, NodeOverride] = Field(default_factory=dict)
+
+
+@dataclass
+class Cluster:
+    name: str
+    fabric: Fabric
+    nodes: list[NodeTopology]
+    _by_name: dict[str, NodeTopology] = field(init=False, repr=False)
+
+    def __post_init__(self) -> None:
+        self._by_name = {}
+        for n in self.nodes:
+            if n.node in self._by_name:
+                raise ValueError(f"node {n.node!r} appears twice in cluster {self.name!r}")
+            self._by_name[n.node] = n
+
+    def node(self, name: str) -> NodeTopology:
+        try:
+            return self._by_name[name]
+        except KeyError:
+            raise KeyError(f"no node {name!r} in cluster {self.name!r}") from None
+
+    def leaf_of(self, node: str) -> str | None:
+        return self.node(node).leaf
+
+    def spine_of(self, node: str) -> str | None:
+        return self.node(node).spine
+
+    def nodes_by_leaf(self) -> dict[str, list[NodeTopology]]:
+        """Nodes per leaf switch, in node order; nodes without a leaf are left out."""
+        out: dict[str, list[NodeTopology]] = {}
+        for n in self.nodes:
+            if n.leaf is not None:
+                out.setdefault(n.leaf, []).append(n)
+        return out
+
+    def nodes_by_spine(self) -> dict[str, list[NodeTopology]]:
+        out: dict[str, list[NodeTopology]] = {}
+        for n in self.nodes:
+            if n.spine is not None:
+                out.setdefault(n.spine, []).append(n)
+        return out
+
+    def nodes_by_nvlink_domain(self) -> dict[str, list[NodeTopology]]:
+        out: dict[str, list[NodeTopology]] = {}
+        for n in self.nodes:
+            if n.nvlink_domain is not None:
+                out.setdefault(n.nvlink_domain, []).append(n)
+        return out
+
+    @property
+    def total_gpus(self) -> int:
+        return sum(len(n.gpus) for n in self.nodes)
+
+
+def _config_error(path: Path, err: ValidationError) -> ClusterConfigError:
+    problems = "; ".join(
+        f"{'.'.join(str(p) for p in e['loc']) or '(top level)'}: {e['msg']}" for e in err.errors(include_url=False)
+    )
+    return ClusterConfigError(f"{path}: {problems}")
+
+
+def _group_topology(path: Path, index: int, group: NodeGroup) -> NodeTopology:
+    key = f"node_groups.{index}.topology"
+    if group.topology in PRESETS:
+        return shared_preset(group.topology)
+    file = (path.parent / group.topology).resolve()
+    if not file.is_file():
+        raise ClusterConfigError(
+            f"{path}: {key}: {group.topology!r} is neither a preset ({', '.join(PRESETS)}) nor a file ({file})"
+        )
+    try:
+        return parse_topo_matrix(file.read_text(encoding="utf-8"), node=group.prefix)
+    except TopologyParseError as e:
+        raise ClusterConfigError(f"{path}: {key}: {file}: {e}") from e
+
+
+def _lldp_leaf(path: Path, name: str, lldp: str | dict[str, Any]) -> str | None:
+    key = f"nodes.{name}.lldp"
+    try:
+        if isinstance(lldp, str):
+            file = (path.parent / lldp).resolve()
+            if not file.is_file():
+                raise ClusterConfigError(f"{path}: {key}: no file {file}")
+            return leaf_from_lldp(file.read_text(encoding="utf-8"))
+        return leaf_from_lldp(lldp)
+    except ValueError as e:
+        if isinstance(e, ClusterConfigError):
+            raise
+        raise ClusterConfigError(f"{path}: {key}: {e}") from e
+
+
+def load_cluster(path: str | Path) -> Cluster:
+    """Read a cluster YAML (see docs/topology.md); errors name the file and the key."""
+    path = Path(path)
+    try:
+        raw = yaml.safe_load(path.read_text(encoding="utf-8"))
+    except OSError as e:
+        raise ClusterConfigError(f"{path}: cannot read: {e.strerror}") from e
+    except yaml.YAMLError as e:
+        raise ClusterConfigError(f"{path}: not valid YAML: {e}") from e
+    if not isinstance(raw, dict):
+        raise ClusterConfigError(f"{path}: expected a mapping with name, fabric and node_groups")
+    try:
+        spec = ClusterFile.model_validate(raw)
+    except ValidationError as e:
+        raise _config_error(path, e) from None
+    nodes: list[NodeTopology] = []
+    leaf_index = 0
+    for gi, group in enumerate(spec.node_groups):
+        base = _group_topology(path, gi, group)
+        width = max(2, len(str(group.start + group.count - 1)))
+        for k in range(group.count):
+            name = f"{group.prefix}-{group.start + k:0{width}d}"
+            leaf = leaf_index + k // spec.fabric.nodes_per_leaf
+            update: dict[str, Any] = {
+                "node": name,
+                "leaf": f"leaf{leaf}",
+                "spine": f"spine{leaf // spec.fabric.leaves_per_spine}",
+                "nic_gbps_per_gpu": spec.fabric.nic_gbytes_per_gpu,
+                "labels": dict(group.labels),
+                "nvlink_domain": nvlink_domain_of(base),
+            }
+            if group.nodes_per_nvlink_domain:
+                update["nvlink_domain"] = f"{group.prefix}-nvl{k // group.nodes_per_nvlink_domain}"
+            update |= {k2: v for k2, v in (("cpus", group.cpus), ("memory_mb", group.memory_mb)) if v is not None}
+            nodes.append(base.model_copy(update=update))
+        leaf_index += -(-group.count // spec.fabric.nodes_per_leaf)
+    _apply_overrides(path, spec, nodes)
+    return Cluster(name=spec.name, fabric=spec.fabric, nodes=nodes)
+
+
+def _apply_overrides(path: Path, spec: ClusterFile, nodes: list[NodeTopology]) -> None:
+    """Labels, then LLDP, then explicit values replace the computed leaf/spine/NVLink domain of a node."""
+    unknown = sorted(set(spec.nodes) - {n.node for n in nodes})
+    if unknown:
+        raise ClusterConfigError(f"{path}: nodes.{unknown[0]}: no such node (node_groups name nodes <prefix>-<nn>)")
+    for i, n in enumerate(nodes):
+        over = spec.nodes.get(n.node)
+        labels = {**n.labels, **(over.labels if over else {})}
+        if not labels and over is None:
+            continue
+        place = place_from_labels(labels, spec.fabric.label_levels)
+        update: dict[str, Any] = {"labels": labels}
+        update |= {k: v for k, v in vars(place).items() if v is not None}
+        if over is not None:
+            if over.lldp is not None:
+                lldp_leaf = _lldp_leaf(path, n.node, over.lldp)
+                if lldp_leaf:
+                    update["leaf"] = lldp_leaf
+            update |= {k: v for k, v in over.model_dump(include={"leaf", "spine", "nvlink_domain"}).items() if v}
+        nodes[i] = n.model_copy(update=update)
+
+
+def synthetic_cluster(
+    n_nodes: int,
+    preset: str = "h100_sxm_8gpu_nvswitch_nv18",
+    nodes_per_leaf: int = 8,
+    leaves_per_spine: int = 4,
+    nic_gbps_per_gpu: float = 400.0,
+    oversubscription: float = 1.0,
+    name: str = "synthetic",
+    prefix: str = "node",
+    nodes_per_nvlink_domain: int | None = None,
+) -> Cluster:
+    """`n_nodes` copies of a preset under a regular leaf/spine tree, for benchmarks and simulation."""
+    if n_nodes < 1:
+        raise ValueError(f"n_nodes must be at least 1, got {n_nodes}")
+    fabric = Fabric(
+        nodes_per_leaf=nodes_per_leaf,
+        leaves_per_spine=leaves_per_spine,
+        nic_gbps_per_gpu=nic_gbps_per_gpu,
+        oversubscription=oversubscription,
+    )
+    base = shared_preset(preset).model_copy(
+        update={"source": "synthetic", "nic_gbps_per_gpu": fabric.nic_gbytes_per_gpu}
+    )
+    width = max(2, len(str(n_nodes - 1)))
+    nodes = []
+    for i in range(n_nodes):
+        leaf = i // nodes_per_leaf
+        update: dict[str, Any] = {
+            "node": f"{prefix}-{i:0{width}d}",
+            "leaf": f"leaf{leaf}",
+            "spine": f"spine{leaf // leaves_per_spine}",
+        }
+        if nodes_per_nvlink_domain:
+            update["nvlink_domain"] = f"{prefix}-nvl{i // nodes_per_nvlink_domain}"
+        nodes.append(base.model_copy(update=update))
+    return Cluster(name=name, fabric=fabric, nodes=nodes)
