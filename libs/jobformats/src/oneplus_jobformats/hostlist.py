@@ -1,0 +1,97 @@
+"""Slurm hostlists: `h100-0,h100-1,h100-2,h100-3,h100-7` ⇄ `h100-[0-3,7]`."""
+
+from __future__ import annotations
+
+import re
+from collections import defaultdict
+
+_NUMBERED = re.compile(r"^(.*?)(\d+)$")
+_RANGE = re.compile(r"^(.*?)\[([^\]]+)\](.*)$")
+
+
+def compress_hostlist(names: list[str]) -> str:
+    """Group names by prefix and digit width; consecutive numbers become ranges (zero padding is kept)."""
+    groups: dict[tuple[str, int], set[int]] = defaultdict(set)
+    plain: set[str] = set()
+    for name in names:
+        m = _NUMBERED.match(name)
+        if not m:
+            plain.add(name)
+            continue
+        digits = m.group(2)
+        width = len(digits) if digits.startswith("0") and len(digits) > 1 else 0
+        groups[(m.group(1), width)].add(int(digits))
+    _join_padded(groups)
+    parts: list[tuple[str, str]] = [(p, p) for p in plain]
+    for (prefix, width), numbers in groups.items():
+        ordered = sorted(numbers)
+        if len(ordered) == 1:
+            parts.append((prefix, f"{prefix}{ordered[0]:0{width}d}"))
+            continue
+        spans: list[str] = []
+        start = prev = ordered[0]
+        for n in [*ordered[1:], None]:
+            if n is not None and n == prev + 1:
+                prev = n
+                continue
+            spans.append(f"{start:0{width}d}" if start == prev else f"{start:0{width}d}-{prev:0{width}d}")
+            if n is not None:
+                start = prev = n
+        parts.append((prefix, f"{prefix}[{','.join(spans)}]"))
+    return ",".join(text for _, text in sorted(parts))
+
+
+def _join_padded(groups: dict[tuple[str, int], set[int]]) -> None:
+    """`node10` belongs with `node01`: an unpadded number as wide as a padded group joins it."""
+    for (prefix, width), numbers in list(groups.items()):
+        if width:
+            continue
+        for n in list(numbers):
+            key = (prefix, len(str(n)))
+            if key in groups and key != (prefix, 0):
+                groups[key].add(n)
+                numbers.discard(n)
+        if not numbers:
+            del groups[(prefix, 0)]
+
+
+def expand_hostlist(text: str) -> list[str]:
+    """The names a hostlist stands for, in order; ValueError for a malformed range."""
+    out: list[str] = []
+    for item in _split_top(text):
+        m = _RANGE.match(item)
+        if not m:
+            out.append(item)
+            continue
+        prefix, body, suffix = m.groups()
+        for span in body.split(","):
+            lo, dash, hi = span.partition("-")
+            if not lo.isdigit() or (dash and not hi.isdigit()):
+                raise ValueError(f"bad range {span!r} in {text!r}")
+            width = len(lo) if lo.startswith("0") and len(lo) > 1 else 0
+            end = int(hi) if dash else int(lo)
+            if end < int(lo) or end - int(lo) > 100_000:
+                raise ValueError(f"bad range {span!r} in {text!r}")
+            out.extend(f"{prefix}{n:0{width}d}{suffix}" for n in range(int(lo), end + 1))
+    return out
+
+
+def _split_top(text: str) -> list[str]:
+    """Split on commas outside brackets."""
+    items: list[str] = []
+    depth = 0
+    current = ""
+    for ch in text:
+        if ch == "[":
+            depth += 1
+        elif ch == "]":
+            depth -= 1
+        if ch == "," and depth == 0:
+            if current:
+                items.append(current)
+            current = ""
+        else:
+            current += ch
+    if current:
+        items.append(current)
+    return items

@@ -1,0 +1,245 @@
+"""Kubeflow manifests to a JobSpec: PyTorchJob (kubeflow.org/v1), MPIJob (kubeflow.org/v2beta1 and the v1
+Training Operator form) and TrainJob (trainer.kubeflow.org/v1alpha1), with Kueue's queue and priority labels.
+
+Every field that is read is marked; the rest come back as warnings naming each field.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from .errors import JobFormatError, Translation, spec_from_fields
+from .fields import FieldReader, child
+from .gang import ReplicaGroup, gang_fields
+from .pods import PodShape, read_env, read_pod_template, read_resources
+from .priorities import priority_of
+
+QUEUE_LABEL = "kueue.x-k8s.io/queue-name"
+PRIORITY_LABEL = "kueue.x-k8s.io/priority-class"
+RUNTIME_LABEL = "trainer.kubeflow.org/runtime"
+
+Translator = Callable[[dict[str, Any], str], Translation]
+
+
+def _metadata(r: FieldReader, doc: dict[str, Any], fields: dict[str, Any], origin: dict[str, str]) -> None:
+    """Name, team (the namespace), labels, and Kueue's queue and priority labels."""
+    meta = r.mapping(doc, "metadata", "", required=True)
+    name = r.string(meta, "name", "metadata")
+    if name is None:
+        name = r.string(meta, "generateName", "metadata")
+        if name is None:
+            raise r.error("metadata.name", "missing required field")
+        origin["name"] = "metadata.generateName"
+    else:
+        origin["name"] = "metadata.name"
+    fields["name"] = name
+    namespace = r.string(meta, "namespace", "metadata")
+    if namespace:
+        fields["team"] = namespace
+        origin["team"] = "metadata.namespace"
+    labels = r.mapping(meta, "labels", "metadata")
+    if labels:
+        r.use("metadata.labels")
+        fields["labels"] = {k: "" if v is None else str(v) for k, v in labels.items()}
+    queue = labels.get(QUEUE_LABEL)
+    if queue is not None:
+        fields["queue"] = str(queue)
+        origin["queue"] = child("metadata.labels", QUEUE_LABEL)
+    pclass = labels.get(PRIORITY_LABEL)
+    if pclass is not None:
+        _set_priority(r, str(pclass), child("metadata.labels", PRIORITY_LABEL), fields, origin)
+
+
+def _set_priority(r: FieldReader, name: str, path: str, fields: dict[str, Any], origin: dict[str, str]) -> None:
+    try:
+        fields["priority"] = priority_of(name)
+    except ValueError as exc:
+        raise r.error(path, str(exc)) from None
+    fields["priority_class"] = name
+    origin["priority"] = path
+
+
+def _run_policy(
+    r: FieldReader, spec: dict[str, Any], path: str, fields: dict[str, Any], origin: dict[str, str]
+) -> None:
+    """runPolicy: activeDeadlineSeconds and the gang-scheduling policy (queue, priorityClass, minAvailable)."""
+    policy = r.mapping(spec, "runPolicy", path)
+    pp = child(path, "runPolicy")
+    deadline = r.integer(policy, "activeDeadlineSeconds", pp, minimum=1)
+    if deadline is not None:
+        fields["time_limit_s"] = deadline
+        origin["time_limit_s"] = child(pp, "activeDeadlineSeconds")
+    sched = r.mapping(policy, "schedulingPolicy", pp)
+    sp = child(pp, "schedulingPolicy")
+    queue = r.string(sched, "queue", sp)
+    if queue is not None:
+        if "queue" in fields and fields["queue"] != queue:
+            r.warn(child(sp, "queue"), f"differs from the Kueue label ({fields['queue']!r}), which wins")
+        else:
+            fields["queue"] = queue
+            origin["queue"] = child(sp, "queue")
+    pclass = r.string(sched, "priorityClass", sp)
+    if pclass is not None:
+        if "priority_class" in fields and fields["priority_class"] != pclass:
+            r.warn(
+                child(sp, "priorityClass"), f"differs from the Kueue label ({fields['priority_class']!r}), which wins"
+            )
+        elif "priority_class" not in fields:
+            _set_priority(r, pclass, child(sp, "priorityClass"), fields, origin)
+    min_available = r.integer(sched, "minAvailable", sp, minimum=0)
+    if min_available is not None:
+        ranks = int(fields["ranks"])
+        if min_available > ranks:
+            raise r.error(child(sp, "minAvailable"), f"{min_available} is more than the job's {ranks} ranks")
+        if min_available < ranks:
+            r.warn(
+                child(sp, "minAvailable"),
+                f"OnePlus places all {ranks} ranks at once or none; minAvailable={min_available} is not used",
+            )
+
+
+def _replica_group(
+    r: FieldReader, specs: dict[str, Any], role: str, path: str, *, main_container: str | None
+) -> ReplicaGroup | None:
+    if role not in specs:
+        return None
+    rp = child(path, role)
+    replica = r.mapping(specs, role, path)
+    replicas = r.integer(replica, "replicas", rp, minimum=0)
+    restart = r.string(replica, "restartPolicy", rp)
+    template = r.mapping(replica, "template", rp, required=True)
+    shape = read_pod_template(r, template, child(rp, "template"), main_container=main_container)
+    return ReplicaGroup(
+        role=role, replicas=1 if replicas is None else replicas, shape=shape, path=rp, restart_policy=restart
+    )
+
+
+def _finish(r: FieldReader, fields: dict[str, Any], origin: dict[str, str], kind: str) -> Translation:
+    spec = spec_from_fields(fields, filename=r.filename, origin=origin)
+    return Translation(spec=spec, warnings=r.report_unused(), kind=kind)
+
+
+def _start(doc: dict[str, Any], filename: str) -> tuple[FieldReader, dict[str, Any], dict[str, str], dict[str, Any]]:
+    r = FieldReader(doc, filename=filename)
+    r.use("apiVersion")
+    r.use("kind")
+    fields: dict[str, Any] = {}
+    origin: dict[str, str] = {}
+    _metadata(r, doc, fields, origin)
+    spec = r.mapping(doc, "spec", "", required=True)
+    return r, fields, origin, spec
+
+
+def _unknown_roles(r: FieldReader, specs: dict[str, Any], path: str, known: tuple[str, ...]) -> None:
+    for role in specs:
+        if role not in known:
+            raise r.error(child(path, role), f"unknown replica type; use {' and '.join(known)}")
+
+
+def translate_pytorchjob(doc: dict[str, Any], filename: str) -> Translation:
+    r, fields, origin, spec = _start(doc, filename)
+    path = "spec.pytorchReplicaSpecs"
+    specs = r.mapping(spec, "pytorchReplicaSpecs", "spec", required=True)
+    _unknown_roles(r, specs, path, ("Master", "Worker"))
+    groups = [
+        g for role in ("Master", "Worker") if (g := _replica_group(r, specs, role, path, main_container="pytorch"))
+    ]
+    gang_fields(r, groups, fields, origin)
+    _run_policy(r, spec, "spec", fields, origin)
+    return _finish(r, fields, origin, "PyTorchJob")
+
+
+def translate_mpijob(doc: dict[str, Any], filename: str) -> Translation:
+    r, fields, origin, spec = _start(doc, filename)
+    path = "spec.mpiReplicaSpecs"
+    specs = r.mapping(spec, "mpiReplicaSpecs", "spec", required=True)
+    _unknown_roles(r, specs, path, ("Launcher", "Worker"))
+    main = r.string(spec, "mainContainer", "spec")  # Training Operator v1 form
+    launcher_is_rank = bool(r.boolean(spec, "runLauncherAsWorker", "spec"))
+    worker = _replica_group(r, specs, "Worker", path, main_container=main)
+    if worker is None:
+        raise r.error(child(path, "Worker"), "an MPIJob needs a Worker replica type")
+    groups = [worker]
+    if "Launcher" in specs:
+        if launcher_is_rank:
+            launcher = _replica_group(r, specs, "Launcher", path, main_container=main)
+            groups = [g for g in (launcher, worker) if g]
+        else:
+            _skip_launcher(r, specs, child(path, "Launcher"))
+    gang_fields(r, groups, fields, origin)
+    slots = r.integer(spec, "slotsPerWorker", "spec", minimum=1)
+    per_worker = max(worker.shape.gpus, 1)
+    if slots is not None and slots != per_worker:
+        r.warn(
+            "spec.slotsPerWorker",
+            f"{slots} slots but each worker has {worker.shape.gpus} GPU(s); one OnePlus rank per worker",
+        )
+    _run_policy(r, spec, "spec", fields, origin)
+    legacy_clean = r.opt(spec, "cleanPodPolicy", "spec")
+    if legacy_clean is not None:
+        r.warn("spec.cleanPodPolicy", "not used by OnePlus (ranks are removed when the job ends)")
+    return _finish(r, fields, origin, "MPIJob")
+
+
+def _skip_launcher(r: FieldReader, specs: dict[str, Any], path: str) -> None:
+    r.use(path)
+    said = ""
+    try:
+        first = specs["Launcher"]["template"]["spec"]["containers"][0]
+        words = [*(first.get("command") or []), *(first.get("args") or [])]
+        said = f" (its command {' '.join(str(w) for w in words)!r} does not run)" if words else ""
+    except (KeyError, IndexError, TypeError, AttributeError):
+        pass  # a malformed launcher is still not a rank; nothing more to say about it
+    r.warn(path, f"the launcher is not a rank: OnePlus starts the Worker ranks itself with rank and world size{said}")
+
+
+def translate_trainjob(doc: dict[str, Any], filename: str) -> Translation:
+    r, fields, origin, spec = _start(doc, filename)
+    ref = r.mapping(spec, "runtimeRef", "spec", required=True)
+    runtime = r.string(ref, "name", "spec.runtimeRef", required=True)
+    r.string(ref, "kind", "spec.runtimeRef")
+    r.string(ref, "apiGroup", "spec.runtimeRef")
+    fields.setdefault("labels", {})[RUNTIME_LABEL] = str(runtime)
+    trainer = r.mapping(spec, "trainer", "spec")
+    tp = "spec.trainer"
+    nodes = r.integer(trainer, "numNodes", tp, minimum=1)
+    if nodes is None:
+        r.warn(tp, f"numNodes is not set and runtime {runtime!r} is not readable here; the job has 1 node")
+    shape = PodShape(resources_path=child(tp, "resourcesPerNode"))
+    shape.image = r.string(trainer, "image", tp)
+    if shape.image is None:
+        r.warn(
+            tp, f"no image: the runtime {runtime!r} chooses it and OnePlus cannot read runtimes; the default is used"
+        )
+    shape.command = r.string_list(trainer, "command", tp) + r.string_list(trainer, "args", tp)
+    shape.env = read_env(r, trainer, tp)
+    nproc = r.opt(trainer, "numProcPerNode", tp)
+    if nproc is not None:
+        shape.env["PET_NPROC_PER_NODE"] = str(nproc)
+    read_resources(r, r.mapping(trainer, "resourcesPerNode", tp), child(tp, "resourcesPerNode"), shape)
+    group = ReplicaGroup(role="node", replicas=1 if nodes is None else nodes, shape=shape, path=tp)
+    gang_fields(r, [group], fields, origin)
+    deadline = r.integer(spec, "activeDeadlineSeconds", "spec", minimum=1)
+    if deadline is not None:
+        fields["time_limit_s"] = deadline
+    return _finish(r, fields, origin, "TrainJob")
+
+
+KINDS: dict[tuple[str, str], Translator] = {
+    ("kubeflow.org/v1", "PyTorchJob"): translate_pytorchjob,
+    ("kubeflow.org/v2beta1", "MPIJob"): translate_mpijob,
+    ("kubeflow.org/v1", "MPIJob"): translate_mpijob,
+    ("trainer.kubeflow.org/v1alpha1", "TrainJob"): translate_trainjob,
+}
+
+
+def translate_manifest(doc: dict[str, Any], filename: str) -> Translation:
+    api, kind = doc.get("apiVersion"), doc.get("kind")
+    translator = KINDS.get((str(api), str(kind)))
+    if translator is None:
+        known = ", ".join(f"{k} ({a})" for a, k in KINDS)
+        raise JobFormatError(
+            f"unsupported manifest kind {kind!r} apiVersion {api!r}; OnePlus reads {known}", filename=filename
+        )
+    return translator(doc, filename)
