@@ -80,7 +80,7 @@ def test_priority_class_values_default_class_and_preemptible() -> None:
         ("queues: [{name: a, parent: ghost}]", r"'a' has unknown parent 'ghost'"),
         ("queues: [{name: a, parent: b}, {name: b, parent: a}]", r"form a cycle"),
         ("queues: []", r"at least one queue"),
-        ("queues: [{name: a, guarantee_gpus: -1}]", r"queues\.0\.guarantee_gpus: Input should be greater than or equal"),
+        ("queues: [{name: a, guarantee_gpus: -1}]", r"queues\.0\.guarantee_gpus: Input should be greater"),
         ("queues: [{name: a, weight: 0}]", r"queues\.0\.weight"),
         ("queues: [{name: 'bad name'}]", r"queue name 'bad name'"),
         ("queues: [{name: a, colour: red}]", r"queues\.0\.colour: Extra inputs are not permitted"),

@@ -7,7 +7,7 @@ import math
 import pytest
 from oneplus_contracts import Allocation, JobSpec, RankPlacement, RankResources
 from oneplus_queueing.config import load_queue_config
-from oneplus_queueing.fairshare import UsageHistory, fair_tree, fairshare_factors, usage_by_queue
+from oneplus_queueing.fairshare import UsageHistory, fair_tree, fairshare_factors
 from oneplus_queueing.model import RunningJob
 
 TREE = """
@@ -60,8 +60,3 @@ def test_unused_queues_tie_at_the_top() -> None:
     cfg = load_queue_config(TREE)
     assert set(fairshare_factors(cfg, {}).values()) == {1.0}
 
-
-def test_usage_by_queue_sums_up_the_tree() -> None:
-    cfg = load_queue_config(TREE)
-    held = usage_by_queue([_running("x", "a1", 2, 0), _running("y", "a2", 4, 0), _running("z", "b1", 1, 0)], cfg)
-    assert held["a"] == 6 and held["a1"] == 2 and held["b"] == 1

@@ -101,6 +101,9 @@ class PreemptionPolicy(_Model):
         default=3, description="A job preempted this many times is never preempted again"
     )
     rate_limit_gangs: Annotated[int, Field(ge=1)] = Field(default=20, description="Victim gangs per rate window")
+    searches_per_cycle: Annotated[int, Field(ge=0)] = Field(
+        default=8, description="Victim searches per cycle: each runs several trial placements"
+    )
     rate_window_s: Annotated[float, Field(gt=0)] = 300.0
     max_candidates: Annotated[int, Field(ge=1)] = Field(
         default=64, description="Victim candidates examined per domain, cheapest first"

@@ -9,7 +9,7 @@ used more, whatever happens deeper in the tree.
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
 from .config import QueueConfig
@@ -137,14 +137,3 @@ def fair_tree(config: QueueConfig, usage: Mapping[str, float]) -> dict[str, Fair
 def fairshare_factors(config: QueueConfig, usage: Mapping[str, float]) -> dict[str, float]:
     """Leaf queue → Fair-Tree factor in (0, 1]; higher means the queue is owed more."""
     return {q: e.factor for q, e in fair_tree(config, usage).items() if config.is_leaf(q)}
-
-
-def usage_by_queue(running: Sequence[RunningJob], config: QueueConfig) -> dict[str, float]:
-    """GPUs held now per queue (leaf and every ancestor), for quotas and borrowing."""
-    held: dict[str, float] = {q.name: 0.0 for q in config.queues}
-    for job in running:
-        if job.queue not in held:
-            continue
-        for q in config.path(job.queue):
-            held[q] += job.gpus
-    return held

@@ -15,7 +15,7 @@ ReasonCode = Literal[
     "Preempting",  # victims are being evicted for it; the freed GPUs are nominated for it
     "InvalidQueue",  # its queue or priority class is not in the queue config
 ]
-PreemptionKind = Literal["priority", "reclaim", "reservation"]
+PreemptionKind = Literal["priority", "reclaim"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -110,11 +110,16 @@ class Reservation:
 class VictimChoice:
     preemptor: str
     victims: tuple[str, ...]
+    kinds: tuple[PreemptionKind, ...]  # per victim: on what grounds it is evicted
     nominated: Allocation  # the allocation the preemptor gets once the victims are gone
     lost_work_gpu_s: float  # Σ GPUs × time since last checkpoint, plus restart costs
     freed_gpus: float
-    kind: PreemptionKind
     grace_s: float  # the longest checkpoint grace among the victims: when the nominated GPUs free up
+
+    @property
+    def kind(self) -> PreemptionKind:
+        """`reclaim` when any victim is evicted to give a queue its guarantee back, else `priority`."""
+        return "reclaim" if "reclaim" in self.kinds else "priority"
 
 
 @dataclass
@@ -133,6 +138,7 @@ class CycleDecision:
     reasons: dict[str, PendingReason] = field(default_factory=dict)
     reservation: Reservation | None = None
     preemptions: list[VictimChoice] = field(default_factory=list)
+    nominations: dict[str, Allocation] = field(default_factory=dict)  # preemptor → GPUs kept for it
     order: list[str] = field(default_factory=list)  # pending job ids, first to be served first
     scores: dict[str, float] = field(default_factory=dict)
     stats: CycleStats = field(default_factory=CycleStats)

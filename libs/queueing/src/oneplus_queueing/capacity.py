@@ -1,0 +1,150 @@
+"""The queueing view of placement's cluster state: free GPUs per domain, trial placements, holds.
+
+Every call into `oneplus_placement` goes through here, so the policy modules speak of domains and victims only.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass
+
+from oneplus_contracts import Allocation, Domain, JobSpec, RankPlacement
+from oneplus_placement.greedy import PlacementResult, place_gang
+from oneplus_placement.snapshot import ClusterSnapshot, ClusterState, Layout
+
+from .model import CycleStats
+
+DomainKey = tuple[Domain, int]  # ("node", node index) / ("leaf", leaf index) / ("spine", …) / ("cluster", 0)
+
+
+def working_copy(state: ClusterState | ClusterSnapshot) -> ClusterState:
+    """A private mutable copy: a cycle never changes the caller's state."""
+    if isinstance(state, ClusterSnapshot):
+        return state.thaw()
+    return state.snapshot().thaw()
+
+
+@dataclass
+class Capacity:
+    """A mutable working state plus the counters a cycle reports."""
+
+    state: ClusterState
+    stats: CycleStats
+    version: int = 0  # bumped on every change, so a failed trial can be remembered until something moves
+
+    @property
+    def layout(self) -> Layout:
+        return self.state.layout
+
+    def place(self, spec: JobSpec, job_id: str, seed: int) -> PlacementResult:
+        self.stats.placement_calls += 1
+        return place_gang(self.state, spec, job_id=job_id, seed=seed)  # reads only: no snapshot copy needed
+
+    def apply(self, alloc: Allocation) -> None:
+        self.state.apply(alloc)
+        self.version += 1
+
+    def release(self, alloc: Allocation) -> None:
+        self.state.release(alloc)
+        self.version += 1
+
+    @contextmanager
+    def released(self, allocs: Sequence[Allocation]) -> Iterator[None]:
+        """Trial: the allocations are given back inside the block and taken again after it."""
+        done: list[Allocation] = []
+        try:
+            for a in allocs:
+                self.state.release(a)
+                done.append(a)
+            yield
+        finally:
+            for a in reversed(done):
+                self.state.apply(a)
+
+    # -- counting -------------------------------------------------------------------------------------------------
+
+    def free_gpus(self) -> int:
+        return self.state.total_free_gpus()
+
+    def node_index(self, node: str) -> int:
+        return self.layout.index(node)
+
+    def domain_nodes(self, key: DomainKey) -> Sequence[int]:
+        level, ix = key
+        lay = self.layout
+        if level == "node":
+            return (ix,)
+        if level == "leaf":
+            return lay.leaf_nodes[ix]
+        if level == "spine":
+            return [n for leaf in lay.spine_leaves[ix] for n in lay.leaf_nodes[leaf]]
+        return range(len(lay.slots))
+
+    def domain_of_node(self, level: Domain, node_ix: int) -> DomainKey:
+        slot = self.layout.slots[node_ix]
+        if level == "node":
+            return ("node", node_ix)
+        if level == "leaf":
+            return ("leaf", slot.leaf)
+        if level == "spine":
+            return ("spine", slot.spine)
+        return ("cluster", 0)
+
+    def free_in(self, key: DomainKey) -> int:
+        fc = self.state.free_count
+        return sum(fc[i] for i in self.domain_nodes(key))
+
+    def domain_name(self, key: DomainKey) -> str:
+        level, ix = key
+        lay = self.layout
+        if level == "node":
+            return lay.slots[ix].name
+        if level == "leaf":
+            return lay.leaf_names[ix]
+        if level == "spine":
+            return lay.spine_names[ix]
+        return "cluster"
+
+    def alloc_domain(self, alloc: Allocation) -> tuple[Domain, str]:
+        """The tightest domain holding every rank of `alloc`, and its name."""
+        ixs = {self.node_index(n) for n in alloc.nodes}
+        for level in ("node", "leaf", "spine"):
+            keys = {self.domain_of_node(level, i) for i in ixs}
+            if len(keys) == 1:
+                key = keys.pop()
+                return key[0], self.domain_name(key)
+        return "cluster", "cluster"
+
+    # -- holds ----------------------------------------------------------------------------------------------------
+
+    def free_part(self, alloc: Allocation, job_id: str) -> Allocation | None:
+        """The whole GPUs of `alloc` that are free right now, as an allocation that holds only GPUs.
+
+        Holding them keeps a reservation's (or a nomination's) GPUs from being handed to anyone else this cycle.
+        """
+        ranks: list[RankPlacement] = []
+        for r in alloc.ranks:
+            if r.gpu_milli:
+                continue  # a share is not worth holding a whole GPU for
+            i = self.node_index(r.node)
+            shape = self.layout.slots[i].shape
+            gpus = shape.gpu_indexes(self.state.free[i] & shape.mask_of(r.gpus))
+            if gpus:
+                ranks.append(RankPlacement(rank=len(ranks), node=r.node, gpus=gpus, cpus=0.0, memory_mb=0))
+        if not ranks:
+            return None
+        return Allocation(ranks=ranks, domain=alloc.domain, solver=f"hold:{job_id}")
+
+
+def whole_gpus(spec: JobSpec) -> int:
+    """Whole GPUs a gang needs; 0 for GPU shares (counting cannot rule those out)."""
+    return spec.ranks * spec.resources.whole_gpus
+
+
+def gpus_by_node(capacity: Capacity, alloc: Allocation) -> dict[int, int]:
+    out: dict[int, int] = {}
+    for r in alloc.ranks:
+        i = capacity.node_index(r.node)
+        out[i] = out.get(i, 0) + len(r.gpus)
+    return out

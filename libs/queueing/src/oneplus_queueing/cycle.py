@@ -1,0 +1,306 @@
+"""One scheduling cycle: order, quotas, placement, head-of-line protection, backfill and preemption wishes.
+
+`schedule_cycle` is a function of its inputs: it works on a private copy of the cluster state and only reads the
+usage history. The placement-solver service commits what it returns; the simulator applies it to its model.
+
+Per pending job, in serving order:
+1. quota: over its queue's limit → `QuotaExceeded` (unless evicting its own queue's lower-priority jobs makes room);
+2. placement on the working state (a failed shape is remembered until the state changes, a count check first);
+3. if it cannot be placed: claim GPUs already being freed by in-flight preemptions, else choose victims (whole
+   gangs, least lost work, verified by placement) and nominate their GPUs for it;
+4. the first job that still waits is the head: its future block (domain + start, from time limits) is reserved and
+   the block's free GPUs are held; later jobs may use them only if they end before the start or are preemptible.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+from oneplus_contracts import Allocation, JobSpec
+from oneplus_placement.greedy import PlacementResult
+from oneplus_placement.snapshot import ClusterSnapshot, ClusterState
+
+from .backfill import may_use_block, reserve_block
+from .capacity import Capacity, whole_gpus, working_copy
+from .config import QueueConfig
+from .explain import classify_failure, fmt_ts, shape_key
+from .fairshare import UsageHistory, fairshare_factors
+from .model import CycleDecision, CycleStats, PendingJob, PendingReason, ReasonCode, Reservation, RunningJob
+from .ordering import RankedJob, rank_pending
+from .quota import QuotaLedger, held_by_queue
+from .victims import eviction_grounds, protected_until, rate_budget, search_victims
+
+
+def schedule_cycle(
+    now: float,
+    cluster_state: ClusterState | ClusterSnapshot,
+    pending: Sequence[PendingJob],
+    running: Sequence[RunningJob],
+    config: QueueConfig,
+    usage: UsageHistory,
+    seed: int = 0,
+) -> CycleDecision:
+    """Decide this cycle's placements, pending reasons, protected reservation and preemption wishes.
+
+    `cluster_state` must hold the allocation of every job in `running` (and nothing of `pending`); it is not changed.
+    """
+    t0 = time.perf_counter()
+    stats = CycleStats()
+    decision = CycleDecision(now=now, stats=stats)
+    factors = fairshare_factors(config, usage.usage_at(now))
+    ranked, invalid = rank_pending(now, pending, config, factors)
+    decision.reasons.update(invalid)
+    decision.order = [r.job_id for r in ranked]
+    decision.scores = {r.job_id: r.score for r in ranked}
+    cycle = _Cycle(
+        now=now,
+        capacity=Capacity(working_copy(cluster_state), stats),
+        config=config,
+        ledger=QuotaLedger(config, held_by_queue(running, config)),
+        running=list(running),
+        budget=rate_budget(now, config, usage),
+        seed=seed,
+        decision=decision,
+    )
+    for position, job in enumerate(ranked):
+        cycle.serve(job, position)
+    stats.wall_s = time.perf_counter() - t0
+    return decision
+
+
+@dataclass
+class _Cycle:
+    now: float
+    capacity: Capacity
+    config: QueueConfig
+    ledger: QuotaLedger
+    running: list[RunningJob]
+    budget: int
+    seed: int
+    decision: CycleDecision
+    placed: list[RunningJob] = field(default_factory=list)
+    hold: Allocation | None = None  # free GPUs of the head's block; backfill may use them under the rules
+    head: RankedJob | None = None
+    examined_after_head: int = 0
+    searches: int = 0
+    taken: set[str] = field(default_factory=set)  # victims (new or in flight) already promised to someone
+    failed: dict[tuple[object, ...], tuple[int, ReasonCode, str]] = field(default_factory=dict)
+
+    @property
+    def reservation(self) -> Reservation | None:
+        return self.decision.reservation
+
+    def reason(self, job: RankedJob, code: ReasonCode, message: str) -> None:
+        self.decision.reasons[job.job_id] = PendingReason(job.job_id, code, message)
+
+    # -- the steps --------------------------------------------------------------------------------------------
+
+    def serve(self, job: RankedJob, position: int) -> None:
+        if self.head is not None:
+            self.examined_after_head += 1
+            if self.examined_after_head > self.config.backfill.scan_limit:
+                self.reason(
+                    job,
+                    "Priority",
+                    f"{position} jobs are ahead of it; backfill looks at the first "
+                    f"{self.config.backfill.scan_limit} behind the protected job {self.head.job_id}",
+                )
+                return
+        if self.ledger.blocking_queue(job.job.queue, job.gpus) is not None:
+            message = self.ledger.quota_message(job.job.queue, job.gpus)
+            if not self.preempt(job, quota_only=True):
+                self.reason(job, "QuotaExceeded", message)
+            return
+        placed = self.try_place(job)
+        if placed is not None:
+            self.commit(job, *placed)
+            return
+        if self.claim_in_flight(job) or self.preempt(job):
+            return
+        if self.head is None:
+            self.protect(job)
+
+    def try_place(self, job: RankedJob) -> tuple[Allocation, bool] | None:
+        """The job's allocation and whether it took reserved GPUs, or None with the reason recorded."""
+        spec = job.job.spec
+        use_block = self.may_use_block(job)
+        key = (*shape_key(spec), use_block)
+        seen = self.failed.get(key)
+        if seen is not None and seen[0] == self.capacity.version:
+            self.capacity.stats.skipped_by_memo += 1
+            self.reason(job, seen[1], seen[2])
+            return None
+        held = _gpu_count(self.hold)
+        free = self.capacity.free_gpus()
+        need = whole_gpus(spec)
+        if need > free + held:
+            self.capacity.stats.skipped_by_count += 1
+            self.fail(job, key, "Resources", f"needs {need} GPUs; {free + (held if use_block else 0)} are free")
+            return None
+        # Outside the reserved block first: a backfill that fits elsewhere leaves the block alone.
+        result = self.place(spec, job.job_id, release_hold=False) if need <= free else None
+        if result is not None and result.allocation is not None:
+            return result.allocation, False
+        if self.hold is not None:
+            unheld = self.place(spec, job.job_id, release_hold=True)
+            if unheld.allocation is not None:
+                if use_block:
+                    return unheld.allocation, True
+                self.fail(job, key, "Priority", self.behind_reservation_message())
+                return None
+            result = result or unheld
+        free_for_it = free + (held if use_block else 0)
+        code, message = classify_failure(spec, result.explanation if result else None, free_for_it)
+        self.fail(job, key, code, message)
+        return None
+
+    def may_use_block(self, job: RankedJob) -> bool:
+        if self.hold is None or self.reservation is None or self.head is None:
+            return False
+        return may_use_block(self.now, job, self.reservation, self.head, self.config, self.ledger)
+
+    def place(self, spec: JobSpec, job_id: str, *, release_hold: bool) -> PlacementResult:
+        if release_hold and self.hold is not None:
+            with self.capacity.released([self.hold]):
+                return self.capacity.place(spec, job_id, self.seed)
+        return self.capacity.place(spec, job_id, self.seed)
+
+    def fail(self, job: RankedJob, key: tuple[object, ...], code: ReasonCode, message: str) -> None:
+        """Record why the job waits, and remember it for same-shaped jobs until the state changes."""
+        self.failed[key] = (self.capacity.version, code, message)
+        self.reason(job, code, message)
+
+    def behind_reservation_message(self) -> str:
+        res = self.reservation
+        assert res is not None
+        return (
+            f"would fit, but the free GPUs of {res.domain} {res.domain_name} are reserved for {res.job_id} "
+            f"from {fmt_ts(res.start_ts)}; it is not preemptible and does not end before then"
+        )
+
+    def commit(self, job: RankedJob, alloc: Allocation, took_reserved: bool) -> None:
+        if took_reserved and self.hold is not None:
+            self.capacity.release(self.hold)
+            self.capacity.apply(alloc)
+            self.hold = self.hold_for(self.reservation.allocation, self.reservation.job_id)  # type: ignore[union-attr]
+        else:
+            self.capacity.apply(alloc)
+        self.ledger.admit(job.job.queue, job.gpus)
+        self.decision.placements[job.job_id] = alloc
+        self.decision.reasons.pop(job.job_id, None)
+        self.placed.append(RunningJob(job.job_id, job.job.spec, alloc, self.now, preemptions=job.job.preemptions))
+
+    def hold_for(self, alloc: Allocation, job_id: str) -> Allocation | None:
+        hold = self.capacity.free_part(alloc, job_id)
+        if hold is not None:
+            self.capacity.apply(hold)
+        return hold
+
+    # -- preemption -------------------------------------------------------------------------------------------
+
+    def claim_in_flight(self, job: RankedJob) -> bool:
+        """GPUs of jobs already being evicted go to the first job in order that they make placeable."""
+        flight = [r for r in self.running if r.preempting and r.job_id not in self.taken]
+        coming = sum(_gpu_count(r.allocation) for r in flight)
+        if not flight or whole_gpus(job.job.spec) > self.capacity.free_gpus() + coming:
+            return False
+        with self.capacity.released([r.allocation for r in flight]):
+            alloc = self.capacity.place(job.job.spec, job.job_id, self.seed).allocation
+        if alloc is None:
+            return False
+        nodes = set(alloc.nodes)
+        claimed = [r for r in flight if nodes & set(r.allocation.nodes)]
+        self.nominate(job, alloc, claimed)
+        names = ", ".join(r.job_id for r in claimed) or "nobody"
+        self.reason(job, "Preempting", f"waiting for {names} to checkpoint and stop; their GPUs are nominated for it")
+        return True
+
+    def preempt(self, job: RankedJob, *, quota_only: bool = False) -> bool:
+        pol = self.config.preemption
+        if not pol.enabled or self.searches >= pol.searches_per_cycle or self.budget <= 0:
+            return False
+        if self.now - job.job.submitted_ts < pol.preemption_delay_s:
+            return False
+        self.searches += 1
+        pool = self.running
+        if quota_only:  # only its own queue's jobs free quota it can use
+            pool = [r for r in self.running if r.queue == job.job.queue]
+        choice = search_victims(
+            self.now,
+            self.capacity,
+            job,
+            pool,
+            self.config,
+            self.ledger,
+            self.budget,
+            exclude=self.taken,
+            seed=self.seed,
+        )
+        if choice is None:
+            return False
+        res = self.reservation
+        if (
+            res is not None
+            and self.head is not None
+            and job.priority <= self.head.priority
+            and _overlaps(choice.nominated, res.allocation)
+        ):
+            return False  # it would take the protected job's block
+        victims = [r for r in self.running if r.job_id in set(choice.victims)]
+        self.budget -= len(victims)
+        self.decision.preemptions.append(choice)
+        self.nominate(job, choice.nominated, victims)
+        hours = choice.lost_work_gpu_s / 3600
+        self.reason(
+            job,
+            "Preempting",
+            f"evicting {', '.join(choice.victims)} ({choice.kind}; {hours:.2f} GPU-hours lost); "
+            f"GPUs on {', '.join(choice.nominated.nodes)} are nominated for it",
+        )
+        return True
+
+    def nominate(self, job: RankedJob, alloc: Allocation, victims: Sequence[RunningJob]) -> None:
+        """Hold the nominated GPUs that are free now; count the preemptor in its queue instead of the victims."""
+        self.taken.update(v.job_id for v in victims)
+        for v in victims:
+            self.ledger.release(v.queue, v.gpus)
+        self.ledger.admit(job.job.queue, job.gpus)
+        self.hold_for(alloc, job.job_id)
+        self.decision.nominations[job.job_id] = alloc
+
+    # -- head-of-line protection ------------------------------------------------------------------------------
+
+    def protect(self, job: RankedJob) -> None:
+        self.head = job
+        holders = [r for r in self.running if r.job_id not in self.taken] + self.placed
+
+        def releasable_at(r: RunningJob) -> float | None:
+            if r.preempting:
+                return self.now + float(r.spec.checkpoint.grace_s)
+            if eviction_grounds(job, r, self.config, self.ledger) is not None:
+                return max(self.now, protected_until(r, self.config))  # the head may evict it then
+            return None
+
+        res = reserve_block(self.now, self.capacity, job, holders, self.config, releasable_at, self.seed)
+        previous = self.decision.reasons.get(job.job_id)
+        if res is None:
+            return
+        self.decision.reservation = res
+        self.hold = self.hold_for(res.allocation, job.job_id)
+        when = f"from {fmt_ts(res.start_ts)}" if res.start_ts is not None else "once jobs without a time limit end"
+        note = f"; {res.domain} {res.domain_name} ({', '.join(res.nodes)}) is reserved for it {when}"
+        if previous is not None:
+            self.decision.reasons[job.job_id] = PendingReason(job.job_id, previous.code, previous.message + note)
+
+
+def _gpu_count(alloc: Allocation | None) -> int:
+    if alloc is None:
+        return 0
+    return sum(len(r.gpus) for r in alloc.ranks if not r.gpu_milli)
+
+
+def _overlaps(a: Allocation, b: Allocation) -> bool:
+    held = {(r.node, g) for r in b.ranks for g in r.gpus}
+    return any((r.node, g) in held for r in a.ranks for g in r.gpus)

@@ -1,0 +1,52 @@
+"""The order pending jobs are served in: priority class, fair share and age (Slurm's multifactor, simplified)."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+from .config import QueueConfig, QueueConfigError
+from .model import PendingJob, PendingReason
+
+
+@dataclass(frozen=True, slots=True)
+class RankedJob:
+    job: PendingJob
+    priority: int  # static: decides who may preempt whom; ageing never lets a job evict another
+    preemptible: bool
+    score: float  # dynamic: decides the order
+
+    @property
+    def job_id(self) -> str:
+        return self.job.job_id
+
+    @property
+    def gpus(self) -> float:
+        return self.job.gpus
+
+
+def job_score(now: float, job: PendingJob, priority: int, config: QueueConfig, factors: Mapping[str, float]) -> float:
+    """Priority + fair-share bonus + age bonus; the age bonus saturates, so a class jump still outranks waiting."""
+    age = max(0.0, now - job.submitted_ts)
+    fair = config.fairshare.weight * factors.get(job.queue, 0.0)
+    ageing = config.ageing.weight * min(1.0, age / config.ageing.max_age_s)
+    return priority + fair + ageing
+
+
+def rank_pending(
+    now: float, pending: Sequence[PendingJob], config: QueueConfig, factors: Mapping[str, float]
+) -> tuple[list[RankedJob], dict[str, PendingReason]]:
+    """Pending jobs in serving order, and the reason for each job the config cannot queue."""
+    ranked: list[RankedJob] = []
+    invalid: dict[str, PendingReason] = {}
+    for job in pending:
+        try:
+            config.validate_job(job.spec)
+            prio = config.priority_of(job.spec)
+            preemptible = config.preemptible(job.spec)
+        except QueueConfigError as exc:
+            invalid[job.job_id] = PendingReason(job.job_id, "InvalidQueue", str(exc))
+            continue
+        ranked.append(RankedJob(job, prio, preemptible, job_score(now, job, prio, config, factors)))
+    ranked.sort(key=lambda r: (-r.score, r.job.submitted_ts, r.job_id))
+    return ranked, invalid

@@ -1,0 +1,310 @@
+"""Victim choice: the cheapest set of whole gangs whose eviction frees a domain the preemptor can be placed in.
+
+Cost of a victim = its GPUs × seconds since its last checkpoint (the work thrown away) + GPUs × the restart cost.
+Every candidate set is checked by running the real placement on the state with the set released, so a choice
+never frees GPUs the preemptor cannot use. Per domain (node, leaf, spine, cluster) the search is exact over all
+subsets when there are few candidates, else greedy by cost per freed GPU followed by pruning.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Collection, Sequence
+from dataclasses import dataclass
+
+from oneplus_contracts import Allocation
+from oneplus_placement.request import GangRequest
+from oneplus_placement.snapshot import ClusterSnapshot, ClusterState
+
+from .capacity import Capacity, DomainKey, gpus_by_node, whole_gpus, working_copy
+from .config import QueueConfig, QueueConfigError
+from .fairshare import UsageHistory
+from .model import CycleStats, PendingJob, PreemptionKind, RunningJob, VictimChoice
+from .ordering import RankedJob
+from .quota import QuotaLedger, held_by_queue
+
+_MAX_DOMAINS = 12  # domains searched per preemptor, best lower bound first
+_MAX_TRIALS = 48  # placement trials per domain
+
+
+@dataclass(frozen=True, slots=True)
+class Candidate:
+    job: RunningJob
+    kind: PreemptionKind
+    cost: float
+    on_node: dict[int, int]  # node index → GPUs it holds there
+
+
+def protected_until(job: RunningJob, config: QueueConfig) -> float:
+    """Until when the job may not be evicted: its minimum run time, longer after each earlier preemption."""
+    pol = config.preemption
+    floor = max(pol.min_runtime_s, float(job.spec.min_runtime_s))
+    if job.preemptions > 0:
+        floor = max(floor, pol.restart_cost_s) * pol.protection_backoff**job.preemptions
+    return job.started_ts + floor
+
+
+def eviction_grounds(
+    preemptor: RankedJob, victim: RunningJob, config: QueueConfig, ledger: QuotaLedger
+) -> PreemptionKind | None:
+    """On what grounds `victim` could ever be evicted for `preemptor` (its run time aside); None: never."""
+    if victim.preempting or victim.job_id == preemptor.job_id:
+        return None
+    if victim.preemptions >= config.preemption.max_preemptions_per_job:
+        return None  # preempted often enough: it is protected from now on
+    try:
+        if not config.preemptible(victim.spec):
+            return None
+        victim_prio = config.priority_of(victim.spec)
+        return ledger.preemption_kind(preemptor.job.queue, preemptor.priority, preemptor.gpus, victim, victim_prio)
+    except QueueConfigError:
+        return None  # a job of a queue no longer configured is left alone rather than guessed about
+
+
+def eviction_kind(
+    now: float, preemptor: RankedJob, victim: RunningJob, config: QueueConfig, ledger: QuotaLedger
+) -> PreemptionKind | None:
+    """On what grounds `victim` may be evicted for `preemptor` right now; None when it may not be."""
+    if now < protected_until(victim, config):
+        return None
+    return eviction_grounds(preemptor, victim, config, ledger)
+
+
+def rate_budget(now: float, config: QueueConfig, usage: UsageHistory | None, used_this_cycle: int = 0) -> int:
+    """Victim gangs that may still be evicted in the current rate window."""
+    recent = usage.preemptions_since(now - config.preemption.rate_window_s) if usage is not None else 0
+    return max(0, config.preemption.rate_limit_gangs - recent - used_this_cycle)
+
+
+def choose_victims(
+    now: float,
+    state: ClusterState | ClusterSnapshot,
+    preemptor: PendingJob,
+    running: Sequence[RunningJob],
+    config: QueueConfig,
+    *,
+    usage: UsageHistory | None = None,
+    exclude: Collection[str] = (),
+    seed: int = 0,
+) -> VictimChoice | None:
+    """The victim set with the least lost work that lets `preemptor` be placed, or None.
+
+    `state` holds every running job's allocation; it is not changed. `usage` supplies the preemptions of the
+    current rate window; `exclude` names jobs that must not be chosen (e.g. already victims of someone else).
+    """
+    config.validate_job(preemptor.spec)
+    ranked = RankedJob(preemptor, config.priority_of(preemptor.spec), config.preemptible(preemptor.spec), 0.0)
+    if not config.preemption.enabled or now - preemptor.submitted_ts < config.preemption.preemption_delay_s:
+        return None
+    capacity = Capacity(working_copy(state), CycleStats())
+    ledger = QuotaLedger(config, held_by_queue(running, config))
+    return search_victims(
+        now,
+        capacity,
+        ranked,
+        running,
+        config,
+        ledger,
+        rate_budget(now, config, usage),
+        exclude=exclude,
+        seed=seed,
+    )
+
+
+def search_victims(
+    now: float,
+    capacity: Capacity,
+    preemptor: RankedJob,
+    running: Sequence[RunningJob],
+    config: QueueConfig,
+    ledger: QuotaLedger,
+    budget: int,
+    *,
+    exclude: Collection[str] = (),
+    seed: int = 0,
+) -> VictimChoice | None:
+    """`choose_victims` on a working capacity the caller owns (the cycle's); it is left as it was found."""
+    if budget <= 0:
+        return None
+    capacity.stats.victim_searches += 1
+    cands = _candidates(now, capacity, preemptor, running, config, ledger, exclude)
+    if not cands:
+        return None
+    search = _Search(capacity, preemptor, config, ledger, budget, seed)
+    best: tuple[float, tuple[Candidate, ...], Allocation] | None = None
+    for bound, key, in_domain in _domains(capacity, preemptor, cands, config)[:_MAX_DOMAINS]:
+        if best is not None and bound >= best[0] - 1e-9:
+            break
+        found = search.in_domain(key, in_domain)
+        if found is not None and (best is None or found[0] < best[0] - 1e-9):
+            best = found
+    if best is None:
+        return None
+    cost, victims, nominated = search.trim(best)
+    return VictimChoice(
+        preemptor=preemptor.job_id,
+        victims=tuple(v.job.job_id for v in victims),
+        kinds=tuple(v.kind for v in victims),
+        nominated=nominated,
+        lost_work_gpu_s=cost,
+        freed_gpus=sum(v.job.gpus for v in victims),
+        grace_s=max(float(v.job.spec.checkpoint.grace_s) for v in victims),
+    )
+
+
+def _candidates(
+    now: float,
+    capacity: Capacity,
+    preemptor: RankedJob,
+    running: Sequence[RunningJob],
+    config: QueueConfig,
+    ledger: QuotaLedger,
+    exclude: Collection[str],
+) -> list[Candidate]:
+    restart = config.preemption.restart_cost_s
+    out = []
+    for job in running:
+        if job.job_id in exclude:
+            continue
+        kind = eviction_kind(now, preemptor, job, config, ledger)
+        if kind is None:
+            continue
+        cost = job.lost_work_gpu_s(now) + job.gpus * restart
+        out.append(Candidate(job, kind, cost, gpus_by_node(capacity, job.allocation)))
+    out.sort(key=lambda c: (c.cost, c.job.job_id))
+    return out
+
+
+def _domains(
+    capacity: Capacity, preemptor: RankedJob, cands: list[Candidate], config: QueueConfig
+) -> list[tuple[float, DomainKey, list[Candidate]]]:
+    """Every domain a candidate touches where enough GPUs could be freed, with a lower bound on its cost."""
+    need = whole_gpus(preemptor.job.spec)
+    out: list[tuple[float, DomainKey, list[Candidate]]] = []
+    for level in GangRequest.of(preemptor.job.spec).levels():
+        touched: dict[DomainKey, list[Candidate]] = {}
+        for c in cands:
+            for key in {capacity.domain_of_node(level, i) for i in c.on_node}:
+                touched.setdefault(key, []).append(c)
+        for key, in_domain in touched.items():
+            nodes = set(capacity.domain_nodes(key))
+            gain = [(c, sum(g for i, g in c.on_node.items() if i in nodes)) for c in in_domain]
+            short = need - capacity.free_in(key)
+            if sum(g for _, g in gain) < short:
+                continue
+            in_domain = sorted(in_domain, key=lambda c: (c.cost, c.job.job_id))[: config.preemption.max_candidates]
+            out.append((_fractional_bound(gain, short), key, in_domain))
+    out.sort(key=lambda t: (t[0], ("node", "leaf", "spine", "cluster").index(t[1][0]), t[1][1]))
+    return out
+
+
+def _fractional_bound(gain: list[tuple[Candidate, int]], short: int) -> float:
+    """Lower bound on the cost of freeing `short` GPUs: fractional knapsack by cost per GPU."""
+    if short <= 0:
+        return min((c.cost for c, _ in gain), default=0.0)
+    bound = 0.0
+    for c, g in sorted((p for p in gain if p[1] > 0), key=lambda p: p[0].cost / p[1]):
+        take = min(g, short)
+        bound += c.cost * take / g
+        short -= take
+        if short <= 0:
+            break
+    return bound
+
+
+class _Search:
+    """Trial placements with the candidate set released, remembered per set."""
+
+    def __init__(
+        self, capacity: Capacity, preemptor: RankedJob, config: QueueConfig, ledger: QuotaLedger, budget: int, seed: int
+    ) -> None:
+        self.capacity = capacity
+        self.preemptor = preemptor
+        self.config = config
+        self.ledger = ledger
+        self.budget = budget
+        self.seed = seed
+        self.need = whole_gpus(preemptor.job.spec)
+        self.memo: dict[frozenset[str], Allocation | None] = {}
+
+    def placeable(self, victims: Sequence[Candidate]) -> Allocation | None:
+        key = frozenset(v.job.job_id for v in victims)
+        if key in self.memo:
+            return self.memo[key]
+        got: Allocation | None = None
+        if len(victims) <= self.budget and self.ledger.victims_keep_quota_rules(
+            self.preemptor.job.queue, self.preemptor.gpus, [v.job for v in victims]
+        ):
+            with self.capacity.released([v.job.allocation for v in victims]):
+                got = self.capacity.place(self.preemptor.job.spec, self.preemptor.job_id, self.seed).allocation
+        self.memo[key] = got
+        return got
+
+    def in_domain(
+        self, key: DomainKey, cands: list[Candidate]
+    ) -> tuple[float, tuple[Candidate, ...], Allocation] | None:
+        nodes = set(self.capacity.domain_nodes(key))
+        short = self.need - self.capacity.free_in(key)
+        freed = {c.job.job_id: sum(g for i, g in c.on_node.items() if i in nodes) for c in cands}
+        if len(cands) <= self.config.preemption.exact_search_max:
+            return self._exact(cands, freed, short)
+        return self._greedy(cands, freed, short)
+
+    def _exact(
+        self, cands: list[Candidate], freed: dict[str, int], short: int
+    ) -> tuple[float, tuple[Candidate, ...], Allocation] | None:
+        subsets = []
+        for r in range(1, min(len(cands), self.budget) + 1):
+            for combo in itertools.combinations(cands, r):
+                if sum(freed[c.job.job_id] for c in combo) >= short:
+                    subsets.append((sum(c.cost for c in combo), r, combo))
+        subsets.sort(key=lambda s: (s[0], s[1], [c.job.job_id for c in s[2]]))
+        for cost, _, combo in subsets[:_MAX_TRIALS]:
+            alloc = self.placeable(combo)
+            if alloc is not None:
+                return cost, combo, alloc
+        return None
+
+    def _greedy(
+        self, cands: list[Candidate], freed: dict[str, int], short: int
+    ) -> tuple[float, tuple[Candidate, ...], Allocation] | None:
+        order = sorted(cands, key=lambda c: (c.cost / max(freed[c.job.job_id], 1e-9), c.job.job_id))
+        chosen: list[Candidate] = []
+        alloc: Allocation | None = None
+        got = 0
+        trials = 0
+        for c in order:
+            if len(chosen) >= self.budget:
+                break
+            chosen.append(c)
+            got += freed[c.job.job_id]
+            if got < short:
+                continue
+            trials += 1
+            alloc = self.placeable(chosen)
+            if alloc is not None or trials >= _MAX_TRIALS:
+                break
+        if alloc is None:
+            return None
+        for c in sorted(chosen, key=lambda c: -c.cost):  # drop whatever is not needed, most expensive first
+            rest = [x for x in chosen if x is not c]
+            if rest and sum(freed[x.job.job_id] for x in rest) >= short:
+                smaller = self.placeable(rest)
+                if smaller is not None:
+                    chosen, alloc = rest, smaller
+        return sum(c.cost for c in chosen), tuple(chosen), alloc
+
+    def trim(
+        self, best: tuple[float, tuple[Candidate, ...], Allocation]
+    ) -> tuple[float, tuple[Candidate, ...], Allocation]:
+        """Spare victims that share no node with the nominated GPUs: evicting them would free nothing used."""
+        _, victims, nominated = best
+        nodes = set(nominated.nodes)
+        keep = tuple(v for v in victims if nodes & set(v.job.allocation.nodes))
+        if len(keep) == len(victims) or not keep:
+            return best
+        if not self.ledger.victims_keep_quota_rules(
+            self.preemptor.job.queue, self.preemptor.gpus, [v.job for v in keep]
+        ):
+            return best
+        return sum(v.cost for v in keep), keep, nominated
