@@ -16,6 +16,10 @@ class LaunchFailed(RuntimeError):
     """The ranks could not be started (image missing, bad command); the reason is for the user."""
 
 
+class StaleToken(LaunchFailed):
+    """A launch carries an older fencing token than ranks this node already holds for the job; nothing started."""
+
+
 @dataclass(frozen=True)
 class RunningRanks:
     """What a runtime finds running for one job on this node (used to reconcile after a restart)."""
@@ -24,6 +28,7 @@ class RunningRanks:
     token: int
     ranks: tuple[int, ...]
     handles: tuple[str, ...] = ()
+    exited: bool = False  # every rank has ended but is still on the node: its exit may not be reported yet
 
 
 @dataclass

@@ -1,0 +1,122 @@
+"""What the executor asks the container engine for: names, labels and the create body of one rank's container.
+
+Pure, so the GPU-node body (device request) is tested on a machine without GPUs.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from typing import Any
+
+from oneplus_contracts import LaunchRanks, RankPlacement
+
+from .environment import checkpoint_marker
+
+LABEL_MANAGED = "oneplus.managed"
+LABEL_JOB = "oneplus.job"
+LABEL_RANK = "oneplus.rank"
+LABEL_LOCAL_RANK = "oneplus.local_rank"
+LABEL_TOKEN = "oneplus.token"
+LABEL_NODE = "oneplus.node"
+LABEL_MARKER = "oneplus.checkpoint_marker"
+LABEL_RESTART = "oneplus.restart_policy"
+
+_NAME_UNSAFE = re.compile(r"[^A-Za-z0-9_.-]")
+
+
+def container_name(job_id: str, rank: int, token: int) -> str:
+    """`oneplus-<job>-r<rank>-t<token>`: the engine refuses a second container of that name, so launch is idempotent."""
+    return f"oneplus-{_NAME_UNSAFE.sub('_', job_id)}-r{rank}-t{token}"
+
+
+@dataclass(frozen=True)
+class RankIdentity:
+    """Who a container is, read back from its labels (after an executor restart, from the engine alone)."""
+
+    job_id: str
+    rank: int
+    token: int
+    node: str | None
+    local_rank: int
+    marker_path: str
+    restart_policy: str
+
+
+def rank_labels(cmd: LaunchRanks, placement: RankPlacement, local_rank: int) -> dict[str, str]:
+    labels = {k: v for k, v in cmd.spec.labels.items() if not k.startswith("oneplus.")}
+    labels.update(
+        {
+            LABEL_MANAGED: "true",
+            LABEL_JOB: cmd.job_id,
+            LABEL_RANK: str(placement.rank),
+            LABEL_LOCAL_RANK: str(local_rank),
+            LABEL_TOKEN: str(cmd.token),
+            LABEL_NODE: cmd.node,
+            LABEL_MARKER: checkpoint_marker(cmd),
+            LABEL_RESTART: cmd.spec.restart_policy,
+        }
+    )
+    return labels
+
+
+def identity_from_labels(labels: dict[str, str] | None) -> RankIdentity | None:
+    """The rank a container runs, or None when it is not one of ours (or its labels were tampered with)."""
+    if not labels or labels.get(LABEL_MANAGED) != "true":
+        return None
+    try:
+        return RankIdentity(
+            job_id=labels[LABEL_JOB],
+            rank=int(labels[LABEL_RANK]),
+            token=int(labels[LABEL_TOKEN]),
+            node=labels.get(LABEL_NODE),
+            local_rank=int(labels.get(LABEL_LOCAL_RANK, "0")),
+            marker_path=labels.get(LABEL_MARKER, ""),
+            restart_policy=labels.get(LABEL_RESTART, "Never"),
+        )
+    except (KeyError, ValueError):
+        return None
+
+
+def gpu_device_request(gpus: list[int]) -> dict[str, Any]:
+    """The Docker API form of `--gpus device=...`: the NVIDIA toolkit mounts exactly these GPUs."""
+    return {"Driver": "nvidia", "DeviceIDs": [str(g) for g in gpus], "Capabilities": [["gpu"]]}
+
+
+def container_body(
+    cmd: LaunchRanks,
+    placement: RankPlacement,
+    env: dict[str, str],
+    *,
+    local_rank: int,
+    gpu_node: bool,
+    network_mode: str,
+    cpuset: str | None,
+    nano_cpus: int | None,
+) -> dict[str, Any]:
+    """The body of `POST /containers/create` for one rank."""
+    host: dict[str, Any] = {
+        "NetworkMode": network_mode,
+        "Memory": placement.memory_mb * 1024 * 1024,
+        # Restarts are decided by the runtime (it must not restart a rank it stopped on purpose).
+        "RestartPolicy": {"Name": "no"},
+    }
+    if cpuset:
+        host["CpusetCpus"] = cpuset
+    if nano_cpus:
+        host["NanoCpus"] = nano_cpus
+    if gpu_node and placement.gpus:
+        host["DeviceRequests"] = [gpu_device_request(placement.gpus)]
+        # NCCL over InfiniBand pins memory; the default memlock limit makes registration fail.
+        host["Ulimits"] = [{"Name": "memlock", "Soft": -1, "Hard": -1}]
+        host["IpcMode"] = "host"
+    body: dict[str, Any] = {
+        "Image": cmd.spec.image,
+        "Env": [f"{k}={v}" for k, v in sorted(env.items())],
+        "Labels": rank_labels(cmd, placement, local_rank),
+        "StopSignal": "SIGTERM",
+        "HostConfig": host,
+    }
+    if cmd.spec.command:
+        body["Cmd"] = list(cmd.spec.command)
+    return body

@@ -1,0 +1,134 @@
+"""The environment each local rank starts with: its GPUs, the rendezvous, its identity and the NCCL rail hints.
+
+Pure: the same function feeds the container runtime and the simulated one.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+from oneplus_contracts import LaunchRanks, NodeTopology, RankPlacement
+
+DEFAULT_CHECKPOINT_MARKER = "/tmp/oneplus-checkpoint"
+
+# Variables the platform owns: a job's own env never overrides them (the gang would not rendezvous).
+PLATFORM_KEYS = frozenset(
+    {
+        "CUDA_VISIBLE_DEVICES",
+        "NVIDIA_VISIBLE_DEVICES",
+        "MASTER_ADDR",
+        "MASTER_PORT",
+        "WORLD_SIZE",
+        "RANK",
+        "LOCAL_RANK",
+        "LOCAL_WORLD_SIZE",
+        "NODE_RANK",
+        "NNODES",
+        "ONEPLUS_JOB_ID",
+        "ONEPLUS_TOKEN",
+        "ONEPLUS_NODE",
+        "ONEPLUS_CHECKPOINT_MARKER",
+        "ONEPLUS_CHECKPOINT_SIGNAL",
+        "ONEPLUS_GPU_MILLI",
+        "ONEPLUS_RESUME",
+        "ONEPLUS_RESUME_FROM_CHECKPOINT_TS",
+    }
+)
+
+
+def checkpoint_marker(cmd: LaunchRanks) -> str:
+    return cmd.spec.checkpoint.marker_path or DEFAULT_CHECKPOINT_MARKER
+
+
+def rail_nics(topo: NodeTopology | None, gpus: Iterable[int]) -> list[str]:
+    """The NICs on the PCIe rail of any of the given GPUs (PIX/PXB distance), in the topology's order."""
+    if topo is None:
+        return []
+    wanted = set(gpus)
+    return [nic.name for nic in topo.nics if wanted & set(nic.near_gpus)]
+
+
+def nccl_ib_hca(nics: list[str]) -> str | None:
+    """NCCL_IB_HCA for these NICs; '=' asks for exact names, else 'mlx5_1' would also match 'mlx5_10'."""
+    return "=" + ",".join(nics) if nics else None
+
+
+def local_ranks(cmd: LaunchRanks) -> list[RankPlacement]:
+    """The command's ranks ordered by global rank (LOCAL_RANK is the position in this list)."""
+    return sorted(cmd.ranks, key=lambda p: p.rank)
+
+
+def validate_launch(cmd: LaunchRanks, topo: NodeTopology | None) -> None:
+    """Refuse a launch this node cannot honour, naming what is wrong."""
+    if not cmd.ranks:
+        raise ValueError(f"launch of job {cmd.job_id} on {cmd.node} names no ranks")
+    seen: set[int] = set()
+    for p in cmd.ranks:
+        if p.node != cmd.node:
+            raise ValueError(f"rank {p.rank} of job {cmd.job_id} is placed on {p.node}, not on {cmd.node}")
+        if p.rank in seen:
+            raise ValueError(f"rank {p.rank} of job {cmd.job_id} appears twice in one launch")
+        seen.add(p.rank)
+        if p.rank >= cmd.world_size:
+            raise ValueError(f"rank {p.rank} of job {cmd.job_id} is outside world_size={cmd.world_size}")
+        if topo is not None:
+            known = {g.index for g in topo.gpus}
+            missing = [g for g in p.gpus if g not in known]
+            if missing:
+                raise ValueError(
+                    f"rank {p.rank} of job {cmd.job_id} asks for GPU(s) {missing}, node {topo.node} has {sorted(known)}"
+                )
+    if cmd.nodes:
+        if not 0 <= cmd.node_rank < len(cmd.nodes):
+            raise ValueError(f"node_rank={cmd.node_rank} is outside the job's {len(cmd.nodes)} node(s)")
+        if cmd.nodes[cmd.node_rank] != cmd.node:
+            raise ValueError(
+                f"node_rank={cmd.node_rank} names {cmd.nodes[cmd.node_rank]}, but this launch is for {cmd.node}"
+            )
+
+
+def rank_environment(
+    cmd: LaunchRanks, topo: NodeTopology | None, *, in_container: bool = False
+) -> dict[int, dict[str, str]]:
+    """Global rank → the environment of that rank.
+
+    `in_container`: the engine exposes only the reserved GPUs (an NVIDIA device request), so CUDA numbers them
+    0..n-1 inside the container; outside one, CUDA_VISIBLE_DEVICES names the host indices.
+    """
+    validate_launch(cmd, topo)
+    ranks = local_ranks(cmd)
+    marker = checkpoint_marker(cmd)
+    out: dict[int, dict[str, str]] = {}
+    for local_rank, p in enumerate(ranks):
+        env = dict(cmd.spec.env)
+        hca = nccl_ib_hca(rail_nics(topo, p.gpus))
+        if hca and "NCCL_IB_HCA" not in env:
+            env["NCCL_IB_HCA"] = hca
+        visible = range(len(p.gpus)) if in_container else p.gpus
+        env.update(
+            {
+                "CUDA_VISIBLE_DEVICES": ",".join(str(i) for i in visible),
+                # 'void' is the NVIDIA toolkit's word for "no GPU", where an empty value would mean "all".
+                "NVIDIA_VISIBLE_DEVICES": ",".join(str(g) for g in p.gpus) or "void",
+                "MASTER_ADDR": cmd.master_addr,
+                "MASTER_PORT": str(cmd.master_port),
+                "WORLD_SIZE": str(cmd.world_size),
+                "RANK": str(p.rank),
+                "LOCAL_RANK": str(local_rank),
+                "LOCAL_WORLD_SIZE": str(len(ranks)),
+                "NODE_RANK": str(cmd.node_rank),
+                "NNODES": str(max(len(cmd.nodes), 1)),
+                "ONEPLUS_JOB_ID": cmd.job_id,
+                "ONEPLUS_TOKEN": str(cmd.token),
+                "ONEPLUS_NODE": cmd.node,
+                "ONEPLUS_CHECKPOINT_MARKER": marker,
+                "ONEPLUS_CHECKPOINT_SIGNAL": cmd.spec.checkpoint.signal,
+            }
+        )
+        if p.gpu_milli:
+            env["ONEPLUS_GPU_MILLI"] = str(p.gpu_milli)
+        if cmd.resume_from_checkpoint_ts is not None:
+            env["ONEPLUS_RESUME"] = "1"
+            env["ONEPLUS_RESUME_FROM_CHECKPOINT_TS"] = repr(cmd.resume_from_checkpoint_ts)
+        out[p.rank] = env
+    return out
