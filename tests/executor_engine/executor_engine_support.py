@@ -1,0 +1,88 @@
+"""Shared by the executor-engine tests: building launch commands, reading real topologies, finding the engine."""
+
+from __future__ import annotations
+
+import os
+import socket
+import uuid
+from pathlib import Path
+from urllib.parse import urlparse
+
+from oneplus_contracts import JobSpec, LaunchRanks, NodeTopology, RankPlacement, RankResources
+from oneplus_topology.smi import parse_topo_matrix
+
+REPO = Path(__file__).resolve().parents[2]
+TOPOLOGIES = REPO / "data" / "topologies"
+BUSYBOX = "localhost/busybox:latest"
+
+
+def real_topology(name: str, node: str = "node-a") -> NodeTopology:
+    return parse_topo_matrix((TOPOLOGIES / name).read_text(), node=node)
+
+
+def new_job_id() -> str:
+    return "job-" + uuid.uuid4().hex[:10]
+
+
+def launch(
+    job_id: str,
+    node: str,
+    ranks: list[tuple[int, list[int]]],
+    *,
+    command: list[str] | None = None,
+    token: int = 1,
+    world_size: int | None = None,
+    memory_mb: int = 64,
+    cpus: float = 0.5,
+    image: str = BUSYBOX,
+    **spec: object,
+) -> LaunchRanks:
+    """A launch of the given (global rank, GPUs) on one node of a job."""
+    world = world_size or len(ranks)
+    job = JobSpec.model_validate(
+        {
+            "name": "engine-test",
+            "ranks": world,
+            "resources": RankResources(gpus=1, cpus=cpus, memory_mb=memory_mb),
+            "image": image,
+            "command": command or ["sh", "-c", "sleep 30"],
+            **spec,
+        }
+    )
+    return LaunchRanks(
+        job_id=job_id,
+        node=node,
+        token=token,
+        spec=job,
+        ranks=[RankPlacement(rank=r, node=node, gpus=g, cpus=cpus, memory_mb=memory_mb) for r, g in ranks],
+        world_size=world,
+        node_rank=0,
+        nodes=[node],
+        master_addr="10.0.0.1",
+        master_port=29511,
+    )
+
+
+def engine_unreachable_reason(url: str | None) -> str | None:
+    """Why the engine tests cannot run, or None when the engine answers a ping."""
+    if not url:
+        return 'ONEPLUS_DOCKER_URL is not set (run `eval "$(.ci/container-engine.sh)"` to start Podman\'s Docker API)'
+    parsed = urlparse(url)
+    try:
+        if parsed.scheme == "unix":
+            sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+            sock.settimeout(3)
+            sock.connect(parsed.path)
+        else:
+            sock = socket.create_connection((parsed.hostname or "localhost", parsed.port or 2375), timeout=3)
+        with sock:
+            sock.sendall(b"GET /_ping HTTP/1.0\r\nHost: engine\r\n\r\n")
+            answer = sock.recv(4096)
+    except OSError as e:
+        return f"container engine at {url} is unreachable: {e}"
+    if b" 200 " not in answer.split(b"\r\n", 1)[0]:
+        return f"container engine at {url} answered the ping with {answer[:80]!r}"
+    return None
+
+
+ENGINE_URL = os.environ.get("ONEPLUS_DOCKER_URL")

@@ -1,0 +1,74 @@
+"""The create body of a rank's container: GPU device request on GPU nodes only, limits, labels, names."""
+
+from __future__ import annotations
+
+from executor_engine_support import launch, new_job_id
+from oneplus_node_executor.runtime.container_spec import (
+    container_body,
+    container_name,
+    identity_from_labels,
+    rank_labels,
+)
+
+
+def _body(gpu_node: bool, network_mode: str = "none") -> dict[str, object]:
+    cmd = launch("job-1", "node-a", [(3, [2, 3])], world_size=4, memory_mb=2048, labels={"team": "vision"})
+    return container_body(
+        cmd,
+        cmd.ranks[0],
+        {"RANK": "3"},
+        local_rank=0,
+        gpu_node=gpu_node,
+        network_mode=network_mode,
+        cpuset="0-3",
+        nano_cpus=500_000_000,
+    )
+
+
+def test_gpu_node_asks_the_nvidia_driver_for_exactly_the_reserved_gpus() -> None:
+    host = _body(gpu_node=True, network_mode="host")["HostConfig"]
+    assert isinstance(host, dict)
+    assert host["DeviceRequests"] == [{"Driver": "nvidia", "DeviceIDs": ["2", "3"], "Capabilities": [["gpu"]]}]
+    assert host["NetworkMode"] == "host"
+    assert host["Ulimits"] == [{"Name": "memlock", "Soft": -1, "Hard": -1}]
+
+
+def test_node_without_gpus_sends_no_device_request() -> None:
+    host = _body(gpu_node=False)["HostConfig"]
+    assert isinstance(host, dict)
+    assert "DeviceRequests" not in host and "Ulimits" not in host
+    assert host["NetworkMode"] == "none"
+
+
+def test_limits_cpuset_env_and_command() -> None:
+    body = _body(gpu_node=False)
+    host = body["HostConfig"]
+    assert isinstance(host, dict)
+    assert host["Memory"] == 2048 * 1024 * 1024
+    assert host["CpusetCpus"] == "0-3" and host["NanoCpus"] == 500_000_000
+    assert host["RestartPolicy"] == {"Name": "no"}
+    assert body["Env"] == ["RANK=3"]
+    assert body["Cmd"] == ["sh", "-c", "sleep 30"]
+    assert body["Image"] == "localhost/busybox:latest"
+
+
+def test_labels_carry_job_rank_token_and_read_back() -> None:
+    cmd = launch(new_job_id(), "node-a", [(5, [0])], world_size=8, token=42, labels={"oneplus.token": "1", "a": "b"})
+    labels = rank_labels(cmd, cmd.ranks[0], local_rank=0)
+    assert labels["a"] == "b"
+    ident = identity_from_labels(labels)
+    assert ident is not None
+    # A job's own label cannot impersonate the fencing token.
+    assert (ident.job_id, ident.rank, ident.token, ident.node) == (cmd.job_id, 5, 42, "node-a")
+    assert ident.marker_path == "/tmp/oneplus-checkpoint" and ident.restart_policy == "Never"
+
+
+def test_foreign_or_damaged_labels_are_not_ours() -> None:
+    assert identity_from_labels(None) is None
+    assert identity_from_labels({"oneplus.job": "j"}) is None
+    assert identity_from_labels({"oneplus.managed": "true", "oneplus.job": "j", "oneplus.rank": "x"}) is None
+
+
+def test_container_name_is_per_job_rank_and_token_and_engine_safe() -> None:
+    assert container_name("job-abc", 3, 7) == "oneplus-job-abc-r3-t7"
+    assert container_name("team/job:1", 0, 1) == "oneplus-team_job_1-r0-t1"
