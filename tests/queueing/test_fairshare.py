@@ -59,4 +59,3 @@ def test_fair_tree_weights_shift_the_share() -> None:
 def test_unused_queues_tie_at_the_top() -> None:
     cfg = load_queue_config(TREE)
     assert set(fairshare_factors(cfg, {}).values()) == {1.0}
-

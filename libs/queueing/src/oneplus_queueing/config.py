@@ -8,12 +8,14 @@ from __future__ import annotations
 
 import math
 import re
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from functools import cached_property
 from typing import Annotated, Any
 
 import yaml
 from oneplus_contracts import JobSpec
-from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 _NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
 DEFAULT_QUEUE = "default"
@@ -131,26 +133,12 @@ class QueueConfig(_Model):
     preemption: PreemptionPolicy = Field(default_factory=PreemptionPolicy)
     backfill: BackfillPolicy = Field(default_factory=BackfillPolicy)
 
-    _by_name: dict[str, QueueSpec] = PrivateAttr(default_factory=dict)
-    _children: dict[str | None, list[str]] = PrivateAttr(default_factory=dict)
-    _paths: dict[str, tuple[str, ...]] = PrivateAttr(default_factory=dict)
-
     @model_validator(mode="after")
     def _coherent_tree(self) -> QueueConfig:
         if not self.queues:
             raise ValueError("queues: at least one queue is needed")
-        by_name: dict[str, QueueSpec] = {}
-        for q in self.queues:
-            if q.name in by_name:
-                raise ValueError(f"queues: {q.name!r} is defined twice")
-            by_name[q.name] = q
-        for q in self.queues:
-            if q.parent is not None and q.parent not in by_name:
-                raise ValueError(f"queues: {q.name!r} has unknown parent {q.parent!r}")
-        paths = {q.name: _path_to_root(q.name, by_name) for q in self.queues}
-        children: dict[str | None, list[str]] = {}
-        for q in self.queues:
-            children.setdefault(q.parent, []).append(q.name)
+        tree = _QueueTree.build(self.queues)
+        by_name, children = tree.by_name, tree.children
         for parent, kids in children.items():
             if parent is None:
                 continue
@@ -168,34 +156,40 @@ class QueueConfig(_Model):
         for name in self.priority_classes:
             if not _NAME_RE.match(name):
                 raise ValueError(f"priority class name {name!r} must be 1-128 letters, digits, '.', '_' or '-'")
-        self._by_name = by_name
-        self._children = children
-        self._paths = paths
         return self
+
+    @cached_property
+    def tree(self) -> _QueueTree:
+        """Lookups by name, children and paths; a plain object, so hot loops pay no pydantic attribute cost."""
+        return _QueueTree.build(self.queues)
 
     # -- the tree -------------------------------------------------------------------------------------------------
 
     def queue(self, name: str) -> QueueSpec:
+        by_name = self.tree.by_name
         try:
-            return self._by_name[name]
+            return by_name[name]
         except KeyError:
-            raise UnknownQueue(name, self._by_name) from None
+            raise UnknownQueue(name, by_name) from None
 
     def children(self, name: str | None) -> list[str]:
         """Children of a queue; `None` gives the organisations (top-level queues)."""
-        return list(self._children.get(name, ()))
+        return list(self.tree.children.get(name, ()))
 
     def is_leaf(self, name: str) -> bool:
         self.queue(name)
-        return not self._children.get(name)
+        return not self.tree.children.get(name)
 
     def leaf_queues(self) -> list[str]:
-        return [q.name for q in self.queues if not self._children.get(q.name)]
+        children = self.tree.children
+        return [q.name for q in self.queues if not children.get(q.name)]
 
     def path(self, name: str) -> tuple[str, ...]:
         """Queue names from the organisation down to `name`."""
-        self.queue(name)
-        return self._paths[name]
+        try:
+            return self.tree.paths[name]
+        except KeyError:
+            raise UnknownQueue(name, self.tree.by_name) from None
 
     # -- jobs -----------------------------------------------------------------------------------------------------
 
@@ -226,6 +220,29 @@ class QueueConfig(_Model):
         """A job is preemptible unless it or its priority class says otherwise."""
         pc = self._priority_class(spec)
         return spec.preemptible and (pc.preemptible if pc else True)
+
+
+@dataclass(frozen=True)
+class _QueueTree:
+    by_name: dict[str, QueueSpec]
+    children: dict[str | None, list[str]]
+    paths: dict[str, tuple[str, ...]]
+
+    @classmethod
+    def build(cls, queues: Sequence[QueueSpec]) -> _QueueTree:
+        by_name: dict[str, QueueSpec] = {}
+        for q in queues:
+            if q.name in by_name:
+                raise ValueError(f"queues: {q.name!r} is defined twice")
+            by_name[q.name] = q
+        for q in queues:
+            if q.parent is not None and q.parent not in by_name:
+                raise ValueError(f"queues: {q.name!r} has unknown parent {q.parent!r}")
+        paths = {q.name: _path_to_root(q.name, by_name) for q in queues}
+        children: dict[str | None, list[str]] = {}
+        for q in queues:
+            children.setdefault(q.parent, []).append(q.name)
+        return cls(by_name, children, paths)
 
 
 def _path_to_root(name: str, by_name: dict[str, QueueSpec]) -> tuple[str, ...]:

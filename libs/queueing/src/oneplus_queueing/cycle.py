@@ -15,12 +15,12 @@ Per pending job, in serving order:
 from __future__ import annotations
 
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
 from oneplus_contracts import Allocation, JobSpec
 from oneplus_placement.greedy import PlacementResult
-from oneplus_placement.snapshot import ClusterSnapshot, ClusterState
+from oneplus_placement.snapshot import AllocationConflict, ClusterSnapshot, ClusterState
 
 from .backfill import may_use_block, reserve_block
 from .capacity import Capacity, whole_gpus, working_copy
@@ -41,10 +41,13 @@ def schedule_cycle(
     config: QueueConfig,
     usage: UsageHistory,
     seed: int = 0,
+    nominations: Mapping[str, Allocation] | None = None,
 ) -> CycleDecision:
     """Decide this cycle's placements, pending reasons, protected reservation and preemption wishes.
 
     `cluster_state` must hold the allocation of every job in `running` (and nothing of `pending`); it is not changed.
+    `nominations` is the previous decision's `nominations`: a preemptor gets exactly the GPUs nominated for it once
+    its victims are gone, and until then nobody else gets the ones already free.
     """
     t0 = time.perf_counter()
     stats = CycleStats()
@@ -64,8 +67,10 @@ def schedule_cycle(
         seed=seed,
         decision=decision,
     )
+    served = cycle.honour_nominations(ranked, nominations or {})
     for position, job in enumerate(ranked):
-        cycle.serve(job, position)
+        if job.job_id not in served:
+            cycle.serve(job, position)
     stats.wall_s = time.perf_counter() - t0
     return decision
 
@@ -87,6 +92,7 @@ class _Cycle:
     searches: int = 0
     taken: set[str] = field(default_factory=set)  # victims (new or in flight) already promised to someone
     failed: dict[tuple[object, ...], tuple[int, ReasonCode, str]] = field(default_factory=dict)
+    no_victims: dict[tuple[object, ...], int] = field(default_factory=dict)  # search key → state version
 
     @property
     def reservation(self) -> Reservation | None:
@@ -96,6 +102,31 @@ class _Cycle:
         self.decision.reasons[job.job_id] = PendingReason(job.job_id, code, message)
 
     # -- the steps --------------------------------------------------------------------------------------------
+
+    def honour_nominations(self, ranked: Sequence[RankedJob], nominations: Mapping[str, Allocation]) -> set[str]:
+        """Preemptors of earlier cycles: placed on their nominated GPUs once free, else those free are held."""
+        vacating = {(n, g): r for r in self.running if r.preempting for n, g in _gpus_of(r.allocation)}
+        served: set[str] = set()
+        for job in ranked:
+            alloc = nominations.get(job.job_id)
+            if alloc is None or self.ledger.blocking_queue(job.job.queue, job.gpus) is not None:
+                continue
+            try:
+                self.capacity.apply(alloc)
+            except AllocationConflict:
+                free = self.capacity.free_part(alloc, job.job_id)
+                free_gpus = set(_gpus_of(free)) if free else set()
+                busy = [gpu for gpu in _gpus_of(alloc) if gpu not in free_gpus]
+                if not all(gpu in vacating for gpu in busy):
+                    continue  # someone not being evicted holds part of it: the nomination is stale
+                waiting = {vacating[gpu].job_id: vacating[gpu] for gpu in busy}
+                self.nominate(job, alloc, list(waiting.values()))
+                names = ", ".join(sorted(waiting))
+                self.reason(job, "Preempting", f"waiting for {names} to checkpoint and stop; their GPUs are nominated")
+            else:
+                self.record_placement(job, alloc)
+            served.add(job.job_id)
+        return served
 
     def serve(self, job: RankedJob, position: int) -> None:
         if self.head is not None:
@@ -187,6 +218,9 @@ class _Cycle:
             self.hold = self.hold_for(self.reservation.allocation, self.reservation.job_id)  # type: ignore[union-attr]
         else:
             self.capacity.apply(alloc)
+        self.record_placement(job, alloc)
+
+    def record_placement(self, job: RankedJob, alloc: Allocation) -> None:
         self.ledger.admit(job.job.queue, job.gpus)
         self.decision.placements[job.job_id] = alloc
         self.decision.reasons.pop(job.job_id, None)
@@ -223,6 +257,9 @@ class _Cycle:
             return False
         if self.now - job.job.submitted_ts < pol.preemption_delay_s:
             return False
+        key = (job.job.queue, job.priority, quota_only, *shape_key(job.job.spec))
+        if self.no_victims.get(key) == self.capacity.version:
+            return False  # the same search already failed on this very state
         self.searches += 1
         pool = self.running
         if quota_only:  # only its own queue's jobs free quota it can use
@@ -239,6 +276,7 @@ class _Cycle:
             seed=self.seed,
         )
         if choice is None:
+            self.no_victims[key] = self.capacity.version
             return False
         res = self.reservation
         if (
@@ -301,6 +339,10 @@ def _gpu_count(alloc: Allocation | None) -> int:
     return sum(len(r.gpus) for r in alloc.ranks if not r.gpu_milli)
 
 
+def _gpus_of(alloc: Allocation) -> list[tuple[str, int]]:
+    return [(r.node, g) for r in alloc.ranks for g in r.gpus]
+
+
 def _overlaps(a: Allocation, b: Allocation) -> bool:
-    held = {(r.node, g) for r in b.ranks for g in r.gpus}
-    return any((r.node, g) in held for r in a.ranks for g in r.gpus)
+    held = set(_gpus_of(b))
+    return any(gpu in held for gpu in _gpus_of(a))
