@@ -28,6 +28,10 @@ class GpuSet(NamedTuple):
     gpus: tuple[int, ...]
     ring_gbps: float
     numa_nodes: int
+    spread: int  # sum over pairs of the link's distance rank (NVLink 0, PIX 1 ... SYS 5): lower is tighter
+
+
+_RANK = {"PIX": 1, "PXB": 2, "PHB": 3, "NODE": 4, "SYS": 5}
 
 
 class NodeModel:
@@ -56,6 +60,10 @@ class NodeModel:
             self.kind[i][j] = self.kind[j][i] = kind
             self.nvlinks[i][j] = self.nvlinks[j][i] = links
             self.gbps[i][j] = self.gbps[j][i] = gbps
+        self.rank: list[list[int]] = [
+            [0 if links else _RANK.get(k, 5) for k, links in zip(kr, nr, strict=True)]
+            for kr, nr in zip(self.kind, self.nvlinks, strict=True)
+        ]
         self.nv_adj: list[int] = [0] * n
         for i, j in itertools.combinations(range(n), 2):
             healthy_links = self.indices[i] not in self.degraded and self.indices[j] not in self.degraded
@@ -132,10 +140,11 @@ class NodeModel:
 
     def ring_gbps(self, gpus: Iterable[int]) -> float:
         """Slowest hop of the best ring over `gpus` (GB/s); 0.0 for fewer than two GPUs (no hop)."""
-        key = frozenset(gpus)
+        chosen = tuple(gpus)
+        key = frozenset(chosen)
         hit = self._ring.get(key)
-        if hit is None:
-            hit = self._ring[key] = self._best_ring(self.positions(sorted(key)))
+        if hit is None or len(key) != len(chosen):
+            hit = self._ring[key] = self._best_ring(self.positions(chosen))
         return hit
 
     def _best_ring(self, members: list[int]) -> float:
@@ -153,20 +162,23 @@ class NodeModel:
         return values[-1]
 
     def best_gpu_sets(self, k: int, free: Collection[int] | None = None, limit: int = 8) -> list[GpuSet]:
-        """The `limit` best sets of `k` GPUs among `free`: fastest ring first, then fewest NUMA nodes, then index."""
+        """The `limit` best sets of `k` GPUs among `free`: fastest ring first, then fewest NUMA nodes, then the
+        tightest PCIe/NVLink distances, then GPU index."""
         if k < 1:
             raise ValueError(f"k must be at least 1, got {k}")
         pool = frozenset(self.indices if free is None else free)
         self.positions(pool)
         key = (k, pool)
         if key not in self._best:
-            sets = [
-                GpuSet(combo, self.ring_gbps(combo), len({self.numa[self.pos[g]] for g in combo}))
-                for combo in itertools.combinations(sorted(pool), k)
-            ]
-            sets.sort(key=lambda s: (-s.ring_gbps, s.numa_nodes, s.gpus))
+            sets = [self._gpu_set(combo) for combo in itertools.combinations(sorted(pool), k)]
+            sets.sort(key=lambda s: (-s.ring_gbps, s.numa_nodes, s.spread, s.gpus))
             self._best[key] = sets
         return self._best[key][:limit]
+
+    def _gpu_set(self, combo: tuple[int, ...]) -> GpuSet:
+        ps = [self.pos[g] for g in combo]
+        spread = sum(self.rank[a][b] for a, b in itertools.combinations(ps, 2))
+        return GpuSet(combo, self.ring_gbps(combo), len({self.numa[p] for p in ps}), spread)
 
 
 def _has_hamiltonian_cycle(adj: list[int]) -> bool:

@@ -128,7 +128,11 @@ def _read_row(m: _Matrix, tokens: list[str], lineno: int) -> None:
     n = len(m.devices)
     cells = tokens[1 : 1 + n]
     if len(cells) < n:
-        raise TopologyParseError(lineno, f"{name} has {len(cells)} cells, the header has {n} columns")
+        raise TopologyParseError(
+            lineno,
+            f"{name} has {len(cells)} cells, the header (line {m.header_line}) has {n} device columns: "
+            + " ".join(m.devices),
+        )
     me = m.devices.index(name)
     for j, cell in enumerate(cells):
         if (cell == "X") != (j == me):
