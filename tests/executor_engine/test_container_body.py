@@ -5,10 +5,12 @@ from __future__ import annotations
 from executor_engine_support import launch, new_job_id
 from oneplus_node_executor.runtime.container_spec import (
     container_body,
+    container_env,
     container_name,
     identity_from_labels,
     rank_labels,
 )
+from oneplus_node_executor.runtime.environment import rank_environment
 
 
 def _body(gpu_node: bool, network_mode: str = "none") -> dict[str, object]:
@@ -72,3 +74,14 @@ def test_foreign_or_damaged_labels_are_not_ours() -> None:
 def test_container_name_is_per_job_rank_and_token_and_engine_safe() -> None:
     assert container_name("job-abc", 3, 7) == "oneplus-job-abc-r3-t7"
     assert container_name("team/job:1", 0, 1) == "oneplus-team_job_1-r0-t1"
+
+
+def test_gpu_node_container_numbers_cuda_devices_from_zero_whatever_the_executor_passed() -> None:
+    cmd = launch(new_job_id(), "node-a", [(0, [4, 6])])
+    computed = rank_environment(cmd, None, in_container=True)[0]
+    host_numbered = rank_environment(cmd, None)[0] | {"EXTRA": "1"}
+    env = container_env(computed, host_numbered, gpu_node=True)
+    assert env["CUDA_VISIBLE_DEVICES"] == "0,1" and env["NVIDIA_VISIBLE_DEVICES"] == "4,6"
+    assert env["EXTRA"] == "1"
+    # Without a device request the container sees the host's GPUs, so the host numbering stays.
+    assert container_env(rank_environment(cmd, None)[0], None, gpu_node=False)["CUDA_VISIBLE_DEVICES"] == "4,6"

@@ -78,6 +78,18 @@ def identity_from_labels(labels: dict[str, str] | None) -> RankIdentity | None:
         return None
 
 
+def container_env(computed: dict[str, str], given: dict[str, str] | None, *, gpu_node: bool) -> dict[str, str]:
+    """What the executor passed for a rank, over what `rank_environment(..., in_container=gpu_node)` computed.
+
+    On a GPU node the device request exposes only the reserved GPUs, numbered from 0, so the computed
+    CUDA_VISIBLE_DEVICES wins over a host-numbered one the executor may have passed.
+    """
+    env = {**computed, **(given or {})}
+    if gpu_node:
+        env["CUDA_VISIBLE_DEVICES"] = computed["CUDA_VISIBLE_DEVICES"]
+    return env
+
+
 def gpu_device_request(gpus: list[int]) -> dict[str, Any]:
     """The Docker API form of `--gpus device=...`: the NVIDIA toolkit mounts exactly these GPUs."""
     return {"Driver": "nvidia", "DeviceIDs": [str(g) for g in gpus], "Capabilities": [["gpu"]]}

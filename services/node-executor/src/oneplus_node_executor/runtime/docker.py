@@ -26,10 +26,12 @@ from .container_spec import (
     LABEL_NODE,
     RankIdentity,
     container_body,
+    container_env,
     container_name,
     identity_from_labels,
 )
 from .cpuset import numa_cpuset
+from .docker_engine import engine_errors, ensure_image, unreachable
 from .docker_logs import merge_lines, split_lines
 from .environment import local_ranks, rank_environment, validate_launch
 from .exits import RankEnd, rank_end, should_restart, summarize
@@ -49,12 +51,6 @@ class RankContainer:
     name: str
     state: str
     identity: RankIdentity
-
-
-def image_reference(image: str) -> str:
-    """`busybox` → `busybox:latest`: without a tag the pull API would fetch every tag of the repository."""
-    last = image.rsplit("/", 1)[-1]
-    return image if (":" in last or "@" in last) else image + ":latest"
 
 
 class DockerRuntime:
@@ -99,22 +95,10 @@ class DockerRuntime:
             self._docker = aiodocker.Docker(url=self.url)
         return self._docker
 
-    def _down(self, doing: str, detail: str) -> EngineUnavailable:
-        return EngineUnavailable(f"container engine at {self.url} is unreachable ({doing}): {detail}")
-
     @asynccontextmanager
     async def _engine(self, doing: str) -> AsyncIterator[aiodocker.Docker]:
-        """Yield the client; turn 'cannot reach the engine' into EngineUnavailable, leave API errors as they are."""
-        try:
+        async with engine_errors(self.url, doing):
             yield self._client()
-        except aiodocker.DockerError as e:
-            if e.status == 900:  # aiodocker's code for a refused or missing socket
-                raise self._down(doing, str(e.message)) from e
-            raise
-        except TimeoutError as e:  # before OSError: TimeoutError is one
-            raise self._down(doing, "no answer in time") from e
-        except (aiohttp.ClientError, OSError) as e:
-            raise self._down(doing, str(e) or type(e).__name__) from e
 
     async def healthy(self) -> tuple[bool, str | None]:
         # One retry: the first request after an engine restart may land on a pooled connection that is gone.
@@ -189,16 +173,21 @@ class DockerRuntime:
         ranks = local_ranks(cmd)
         if all(p.rank in mine and mine[p.rank].state not in NOT_STARTED for p in ranks):
             return  # a redelivered launch: every rank already exists
-        await self._ensure_image(cmd.spec.image, cmd.spec.pull_policy)
+        await ensure_image(
+            self._client(),
+            self.url,
+            cmd.spec.image,
+            cmd.spec.pull_policy,
+            node=self.node,
+            pull_timeout_s=self.pull_timeout_s,
+        )
         computed = rank_environment(cmd, self.topology, in_container=self.gpu_node)
         try:
             for local_rank, p in enumerate(ranks):
                 have = mine.get(p.rank)
                 if have is not None and have.state not in NOT_STARTED:
                     continue
-                env = {**computed[p.rank], **env_per_rank.get(p.rank, {})}
-                if self.gpu_node:  # the device request renumbers the GPUs from 0 inside the container
-                    env["CUDA_VISIBLE_DEVICES"] = computed[p.rank]["CUDA_VISIBLE_DEVICES"]
+                env = container_env(computed[p.rank], env_per_rank.get(p.rank), gpu_node=self.gpu_node)
                 cid = have.id if have is not None else await self._create(cmd, p, local_rank, env)
                 await self._start(cmd, p, cid)
         except LaunchFailed:
@@ -246,36 +235,6 @@ class DockerRuntime:
                 await docker.containers.container(cid).start()
         except aiodocker.DockerError as e:
             raise LaunchFailed(f"starting rank {p.rank} of job {cmd.job_id} failed: {e.message}") from e
-
-    async def _image_present(self, image: str) -> bool:
-        try:
-            async with self._engine("inspecting an image") as docker:
-                await docker.images.inspect(image)
-            return True
-        except aiodocker.DockerError as e:
-            if e.status == 404:
-                return False
-            raise LaunchFailed(f"inspecting image {image} failed: {e.message}") from e
-
-    async def _ensure_image(self, image: str, policy: str) -> None:
-        ref = image_reference(image)
-        present = await self._image_present(ref)
-        if policy == "Never":
-            if not present:
-                raise LaunchFailed(f"image {ref} not found on node {self.node} (pull_policy=Never)")
-            return
-        if policy == "IfNotPresent" and present:
-            return
-        try:
-            async with self._engine("pulling an image") as docker:
-                try:
-                    await docker.images.pull(ref, timeout=self.pull_timeout_s)
-                except TimeoutError as e:
-                    raise LaunchFailed(f"pulling image {ref} timed out after {self.pull_timeout_s:g} s") from e
-        except aiodocker.DockerError as e:
-            if policy == "Always":
-                raise LaunchFailed(f"pulling image {ref} failed (pull_policy=Always): {e.message}") from e
-            raise LaunchFailed(f"image {ref} not found on node {self.node} and pulling it failed: {e.message}") from e
 
     # -- lifecycle -------------------------------------------------------------------------------------------------
 
@@ -441,4 +400,4 @@ class DockerRuntime:
             async for line in merge_lines([follow(c) for c in ranks]):
                 yield line
         except (aiohttp.ClientError, OSError) as e:
-            raise self._down("following logs", str(e) or type(e).__name__) from e
+            raise unreachable(self.url, "following logs", str(e) or type(e).__name__) from e
