@@ -11,6 +11,7 @@ import math
 
 from oneplus_contracts import Allocation
 
+from .shape import NodeShape
 from .snapshot import ClusterLike, Layout, _Holdings, _layout_of
 
 
@@ -20,6 +21,14 @@ def layout_of(where: _Holdings | Layout | ClusterLike) -> Layout:
     if isinstance(where, _Holdings):
         return where.layout
     return _layout_of(where)
+
+
+def distinct_shapes(layout: Layout) -> list[NodeShape]:
+    got = layout.cache.get("shapes")
+    if not isinstance(got, list):
+        got = list({id(s.shape): s.shape for s in layout.slots}.values())
+        layout.cache["shapes"] = got
+    return got
 
 
 def fabric_gbps(layout: Layout, crosses_leaf: bool) -> float:
@@ -63,7 +72,7 @@ def ideal_ring_gbps(where: _Holdings | Layout | ClusterLike, total_gpus: int, gp
         return 0.0
     best = 0.0
     biggest_leaf = max(len(nodes) for nodes in layout.leaf_nodes)
-    for shape in {id(s.shape): s.shape for s in layout.slots}.values():
+    for shape in distinct_shapes(layout):
         if gpus_per_rank > shape.n:
             continue
         if total_gpus <= shape.n:

@@ -11,7 +11,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from .request import GangRequest
-from .shape import NodeShape, bits, popcount
+from .shape import NodeShape, bits
 from .snapshot import FULL_SHARE, Layout, NodeSlot, _Holdings
 
 NodeKey = tuple[float, ...]
@@ -62,21 +62,17 @@ class Fitter:
         self.seed = seed
         self.layout = snap.layout
         self.eligible = static_eligible(snap.layout, req)
-        self._leaf_free: list[int] | None = None
 
     @property
     def leaf_free(self) -> list[int]:
-        if self._leaf_free is None:
-            fc = self.snap.free_count
-            self._leaf_free = [sum(fc[i] for i in nodes) for nodes in self.layout.leaf_nodes]
-        return self._leaf_free
+        return self.snap.leaf_free
 
     def resource_cap(self, i: int) -> int:
         """Units the node's free CPU and memory allow."""
-        snap, req = self.snap, self.req
-        cpu = int((snap.cpu_free(i) + 1e-9) // req.unit_cpus)
-        mem = snap.mem_free(i) // req.unit_memory_mb
-        return min(cpu, mem)
+        snap, req, slot = self.snap, self.req, self.layout.slots[i]
+        cpu = int((slot.cpus - snap.cpu_used[i] + 1e-9) // req.unit_cpus)
+        mem = (slot.memory_mb - snap.mem_used[i]) // req.unit_memory_mb
+        return cpu if cpu < mem else mem
 
     def candidates(self) -> list[int]:
         raise NotImplementedError
@@ -84,19 +80,20 @@ class Fitter:
     def capacity(self, i: int) -> int:
         raise NotImplementedError
 
-    def node_key(self, i: int, units: int) -> NodeKey:
+    def class_key(self, i: int) -> tuple[object, ...]:
+        """Nodes with equal keys (and capacity) fit a request equally well, up to their leaf and the tie-break."""
         raise NotImplementedError
+
+    def fit_part(self, i: int, units: int) -> tuple[float, float]:
+        raise NotImplementedError
+
+    def node_key(self, i: int, units: int) -> NodeKey:
+        """Best fit first: the per-class fit, then the fullest leaf, then a seeded tie-break."""
+        leaf = self.layout.slots[i].leaf
+        return (*self.fit_part(i, units), float(self.leaf_free[leaf]), float(tie_break(i, self.seed)))
 
     def pick(self, i: int, units: int, rails: frozenset[int] | None) -> list[RankPick]:
         raise NotImplementedError
-
-    def capacities(self) -> dict[int, int]:
-        caps: dict[int, int] = {}
-        for i in self.candidates():
-            c = self.capacity(i)
-            if c > 0:
-                caps[i] = c
-        return caps
 
 
 class WholeGpuFitter(Fitter):
@@ -122,21 +119,12 @@ class WholeGpuFitter(Fitter):
                     return m
         return tops[0]
 
-    def ideal(self, i: int, mask: int) -> bool:
-        shape = self.layout.slots[i].shape
-        best = shape.top(shape.full, popcount(mask), self.req.group)
-        return bool(best) and shape.quality(mask) >= shape.quality(best[0])
+    def class_key(self, i: int) -> tuple[object, ...]:
+        return (id(self.layout.slots[i].shape), self.snap.free[i])
 
-    def node_key(self, i: int, units: int) -> NodeKey:
-        size = units * self.req.unit_gpus
-        mask = self.union(i, units)
-        slot = self.layout.slots[i]
-        return (
-            0.0 if self.ideal(i, mask) else 1.0,
-            float(self.snap.free_count[i] - size),
-            float(self.leaf_free[slot.leaf]),
-            float(tie_break(i, self.seed)),
-        )
+    def fit_part(self, i: int, units: int) -> tuple[float, float]:
+        """Ideal ring for this board first, then the fewest free GPUs left on the node (best fit)."""
+        return self.layout.slots[i].shape.fit(self.snap.free[i], units * self.req.unit_gpus, self.req.group)
 
     def pick(self, i: int, units: int, rails: frozenset[int] | None) -> list[RankPick]:
         shape = self.layout.slots[i].shape
@@ -198,16 +186,16 @@ class ShareFitter(Fitter):
         gpu_cap = sum(r for _, r in shared) + fresh * (FULL_SHARE // self.req.milli)
         return min(gpu_cap, self.resource_cap(i)) if gpu_cap else 0
 
-    def node_key(self, i: int, units: int) -> NodeKey:
+    def class_key(self, i: int) -> tuple[object, ...]:
+        snap = self.snap
+        return (id(self.layout.slots[i].shape), snap.free[i], snap.shares[i], snap.blocked[i])
+
+    def fit_part(self, i: int, units: int) -> tuple[float, float]:
+        """Fewest whole GPUs newly opened for shares, then the node with the fewest free whole GPUs."""
         shared, _ = self._rooms(i)
         in_shared = sum(r for _, r in shared)
         fresh = math.ceil(max(0, units - in_shared) / (FULL_SHARE // self.req.milli))
-        return (
-            float(fresh),
-            float(self.snap.free_count[i]),
-            float(self.leaf_free[self.layout.slots[i].leaf]),
-            float(tie_break(i, self.seed)),
-        )
+        return (float(fresh), float(self.snap.free_count[i]))
 
     def pick(self, i: int, units: int, rails: frozenset[int] | None) -> list[RankPick]:
         shape = self.layout.slots[i].shape

@@ -6,11 +6,13 @@ then the fullest domain), so small gangs land in fragments and whole nodes and l
 
 from __future__ import annotations
 
+import heapq
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from oneplus_contracts import Domain
 
+from .capacity import CapacityIndex
 from .fitters import Fitter, tie_break
 from .request import GangRequest
 
@@ -32,22 +34,18 @@ class Plan:
 class DomainSearch:
     """Capacities of every node for one request, and plans per level built from them."""
 
-    def __init__(self, fitter: Fitter, req: GangRequest) -> None:
+    def __init__(self, fitter: Fitter, req: GangRequest, index: CapacityIndex | None = None) -> None:
         self.fitter = fitter
         self.req = req
         self.layout = fitter.layout
-        self.caps = fitter.capacities()
-        self._leaf_caps: list[int] | None = None
+        # A batch passes an index it keeps current itself; it is read, never changed, here.
+        self.index = CapacityIndex(fitter) if index is None else index
+        self.caps = self.index.caps
         self._spine_caps: list[int] | None = None
 
     @property
     def leaf_caps(self) -> list[int]:
-        if self._leaf_caps is None:
-            caps = [0] * len(self.layout.leaf_nodes)
-            for i, c in self.caps.items():
-                caps[self.layout.slots[i].leaf] += c
-            self._leaf_caps = caps
-        return self._leaf_caps
+        return self.index.leaf_caps
 
     @property
     def spine_caps(self) -> list[int]:
@@ -62,11 +60,9 @@ class DomainSearch:
         """Every domain of `level` that can hold the gang, best first (at most `limit`)."""
         need = self.req.units
         if level == "node":
-            nodes = [i for i, c in self.caps.items() if c >= need]
-            nodes.sort(key=lambda i: self.fitter.node_key(i, need))
-            return [Plan(((i, need),), "node") for i in nodes[:limit]]
+            return [Plan(((i, need),), "node") for i in self._best_nodes(need, limit)]
         if level == "leaf":
-            plans = [self._leaf_plan(leaf, need) for leaf, c in enumerate(self.leaf_caps) if c >= need]
+            plans = self._leaf_plans(need, limit)
         elif level == "spine":
             plans = [self._spine_plan(s, need) for s, c in enumerate(self.spine_caps) if c >= need]
         else:
@@ -74,6 +70,54 @@ class DomainSearch:
         found = [p for p in plans if p is not None and self._within_leaf_limit(p)]
         found.sort(key=self._plan_key)
         return found[:limit]
+
+    def _best_nodes(self, need: int, limit: int | None) -> list[int]:
+        """Nodes that hold the whole gang, best fit first; fit is computed once per class of equal nodes."""
+        fitter = self.fitter
+        by_fit = sorted(
+            (
+                (fitter.fit_part(next(iter(nodes)), need), nodes)
+                for key, nodes in self.index.classes.items()
+                if key[-1] >= need  # type: ignore[operator]
+            ),
+            key=lambda t: t[0],
+        )
+        slots, leaf_free, seed = self.layout.slots, fitter.leaf_free, fitter.seed
+
+        def rest(i: int) -> tuple[int, int]:
+            return (leaf_free[slots[i].leaf], tie_break(i, seed))
+
+        out: list[int] = []
+        at = 0
+        while at < len(by_fit) and (limit is None or len(out) < limit):
+            fit, members = by_fit[at][0], list(by_fit[at][1])
+            at += 1
+            while at < len(by_fit) and by_fit[at][0] == fit:
+                members += by_fit[at][1]
+                at += 1
+            if limit is None:
+                out += sorted(members, key=rest)
+            else:
+                out += heapq.nsmallest(limit - len(out), members, key=rest)
+        return out
+
+    def _leaf_plans(self, need: int, limit: int | None) -> list[Plan | None]:
+        """Rank leaves by nodes needed and fill level from capacities alone; fill only the best `limit`."""
+        caps, layout, leaf_free, seed = self.caps, self.layout, self.fitter.leaf_free, self.fitter.seed
+        ranked: list[tuple[tuple[float, ...], int]] = []
+        for leaf, total in enumerate(self.leaf_caps):
+            if total < need:
+                continue
+            node_caps = sorted((caps[i] for i in layout.leaf_nodes[leaf] if i in caps), reverse=True)
+            got = used = 0
+            for c in node_caps:
+                got += c
+                used += 1
+                if got >= need:
+                    break
+            ranked.append(((float(used), float(leaf_free[leaf]), float(tie_break(leaf, seed))), leaf))
+        best = heapq.nsmallest(limit, ranked) if limit is not None else sorted(ranked)
+        return [self._leaf_plan(leaf, need) for _, leaf in best]
 
     def best(self, levels: Sequence[Domain]) -> Plan | None:
         for level in levels:
@@ -169,7 +213,7 @@ def _fill(
     """Largest groups first, then the best-fitting group for the remainder: few groups, little left broken."""
     if sum(cap(g) for g in groups) < need:
         return None
-    order = sorted((g for g in groups if cap(g) > 0), key=lambda g: (-cap(g), fit_key(g, cap(g))))
+    order = sorted((g for g in groups if cap(g) > 0), key=lambda g: (-cap(g), g))
     chosen: list[Piece] = []
     rest = need
     for at, g in enumerate(order):

@@ -86,6 +86,19 @@ class GangRequest:
     def total_gpus(self) -> float:
         return self.ranks * (self.gpus_per_rank or self.milli / 1000)
 
+    @property
+    def capacity_key(self) -> tuple[object, ...]:
+        """Requests with equal keys see the same per-node capacity (a batch shares the work between them)."""
+        return (
+            self.models,
+            self.unit_gpus,
+            self.group,
+            self.milli,
+            self.unit_cpus,
+            self.unit_memory_mb,
+            self.exclusive,
+        )
+
     def levels(self) -> tuple[Domain, ...]:
         """The domains to try, tightest first; a required domain is the widest allowed."""
         if self.domain is not None and self.required:

@@ -63,6 +63,7 @@ class NodeShape:
     _top: dict[tuple[int, int, int], tuple[int, ...]] = field(default_factory=dict, repr=False)
     _value: dict[int, tuple[float, ...]] = field(default_factory=dict, repr=False)
     _capacity: dict[tuple[int, int, int], int] = field(default_factory=dict, repr=False)
+    _fit: dict[tuple[int, int, int], tuple[float, float]] = field(default_factory=dict, repr=False)
 
     @property
     def full(self) -> int:
@@ -135,6 +136,18 @@ class NodeShape:
         if got is None:
             got = self._compute_top(free, size, group)
             self._top[key] = got
+        return got
+
+    def fit(self, free: int, size: int, group: int = 1) -> tuple[float, float]:
+        """(0 if the best pick of `size` GPUs from `free` is as good as on an empty board else 1, GPUs left)."""
+        key = (free, size, group)
+        got = self._fit.get(key)
+        if got is None:
+            tops = self.top(free, size, group)
+            best = self.top(self.full, size, group)
+            ideal = bool(tops) and bool(best) and self.quality(tops[0]) >= self.quality(best[0])
+            got = (0.0 if ideal else 1.0, float(popcount(free) - size))
+            self._fit[key] = got
         return got
 
     def capacity(self, free: int, unit: int, group: int = 1) -> int:

@@ -155,6 +155,7 @@ class _Holdings:
     mem_used: list[int]
     free: list[int]
     free_count: list[int]
+    leaf_free: list[int]
 
     def _init_empty(self, layout: Layout) -> None:
         n = len(layout.slots)
@@ -168,6 +169,7 @@ class _Holdings:
         self.mem_used = [0] * n
         self.free = [0] * n
         self.free_count = [0] * n
+        self.leaf_free = [0] * len(layout.leaf_nodes)
         for i in range(n):
             self._refresh(i)
 
@@ -182,13 +184,16 @@ class _Holdings:
         self.mem_used = list(other.mem_used)
         self.free = list(other.free)
         self.free_count = list(other.free_count)
+        self.leaf_free = list(other.leaf_free)
 
     def _refresh(self, i: int) -> None:
         slot = self.layout.slots[i]
         held = self.whole[i] | self.share_mask[i] | self.blocked[i]
         f = slot.shape.full & ~held if self.schedulable[i] else 0
         self.free[i] = f
-        self.free_count[i] = popcount(f)
+        count = popcount(f)
+        self.leaf_free[slot.leaf] += count - self.free_count[i]
+        self.free_count[i] = count
 
     # --- read-only views ---------------------------------------------------------------------------------------
 

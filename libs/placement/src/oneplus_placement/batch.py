@@ -1,0 +1,383 @@
+"""Place a window of pending gangs jointly: greedy first, then CP-SAT over candidate plans under a time bound.
+
+Objective (integers, GPU amounts in thousandths): for every placed gang
+    weight(priority) x GPUs                     -- priority-weighted placed GPUs, weight 10..100
+  + 2 x GPUs x ring_gbps / ideal_ring_gbps      -- topology quality, never worth more than placing a gang
+  - min(2000, half the first term) per idle node the gang breaks -- fragmentation
+The greedy answer is the warm start (hints) and the fallback when the solver finds nothing within the bound or
+finds less than greedy did.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+from oneplus_contracts import Allocation, JobSpec
+
+from .bandwidth import ideal_ring_gbps, ring_of_masks
+from .batch_model import BatchModel, Candidate, Solution, solve
+from .diagnosis import Explanation
+from .greedy import PlacementResult, materialise
+from .incremental import SearchCache, apply_and_refresh
+from .levels import DomainSearch, Plan
+from .request import GangRequest, InvalidRequest
+from .snapshot import AllocationConflict, ClusterState, _Holdings
+
+_QUALITY_WEIGHT = 2
+_BREAK_PENALTY = 2000
+_PLANS_PER_LEVEL = 2
+_MAX_SHARED_PLANS = 12
+
+
+@dataclass(frozen=True)
+class PendingGang:
+    job_id: str
+    spec: JobSpec
+    priority: int | None = None
+
+    @property
+    def effective_priority(self) -> int:
+        return self.spec.priority if self.priority is None else self.priority
+
+
+@dataclass
+class BatchResult:
+    """Per job an allocation or an explanation; the solver used, objective, bound, gap and objective terms."""
+
+    decisions: dict[str, PlacementResult]
+    solver: str
+    objective: float
+    bound: float | None
+    gap: float | None
+    wall_s: float
+    terms: dict[str, float]
+    status: str
+    greedy: dict[str, PlacementResult]
+    greedy_objective: float
+    requested_gpus: float
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def allocations(self) -> dict[str, Allocation]:
+        return {j: r.allocation for j, r in self.decisions.items() if r.allocation is not None}
+
+    @property
+    def placed_gpus(self) -> float:
+        return _gpus(self.decisions)
+
+    @property
+    def greedy_placed_gpus(self) -> float:
+        return _gpus(self.greedy)
+
+    @property
+    def placed_gpu_pct(self) -> float:
+        return 100.0 * self.placed_gpus / self.requested_gpus if self.requested_gpus else 0.0
+
+    @property
+    def greedy_placed_gpu_pct(self) -> float:
+        return 100.0 * self.greedy_placed_gpus / self.requested_gpus if self.requested_gpus else 0.0
+
+
+def _gpus(decisions: dict[str, PlacementResult]) -> float:
+    return sum(
+        sum(len(r.gpus) * (r.gpu_milli / 1000 if r.gpu_milli else 1) for r in d.allocation.ranks)
+        for d in decisions.values()
+        if d.allocation is not None
+    )
+
+
+@dataclass
+class _Job:
+    gang: PendingGang
+    req: GangRequest
+    weight: int
+    gpus_milli: int
+    ideal_gbps: float
+
+    def coef(self, quality: float, broken: int) -> tuple[int, dict[str, int]]:
+        primary = self.weight * self.gpus_milli
+        q = round(_QUALITY_WEIGHT * self.gpus_milli * max(0.0, min(1.0, quality)))
+        frag = broken * min(_BREAK_PENALTY, primary // 2)
+        return primary + q - frag, {"priority_gpus": primary, "topology_quality": q, "fragmentation": -frag}
+
+
+def place_batch(
+    snapshot: _Holdings,
+    jobs: Sequence[PendingGang],
+    time_limit_s: float = 0.2,
+    seed: int = 0,
+    workers: int = 1,
+) -> BatchResult:
+    """Place `jobs` jointly on `snapshot` (unchanged); CP-SAT runs at most `time_limit_s` seconds."""
+    t0 = time.perf_counter()
+    if time_limit_s <= 0:
+        raise ValueError(f"time_limit_s must be positive, got {time_limit_s}")
+    ids = [g.job_id for g in jobs]
+    if len(set(ids)) != len(ids):
+        raise ValueError("job ids in a batch must be unique")
+    invalid: dict[str, PlacementResult] = {}
+    order: list[_Job] = []
+    prios = [g.effective_priority for g in jobs]
+    lo, hi = (min(prios), max(prios)) if prios else (0, 0)
+    for g in sorted(jobs, key=lambda g: -g.effective_priority):
+        try:
+            req = GangRequest.of(g.spec)
+        except InvalidRequest as exc:
+            invalid[g.job_id] = PlacementResult(None, Explanation("request", "spec", g.spec.total_gpus, str(exc)))
+            continue
+        weight = 10 + (round(90 * (g.effective_priority - lo) / (hi - lo)) if hi > lo else 0)
+        ideal = 0.0 if req.shared else ideal_ring_gbps(snapshot, req.ranks * req.gpus_per_rank, req.gpus_per_rank)
+        order.append(_Job(g, req, weight, round(req.total_gpus * 1000), ideal))
+    requested = sum(j.req.total_gpus for j in order) + sum(g.spec.total_gpus for g in jobs if g.job_id in invalid)
+
+    greedy, greedy_plans = _greedy(snapshot, order, seed)
+    model = _build_model(snapshot, order, greedy_plans, seed)
+    same = _same_as_previous(order)
+    solution = solve(model, len(order), same, time_limit_s, seed, workers)
+    greedy_value, greedy_terms = _evaluate(snapshot, order, greedy)
+
+    notes: list[str] = []
+    if solution.chosen or solution.status in ("OPTIMAL", "FEASIBLE"):
+        decoded, repaired = _decode(snapshot, model, order, solution, seed)
+        value, terms = _evaluate(snapshot, order, decoded)
+        if repaired:
+            notes.append(f"{repaired} gang(s) re-placed by greedy after pooled capacity proved optimistic")
+        if value >= greedy_value:
+            decisions, solver = decoded, "cp-sat"
+        else:
+            decisions, solver, value, terms = greedy, "greedy-fallback", greedy_value, greedy_terms
+            notes.append("cp-sat answer was worse than greedy within the bound")
+    else:
+        decisions, solver, value, terms = greedy, "greedy-fallback", greedy_value, greedy_terms
+        notes.append(f"cp-sat found no solution within {time_limit_s:g}s ({solution.status})")
+    gap = _gap(value, solution)
+    decisions = _stamp(decisions, solver, gap, order)
+    decisions.update(invalid)
+    greedy.update(invalid)
+    return BatchResult(
+        decisions={j: decisions[j] for j in ids},
+        solver=solver,
+        objective=value / 1000,
+        bound=solution.bound / 1000 if solution.bound is not None else None,
+        gap=gap,
+        wall_s=time.perf_counter() - t0,
+        terms={k: v / 1000 for k, v in terms.items()},
+        status=solution.status,
+        greedy={j: greedy[j] for j in ids},
+        greedy_objective=greedy_value / 1000,
+        requested_gpus=requested,
+        notes=notes,
+    )
+
+
+def _gap(value: float, solution: Solution) -> float | None:
+    if solution.bound is None:
+        return None
+    return round(max(0.0, (solution.bound - value) / max(1.0, abs(solution.bound))), 6)
+
+
+def _greedy(snapshot: _Holdings, order: list[_Job], seed: int) -> tuple[dict[str, PlacementResult], dict[str, Plan]]:
+    """Highest priority first, each on what the earlier ones left."""
+    state = _thaw(snapshot)
+    cache = SearchCache(state, seed)
+    results: dict[str, PlacementResult] = {}
+    plans: dict[str, Plan] = {}
+    for job in order:
+        search = cache.search(job.req)
+        plan = search.best(job.req.levels())
+        if plan is None:
+            results[job.gang.job_id] = cache.place(job.req)
+            continue
+        alloc = materialise(search.fitter, job.req, plan)
+        apply_and_refresh(state, cache, alloc)
+        results[job.gang.job_id] = PlacementResult(alloc, None)
+        plans[job.gang.job_id] = plan
+    return results, plans
+
+
+def _thaw(snapshot: _Holdings) -> ClusterState:
+    state = ClusterState.__new__(ClusterState)
+    state._copy_from(snapshot)
+    return state
+
+
+def _build_model(snapshot: _Holdings, order: list[_Job], greedy_plans: dict[str, Plan], seed: int) -> BatchModel:
+    """Identical gangs share one list of plans, long enough for all of them; each also gets its greedy plan."""
+    model = BatchModel.pooled(snapshot)
+    cache = SearchCache(snapshot, seed)
+    alike: dict[GangRequest, int] = {}
+    for job in order:
+        alike[job.req] = alike.get(job.req, 0) + 1
+    shared: dict[GangRequest, list[Plan]] = {}
+    for j, job in enumerate(order):
+        search = cache.search(job.req)
+        if job.req not in shared:
+            per_level = min(_MAX_SHARED_PLANS, _PLANS_PER_LEVEL * alike[job.req])
+            shared[job.req] = _candidate_plans(search, job.req, per_level)
+        hinted = greedy_plans.get(job.gang.job_id)
+        seen: set[tuple[tuple[int, int], ...]] = set()
+        for plan in [*([hinted] if hinted else []), *shared[job.req]]:
+            key = tuple(sorted(plan.pieces))
+            if key in seen:
+                continue
+            seen.add(key)
+            model.candidates.append(_candidate(snapshot, model, search, job, j, plan, hint=plan is hinted))
+    return model
+
+
+def _candidate_plans(search: DomainSearch, req: GangRequest, per_level: int) -> list[Plan]:
+    """The best plans at the tightest level that has any, and a few one level wider."""
+    levels = req.levels()
+    for n, level in enumerate(levels):
+        plans = search.plans(level, limit=per_level)
+        if plans:
+            if n + 1 < len(levels):
+                plans += search.plans(levels[n + 1], limit=2)
+            return plans
+    return []
+
+
+def _candidate(
+    snap: _Holdings, model: BatchModel, search: DomainSearch, job: _Job, j: int, plan: Plan, hint: bool
+) -> Candidate:
+    req, fitter = job.req, search.fitter
+    c = Candidate(j, {}, {}, {}, {}, {}, 0, {}, hint)
+    masks: dict[int, int] = {}
+    broken = 0
+    for i, units in plan.pieces:
+        p = model.pool_of[i]
+        c.pieces.setdefault(p, []).append(units)
+        whole = units * req.unit_gpus
+        c.whole[p] = c.whole.get(p, 0) + whole
+        c.milli[p] = c.milli.get(p, 0) + (units * req.ranks_per_unit * req.milli if req.shared else whole * 1000)
+        c.cpus[p] = c.cpus.get(p, 0.0) + units * req.unit_cpus
+        c.memory_mb[p] = c.memory_mb.get(p, 0) + units * req.unit_memory_mb
+        if snap.idle(i) and whole < snap.layout.slots[i].shape.n:
+            broken += 1
+        if not req.shared:
+            masks[i] = fitter.union(i, units) if snap.free_count[i] >= whole else 0  # type: ignore[attr-defined]
+    quality = 1.0
+    if job.ideal_gbps > 0 and masks and all(masks.values()):
+        quality = ring_of_masks(snap.layout, masks) / job.ideal_gbps
+    c.coef, c.terms = job.coef(quality, broken)
+    return c
+
+
+def _same_as_previous(order: list[_Job]) -> list[int | None]:
+    """For each gang, the nearest earlier gang with the same request and priority (a symmetry to break)."""
+    last: dict[tuple[object, ...], int] = {}
+    out: list[int | None] = []
+    for j, job in enumerate(order):
+        key = (job.req, job.gang.effective_priority)
+        out.append(last.get(key))
+        last[key] = j
+    return out
+
+
+def _decode(
+    snapshot: _Holdings, pools: BatchModel, order: list[_Job], solution: Solution, seed: int
+) -> tuple[dict[str, PlacementResult], int]:
+    """Put chosen candidates on real nodes of their pools, then greedy for the rest; count the repairs."""
+    state = _thaw(snapshot)
+    cache = SearchCache(state, seed)
+    results: dict[str, PlacementResult] = {}
+    repaired = 0
+    for j, job in enumerate(order):
+        cand = solution.chosen.get(j)
+        if cand is None:
+            continue
+        search = cache.search(job.req)
+        plan = _realise(search, pools, cand)
+        alloc = None
+        if plan is not None:
+            try:
+                alloc = materialise(search.fitter, job.req, plan, "cp-sat")
+                apply_and_refresh(state, cache, alloc)
+            except AllocationConflict:
+                alloc = None
+        if alloc is None:
+            repaired += 1
+            got = cache.place(job.req, "greedy")
+            if got.allocation is not None:
+                apply_and_refresh(state, cache, got.allocation)
+            results[job.gang.job_id] = got
+        else:
+            results[job.gang.job_id] = PlacementResult(alloc, None)
+    for job in order:
+        if job.gang.job_id in results:
+            continue
+        got = cache.place(job.req, "greedy")
+        if got.allocation is not None:
+            apply_and_refresh(state, cache, got.allocation)
+        results[job.gang.job_id] = got
+    return results, repaired
+
+
+def _realise(search: DomainSearch, pools: BatchModel, cand: Candidate) -> Plan | None:
+    """Largest pieces first, each on the best-fitting node of its pool that still has room."""
+    pieces: list[tuple[int, int]] = []
+    used: set[int] = set()
+    caps = search.caps
+    for p, units_list in cand.pieces.items():
+        for units in sorted(units_list, reverse=True):
+            fits = [i for i in pools.pools[p].nodes if i not in used and caps.get(i, 0) >= units]
+            if not fits:
+                return None
+            best = min(fits, key=lambda i: search.fitter.node_key(i, units))
+            used.add(best)
+            pieces.append((best, units))
+    slots = search.layout.slots
+    if len(pieces) == 1:
+        domain = "node"
+    elif len({slots[i].leaf for i, _ in pieces}) == 1:
+        domain = "leaf"
+    elif len({slots[i].spine for i, _ in pieces}) == 1:
+        domain = "spine"
+    else:
+        domain = "cluster"
+    return Plan(tuple(pieces), domain)  # type: ignore[arg-type]
+
+
+def _evaluate(
+    snapshot: _Holdings, order: list[_Job], decisions: dict[str, PlacementResult]
+) -> tuple[int, dict[str, int]]:
+    """The objective of a set of decisions, by the same terms the model maximises."""
+    total = 0
+    terms = {"priority_gpus": 0, "topology_quality": 0, "fragmentation": 0}
+    layout = snapshot.layout
+    for job in order:
+        d = decisions.get(job.gang.job_id)
+        if d is None or d.allocation is None:
+            continue
+        alloc = d.allocation
+        per_node: dict[int, int] = {}
+        for r in alloc.ranks:
+            i = layout.index(r.node)
+            per_node[i] = per_node.get(i, 0) + (0 if r.gpu_milli else len(r.gpus))
+        broken = sum(1 for i, n in per_node.items() if snapshot.idle(i) and n < layout.slots[i].shape.n)
+        value, t = job.coef(alloc.score.get("topology_quality", 1.0), broken)
+        total += value
+        for k, v in t.items():
+            terms[k] += v
+    return total, terms
+
+
+def _stamp(
+    decisions: dict[str, PlacementResult], solver: str, gap: float | None, order: list[_Job]
+) -> dict[str, PlacementResult]:
+    """Record the batch's solver and gap on every allocation it made."""
+    out: dict[str, PlacementResult] = {}
+    for job in order:
+        d = decisions[job.gang.job_id]
+        if d.allocation is None:
+            out[job.gang.job_id] = d
+            continue
+        alloc = d.allocation
+        used = solver if alloc.solver != "greedy" or solver == "greedy-fallback" else "cp-sat+greedy-repair"
+        score = dict(alloc.score)
+        score["batch_gap"] = gap if gap is not None else -1.0
+        score["priority_weight"] = float(job.weight)
+        out[job.gang.job_id] = PlacementResult(alloc.model_copy(update={"solver": used, "score": score}), None)
+    return out
