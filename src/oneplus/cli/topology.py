@@ -157,7 +157,7 @@ def presets(as_json: Annotated[bool, typer.Option("--json", help="Print JSON")] 
         table.add_column(col)
     for r in rows:
         source = "constructed" if r["constructed"] else "real capture"
-        table.add_row(r["name"], str(r["gpus"]), r["gpu_model"], str(r["nvlink_groups"] or "-"), source)
+        table.add_row(str(r["name"]), str(r["gpus"]), str(r["gpu_model"]), str(r["nvlink_groups"] or "-"), source)
     console.print(table)
 
 
