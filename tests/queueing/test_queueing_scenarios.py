@@ -23,9 +23,7 @@ def test_no_starvation_under_a_steady_stream_of_small_jobs() -> None:
     world = World(n_nodes=2, nodes_per_leaf=2)
     loop = Loop(world, default_config())
     rng = random.Random(7)
-    n = 0
-    for t in range(0, 1000, 5):  # a new small job every 5 s, with a 30-120 s limit it mostly uses
-        n += 1
+    for n, t in enumerate(range(0, 1000, 5)):  # a new small job every 5 s, with a 30-120 s limit it mostly uses
         limit = rng.choice([30, 60, 120])
         job = PendingJob(f"small-{n:04d}", spec(f"small-{n:04d}", 1, time_limit_s=limit), float(t))
         loop.submit(float(t), job, rng.uniform(0.5, 1.0) * limit)
@@ -43,19 +41,26 @@ def test_no_starvation_under_a_steady_stream_of_small_jobs() -> None:
     assert backfilled, "nothing was backfilled while the gang waited"
 
 
-def test_without_protection_the_same_stream_starves_the_gang() -> None:
-    """The control: with the backfill scan unbounded but no reservation the big gang keeps waiting."""
+@pytest.mark.parametrize("ageing_weight", [0, 5000])
+def test_ageing_lets_a_low_priority_gang_overtake_a_stream_of_higher_priority_jobs(ageing_weight: int) -> None:
+    """Nothing waits forever: age alone lifts the gang to the head; without ageing the same stream starves it."""
     world = World(n_nodes=2, nodes_per_leaf=2)
-    # scan_limit 0 still reserves; what starves the gang is a head that is never first: give small jobs priority.
-    cfg = load_queue_config("priority_classes: {small: {value: 5000}}\nageing: {weight: 0}")
+    cfg = load_queue_config(
+        f"priority_classes: {{small: {{value: 5000}}}}\nageing: {{weight: {ageing_weight}, period_s: 300}}"
+    )
     loop = Loop(world, cfg)
-    rng = random.Random(7)
-    for i, t in enumerate(range(0, 1000, 5)):
-        loop.submit(float(t), PendingJob(f"s{i}", spec(f"s{i}", 1, time_limit_s=120, priority_class="small"), t), 60)
-        _ = rng
-    loop.submit(200.0, PendingJob("big", spec("big", 8, ranks=2, time_limit_s=300), 200.0), 300.0)
-    loop.run_until(1000)
-    assert "big" not in loop.started_at
+    for i, t in enumerate(range(0, 1500, 5)):
+        s = spec(f"s{i:03d}", 1, time_limit_s=60, priority_class="small")
+        loop.submit(float(t), PendingJob(f"s{i:03d}", s, float(t)), 60.0)
+    big = spec("big", 8, ranks=2, time_limit_s=300, preemptible=False)  # else the stream's priority evicts it
+    loop.submit(100.0, PendingJob("big", big, 100.0), 300.0)
+    loop.run_until(1500)
+    if ageing_weight:
+        assert "big" in loop.started_at
+        # It overtakes once it has waited 300 s longer than a waiting small job, then waits one time limit.
+        assert loop.started_at["big"] <= 100 + 300 + 60 + 60 + 1e-6
+    else:
+        assert "big" not in loop.started_at
 
 
 def test_a_queues_guarantee_is_restored_by_reclaim_within_one_cycle() -> None:

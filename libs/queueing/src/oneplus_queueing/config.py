@@ -79,10 +79,15 @@ class FairSharePolicy(_Model):
 
 
 class AgeingPolicy(_Model):
-    """Waiting raises a job's score linearly up to `weight` at `max_age_s`, so nothing waits forever."""
+    """Waiting raises a job's score by `weight` per `period_s`, without limit, so nothing waits forever.
+
+    A cap (`max_bonus`, Slurm's PriorityMaxAge) is allowed but gives that guarantee up: under a steady stream of
+    higher-priority work, a job whose bonus stopped growing is overtaken by every newcomer that waits a little.
+    """
 
     weight: Annotated[float, Field(ge=0)] = 1000.0
-    max_age_s: Annotated[float, Field(gt=0)] = 24 * 3600.0
+    period_s: Annotated[float, Field(gt=0)] = 24 * 3600.0
+    max_bonus: Annotated[float, Field(ge=0)] | None = None
 
 
 class PreemptionPolicy(_Model):

@@ -26,10 +26,13 @@ class RankedJob:
 
 
 def job_score(now: float, job: PendingJob, priority: int, config: QueueConfig, factors: Mapping[str, float]) -> float:
-    """Priority + fair-share bonus + age bonus; the age bonus saturates, so a class jump still outranks waiting."""
+    """Priority + fair-share bonus + age bonus (growing with the wait, so the oldest job ends up first)."""
     age = max(0.0, now - job.submitted_ts)
     fair = config.fairshare.weight * factors.get(job.queue, 0.0)
-    ageing = config.ageing.weight * min(1.0, age / config.ageing.max_age_s)
+    pol = config.ageing
+    ageing = pol.weight * age / pol.period_s
+    if pol.max_bonus is not None:
+        ageing = min(ageing, pol.max_bonus)
     return priority + fair + ageing
 
 
