@@ -139,9 +139,10 @@ def make_fake_pynvml(
     for key, value in consts.items():
         setattr(m, key, value)
 
-    def need_init() -> None:
+    def need_init() -> bool:
         if not state["init"]:
             raise NVMLError(1)
+        return True
 
     def nvmlInit() -> None:
         if not driver:
@@ -199,8 +200,8 @@ def make_fake_pynvml(
     funcs: dict[str, Any] = {
         "nvmlInit": nvmlInit,
         "nvmlShutdown": nvmlShutdown,
-        "nvmlDeviceGetCount": lambda: (need_init(), n)[1],
-        "nvmlDeviceGetHandleByIndex": lambda i: (need_init(), _Handle(i))[1],
+        "nvmlDeviceGetCount": lambda: need_init() and n,
+        "nvmlDeviceGetHandleByIndex": lambda i: need_init() and _Handle(i),
         "nvmlDeviceGetUUID": lambda h: f"GPU-{uuidlib.UUID(int=handle_of(h) + 1)}",
         "nvmlDeviceGetName": lambda h: (handle_of(h), name or f"NVIDIA {topo.gpu_model}")[1],
         "nvmlDeviceGetMemoryInfo": lambda h: (handle_of(h), _Memory(80 * 2**30))[1],

@@ -52,9 +52,10 @@ class NodeModel:
         for i, j in itertools.combinations(range(n), 2):
             a, b = self.indices[i], self.indices[j]
             link = given.get((a, b)) or given.get((b, a))
-            kind, links, gbps = (link.kind, link.nvlinks, link.gbps) if link else ("SYS", 0, 0.0)
-            if link is None:
-                gbps = link_gbps("SYS", self.gpu_model)
+            # A pair the report left out is taken at the slowest tier rather than refused.
+            kind, links, gbps = (
+                (link.kind, link.nvlinks, link.gbps) if link else ("SYS", 0, link_gbps("SYS", topo.gpu_model))
+            )
             if links and min(ratio[i], ratio[j]) < 1.0:
                 kind, links, gbps = self._degraded_link(i, j, links, gbps, min(ratio[i], ratio[j]))
             self.kind[i][j] = self.kind[j][i] = kind
