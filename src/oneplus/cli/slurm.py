@@ -1,5 +1,185 @@
-"""CLI commands (being written)."""
+"""Slurm-style commands: `oneplus sbatch`, `squeue`, `scancel`, `sinfo`.
+
+Parsing and table rendering live in `oneplus_jobformats` (pure, tested); this module reads files, talks to the
+platform through `oneplus.client` and prints.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import sys
+import time
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+from typing import TYPE_CHECKING, Annotated, Any, TypeVar
 
 import typer
+from oneplus_jobformats.errors import JobFormatError
+from oneplus_jobformats.sbatch import parse_sbatch
+from oneplus_jobformats.sbatch_options import split_command_line
+from oneplus_jobformats.slurm_tables import render_sinfo, render_squeue
+from oneplus_jobformats.summary import dry_run_summary
 
-app = typer.Typer()
+if TYPE_CHECKING:
+    from ..client import OnePlusClient
+
+app = typer.Typer(help="Slurm-style commands: sbatch, squeue, scancel, sinfo.")
+T = TypeVar("T")
+EXTRA = {"allow_extra_args": True, "ignore_unknown_options": True}
+NatsOpt = Annotated[str | None, typer.Option("--nats", envvar="NATS_URL", help="NATS server URL")]
+TeamOpt = Annotated[str | None, typer.Option("--team", envvar="ONEPLUS_TEAM", help="Act as this team")]
+
+
+def _fail(command: str, message: str, code: int = 1) -> typer.Exit:
+    print(f"{command}: error: {message}", file=sys.stderr)
+    return typer.Exit(code)
+
+
+def _call(command: str, nats: str | None, team: str | None, fn: Callable[[OnePlusClient], Awaitable[T]]) -> T:
+    from ..client import OnePlusClient, PlatformError
+
+    async def go() -> T:
+        async with OnePlusClient.connect(nats, team=team) as c:
+            return await fn(c)
+
+    try:
+        return asyncio.run(go())
+    except PlatformError as exc:
+        raise _fail(command, str(exc)) from exc
+
+
+def _no_extras(command: str, ctx: typer.Context) -> None:
+    if ctx.args:
+        raise _fail(command, f"unrecognized argument(s): {' '.join(ctx.args)}", 2)
+
+
+def sbatch(
+    ctx: typer.Context,
+    dry_run: Annotated[bool, typer.Option("--dry-run", help="Print the normalised job spec; submit nothing")] = False,
+    as_json: Annotated[bool, typer.Option("--json", help="Print JSON")] = False,
+    nats: NatsOpt = None,
+    team: TeamOpt = None,
+) -> None:
+    """Submit a batch script: `oneplus sbatch [sbatch options] SCRIPT [args]`; #SBATCH directives are read,
+    options given here override them."""
+    try:
+        options, script_path, script_args = split_command_line(list(ctx.args))
+    except JobFormatError as exc:
+        raise _fail("sbatch", str(exc), 2) from exc
+    script, filename = _read_script(script_path, options)
+    try:
+        tr = parse_sbatch(script, options, filename=filename, script_args=script_args)
+    except JobFormatError as exc:
+        raise _fail("sbatch", str(exc), 2) from exc
+    spec = tr.spec if team is None else tr.spec.model_copy(update={"team": team})
+    for w in tr.warnings:
+        print(f"sbatch: warning: {w}", file=sys.stderr)
+    if dry_run:
+        summary = dry_run_summary(spec, tr.warnings, kind=tr.kind)
+        print(json.dumps(summary, indent=None if as_json else 2, default=str))
+        return
+    reply = _call("sbatch", nats, team, lambda c: c.submit(spec, source="sbatch"))
+    if as_json:
+        print(json.dumps(reply.model_dump(mode="json")))
+    if not reply.ok:
+        raise _fail("sbatch", f"Batch job submission failed: {reply.error}")
+    if not as_json:
+        print(reply.job_id if "--parsable" in options else f"Submitted batch job {reply.job_id}")
+
+
+def _read_script(path: str | None, options: list[str]) -> tuple[str, str]:
+    """The script text and its name; sbatch reads standard input when no script is named and there is no --wrap."""
+    if path is None:
+        if any(o.startswith("--wrap") for o in options):
+            return "", "<wrap>"
+        if sys.stdin.isatty():
+            raise _fail("sbatch", "no batch script given (name a file, pipe one in, or use --wrap)", 2)
+        return sys.stdin.read(), "<stdin>"
+    try:
+        return Path(path).read_text(encoding="utf-8"), path
+    except (OSError, UnicodeDecodeError) as exc:
+        raise _fail("sbatch", f"Unable to open file {path}: {exc}", 2) from exc
+
+
+def squeue(
+    ctx: typer.Context,
+    user: Annotated[str | None, typer.Option("-u", "--user", help="Only this user's jobs")] = None,
+    partition: Annotated[str | None, typer.Option("-p", "--partition", help="Only this queue")] = None,
+    states: Annotated[str | None, typer.Option("-t", "--states", help="all, or a comma list of codes (PD,R)")] = None,
+    jobs: Annotated[str | None, typer.Option("-j", "--jobs", help="Comma list of job ids")] = None,
+    as_json: Annotated[bool, typer.Option("--json", help="Print the job records as JSON")] = False,
+    nats: NatsOpt = None,
+    team: TeamOpt = None,
+) -> None:
+    """Jobs in Slurm's default squeue columns: JOBID PARTITION NAME USER ST TIME NODES NODELIST(REASON)."""
+    from oneplus_jobformats.slurm_tables import STATE_CODES
+
+    _no_extras("squeue", ctx)
+    records = _call("squeue", nats, team, lambda c: c.list_jobs(team))
+    wanted = {s.strip().upper() for s in states.split(",")} if states and states.lower() != "all" else None
+    ids = set(jobs.split(",")) if jobs else None
+    shown = [
+        r
+        for r in records
+        if (user is None or r.spec.user == user)
+        and (partition is None or r.spec.queue in partition.split(","))
+        and (ids is None or r.job_id in ids)
+        and (wanted is None or STATE_CODES.get(r.state) in wanted or r.state in wanted)
+    ]
+    if as_json:
+        print(json.dumps([r.model_dump(mode="json") for r in shown]))
+        return
+    print(render_squeue(shown, now=time.time(), include_finished=states is not None))
+
+
+def scancel(
+    ctx: typer.Context,
+    job_ids: Annotated[list[str] | None, typer.Argument(help="Job ids to cancel")] = None,
+    nats: NatsOpt = None,
+    team: TeamOpt = None,
+) -> None:
+    """Cancel jobs; like scancel, silent on success."""
+    _no_extras("scancel", ctx)
+    if not job_ids:
+        raise _fail("scancel", "No job identification provided", 2)
+
+    async def cancel_all(c: OnePlusClient) -> list[tuple[str, str | None]]:
+        from ..client import PlatformError
+
+        out: list[tuple[str, str | None]] = []
+        for job_id in job_ids or []:
+            try:
+                await c.cancel(job_id, team)
+                out.append((job_id, None))
+            except PlatformError as exc:
+                out.append((job_id, str(exc)))
+        return out
+
+    failed = [(j, e) for j, e in _call("scancel", nats, team, cancel_all) if e]
+    for job_id, error in failed:
+        print(f"scancel: error: Kill job error on job id {job_id}: {error}", file=sys.stderr)
+    if failed:
+        raise typer.Exit(1)
+
+
+def sinfo(
+    ctx: typer.Context,
+    as_json: Annotated[bool, typer.Option("--json", help="Print the node records as JSON")] = False,
+    nats: NatsOpt = None,
+) -> None:
+    """Nodes in Slurm's default sinfo columns: PARTITION AVAIL TIMELIMIT NODES STATE NODELIST."""
+    _no_extras("sinfo", ctx)
+
+    async def fetch(c: OnePlusClient) -> tuple[list[Any], list[Any]]:
+        return await c.nodes(), await c.list_jobs()
+
+    nodes, jobs = _call("sinfo", nats, None, fetch)
+    if as_json:
+        print(json.dumps([n.model_dump(mode="json") for n in nodes]))
+        return
+    print(render_sinfo(nodes, jobs))
+
+
+for _command in (sbatch, squeue, scancel, sinfo):
+    app.command(_command.__name__, context_settings=EXTRA)(_command)

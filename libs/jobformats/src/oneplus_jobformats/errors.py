@@ -56,6 +56,8 @@ def _describe(err: Mapping[str, Any]) -> str:
     if kind in ("greater_than", "greater_than_equal", "less_than", "less_than_equal"):
         op = {"greater_than": ">", "greater_than_equal": ">=", "less_than": "<", "less_than_equal": "<="}[kind]
         bound = next(iter(ctx.values()), "?")
+        if isinstance(bound, float) and bound.is_integer():
+            bound = int(bound)
         return f"must be {op} {bound} (got {value!r})"
     if kind == "literal_error":
         return f"must be {ctx.get('expected', 'one of the allowed values')} (got {value!r})"

@@ -75,8 +75,13 @@ def _merge(script: str, cli_args: Sequence[str], filename: str) -> tuple[dict[st
     return merged, rest
 
 
-def parse_sbatch(script: str, cli_args: Sequence[str] = (), *, filename: str = "<stdin>") -> Translation:
-    """Translate an sbatch script; `cli_args` are sbatch options that override the script's directives."""
+def parse_sbatch(
+    script: str, cli_args: Sequence[str] = (), *, filename: str = "<stdin>", script_args: Sequence[str] = ()
+) -> Translation:
+    """Translate an sbatch script; `cli_args` are sbatch options that override the script's directives.
+
+    `script_args` are the arguments after the script on sbatch's command line ($1, $2, ... inside the script).
+    """
     if script.strip() and not script.lstrip("\ufeff").startswith("#!"):
         raise JobFormatError(
             "this does not look like a batch script: the first line must start with #! followed by the path to an "
@@ -88,7 +93,7 @@ def parse_sbatch(script: str, cli_args: Sequence[str] = (), *, filename: str = "
     job = _Job(options, filename)
     fields: dict[str, Any] = {}
     _check_conflicts(job)
-    _identity(job, fields, script)
+    _identity(job, fields, script, list(script_args))
     _gang(job, fields)
     _limits(job, fields)
     _report_unused(job)
@@ -136,7 +141,7 @@ def _check_conflicts(job: _Job) -> None:
         raise job.fail(array, "job arrays are not supported; submit one job per array element")
 
 
-def _identity(job: _Job, fields: dict[str, Any], script: str) -> None:
+def _identity(job: _Job, fields: dict[str, Any], script: str, script_args: list[str]) -> None:
     """Name, queue, priority, team, image, command and output."""
     name = job.value("job-name")
     fields["name"] = name if name is not None else _default_name(job.filename)
@@ -172,7 +177,8 @@ def _identity(job: _Job, fields: dict[str, Any], script: str) -> None:
         fields["command"] = ["/bin/sh", "-c", wrap]
     elif script.strip():
         interpreter = script.lstrip("\ufeff").splitlines()[0][2:].split()
-        fields["command"] = [*(interpreter or ["/bin/sh"]), "-c", script]
+        # `sh -c SCRIPT NAME ARGS...`: the script sees NAME as $0 and ARGS as $1...
+        fields["command"] = [*(interpreter or ["/bin/sh"]), "-c", script, fields["name"], *script_args]
     else:
         raise JobFormatError("no batch script: give a script or --wrap", filename=job.filename)
     if job.value("requeue") == "no":

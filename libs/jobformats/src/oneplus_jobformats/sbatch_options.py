@@ -214,6 +214,17 @@ def parse_tokens(tokens: Sequence[str], where: str, *, stop_at_positional: bool)
     return options, []
 
 
+def split_command_line(argv: Sequence[str]) -> tuple[list[str], str | None, list[str]]:
+    """`sbatch [options] [script [args...]]` → (option words, script or None, script arguments)."""
+    _, rest = parse_tokens(argv, "command line", stop_at_positional=True)
+    consumed = list(argv[: len(argv) - len(rest)])
+    if consumed and consumed[-1] == "--":
+        consumed.pop()
+    if not rest:
+        return consumed, None, []
+    return consumed, rest[0], list(rest[1:])
+
+
 def script_directives(script: str) -> list[Option]:
     """The options of the `#SBATCH` lines before the first command, in order."""
     options: list[Option] = []
