@@ -12,13 +12,13 @@ import math
 from oneplus_contracts import Allocation
 
 from .shape import NodeShape
-from .snapshot import ClusterLike, Layout, _Holdings, _layout_of
+from .snapshot import ClusterLike, Holdings, Layout, _layout_of
 
 
-def layout_of(where: _Holdings | Layout | ClusterLike) -> Layout:
+def layout_of(where: Holdings | Layout | ClusterLike) -> Layout:
     if isinstance(where, Layout):
         return where
-    if isinstance(where, _Holdings):
+    if isinstance(where, Holdings):
         return where.layout
     return _layout_of(where)
 
@@ -37,7 +37,7 @@ def fabric_gbps(layout: Layout, crosses_leaf: bool) -> float:
     return rate / layout.oversubscription if crosses_leaf else rate
 
 
-def allocation_ring_gbps(where: _Holdings | Layout | ClusterLike, alloc: Allocation) -> float:
+def allocation_ring_gbps(where: Holdings | Layout | ClusterLike, alloc: Allocation) -> float:
     """Bottleneck GB/s of one ring through every GPU of `alloc` (0 for a single GPU or GPU share)."""
     layout = layout_of(where)
     masks: dict[int, int] = {}
@@ -65,7 +65,7 @@ def _ring_of(layout: Layout, masks: dict[int, int]) -> float:
     return min(intra, fabric_gbps(layout, len(leaves) > 1))
 
 
-def ideal_ring_gbps(where: _Holdings | Layout | ClusterLike, total_gpus: int, gpus_per_rank: int = 1) -> float:
+def ideal_ring_gbps(where: Holdings | Layout | ClusterLike, total_gpus: int, gpus_per_rank: int = 1) -> float:
     """The best ring any placement of this gang could get on an empty cluster (the B* of a job)."""
     layout = layout_of(where)
     if total_gpus < 2 or gpus_per_rank < 1:

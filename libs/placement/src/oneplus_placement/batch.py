@@ -23,7 +23,7 @@ from .greedy import PlacementResult, materialise
 from .incremental import SearchCache, apply_and_refresh
 from .levels import DomainSearch, Plan
 from .request import GangRequest, InvalidRequest
-from .snapshot import AllocationConflict, ClusterState, _Holdings
+from .snapshot import AllocationConflict, Holdings
 
 _QUALITY_WEIGHT = 2
 _BREAK_PENALTY = 2000
@@ -104,7 +104,7 @@ class _Job:
 
 
 def place_batch(
-    snapshot: _Holdings,
+    snapshot: Holdings,
     jobs: Sequence[PendingGang],
     time_limit_s: float = 0.2,
     seed: int = 0,
@@ -178,9 +178,9 @@ def _gap(value: float, solution: Solution) -> float | None:
     return round(max(0.0, (solution.bound - value) / max(1.0, abs(solution.bound))), 6)
 
 
-def _greedy(snapshot: _Holdings, order: list[_Job], seed: int) -> tuple[dict[str, PlacementResult], dict[str, Plan]]:
+def _greedy(snapshot: Holdings, order: list[_Job], seed: int) -> tuple[dict[str, PlacementResult], dict[str, Plan]]:
     """Highest priority first, each on what the earlier ones left."""
-    state = _thaw(snapshot)
+    state = snapshot.mutable_copy()
     cache = SearchCache(state, seed)
     results: dict[str, PlacementResult] = {}
     plans: dict[str, Plan] = {}
@@ -197,13 +197,7 @@ def _greedy(snapshot: _Holdings, order: list[_Job], seed: int) -> tuple[dict[str
     return results, plans
 
 
-def _thaw(snapshot: _Holdings) -> ClusterState:
-    state = ClusterState.__new__(ClusterState)
-    state._copy_from(snapshot)
-    return state
-
-
-def _build_model(snapshot: _Holdings, order: list[_Job], greedy_plans: dict[str, Plan], seed: int) -> BatchModel:
+def _build_model(snapshot: Holdings, order: list[_Job], greedy_plans: dict[str, Plan], seed: int) -> BatchModel:
     """Identical gangs share one list of plans, long enough for all of them; each also gets its greedy plan."""
     model = BatchModel.pooled(snapshot)
     cache = SearchCache(snapshot, seed)
@@ -240,7 +234,7 @@ def _candidate_plans(search: DomainSearch, req: GangRequest, per_level: int) -> 
 
 
 def _candidate(
-    snap: _Holdings, model: BatchModel, search: DomainSearch, job: _Job, j: int, plan: Plan, hint: bool
+    snap: Holdings, model: BatchModel, search: DomainSearch, job: _Job, j: int, plan: Plan, hint: bool
 ) -> Candidate:
     req, fitter = job.req, search.fitter
     c = Candidate(j, {}, {}, {}, {}, {}, 0, {}, hint)
@@ -277,10 +271,10 @@ def _same_as_previous(order: list[_Job]) -> list[int | None]:
 
 
 def _decode(
-    snapshot: _Holdings, pools: BatchModel, order: list[_Job], solution: Solution, seed: int
+    snapshot: Holdings, pools: BatchModel, order: list[_Job], solution: Solution, seed: int
 ) -> tuple[dict[str, PlacementResult], int]:
     """Put chosen candidates on real nodes of their pools, then greedy for the rest; count the repairs."""
-    state = _thaw(snapshot)
+    state = snapshot.mutable_copy()
     cache = SearchCache(state, seed)
     results: dict[str, PlacementResult] = {}
     repaired = 0
@@ -341,7 +335,7 @@ def _realise(search: DomainSearch, pools: BatchModel, cand: Candidate) -> Plan |
 
 
 def _evaluate(
-    snapshot: _Holdings, order: list[_Job], decisions: dict[str, PlacementResult]
+    snapshot: Holdings, order: list[_Job], decisions: dict[str, PlacementResult]
 ) -> tuple[int, dict[str, int]]:
     """The objective of a set of decisions, by the same terms the model maximises."""
     total = 0

@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 
 from ortools.sat.python import cp_model
 
-from .snapshot import FULL_SHARE, _Holdings
+from .snapshot import FULL_SHARE, Holdings
 
 PoolKey = tuple[object, ...]
 
@@ -48,7 +48,7 @@ class BatchModel:
     candidates: list[Candidate] = field(default_factory=list)
 
     @classmethod
-    def pooled(cls, snap: _Holdings) -> BatchModel:
+    def pooled(cls, snap: Holdings) -> BatchModel:
         keys: dict[PoolKey, int] = {}
         pools: list[Pool] = []
         pool_of: list[int] = []

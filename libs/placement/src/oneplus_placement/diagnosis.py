@@ -8,7 +8,7 @@ from dataclasses import asdict, dataclass, field
 from .fitters import static_eligible
 from .levels import DomainSearch
 from .request import GangRequest
-from .snapshot import _Holdings
+from .snapshot import Holdings
 
 _WHERE = {"node": "on one node", "leaf": "under one leaf", "spine": "under one spine", "cluster": "in the cluster"}
 
@@ -40,7 +40,7 @@ def _never(req: GangRequest, constraint: str, message: str) -> Explanation:
     return Explanation(level="request", constraint=constraint, needed_gpus=req.total_gpus, message=message)
 
 
-def static_reason(snap: _Holdings, req: GangRequest) -> Explanation | None:
+def static_reason(snap: Holdings, req: GangRequest) -> Explanation | None:
     """A reason no node of this cluster could host one unit even when empty, or None."""
     slots = snap.layout.slots
     if any(static_eligible(snap.layout, req)):
@@ -80,7 +80,7 @@ def _amount(req: GangRequest, units: float) -> str:
     return f"{units * req.unit_gpus:g} free"
 
 
-def diagnose(snap: _Holdings, req: GangRequest, search: DomainSearch) -> Explanation:
+def diagnose(snap: Holdings, req: GangRequest, search: DomainSearch) -> Explanation:
     """The widest allowed level, its best domain and what it lacks."""
     static = static_reason(snap, req)
     if static is not None:
@@ -138,7 +138,7 @@ def diagnose(snap: _Holdings, req: GangRequest, search: DomainSearch) -> Explana
     )
 
 
-def _best_domain(snap: _Holdings, search: DomainSearch, level: str) -> tuple[str | None, int, int]:
+def _best_domain(snap: Holdings, search: DomainSearch, level: str) -> tuple[str | None, int, int]:
     """(name, usable units, raw free GPUs) of the domain of `level` with the most usable units."""
     layout = snap.layout
     eligible = search.fitter.eligible
@@ -162,7 +162,7 @@ def _best_domain(snap: _Holdings, search: DomainSearch, level: str) -> tuple[str
     return names[best], caps[best], raw
 
 
-def _static_ceiling(snap: _Holdings, req: GangRequest, level: str) -> int:
+def _static_ceiling(snap: Holdings, req: GangRequest, level: str) -> int:
     """Units the largest domain of `level` holds when empty."""
     layout = snap.layout
     key = ("ceiling", level, req.models, req.unit_gpus, req.group, req.milli, req.unit_cpus, req.unit_memory_mb)

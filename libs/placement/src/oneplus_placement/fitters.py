@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 from .request import GangRequest
 from .shape import NodeShape, bits
-from .snapshot import FULL_SHARE, Layout, NodeSlot, _Holdings
+from .snapshot import FULL_SHARE, Holdings, Layout, NodeSlot
 
 NodeKey = tuple[float, ...]
 
@@ -56,7 +56,7 @@ def _could_host(slot: NodeSlot, req: GangRequest) -> bool:
 class Fitter:
     """Common bookkeeping: eligibility, CPU/memory caps, leaf fill levels for best fit."""
 
-    def __init__(self, snap: _Holdings, req: GangRequest, seed: int = 0) -> None:
+    def __init__(self, snap: Holdings, req: GangRequest, seed: int = 0) -> None:
         self.snap = snap
         self.req = req
         self.seed = seed
@@ -217,7 +217,7 @@ class ShareFitter(Fitter):
         return out
 
 
-def fitter_for(snap: _Holdings, req: GangRequest, seed: int = 0) -> Fitter:
+def fitter_for(snap: Holdings, req: GangRequest, seed: int = 0) -> Fitter:
     return ShareFitter(snap, req, seed) if req.shared else WholeGpuFitter(snap, req, seed)
 
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass
 
-from .snapshot import _Holdings
+from .snapshot import Holdings
 
 _MIN_RANK_CPUS = 1.0
 _MIN_RANK_MEMORY_MB = 1024
@@ -34,7 +34,7 @@ class FragmentationReport:
         return asdict(self)
 
 
-def fragmentation(snapshot: _Holdings, gang_gpus: int = 8) -> FragmentationReport:
+def fragmentation(snapshot: Holdings, gang_gpus: int = 8) -> FragmentationReport:
     """Per tier (node, leaf, spine, cluster): the largest gang that still fits and the idle nodes left.
 
     `stranded_gpus` are free GPUs on nodes whose CPU or memory is used up (no rank can start there);

@@ -11,7 +11,7 @@ from .diagnosis import Explanation, diagnose, static_reason
 from .fitters import Fitter, RankPick, fitter_for, ordered_gpus
 from .levels import DomainSearch, Plan
 from .request import GangRequest, InvalidRequest
-from .snapshot import _Holdings
+from .snapshot import Holdings
 
 
 @dataclass(frozen=True)
@@ -26,7 +26,7 @@ class PlacementResult:
         return self.allocation is not None
 
 
-def place_gang(snapshot: _Holdings, spec: JobSpec, job_id: str = "", seed: int = 0) -> PlacementResult:
+def place_gang(snapshot: Holdings, spec: JobSpec, job_id: str = "", seed: int = 0) -> PlacementResult:
     """Place every rank of `spec` or none; never changes `snapshot`."""
     try:
         req = GangRequest.of(spec)
@@ -35,7 +35,7 @@ def place_gang(snapshot: _Holdings, spec: JobSpec, job_id: str = "", seed: int =
     return place_request(snapshot, req, seed=seed)
 
 
-def place_request(snapshot: _Holdings, req: GangRequest, seed: int = 0, solver: str = "greedy") -> PlacementResult:
+def place_request(snapshot: Holdings, req: GangRequest, seed: int = 0, solver: str = "greedy") -> PlacementResult:
     static = static_reason(snapshot, req)
     if static is not None:
         return PlacementResult(None, static)
@@ -107,7 +107,7 @@ def score_terms(fitter: Fitter, req: GangRequest, plan: Plan, picks: list[RankPi
     }
 
 
-def search_for(snapshot: _Holdings, req: GangRequest, seed: int = 0) -> DomainSearch | None:
+def search_for(snapshot: Holdings, req: GangRequest, seed: int = 0) -> DomainSearch | None:
     """The domain search for a request, or None when no node could ever host it (for batch candidates)."""
     if static_reason(snapshot, req) is not None:
         return None

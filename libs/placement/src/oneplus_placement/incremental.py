@@ -16,13 +16,13 @@ from .fitters import Fitter, fitter_for
 from .greedy import PlacementResult, materialise
 from .levels import DomainSearch
 from .request import GangRequest
-from .snapshot import ClusterState, _Holdings
+from .snapshot import ClusterState, Holdings
 
 
 class SearchCache:
     """Domain searches over `holdings` that share capacities between requests of equal `capacity_key`."""
 
-    def __init__(self, holdings: _Holdings, seed: int = 0) -> None:
+    def __init__(self, holdings: Holdings, seed: int = 0) -> None:
         self.holdings = holdings
         self.seed = seed
         self._indexes: dict[tuple[object, ...], tuple[Fitter, CapacityIndex]] = {}

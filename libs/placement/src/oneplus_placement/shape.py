@@ -20,6 +20,9 @@ _UNKNOWN_TIER = 6
 # Above this many subsets a pick grows the set one GPU at a time instead of enumerating.
 _ENUMERATION_LIMIT = 4000
 
+# Rank sizes whose future fit a pick protects, largest first.
+_REMAINDER_SIZES = (16, 8, 4, 2)
+
 Quality = tuple[float, float, float, float]
 _SINGLE: Quality = (0.0, 0.0, 0.0, 0.0)
 
@@ -185,17 +188,24 @@ class NodeShape:
         return tuple(ties)
 
     def remainder_value(self, rest: int) -> tuple[float, ...]:
-        """How useful the GPUs left free are: best ring of all of them, then of one fewer, and so on."""
+        """How useful the GPUs left free are: the quality of the best 8, then 4, then 2 GPUs among them.
+
+        Power-of-two ranks are what jobs ask for, so a pick that keeps a whole NVLink quad or switch pair free
+        beats one that leaves the same number of GPUs scattered.
+        """
         got = self._value.get(rest)
         if got is not None:
             return got
         size = popcount(rest)
-        if size < 2:
-            got = ()
-        elif comb(size, size // 2) > _ENUMERATION_LIMIT // 4:
-            got = (self.ring_gbps(rest),)
+        values: list[float] = []
+        if size >= 2 and comb(size, size // 2) > _ENUMERATION_LIMIT // 4:
+            values = [self.ring_gbps(rest)]
         else:
-            got = tuple(self.quality(self.top(rest, s)[0])[0] if self.top(rest, s) else 0.0 for s in range(size, 1, -1))
+            for s in _REMAINDER_SIZES:
+                if s <= size:
+                    tops = self.top(rest, s)
+                    values.extend(self.quality(tops[0]) if tops else _SINGLE)
+        got = tuple(values)
         self._value[rest] = got
         return got
 

@@ -142,7 +142,7 @@ class Layout:
             raise AllocationConflict(f"node {node!r} is not in cluster {self.name!r}") from None
 
 
-class _Holdings:
+class Holdings:
     """Per-node arrays of what is held; shared by the mutable state and the frozen snapshot."""
 
     layout: Layout
@@ -173,7 +173,7 @@ class _Holdings:
         for i in range(n):
             self._refresh(i)
 
-    def _copy_from(self, other: _Holdings) -> None:
+    def _copy_from(self, other: Holdings) -> None:
         self.layout = other.layout
         self.whole = list(other.whole)
         self.shares = list(other.shares)
@@ -194,6 +194,12 @@ class _Holdings:
         count = popcount(f)
         self.leaf_free[slot.leaf] += count - self.free_count[i]
         self.free_count[i] = count
+
+    def mutable_copy(self) -> ClusterState:
+        """A `ClusterState` holding the same as this one, to try changes on."""
+        state = ClusterState.__new__(ClusterState)
+        state._copy_from(self)
+        return state
 
     # --- read-only views ---------------------------------------------------------------------------------------
 
@@ -234,7 +240,7 @@ class _Holdings:
         )
 
 
-class ClusterState(_Holdings):
+class ClusterState(Holdings):
     """Mutable holdings: apply and release allocations, cordon nodes, mark GPUs unhealthy."""
 
     def __init__(self, layout: Layout) -> None:
@@ -346,7 +352,7 @@ class ClusterState(_Holdings):
                 raise AllocationConflict(f"{name}: releasing a GPU share that is not held")
 
 
-class ClusterSnapshot(_Holdings):
+class ClusterSnapshot(Holdings):
     """A frozen view of the holdings; decisions read it and never change it."""
 
     def __init__(self, layout: Layout) -> None:
@@ -370,9 +376,7 @@ class ClusterSnapshot(_Holdings):
         return state.snapshot()
 
     def thaw(self) -> ClusterState:
-        state = ClusterState.__new__(ClusterState)
-        state._copy_from(self)
-        return state
+        return self.mutable_copy()
 
     def with_allocation(self, alloc: Allocation) -> ClusterSnapshot:
         state = self.thaw()
