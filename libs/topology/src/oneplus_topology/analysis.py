@@ -10,7 +10,9 @@ still up, falling back to PCIe (NODE on the same NUMA node, SYS otherwise) when 
 
 from __future__ import annotations
 
+import functools
 import itertools
+import weakref
 from collections.abc import Collection, Iterable, Sequence
 from typing import NamedTuple
 
@@ -225,6 +227,8 @@ def _greedy_cycle(adj: list[int]) -> bool:
 
 
 _models: dict[tuple[object, ...], NodeModel] = {}
+# Fast path for the same object asked again: id -> (weak ref, NVLinks up per GPU, model).
+_by_identity: dict[int, tuple[weakref.ref[NodeTopology], tuple[int, ...], NodeModel]] = {}
 
 
 def _fingerprint(topo: NodeTopology) -> tuple[object, ...]:
@@ -235,14 +239,31 @@ def _fingerprint(topo: NodeTopology) -> tuple[object, ...]:
     )
 
 
+def _forget(key: int, ref: weakref.ref[NodeTopology]) -> None:
+    entry = _by_identity.get(key)
+    if entry is not None and entry[0] is ref:
+        del _by_identity[key]
+
+
 def node_model(topo: NodeTopology) -> NodeModel:
-    """The (shared, memoised) `NodeModel` of a topology; nodes with the same layout and link state share one."""
-    key = _fingerprint(topo)
-    model = _models.get(key)
+    """The (shared, memoised) `NodeModel` of a topology; nodes with the same layout and link state share one.
+
+    Topologies are treated as immutable: change one through copies (`degrade`, `apply_health`). A GPU's
+    `nvlinks_active` changed in place is still noticed; links changed in place are not.
+    """
+    key = id(topo)
+    links_up = tuple(g.nvlinks_active for g in topo.gpus)
+    hit = _by_identity.get(key)
+    if hit is not None and hit[0]() is topo and hit[1] == links_up:
+        return hit[2]
+    content = _fingerprint(topo)
+    model = _models.get(content)
     if model is None:
         if len(_models) >= _CACHE_LIMIT:
             _models.pop(next(iter(_models)))
-        model = _models[key] = NodeModel(topo)
+        model = _models[content] = NodeModel(topo)
+    ref = weakref.ref(topo, functools.partial(_forget, key))
+    _by_identity[key] = (ref, links_up, model)
     return model
 
 
