@@ -28,7 +28,7 @@ def spec(
     domain: str | None = None,
     grace_s: int = 0,
 ) -> JobSpec:
-    topo = TopologyConstraint(domain=domain, mode="required") if domain else TopologyConstraint()  # type: ignore[arg-type]
+    topo = TopologyConstraint(domain=domain, mode="required") if domain else TopologyConstraint()
     return JobSpec(
         name=name,
         queue=queue,

@@ -28,7 +28,7 @@ preemption: {preemption_delay_s: 30, rate_limit_gangs: 4}
 
 
 def _spec(queue: str = "vision", **kw: object) -> JobSpec:
-    return JobSpec(name="j", queue=queue, resources=RankResources(gpus=1), **kw)  # type: ignore[arg-type]
+    return JobSpec(name="j", queue=queue, resources=RankResources(gpus=1), **kw)
 
 
 def test_tree_paths_and_leaves() -> None:

@@ -1,0 +1,171 @@
+"""One cycle's rules: quotas and borrowing, reasons, nominations, in-flight preemptions, fair share, bounded work."""
+
+from __future__ import annotations
+
+from oneplus_contracts import Allocation, RankPlacement
+from oneplus_queueing.config import default_config, load_queue_config
+from oneplus_queueing.cycle import schedule_cycle
+from oneplus_queueing.fairshare import UsageHistory
+from oneplus_queueing.model import PendingJob
+from queueing_world import World, spec
+
+TEAMS = """
+queues:
+  - {name: org, guarantee_gpus: 16, borrow_limit_gpus: 0}
+  - {name: red, parent: org, guarantee_gpus: 4, borrow_limit_gpus: 4}
+  - {name: blue, parent: org, guarantee_gpus: 8}
+  - {name: other}
+"""
+
+
+def _cycle(w: World, pending: list[PendingJob], cfg=None, now: float = 100.0, **kw):  # type: ignore[no-untyped-def]
+    return schedule_cycle(
+        now, w.state, pending, list(w.running.values()), cfg or default_config(), kw.pop("usage", UsageHistory()), **kw
+    )
+
+
+def test_a_queue_borrows_up_to_its_limit_then_gets_quota_exceeded() -> None:
+    w = World(n_nodes=4, nodes_per_leaf=2)
+    cfg = load_queue_config(TEAMS)
+    jobs = [PendingJob(f"r{i}", spec(f"r{i}", 2, queue="red"), float(i)) for i in range(5)]
+    d = _cycle(w, jobs, cfg)
+    assert sorted(d.placements) == ["r0", "r1", "r2", "r3"]  # guarantee 4 + borrow 4 = 8 GPUs
+    assert d.reasons["r4"].code == "QuotaExceeded"
+    assert "queue red holds 8 GPUs; 2 more would exceed its limit of 8" in d.reasons["r4"].message
+
+
+def test_an_organisation_limit_binds_its_teams_together() -> None:
+    w = World(n_nodes=4, nodes_per_leaf=2)
+    cfg = load_queue_config(TEAMS)
+    jobs = [
+        PendingJob("b0", spec("b0", 8, ranks=2, queue="blue"), 0.0),
+        PendingJob("r0", spec("r0", 2, queue="red"), 1.0),
+        PendingJob("o0", spec("o0", 8, queue="other"), 2.0),
+    ]
+    d = _cycle(w, jobs, cfg)
+    assert set(d.placements) == {"b0", "o0"}
+    assert d.reasons["r0"].code == "QuotaExceeded"
+    assert "queue org holds 16 GPUs" in d.reasons["r0"].message
+
+
+def test_unknown_queue_and_priority_class_get_invalid_queue_and_others_still_run() -> None:
+    w = World()
+    jobs = [
+        PendingJob("lost", spec("lost", 1, queue="nowhere"), 0.0),
+        PendingJob("odd", spec("odd", 1, priority_class="vip"), 0.0),
+        PendingJob("fine", spec("fine", 1), 0.0),
+    ]
+    d = _cycle(w, jobs)
+    assert d.reasons["lost"].code == "InvalidQueue" and "unknown queue 'nowhere'" in d.reasons["lost"].message
+    assert d.reasons["odd"].code == "InvalidQueue" and "unknown priority class 'vip'" in d.reasons["odd"].message
+    assert list(d.placements) == ["fine"]
+
+
+def test_topology_reason_when_gpus_are_free_but_not_in_one_leaf() -> None:
+    w = World(n_nodes=4, nodes_per_leaf=2)
+    w.run("x", [(0, list(range(8)))], started=0, preemptible=False)
+    w.run("y", [(2, list(range(8)))], started=0, preemptible=False)
+    d = _cycle(w, [PendingJob("tp", spec("tp", 8, ranks=2, domain="leaf"), 0.0)])
+    assert d.reasons["tp"].code == "Topology"
+    assert "under one leaf" in d.reasons["tp"].message
+    d = _cycle(w, [PendingJob("big", spec("big", 8, ranks=3), 0.0)])
+    assert d.reasons["big"].code == "Resources"
+
+
+def test_a_job_that_would_delay_the_protected_job_waits_with_reason_priority() -> None:
+    w = World(n_nodes=2, nodes_per_leaf=2)
+    w.run("long", [(0, list(range(8)))], started=0, time_limit_s=1000, preemptible=False)
+    w.run("short", [(1, [0, 1, 2, 3])], started=0, time_limit_s=200, preemptible=False)
+    head = PendingJob("head", spec("head", 8, ranks=2, preemptible=False), 0.0)
+    slow = PendingJob("slow", spec("slow", 4, time_limit_s=1000, preemptible=False), 1.0)
+    quick = PendingJob("quick", spec("quick", 4, time_limit_s=50, preemptible=False), 2.0)
+    d = _cycle(w, [head, slow, quick])
+    assert d.reservation is not None and d.reservation.job_id == "head"
+    assert d.reservation.start_ts == 1000 and d.reservation.domain == "leaf"
+    assert d.reasons["slow"].code == "Priority" and "reserved for head" in d.reasons["slow"].message
+    assert "quick" in d.placements  # ends at 150, before the reserved start
+    assert "reserved for it from t=1000s" in d.reasons["head"].message
+
+
+def test_a_start_is_unknown_when_a_blocker_has_no_time_limit() -> None:
+    w = World(n_nodes=1, nodes_per_leaf=1)
+    w.run("forever", [(0, list(range(8)))], started=0, preemptible=False)
+    d = _cycle(w, [PendingJob("head", spec("head", 8), 0.0), PendingJob("bf", spec("bf", 1, time_limit_s=1), 1.0)])
+    assert d.reservation is not None and d.reservation.start_ts is None
+    assert "once jobs without a time limit end" in d.reasons["head"].message
+    assert d.reasons["bf"].code == "Resources"
+
+
+def test_nominated_gpus_are_not_given_to_anyone_else_in_the_same_cycle() -> None:
+    w = World(n_nodes=1, nodes_per_leaf=1)
+    w.run("low", [(0, [0, 1, 2, 3])], started=0)
+    boss = PendingJob("boss", spec("boss", 8, priority=10), 0.0)
+    small = PendingJob("small", spec("small", 2, priority=5), 1.0)
+    d = _cycle(w, [boss, small])
+    assert [c.victims for c in d.preemptions] == [("low",)]
+    assert d.reasons["boss"].code == "Preempting"
+    assert d.nominations["boss"].ranks[0].gpus == list(range(8))
+    assert "small" not in d.placements  # the 4 free GPUs are the boss's now
+
+
+def test_in_flight_victims_are_not_chosen_twice_and_their_gpus_stay_nominated() -> None:
+    w = World(n_nodes=1, nodes_per_leaf=1)
+    w.run("low", [(0, [0, 1, 2, 3])], started=0)
+    boss = PendingJob("boss", spec("boss", 8, priority=10), 0.0)
+    small = PendingJob("small", spec("small", 2, priority=5), 1.0)
+    first = _cycle(w, [boss, small])
+    # The victim is checkpointing (PREEMPTING) when the next cycle runs.
+    w.finish("low")
+    w.run("low", [(0, [0, 1, 2, 3])], started=0, preempting=True)
+    second = _cycle(w, [boss, small], now=101.0, nominations=first.nominations)
+    assert second.preemptions == []
+    assert second.reasons["boss"].code == "Preempting" and "waiting for low" in second.reasons["boss"].message
+    assert "small" not in second.placements
+    # Without the carried nomination the boss still claims the GPUs being freed first, as the top of the queue.
+    third = _cycle(w, [boss, small], now=101.0)
+    assert third.preemptions == [] and "small" not in third.placements
+    w.finish("low")
+    fourth = _cycle(w, [boss, small], now=102.0, nominations=second.nominations)
+    assert fourth.placements["boss"] == first.nominations["boss"]
+
+
+def test_a_stale_nomination_is_dropped() -> None:
+    w = World(n_nodes=1, nodes_per_leaf=1)
+    w.run("squatter", [(0, [0, 1])], started=0, preemptible=False)
+    stale = Allocation(ranks=[RankPlacement(rank=0, node="node-00", gpus=[0, 1, 2, 3])])
+    d = _cycle(w, [PendingJob("p", spec("p", 4), 0.0)], nominations={"p": stale})
+    assert d.placements["p"].ranks[0].gpus != [0, 1, 2, 3]
+
+
+def test_fair_share_serves_the_queue_that_used_less_first() -> None:
+    w = World(n_nodes=1, nodes_per_leaf=1)
+    cfg = load_queue_config("queues: [{name: a}, {name: b}]")
+    usage = UsageHistory(usage={"a": 1e6, "b": 10.0}, as_of=0.0)
+    jobs = [
+        PendingJob("from-a", spec("from-a", 8, queue="a"), 0.0),
+        PendingJob("from-b", spec("from-b", 8, queue="b"), 5.0),
+    ]
+    d = _cycle(w, jobs, cfg, usage=usage)
+    assert d.order == ["from-b", "from-a"]
+    assert list(d.placements) == ["from-b"]
+
+
+def test_the_rate_limit_spans_all_wishes_of_a_cycle() -> None:
+    w = World(n_nodes=2, nodes_per_leaf=2)
+    for k in range(4):
+        w.run(f"low{k}", [(k // 2, [4 * (k % 2) + i for i in range(4)])], started=0)
+    cfg = load_queue_config("preemption: {rate_limit_gangs: 2}")
+    bosses = [PendingJob(f"boss{k}", spec(f"boss{k}", 4, priority=10), float(k)) for k in range(4)]
+    d = _cycle(w, bosses, cfg)
+    assert sum(len(c.victims) for c in d.preemptions) == 2
+
+
+def test_a_full_cluster_and_thousands_of_pending_jobs_cost_few_placements() -> None:
+    w = World(n_nodes=2, nodes_per_leaf=2)
+    w.run("hog", [(0, list(range(8))), (1, list(range(8)))], started=0, preemptible=False, time_limit_s=100)
+    jobs = [PendingJob(f"j{i:04d}", spec(f"j{i:04d}", 1 + i % 4, time_limit_s=50), float(i)) for i in range(3000)]
+    d = _cycle(w, jobs)
+    assert len(d.reasons) == 3000 and not d.placements
+    assert d.stats.placement_calls <= 10
+    codes = {r.code for r in d.reasons.values()}
+    assert codes == {"Resources", "Priority"}
