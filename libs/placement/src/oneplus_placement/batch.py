@@ -44,7 +44,12 @@ class PendingGang:
 
 @dataclass
 class BatchResult:
-    """Per job an allocation or an explanation; the solver used, objective, bound, gap and objective terms."""
+    """Per job an allocation or an explanation; the solver used, objective, bound, gap and objective terms.
+
+    `objective` is the value of the answer returned. `model_objective`, `bound` and `gap` are CP-SAT's over its
+    candidate plans (None when it found nothing in time); gangs it left out may still be placed by greedy
+    afterwards, so `objective` can exceed `bound`. `upper_bound` holds for every possible answer.
+    """
 
     decisions: dict[str, PlacementResult]
     solver: str
@@ -57,6 +62,8 @@ class BatchResult:
     greedy: dict[str, PlacementResult]
     greedy_objective: float
     requested_gpus: float
+    model_objective: float | None = None
+    upper_bound: float = 0.0
     notes: list[str] = field(default_factory=list)
 
     @property
@@ -117,6 +124,52 @@ def place_batch(
     ids = [g.job_id for g in jobs]
     if len(set(ids)) != len(ids):
         raise ValueError("job ids in a batch must be unique")
+    order, invalid = _prepare(snapshot, jobs)
+    requested = sum(g.spec.total_gpus for g in jobs)
+
+    greedy, greedy_plans = _greedy(snapshot, order, seed)
+    model, fits_alone = _build_model(snapshot, order, greedy_plans, seed)
+    solution = solve(model, len(order), _same_as_previous(order), time_limit_s, seed, workers)
+    greedy_value, greedy_terms = _evaluate(snapshot, order, greedy)
+
+    notes: list[str] = []
+    decisions, solver, value, terms = greedy, "greedy-fallback", greedy_value, greedy_terms
+    if solution.status in ("OPTIMAL", "FEASIBLE"):
+        decoded, repaired, filled = _decode(snapshot, model, order, solution, seed)
+        decoded_value, decoded_terms = _evaluate(snapshot, order, decoded)
+        if repaired:
+            notes.append(f"{repaired} gang(s) re-placed by greedy after pooled capacity proved optimistic")
+        if filled:
+            notes.append(f"{filled} gang(s) outside the solver's candidate plans placed by greedy afterwards")
+        if decoded_value >= greedy_value:
+            decisions, solver, value, terms = decoded, "cp-sat", decoded_value, decoded_terms
+        else:
+            notes.append("cp-sat answer was worse than greedy within the bound")
+    else:
+        notes.append(f"cp-sat found no solution within {time_limit_s:g}s ({solution.status})")
+    decisions = _stamp(decisions, solver, solution.gap, order)
+    decisions.update(invalid)
+    greedy.update(invalid)
+    return BatchResult(
+        decisions={j: decisions[j] for j in ids},
+        solver=solver,
+        objective=value / 1000,
+        bound=None if solution.bound is None else solution.bound / 1000,
+        gap=solution.gap,
+        wall_s=time.perf_counter() - t0,
+        terms={k: v / 1000 for k, v in terms.items()},
+        status=solution.status,
+        greedy={j: greedy[j] for j in ids},
+        greedy_objective=greedy_value / 1000,
+        requested_gpus=requested,
+        model_objective=None if solution.objective is None else solution.objective / 1000,
+        upper_bound=_knapsack_bound(snapshot, [order[j] for j in fits_alone]) / 1000,
+        notes=notes,
+    )
+
+
+def _prepare(snapshot: Holdings, jobs: Sequence[PendingGang]) -> tuple[list[_Job], dict[str, PlacementResult]]:
+    """Highest priority first; priority maps to a weight of 10..100 across the window."""
     invalid: dict[str, PlacementResult] = {}
     order: list[_Job] = []
     prios = [g.effective_priority for g in jobs]
@@ -130,52 +183,27 @@ def place_batch(
         weight = 10 + (round(90 * (g.effective_priority - lo) / (hi - lo)) if hi > lo else 0)
         ideal = 0.0 if req.shared else ideal_ring_gbps(snapshot, req.ranks * req.gpus_per_rank, req.gpus_per_rank)
         order.append(_Job(g, req, weight, round(req.total_gpus * 1000), ideal))
-    requested = sum(j.req.total_gpus for j in order) + sum(g.spec.total_gpus for g in jobs if g.job_id in invalid)
-
-    greedy, greedy_plans = _greedy(snapshot, order, seed)
-    model = _build_model(snapshot, order, greedy_plans, seed)
-    same = _same_as_previous(order)
-    solution = solve(model, len(order), same, time_limit_s, seed, workers)
-    greedy_value, greedy_terms = _evaluate(snapshot, order, greedy)
-
-    notes: list[str] = []
-    if solution.chosen or solution.status in ("OPTIMAL", "FEASIBLE"):
-        decoded, repaired = _decode(snapshot, model, order, solution, seed)
-        value, terms = _evaluate(snapshot, order, decoded)
-        if repaired:
-            notes.append(f"{repaired} gang(s) re-placed by greedy after pooled capacity proved optimistic")
-        if value >= greedy_value:
-            decisions, solver = decoded, "cp-sat"
-        else:
-            decisions, solver, value, terms = greedy, "greedy-fallback", greedy_value, greedy_terms
-            notes.append("cp-sat answer was worse than greedy within the bound")
-    else:
-        decisions, solver, value, terms = greedy, "greedy-fallback", greedy_value, greedy_terms
-        notes.append(f"cp-sat found no solution within {time_limit_s:g}s ({solution.status})")
-    gap = _gap(value, solution)
-    decisions = _stamp(decisions, solver, gap, order)
-    decisions.update(invalid)
-    greedy.update(invalid)
-    return BatchResult(
-        decisions={j: decisions[j] for j in ids},
-        solver=solver,
-        objective=value / 1000,
-        bound=solution.bound / 1000 if solution.bound is not None else None,
-        gap=gap,
-        wall_s=time.perf_counter() - t0,
-        terms={k: v / 1000 for k, v in terms.items()},
-        status=solution.status,
-        greedy={j: greedy[j] for j in ids},
-        greedy_objective=greedy_value / 1000,
-        requested_gpus=requested,
-        notes=notes,
-    )
+    return order, invalid
 
 
-def _gap(value: float, solution: Solution) -> float | None:
-    if solution.bound is None:
-        return None
-    return round(max(0.0, (solution.bound - value) / max(1.0, abs(solution.bound))), 6)
+def _knapsack_bound(snapshot: Holdings, jobs: list[_Job]) -> float:
+    """A bound no placement of the window can beat: best terms per gang, packed fractionally into the free GPUs."""
+    room = float(snapshot.total_free_gpus() * 1000 + sum(_share_room(snapshot, i) for i in range(len(snapshot.free))))
+    best = 0.0
+    for job in sorted(jobs, key=lambda j: -(j.weight + _QUALITY_WEIGHT)):
+        if room <= 0:
+            break
+        take = min(1.0, room / job.gpus_milli) if job.gpus_milli else 1.0
+        best += take * (job.weight + _QUALITY_WEIGHT) * job.gpus_milli
+        room -= take * job.gpus_milli
+    return best
+
+
+def _share_room(snapshot: Holdings, i: int) -> int:
+    shares = snapshot.shares[i]
+    if shares is None or not snapshot.schedulable[i]:
+        return 0
+    return sum(1000 - v for v in shares if v)
 
 
 def _greedy(snapshot: Holdings, order: list[_Job], seed: int) -> tuple[dict[str, PlacementResult], dict[str, Plan]]:
@@ -197,7 +225,9 @@ def _greedy(snapshot: Holdings, order: list[_Job], seed: int) -> tuple[dict[str,
     return results, plans
 
 
-def _build_model(snapshot: Holdings, order: list[_Job], greedy_plans: dict[str, Plan], seed: int) -> BatchModel:
+def _build_model(
+    snapshot: Holdings, order: list[_Job], greedy_plans: dict[str, Plan], seed: int
+) -> tuple[BatchModel, list[int]]:
     """Identical gangs share one list of plans, long enough for all of them; each also gets its greedy plan."""
     model = BatchModel.pooled(snapshot)
     cache = SearchCache(snapshot, seed)
@@ -218,7 +248,8 @@ def _build_model(snapshot: Holdings, order: list[_Job], greedy_plans: dict[str, 
                 continue
             seen.add(key)
             model.candidates.append(_candidate(snapshot, model, search, job, j, plan, hint=plan is hinted))
-    return model
+    fits_alone = [j for j, job in enumerate(order) if shared[job.req] or job.gang.job_id in greedy_plans]
+    return model, fits_alone
 
 
 def _candidate_plans(search: DomainSearch, req: GangRequest, per_level: int) -> list[Plan]:
@@ -272,12 +303,12 @@ def _same_as_previous(order: list[_Job]) -> list[int | None]:
 
 def _decode(
     snapshot: Holdings, pools: BatchModel, order: list[_Job], solution: Solution, seed: int
-) -> tuple[dict[str, PlacementResult], int]:
-    """Put chosen candidates on real nodes of their pools, then greedy for the rest; count the repairs."""
+) -> tuple[dict[str, PlacementResult], int, int]:
+    """Put chosen candidates on real nodes of their pools, then greedy for the rest; count repairs and fill-ins."""
     state = snapshot.mutable_copy()
     cache = SearchCache(state, seed)
     results: dict[str, PlacementResult] = {}
-    repaired = 0
+    repaired = filled = 0
     for j, job in enumerate(order):
         cand = solution.chosen.get(j)
         if cand is None:
@@ -305,8 +336,9 @@ def _decode(
         got = cache.place(job.req, "greedy")
         if got.allocation is not None:
             apply_and_refresh(state, cache, got.allocation)
+            filled += 1
         results[job.gang.job_id] = got
-    return results, repaired
+    return results, repaired, filled
 
 
 def _realise(search: DomainSearch, pools: BatchModel, cand: Candidate) -> Plan | None:
