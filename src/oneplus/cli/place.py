@@ -67,7 +67,7 @@ def job_from_gpus(cluster: Cluster, gpus: float, per_rank: float | None) -> JobS
     if gpus < 1:
         if per_rank is not None and per_rank != gpus:
             raise ValueError("a GPU share (--gpus below 1) is one rank; leave out --gpus-per-rank")
-        return JobSpec(name="place", resources={"gpus": gpus})  # type: ignore[arg-type]
+        return JobSpec(name="place", resources={"gpus": gpus})
     if gpus != int(gpus):
         raise ValueError(f"--gpus {gpus:g}: more than one GPU must be a whole number")
     total = int(gpus)
@@ -80,7 +80,7 @@ def job_from_gpus(cluster: Cluster, gpus: float, per_rank: float | None) -> JobS
         k = int(per_rank)
         if total % k:
             raise ValueError(f"--gpus {total} is not a multiple of --gpus-per-rank {k}")
-    return JobSpec(name="place", ranks=total // k, resources={"gpus": k})  # type: ignore[arg-type]
+    return JobSpec(name="place", ranks=total // k, resources={"gpus": k})
 
 
 def decide(cluster: Cluster, spec: JobSpec, fill: tuple[int, float] | None = None, seed: int = 0) -> dict[str, Any]:
