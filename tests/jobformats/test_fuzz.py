@@ -233,3 +233,28 @@ def test_webhook_template_configs(text: str) -> None:
 @given(json_values)
 def test_webhook_template_configs_as_values(value: Any) -> None:
     expect_clean(WebhookTemplates.from_yaml, yaml.safe_dump({"m": {"model_version.created": value}}))
+
+
+BIG = "9" * 5000  # past Python's 4300-digit int conversion limit
+DEEP = "[" * 900 + "]" * 900
+
+
+def test_pathological_documents_fail_cleanly() -> None:
+    for text in (
+        f"name: {BIG}\n",
+        '{"name": ' + BIG + "}",
+        "apiVersion: kubeflow.org/v1\nkind: PyTorchJob\nmetadata: {name: a}\nspec: " + DEEP + "\n",
+        '{"apiVersion": "kubeflow.org/v1", "kind": "PyTorchJob", "metadata": {"name": "a"}, "spec": {"x": '
+        + DEEP
+        + "}}",
+        "name: a\nresources: {gpus: 1}\ntime_limit_s: " + BIG + "\n",
+        "#!/bin/bash\n#SBATCH --nodes=" + BIG + "\n",
+        "#!/bin/bash\n#SBATCH --time=" + BIG + "\n",
+        "#!/bin/bash\n#SBATCH --gpus=²\n",
+    ):
+        assert expect_clean(load_job_document, text) is None, text[:60]
+    event = '{"specversion":"1.0","id":"1","source":"/s","type":"t","data":{"name":' + BIG + "}}"
+    assert expect_clean(decode_submission, {"content-type": "application/cloudevents+json"}, event.encode()) is None
+    assert expect_clean(decode_submission, {"content-type": "application/cloudevents+json"}, DEEP.encode()) is None
+    assert expect_clean(parse_envelope, ('{"entity":"a","action":"b","data":{"x":' + BIG + "}}").encode()) is None
+    assert expect_clean(WebhookTemplates.from_yaml, f"m: {BIG}\n") is None

@@ -22,7 +22,7 @@ from cloudevents.core.formats.json import JSONFormat
 from cloudevents.core.v1.event import CloudEvent
 from oneplus_contracts import JobSpec
 
-from .errors import JobFormatError
+from .errors import JobFormatError, Translation
 from .load import load_job_document, parse_mapping, translate_mapping
 
 STRUCTURED_CONTENT_TYPE = JSONFormat.CONTENT_TYPE
@@ -31,8 +31,8 @@ MAX_BODY_BYTES = 1024 * 1024
 _CE_PREFIX = "ce-"
 # Binding: percent-encode space, '"', '%' and anything outside printable ASCII.
 _SAFE = "".join(c for c in map(chr, range(0x21, 0x7F)) if c not in ' "%')
-_ATTR_NAME = re.compile(r"^[a-z0-9]{1,20}$")
-_JSON_TYPE = re.compile(r"^(application|text)/([a-zA-Z0-9.\-]+\+)?json(;.*)?$")
+_ATTR_NAME = re.compile(r"[a-z0-9]{1,20}")
+_JSON_TYPE = re.compile(r"(application|text)/([a-zA-Z0-9.\-]+\+)?json(;.*)?", re.DOTALL)
 _WHERE = "<cloudevent>"
 
 
@@ -115,6 +115,10 @@ def _structured(body: bytes) -> Submission:
         event = json.loads(text)
     except json.JSONDecodeError as exc:
         raise _fail(f"structured event is not JSON: {exc.msg}", f"line {exc.lineno}") from None
+    except RecursionError:
+        raise _fail("structured event is nested too deeply") from None
+    except ValueError as exc:  # e.g. an integer of more than 4300 digits
+        raise _fail(f"structured event has an unreadable value: {str(exc).split(';')[0]}") from None
     if not isinstance(event, dict):
         raise _fail(f"structured event must be a JSON object, got {type(event).__name__}")
     data: Any = event.pop("data", None)
@@ -149,7 +153,7 @@ def _check_attributes(attributes: dict[str, Any]) -> dict[str, Any]:
     if attributes["specversion"] != "1.0":
         raise _fail(f"specversion {attributes['specversion']!r} is not supported; use 1.0")
     for name, value in attributes.items():
-        if not _ATTR_NAME.match(name):
+        if not _ATTR_NAME.fullmatch(name):
             raise _fail(f"attribute name {name!r} must be 1-20 lower-case letters or digits")
         if not isinstance(value, (str, int)):  # CloudEvents types: string, integer, boolean (and URI/time as text)
             raise _fail(f"attribute {name!r} must be a string, integer or boolean, got {type(value).__name__}")
@@ -183,7 +187,7 @@ def _submission(attributes: dict[str, Any], data: Any, mode: str) -> Submission:
     )
 
 
-def _data_to_job(data: Any, content_type: str) -> Any:
+def _data_to_job(data: Any, content_type: str) -> Translation:
     where = "<cloudevent data>"
     if data is None:
         raise _fail("the event has no data; it must carry the job (a JobSpec, a Kubeflow manifest or an sbatch script)")
@@ -195,7 +199,7 @@ def _data_to_job(data: Any, content_type: str) -> Any:
         except UnicodeDecodeError:
             raise _fail("the event data is not UTF-8 text") from None
     if isinstance(data, str):
-        if _JSON_TYPE.match(content_type):
+        if _JSON_TYPE.fullmatch(content_type.strip().lower()):
             return translate_mapping(parse_mapping(data, filename=where), filename=where)
         return load_job_document(data, filename=where)
     raise _fail(f"the event data must be an object or text, got {type(data).__name__}")

@@ -11,16 +11,18 @@ from collections.abc import Iterator
 from typing import Any
 
 from .errors import JobFormatError
+from .quantities import digits
 
-_PLAIN_KEY = re.compile(r"^[A-Za-z_][A-Za-z0-9_-]*$")
+_PLAIN_KEY = re.compile(r"[A-Za-z_][A-Za-z0-9_-]*")
 MAX_NODES = 20_000  # YAML aliases can make a small file a huge tree; refuse before walking it
+MAX_DEPTH = 64
 
 
 def child(path: str, key: str | int) -> str:
     """The path of `key` under `path`: `a.b`, `a[0]`, or `a["kueue.x-k8s.io/queue-name"]` for keys with dots."""
     if isinstance(key, int):
         return f"{path}[{key}]"
-    if _PLAIN_KEY.match(key):
+    if _PLAIN_KEY.fullmatch(key):
         return f"{path}.{key}" if path else key
     quoted = '"' + key.replace('"', '\\"') + '"'
     return f"{path}[{quoted}]"
@@ -108,7 +110,7 @@ class FieldReader:
         if value is None:
             return None
         if isinstance(value, bool) or not isinstance(value, int):
-            if isinstance(value, str) and value.strip().isdigit():
+            if isinstance(value, str) and digits(value.strip()):
                 value = int(value.strip())
             else:
                 raise self.error(p, f"must be a whole number (got {value!r})")
@@ -148,18 +150,20 @@ class FieldReader:
 
 def _count_nodes(document: Any, filename: str) -> None:
     count = 0
-    stack: list[Any] = [document]
+    stack: list[tuple[Any, int]] = [(document, 0)]
     while stack:
-        node = stack.pop()
+        node, depth = stack.pop()
         count += 1
+        if depth > MAX_DEPTH:
+            raise JobFormatError(f"document is nested more than {MAX_DEPTH} levels deep", filename=filename)
         if count > MAX_NODES:
             raise JobFormatError(
                 f"document has more than {MAX_NODES} values; that is not a job manifest", filename=filename
             )
         if isinstance(node, dict):
-            stack.extend(node.values())
+            stack.extend((v, depth + 1) for v in node.values())
         elif isinstance(node, list):
-            stack.extend(node)
+            stack.extend((v, depth + 1) for v in node)
 
 
 def _has_used_below(path: str, used: set[str]) -> bool:

@@ -5,7 +5,9 @@ from __future__ import annotations
 import re
 from collections import defaultdict
 
-_NUMBERED = re.compile(r"^(.*?)(\d+)$")
+from .quantities import digits
+
+_NUMBERED = re.compile(r"(.*?)(\d{1,18})", re.ASCII | re.DOTALL)
 _RANGE = re.compile(r"^(.*?)\[([^\]]+)\](.*)$")
 
 
@@ -14,7 +16,7 @@ def compress_hostlist(names: list[str]) -> str:
     groups: dict[tuple[str, int], set[int]] = defaultdict(set)
     plain: set[str] = set()
     for name in names:
-        m = _NUMBERED.match(name)
+        m = _NUMBERED.fullmatch(name)
         if not m:
             plain.add(name)
             continue
@@ -66,7 +68,7 @@ def expand_hostlist(text: str) -> list[str]:
         prefix, body, suffix = m.groups()
         for span in body.split(","):
             lo, dash, hi = span.partition("-")
-            if not lo.isdigit() or (dash and not hi.isdigit()):
+            if not digits(lo, 18) or (dash and not digits(hi, 18)):
                 raise ValueError(f"bad range {span!r} in {text!r}")
             width = len(lo) if lo.startswith("0") and len(lo) > 1 else 0
             end = int(hi) if dash else int(lo)

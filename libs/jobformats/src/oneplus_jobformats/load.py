@@ -26,7 +26,7 @@ def load_job_document(text: str, *, filename: str = "<stdin>") -> Translation:
     stripped = text.lstrip("\ufeff")
     if looks_like_sbatch(stripped):
         return parse_sbatch(stripped, filename=filename)
-    if "#SBATCH" in text and not stripped.lstrip().startswith(("{", "[")) and _first_line_is_comment(stripped):
+    if stripped.lstrip().startswith("#SBATCH"):
         # Slurm's own words for this mistake.
         raise JobFormatError(
             "this does not look like a batch script: the first line must start with #! followed by the path to an "
@@ -36,11 +36,6 @@ def load_job_document(text: str, *, filename: str = "<stdin>") -> Translation:
         )
     document = parse_mapping(stripped, filename=filename)
     return translate_mapping(document, filename=filename)
-
-
-def _first_line_is_comment(text: str) -> bool:
-    first = text.lstrip().split("\n", 1)[0]
-    return first.startswith("#")
 
 
 def translate_mapping(document: dict[str, Any], *, filename: str = "<stdin>") -> Translation:
@@ -54,19 +49,23 @@ def parse_mapping(text: str, *, filename: str) -> dict[str, Any]:
     """JSON or YAML text holding exactly one mapping."""
     if not text.strip():
         raise JobFormatError("the document is empty", filename=filename)
+    docs = _parse_documents(text, filename)
+    if len(docs) > 1:
+        raise JobFormatError(f"holds {len(docs)} YAML documents; submit one job per file", filename=filename)
+    document = docs[0] if docs else None
+    if not isinstance(document, dict):
+        kind = "empty" if document is None else type(document).__name__
+        raise JobFormatError(f"expected a mapping (a job spec or a Kubernetes manifest), got {kind}", filename=filename)
+    return document
+
+
+def _parse_documents(text: str, filename: str) -> list[Any]:
     try:
         if text.lstrip().startswith("{"):
-            try:
-                document = json.loads(text)
-            except json.JSONDecodeError as exc:
-                raise JobFormatError(
-                    f"invalid JSON: {exc.msg}", filename=filename, where=f"line {exc.lineno}"
-                ) from None
-        else:
-            docs = [d for d in yaml.safe_load_all(text) if d is not None]
-            if len(docs) > 1:
-                raise JobFormatError(f"holds {len(docs)} YAML documents; submit one job per file", filename=filename)
-            document = docs[0] if docs else None
+            return [json.loads(text)]
+        return [d for d in yaml.safe_load_all(text) if d is not None]
+    except json.JSONDecodeError as exc:
+        raise JobFormatError(f"invalid JSON: {exc.msg}", filename=filename, where=f"line {exc.lineno}") from None
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         where = f"line {mark.line + 1}, column {mark.column + 1}" if mark is not None else None
@@ -74,10 +73,5 @@ def parse_mapping(text: str, *, filename: str) -> dict[str, Any]:
         raise JobFormatError(f"invalid YAML: {problem}", filename=filename, where=where) from None
     except RecursionError:
         raise JobFormatError("the document is nested too deeply", filename=filename) from None
-    if not isinstance(document, dict):
-        kind = "empty" if document is None else type(document).__name__
-        raise JobFormatError(
-            f"expected a mapping (a job spec or a Kubernetes manifest), got {kind}",
-            filename=filename,
-        )
-    return document
+    except ValueError as exc:  # e.g. an integer of more than 4300 digits
+        raise JobFormatError(f"unreadable value: {str(exc).split(';')[0]}", filename=filename) from None

@@ -40,7 +40,7 @@ SIGNATURE_HEADER = "X-MLflow-Signature"
 TIMESTAMP_HEADER = "X-MLflow-Timestamp"
 DELIVERY_ID_HEADER = "X-MLflow-Delivery-Id"
 MAX_BODY_BYTES = 1024 * 1024
-_EVENT_NAME = re.compile(r"^[a-z][a-z_]*$")
+_EVENT_NAME = re.compile(r"[a-z][a-z_]{0,63}")
 
 
 class WebhookRejected(ValueError):
@@ -156,6 +156,8 @@ def parse_envelope(raw_body: bytes) -> MlflowEvent:
         raise WebhookRejected("bad_body", f"body is not JSON: {exc.msg} at line {exc.lineno}") from None
     except RecursionError:
         raise WebhookRejected("bad_body", "body is nested too deeply") from None
+    except ValueError as exc:  # e.g. an integer of more than 4300 digits
+        raise WebhookRejected("bad_body", f"unreadable value: {str(exc).split(';')[0]}") from None
     if not isinstance(envelope, dict):
         raise WebhookRejected("bad_body", f"body must be a JSON object, got {type(envelope).__name__}")
     for key in ("entity", "action", "data"):
@@ -163,7 +165,7 @@ def parse_envelope(raw_body: bytes) -> MlflowEvent:
             raise WebhookRejected("bad_body", f"envelope has no {key!r}")
     entity, action, data = envelope["entity"], envelope["action"], envelope["data"]
     for key, value in (("entity", entity), ("action", action)):
-        if not isinstance(value, str) or not _EVENT_NAME.match(value):
+        if not isinstance(value, str) or not _EVENT_NAME.fullmatch(value):
             raise WebhookRejected("bad_body", f"envelope {key} must be a lower-case word, got {value!r}")
     if not isinstance(data, dict):
         raise WebhookRejected("bad_body", f"envelope data must be an object, got {type(data).__name__}")

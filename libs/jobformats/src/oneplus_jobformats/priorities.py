@@ -21,7 +21,7 @@ PRIORITY_NAMES: dict[str, int] = {
 def priority_of(name: str) -> int:
     """The priority a class name stands for; ValueError naming the known names otherwise."""
     key = name.strip().lower()
-    if key.isdigit():
+    if key.isascii() and key.isdigit() and len(key) <= 12:
         value = int(key)
         if value > MAX_PRIORITY:
             raise ValueError(f"priority {value} is above the maximum {MAX_PRIORITY}")

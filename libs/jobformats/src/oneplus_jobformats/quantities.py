@@ -9,7 +9,10 @@ import math
 import re
 from decimal import Decimal, InvalidOperation
 
-_K8S_QUANTITY = re.compile(r"^([+-]?(?:\d+(?:\.\d*)?|\.\d+))(?:([eE][+-]?\d+)|(Ki|Mi|Gi|Ti|Pi|Ei|n|u|m|k|M|G|T|P|E))?$")
+_K8S_QUANTITY = re.compile(
+    r"([+-]?(?:\d{1,40}(?:\.\d{0,40})?|\.\d{1,40}))(?:([eE][+-]?\d{1,4})|(Ki|Mi|Gi|Ti|Pi|Ei|n|u|m|k|M|G|T|P|E))?",
+    re.ASCII,
+)
 _K8S_SUFFIX = {
     "Ki": Decimal(2) ** 10,
     "Mi": Decimal(2) ** 20,
@@ -30,6 +33,11 @@ _K8S_SUFFIX = {
 MIB = 1024 * 1024
 
 
+def digits(text: str, max_len: int = 9) -> bool:
+    """A short run of ASCII digits: `str.isdigit` also accepts superscripts that `int` refuses."""
+    return 0 < len(text) <= max_len and text.isascii() and text.isdigit()
+
+
 def k8s_quantity(value: object) -> Decimal:
     """A Kubernetes resource.Quantity (`500m`, `1.5`, `8Gi`, `1e9`) as a plain number."""
     if isinstance(value, bool):
@@ -40,7 +48,7 @@ def k8s_quantity(value: object) -> Decimal:
         return Decimal(str(value))
     if not isinstance(value, str):
         raise ValueError(f"{value!r} is not a quantity")
-    m = _K8S_QUANTITY.match(value.strip())
+    m = _K8S_QUANTITY.fullmatch(value.strip())
     if not m:
         raise ValueError(f"{value!r} is not a Kubernetes quantity (e.g. 500m, 2, 8Gi, 1e9)")
     try:
@@ -77,13 +85,13 @@ def k8s_whole(value: object) -> int:
     return int(n)
 
 
-_SLURM_MEM = re.compile(r"^(\d+)([KMGTkmgt])?[Bb]?$")
+_SLURM_MEM = re.compile(r"(\d{1,15})([KMGTkmgt])?[Bb]?", re.ASCII)
 _SLURM_MEM_MB = {"K": 1 / 1024, "M": 1, "G": 1024, "T": 1024 * 1024}
 
 
 def slurm_memory_mb(text: str) -> int:
     """`--mem` sizes: an integer with an optional K, M, G or T suffix; megabytes when there is none."""
-    m = _SLURM_MEM.match(text.strip())
+    m = _SLURM_MEM.fullmatch(text.strip())
     if not m:
         raise ValueError(f"{text!r} is not a size (use an integer with an optional K, M, G or T suffix, e.g. 64G)")
     n = int(m.group(1))
@@ -108,11 +116,11 @@ def slurm_time_s(text: str) -> int | None:
     has_days = "-" in raw
     if has_days:
         d, _, rest = raw.partition("-")
-        if not d.isdigit():
+        if not digits(d):
             raise ValueError(_time_help(text))
         days = int(d)
     parts = rest.split(":")
-    if not rest or len(parts) > 3 or not all(p.isdigit() for p in parts):
+    if not rest or len(parts) > 3 or not all(digits(p) for p in parts):
         raise ValueError(_time_help(text))
     nums = [int(p) for p in parts]
     if has_days:

@@ -9,56 +9,17 @@ from __future__ import annotations
 import re
 import signal as _signal
 from collections.abc import Sequence
-from dataclasses import dataclass, field
 from pathlib import PurePath
 from typing import Any
 
 from .errors import JobFormatError, Translation, spec_from_fields
-from .gang import CPU_ONLY_GPU_SHARE, cpu_only_remark
 from .priorities import priority_of
-from .quantities import slurm_memory_mb, slurm_time_s
-from .sbatch_options import UNUSED, Option, parse_tokens, script_directives
+from .quantities import digits, slurm_time_s
+from .sbatch_gang import gang_fields
+from .sbatch_options import UNUSED, Option, SbatchJob, parse_tokens, script_directives
 
 _NAME_BAD = re.compile(r"[^A-Za-z0-9._-]+")
-_GPU_SPEC = re.compile(r"^(?:([A-Za-z][\w.-]*):)?(\d+)$")
 OUTPUT_LABEL = "slurm/output"
-
-
-@dataclass
-class _Job:
-    """The merged options, read one by one; whatever is used is removed so leftovers can be reported."""
-
-    options: dict[str, Option]
-    filename: str
-    warnings: list[str] = field(default_factory=list)
-
-    def has(self, name: str) -> bool:
-        return name in self.options
-
-    def raw(self, name: str) -> Option | None:
-        return self.options.get(name)
-
-    def fail(self, opt: Option, problem: str) -> JobFormatError:
-        return JobFormatError(f"{opt}: {problem}", filename=self.filename, where=opt.where)
-
-    def warn(self, opt: Option, remark: str) -> None:
-        self.warnings.append(f"{opt.where}: {opt}: {remark}")
-
-    def value(self, name: str) -> str | None:
-        opt = self.options.get(name)
-        return None if opt is None else (opt.value or "")
-
-    def count(self, name: str, *, minimum: int = 1) -> int | None:
-        opt = self.options.get(name)
-        if opt is None:
-            return None
-        text = (opt.value or "").strip()
-        if not text.isdigit():
-            raise self.fail(opt, "must be a whole number")
-        n = int(text)
-        if n < minimum or n > 1_000_000:
-            raise self.fail(opt, f"must be between {minimum} and 1000000")
-        return n
 
 
 def _merge(script: str, cli_args: Sequence[str], filename: str) -> tuple[dict[str, Option], list[str]]:
@@ -90,18 +51,26 @@ def parse_sbatch(
             where="line 1",
         )
     options, _ = _merge(script.lstrip("\ufeff"), cli_args, filename)
-    job = _Job(options, filename)
+    job = SbatchJob(options, filename)
     fields: dict[str, Any] = {}
     _check_conflicts(job)
     _identity(job, fields, script, list(script_args))
-    _gang(job, fields)
+    gang_fields(job, fields)
     _limits(job, fields)
     _report_unused(job)
     spec = spec_from_fields(fields, filename=filename, origin=_origin(job))
-    return Translation(spec=spec, warnings=job.warnings, kind="sbatch")
+    return Translation(spec=spec, warnings=sorted(job.warnings, key=_by_line), kind="sbatch")
 
 
-def _origin(job: _Job) -> dict[str, str]:
+def _by_line(warning: str) -> tuple[int, int]:
+    """Script lines in order, then the command line, then remarks on the whole job."""
+    m = re.match(r"line (\d{1,9}):", warning)
+    if m:
+        return 0, int(m.group(1))
+    return (1, 0) if warning.startswith("command line") else (2, 0)
+
+
+def _origin(job: SbatchJob) -> dict[str, str]:
     """Where each JobSpec field came from, for error messages."""
     names = {
         "name": "job-name",
@@ -118,7 +87,7 @@ def _origin(job: _Job) -> dict[str, str]:
     return out
 
 
-def _check_conflicts(job: _Job) -> None:
+def _check_conflicts(job: SbatchJob) -> None:
     """The combinations Slurm itself refuses."""
     gres = job.raw("gres")
     gpn = job.raw("gpus-per-node")
@@ -141,7 +110,7 @@ def _check_conflicts(job: _Job) -> None:
         raise job.fail(array, "job arrays are not supported; submit one job per array element")
 
 
-def _identity(job: _Job, fields: dict[str, Any], script: str, script_args: list[str]) -> None:
+def _identity(job: SbatchJob, fields: dict[str, Any], script: str, script_args: list[str]) -> None:
     """Name, queue, priority, team, image, command and output."""
     name = job.value("job-name")
     fields["name"] = name if name is not None else _default_name(job.filename)
@@ -191,168 +160,7 @@ def _default_name(filename: str) -> str:
     return cleaned[:128]
 
 
-def _gpu_spec(job: _Job, name: str) -> tuple[str | None, int] | None:
-    """`[type:]count` of --gpus, --gpus-per-node, --gpus-per-task."""
-    opt = job.raw(name)
-    if opt is None:
-        return None
-    text = (opt.value or "").strip()
-    if "," in text:
-        raise job.fail(opt, "several GPU types per job are not supported; ask for one type")
-    m = _GPU_SPEC.match(text)
-    if not m:
-        raise job.fail(opt, "expected [type:]count, e.g. 8 or h100:8")
-    return m.group(1), int(m.group(2))
-
-
-def _gres_gpus(job: _Job) -> tuple[str | None, int] | None:
-    """GPUs per node from --gres=gpu[:type][:count][,other...]; other generic resources are reported."""
-    opt = job.raw("gres")
-    if opt is None:
-        return None
-    result: tuple[str | None, int] | None = None
-    for entry in (opt.value or "").split(","):
-        entry = entry.strip()
-        if not entry or entry == "none":
-            continue
-        parts = entry.split(":")
-        if parts[0] != "gpu":
-            job.warn(opt, f"generic resource {parts[0]!r} is not used by OnePlus")
-            continue
-        if len(parts) > 3:
-            raise job.fail(opt, f"{entry!r}: expected gpu[:type][:count]")
-        gtype: str | None = None
-        count = 1
-        if len(parts) == 2:
-            if parts[1].isdigit():
-                count = int(parts[1])
-            else:
-                gtype = parts[1]
-        elif len(parts) == 3:
-            gtype = parts[1]
-            if not parts[2].isdigit():
-                raise job.fail(opt, f"{entry!r}: GPU count {parts[2]!r} is not a whole number")
-            count = int(parts[2])
-        if result is not None:
-            raise job.fail(opt, "gpu appears twice in --gres")
-        result = (gtype or None, count)
-    return result
-
-
-def _node_count(job: _Job) -> int | None:
-    opt = job.raw("nodes")
-    if opt is None:
-        return None
-    text = (opt.value or "").strip()
-    m = re.match(r"^(\d+)(?:-(\d+))?$", text)
-    if not m:
-        raise job.fail(opt, "expected a node count or min-max, e.g. 4 or 2-4")
-    low = int(m.group(1))
-    high = int(m.group(2)) if m.group(2) else low
-    if low < 1 or high < low:
-        raise job.fail(opt, "the node count must be at least 1 and min <= max")
-    if high != low:
-        job.warn(opt, f"a gang has a fixed size; using the minimum, {low} nodes")
-    return low
-
-
-def _gang(job: _Job, fields: dict[str, Any]) -> None:
-    """Ranks and what each asks for, by the rank rule in the module docstring."""
-    nodes_given = _node_count(job)
-    ntasks = job.count("ntasks")
-    per_node = job.count("ntasks-per-node")
-    nodes = nodes_given or (-(-ntasks // per_node) if ntasks and per_node else 1)
-    tasks = ntasks or (nodes * per_node if per_node else nodes)
-    if per_node and ntasks and ntasks > nodes * per_node:
-        raise job.fail(job.options["ntasks"], f"{ntasks} tasks do not fit {nodes} node(s) x {per_node} per node")
-    gpu_type, gpn = _gpus_per_node(job, nodes, tasks)
-    cpus_per_task = job.count("cpus-per-task")
-    if gpn:
-        if tasks % nodes:
-            raise job.fail(
-                job.options.get("ntasks") or job.options["nodes"],
-                f"{tasks} tasks cannot be spread evenly over {nodes} nodes with GPUs",
-            )
-        per = tasks // nodes
-        if per > 1 and gpn % per == 0:
-            ranks, gpus, tasks_per_rank = tasks, gpn // per, 1
-        else:
-            if per > 1:
-                opt = job.options.get("ntasks-per-node") or job.options["ntasks"]
-                job.warn(opt, f"{per} tasks do not split {gpn} GPUs per node evenly; one rank per node runs them all")
-            ranks, gpus, tasks_per_rank = nodes, gpn, per
-        resources: dict[str, Any] = {"gpus": gpus}
-        if gpu_type:
-            resources["gpu_models"] = [gpu_type]
-    else:
-        ranks, tasks_per_rank = tasks, 1
-        resources = {"gpus": CPU_ONLY_GPU_SHARE}
-        job.warnings.append(f"job {cpu_only_remark()}")
-    cpg = job.count("cpus-per-gpu")
-    if cpg and gpn:
-        resources["cpus"] = cpg * resources["gpus"]
-    elif cpus_per_task or tasks_per_rank > 1:
-        resources["cpus"] = (cpus_per_task or 1) * tasks_per_rank
-    _memory(job, resources, ranks_per_node=max(1, ranks // nodes))
-    fields["ranks"] = ranks
-    fields["resources"] = resources
-    if nodes_given == 1 and ranks > 1:
-        fields["topology"] = {"domain": "node", "mode": "required"}
-
-
-def _gpus_per_node(job: _Job, nodes: int, tasks: int) -> tuple[str | None, int]:
-    gres = _gres_gpus(job)
-    per_node = _gpu_spec(job, "gpus-per-node")
-    total = _gpu_spec(job, "gpus")
-    per_task = _gpu_spec(job, "gpus-per-task")
-    found: list[tuple[str, tuple[str | None, int]]] = []
-    if gres is not None:
-        found.append(("--gres", gres))
-    if per_node is not None:
-        found.append(("--gpus-per-node", per_node))
-    if total is not None:
-        t, n = total
-        if n % nodes:
-            raise job.fail(job.options["gpus"], f"{n} GPUs cannot be spread evenly over {nodes} nodes")
-        found.append(("--gpus", (t, n // nodes)))
-    if per_task is not None:
-        t, n = per_task
-        if tasks % nodes:
-            raise job.fail(job.options["gpus-per-task"], f"{tasks} tasks do not spread evenly over {nodes} nodes")
-        found.append(("--gpus-per-task", (t, n * (tasks // nodes))))
-    if not found:
-        return None, 0
-    counts = {spec[1] for _, spec in found}
-    if len(counts) > 1:
-        said = ", ".join(f"{name} gives {spec[1]}" for name, spec in found)
-        raise JobFormatError(f"GPU options disagree on GPUs per node ({said})", filename=job.filename)
-    types = {spec[0] for _, spec in found if spec[0]}
-    if len(types) > 1:
-        raise JobFormatError(f"GPU options name different GPU types: {sorted(types)}", filename=job.filename)
-    return (types.pop() if types else None), found[0][1][1]
-
-
-def _memory(job: _Job, resources: dict[str, Any], *, ranks_per_node: int) -> None:
-    for name in ("mem", "mem-per-cpu", "mem-per-gpu"):
-        opt = job.raw(name)
-        if opt is None:
-            continue
-        try:
-            mb = slurm_memory_mb(opt.value or "")
-        except ValueError as exc:
-            raise job.fail(opt, str(exc)) from None
-        if name == "mem":
-            if mb == 0:
-                job.warn(opt, "all of a node's memory cannot be asked for; each rank gets the default")
-                return
-            resources["memory_mb"] = max(1, mb // ranks_per_node)
-        elif name == "mem-per-cpu":
-            resources["memory_mb"] = max(1, round(mb * float(resources.get("cpus", 1.0))))
-        else:
-            resources["memory_mb"] = max(1, round(mb * max(1.0, float(resources["gpus"]))))
-
-
-def _limits(job: _Job, fields: dict[str, Any]) -> None:
+def _limits(job: SbatchJob, fields: dict[str, Any]) -> None:
     """Time limit, checkpoint signal, switches, exclusivity."""
     time_opt = job.raw("time")
     if time_opt is not None:
@@ -367,7 +175,7 @@ def _limits(job: _Job, fields: dict[str, Any]) -> None:
     switches = job.raw("switches")
     if switches is not None:
         count, _, wait = (switches.value or "").partition("@")
-        if not count.isdigit() or int(count) < 1:
+        if not digits(count) or int(count) < 1:
             raise job.fail(switches, "expected count[@max-time], e.g. 1@30:00")
         topology["max_leaves"] = int(count)
         if wait:
@@ -387,7 +195,7 @@ def _limits(job: _Job, fields: dict[str, Any]) -> None:
         del fields["topology"]
 
 
-def _checkpoint(job: _Job, opt: Option) -> dict[str, Any]:
+def _checkpoint(job: SbatchJob, opt: Option) -> dict[str, Any]:
     """`--signal=[{R|B}:]<sig>[@<secs>]`: the checkpoint signal and the grace before the end."""
     text = (opt.value or "").strip()
     where, colon, rest = text.partition(":")
@@ -398,15 +206,15 @@ def _checkpoint(job: _Job, opt: Option) -> dict[str, Any]:
     sig, at, secs = text.partition("@")
     grace = 60  # sbatch(1): the default sig_time
     if at:
-        if not secs.isdigit() or int(secs) > 65535:
+        if not digits(secs) or int(secs) > 65535:
             raise job.fail(opt, "sig_time must be 0-65535 seconds")
         grace = int(secs)
     return {"signal": _signal_name(job, opt, sig), "grace_s": grace}
 
 
-def _signal_name(job: _Job, opt: Option, sig: str) -> str:
+def _signal_name(job: SbatchJob, opt: Option, sig: str) -> str:
     sig = sig.strip()
-    if sig.isdigit():
+    if digits(sig):
         try:
             return _signal.Signals(int(sig)).name
         except ValueError:
@@ -416,7 +224,7 @@ def _signal_name(job: _Job, opt: Option, sig: str) -> str:
     return sig.upper() if sig.upper().startswith("SIG") else "SIG" + sig.upper()
 
 
-def _report_unused(job: _Job) -> None:
+def _report_unused(job: SbatchJob) -> None:
     for name, opt in job.options.items():
         if name in UNUSED:
             job.warn(opt, "not used by OnePlus")

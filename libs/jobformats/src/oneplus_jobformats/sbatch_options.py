@@ -8,9 +8,10 @@ from __future__ import annotations
 
 import shlex
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from .errors import JobFormatError
+from .quantities import digits
 
 VALUE, FLAG, OPTIONAL = "value", "flag", "optional"
 
@@ -246,3 +247,40 @@ def script_directives(script: str) -> list[Option]:
         found, _ = parse_tokens(tokens, where, stop_at_positional=False)
         options.extend(found)
     return options
+
+
+@dataclass
+class SbatchJob:
+    """The merged options of one sbatch job (command line over script), and the remarks made while reading them."""
+
+    options: dict[str, Option]
+    filename: str
+    warnings: list[str] = field(default_factory=list)
+
+    def has(self, name: str) -> bool:
+        return name in self.options
+
+    def raw(self, name: str) -> Option | None:
+        return self.options.get(name)
+
+    def fail(self, opt: Option, problem: str) -> JobFormatError:
+        return JobFormatError(f"{opt}: {problem}", filename=self.filename, where=opt.where)
+
+    def warn(self, opt: Option, remark: str) -> None:
+        self.warnings.append(f"{opt.where}: {opt}: {remark}")
+
+    def value(self, name: str) -> str | None:
+        opt = self.options.get(name)
+        return None if opt is None else (opt.value or "")
+
+    def count(self, name: str, *, minimum: int = 1) -> int | None:
+        opt = self.options.get(name)
+        if opt is None:
+            return None
+        text = (opt.value or "").strip()
+        if not digits(text):
+            raise self.fail(opt, "must be a whole number")
+        n = int(text)
+        if n < minimum or n > 1_000_000:
+            raise self.fail(opt, f"must be between {minimum} and 1000000")
+        return n

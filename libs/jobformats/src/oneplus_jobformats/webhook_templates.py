@@ -140,6 +140,8 @@ class WebhookTemplates:
             raise JobFormatError(f"invalid YAML: {str(exc).splitlines()[0]}", filename=filename) from None
         except RecursionError:
             raise JobFormatError("the document is nested too deeply", filename=filename) from None
+        except ValueError as exc:  # e.g. an integer of more than 4300 digits
+            raise JobFormatError(f"unreadable value: {str(exc).split(';')[0]}", filename=filename) from None
         if doc is None:
             return cls([])
         if not isinstance(doc, dict):
