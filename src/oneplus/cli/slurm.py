@@ -7,6 +7,7 @@ platform through `oneplus.client` and prints.
 from __future__ import annotations
 
 import asyncio
+import getpass
 import json
 import sys
 import time
@@ -61,8 +62,8 @@ def sbatch(
     nats: NatsOpt = None,
     team: TeamOpt = None,
 ) -> None:
-    """Submit a batch script: `oneplus sbatch [sbatch options] SCRIPT [args]`; #SBATCH directives are read,
-    options given here override them."""
+    """Submit a batch script: oneplus sbatch OPTIONS... SCRIPT ARGS... (any sbatch option; they override the
+    script's #SBATCH directives). Without SCRIPT the script is read from standard input."""
     try:
         options, script_path, script_args = split_command_line(list(ctx.args))
     except JobFormatError as exc:
@@ -72,7 +73,10 @@ def sbatch(
         tr = parse_sbatch(script, options, filename=filename, script_args=script_args)
     except JobFormatError as exc:
         raise _fail("sbatch", str(exc), 2) from exc
-    spec = tr.spec if team is None else tr.spec.model_copy(update={"team": team})
+    update: dict[str, Any] = {"user": _submitter()}  # like Slurm, the job belongs to whoever submits it
+    if team is not None:
+        update["team"] = team
+    spec = tr.spec.model_copy(update=update)
     for w in tr.warnings:
         print(f"sbatch: warning: {w}", file=sys.stderr)
     if dry_run:
@@ -86,6 +90,13 @@ def sbatch(
         raise _fail("sbatch", f"Batch job submission failed: {reply.error}")
     if not as_json:
         print(reply.job_id if "--parsable" in options else f"Submitted batch job {reply.job_id}")
+
+
+def _submitter() -> str:
+    try:
+        return getpass.getuser()
+    except (KeyError, OSError):  # no login name and no passwd entry, e.g. in a bare container
+        return "unknown"
 
 
 def _read_script(path: str | None, options: list[str]) -> tuple[str, str]:

@@ -202,6 +202,8 @@ def _checkpoint(job: SbatchJob, opt: Option) -> dict[str, Any]:
     if colon and where in ("R", "B", "RB", "BR"):
         if "B" in where:
             job.warn(opt, "B: (batch shell only) is not kept; OnePlus signals every rank")
+        if "R" in where:
+            job.warn(opt, "the R: flag is not used by OnePlus")
         text = rest
     sig, at, secs = text.partition("@")
     grace = 60  # sbatch(1): the default sig_time
