@@ -21,10 +21,24 @@ class CapacityIndex:
         self.classes: dict[ClassKey, set[int]] = {}
         self._key_of: dict[int, ClassKey] = {}
         self._leaf_of = [s.leaf for s in fitter.layout.slots]
-        for i in fitter.candidates():
-            c = fitter.capacity(i)
-            if c > 0:
-                self._add(i, c, (*fitter.class_key(i), c))
+        self._place(fitter, fitter.candidates())
+
+    def _place(self, fitter: Fitter, nodes: Iterable[int]) -> None:
+        # Capacity depends on the node's class, CPU and memory left (and idleness for exclusive gangs): nodes
+        # in the same state share one computation.
+        snap, slots = fitter.snap, fitter.layout.slots
+        cpu_used, mem_used, exclusive = snap.cpu_used, snap.mem_used, fitter.req.exclusive
+        memo: dict[tuple[object, ...], tuple[int, ClassKey]] = {}
+        for i in nodes:
+            key = fitter.class_key(i)
+            slot = slots[i]
+            state = (key, slot.cpus - cpu_used[i], slot.memory_mb - mem_used[i], exclusive and snap.idle(i))
+            got = memo.get(state)
+            if got is None:
+                c = fitter.capacity(i)
+                got = memo[state] = (c, (*key, c))
+            if got[0] > 0:
+                self._add(i, got[0], got[1])
 
     def _add(self, i: int, c: int, key: ClassKey) -> None:
         self.caps[i] = c
@@ -49,8 +63,7 @@ class CapacityIndex:
 
     def update(self, fitter: Fitter, nodes: Iterable[int]) -> None:
         """Recompute `nodes` after their holdings changed (`fitter` must read the changed holdings)."""
+        nodes = list(nodes)
         for i in nodes:
             self._remove(i)
-            c = fitter.capacity(i) if fitter.eligible[i] else 0
-            if c > 0:
-                self._add(i, c, (*fitter.class_key(i), c))
+        self._place(fitter, [i for i in nodes if fitter.eligible[i]])
