@@ -12,11 +12,13 @@ from .bandwidth import allocation_ring_gbps, ideal_ring_gbps
 from .batch import BatchResult, PendingGang, place_batch
 from .diagnosis import Explanation
 from .explain import explain_pending
+from .fill import seeded_fill
 from .fragmentation import FragmentationReport, TierFragmentation, fragmentation
 from .greedy import PlacementResult, place_gang
 from .incremental import SearchCache
+from .layout import AllocationConflict, Layout
 from .request import GangRequest, InvalidRequest
-from .snapshot import AllocationConflict, ClusterSnapshot, ClusterState, Holdings, Layout, seeded_fill
+from .snapshot import ClusterSnapshot, ClusterState, Holdings
 
 __all__ = [
     "AllocationConflict",

@@ -11,8 +11,9 @@ import math
 
 from oneplus_contracts import Allocation
 
+from .layout import ClusterLike, Layout, layout_of_cluster
 from .shape import NodeShape
-from .snapshot import ClusterLike, Holdings, Layout, _layout_of
+from .snapshot import Holdings
 
 
 def layout_of(where: Holdings | Layout | ClusterLike) -> Layout:
@@ -20,7 +21,7 @@ def layout_of(where: Holdings | Layout | ClusterLike) -> Layout:
         return where
     if isinstance(where, Holdings):
         return where.layout
-    return _layout_of(where)
+    return layout_of_cluster(where)
 
 
 def distinct_shapes(layout: Layout) -> list[NodeShape]:

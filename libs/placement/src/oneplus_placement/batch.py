@@ -21,9 +21,10 @@ from .batch_model import BatchModel, Candidate, Solution, solve
 from .diagnosis import Explanation
 from .greedy import PlacementResult, materialise
 from .incremental import SearchCache, apply_and_refresh
+from .layout import AllocationConflict
 from .levels import DomainSearch, Plan
 from .request import GangRequest, InvalidRequest
-from .snapshot import AllocationConflict, Holdings
+from .snapshot import Holdings
 
 _QUALITY_WEIGHT = 2
 _BREAK_PENALTY = 2000

@@ -10,8 +10,9 @@ from oneplus_contracts import Allocation, JobSpec
 
 from .diagnosis import Explanation
 from .greedy import place_request
+from .layout import AllocationConflict
 from .request import GangRequest, InvalidRequest
-from .snapshot import AllocationConflict, Holdings
+from .snapshot import Holdings
 
 Preemptible = tuple[str, Allocation, int]  # (job id, what it holds, its priority)
 

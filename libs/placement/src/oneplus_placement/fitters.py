@@ -10,9 +10,10 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from .layout import Layout, NodeSlot
 from .request import GangRequest
 from .shape import NodeShape, bits
-from .snapshot import FULL_SHARE, Holdings, Layout, NodeSlot
+from .snapshot import FULL_SHARE, Holdings
 
 NodeKey = tuple[float, ...]
 

@@ -6,140 +6,28 @@
 
 from __future__ import annotations
 
-import random
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass, field
-from typing import Protocol
 
-from oneplus_contracts import Allocation, NodeRecord, NodeTopology
+from oneplus_contracts import Allocation, NodeRecord
 
-from .shape import NodeShape, bits, popcount, shape_of
+from .layout import AllocationConflict, ClusterLike, Layout, NodeSlot, layout_of_cluster
+from .shape import bits, popcount
+
+# Names other packages import from here since before the layout moved to its own module.
+_layout_of = layout_of_cluster
+__all__ = [
+    "FULL_SHARE",
+    "AllocationConflict",
+    "ClusterLike",
+    "ClusterSnapshot",
+    "ClusterState",
+    "Holdings",
+    "Layout",
+    "NodeSlot",
+    "seeded_fill",
+]
 
 FULL_SHARE = 1000  # a GPU's share capacity, in thousandths
-
-
-class AllocationConflict(ValueError):
-    """An allocation would over-allocate a GPU, mix a share with a whole-GPU hold, or name an unknown GPU."""
-
-
-class FabricLike(Protocol):
-    @property
-    def nic_gbps_per_gpu(self) -> float: ...
-
-    @property
-    def oversubscription(self) -> float: ...
-
-
-class ClusterLike(Protocol):
-    @property
-    def name(self) -> str: ...
-
-    @property
-    def fabric(self) -> FabricLike: ...
-
-    @property
-    def nodes(self) -> Sequence[NodeTopology]: ...
-
-
-@dataclass(frozen=True, eq=False)
-class NodeSlot:
-    """The static facts of one node."""
-
-    index: int
-    name: str
-    shape: NodeShape
-    leaf: int
-    spine: int
-    gpu_model: str
-    cpus: float
-    memory_mb: int
-    nvlink_domain: str | None
-    topology: NodeTopology
-
-    def matches_model(self, models: Sequence[str] | None) -> bool:
-        if not models:
-            return True
-        names = [self.gpu_model.lower(), *(g.name.lower() for g in self.topology.gpus)]
-        return any(m.lower() in n for m in models for n in names)
-
-
-@dataclass(frozen=True, eq=False)
-class Layout:
-    """Nodes indexed 0..N-1 with their leaf and spine indexes, and the fabric's rates."""
-
-    name: str
-    slots: tuple[NodeSlot, ...]
-    leaf_names: tuple[str, ...]
-    spine_names: tuple[str, ...]
-    leaf_nodes: tuple[tuple[int, ...], ...]
-    spine_leaves: tuple[tuple[int, ...], ...]
-    leaf_spine: tuple[int, ...]
-    nic_gbps_per_gpu: float
-    oversubscription: float
-    by_name: dict[str, int]
-    # Per-request facts that depend only on the layout (which nodes could ever host a unit), memoised.
-    cache: dict[object, object] = field(default_factory=dict, repr=False)
-
-    @classmethod
-    def build(
-        cls, name: str, nodes: Sequence[NodeTopology], nic_gbps_per_gpu: float, oversubscription: float
-    ) -> Layout:
-        if not nodes:
-            raise ValueError(f"cluster {name!r} has no nodes")
-        leaf_ix: dict[str, int] = {}
-        spine_ix: dict[str, int] = {}
-        leaf_spine: list[int] = []
-        leaf_nodes: list[list[int]] = []
-        spine_leaves: list[list[int]] = []
-        slots: list[NodeSlot] = []
-        by_name: dict[str, int] = {}
-        for i, topo in enumerate(nodes):
-            if topo.node in by_name:
-                raise ValueError(f"cluster {name!r}: node {topo.node!r} appears twice")
-            by_name[topo.node] = i
-            spine = topo.spine or "spine-0"
-            leaf = topo.leaf or f"leaf-{topo.node}"
-            if spine not in spine_ix:
-                spine_ix[spine] = len(spine_ix)
-                spine_leaves.append([])
-            if leaf not in leaf_ix:
-                leaf_ix[leaf] = len(leaf_ix)
-                leaf_nodes.append([])
-                leaf_spine.append(spine_ix[spine])
-                spine_leaves[spine_ix[spine]].append(leaf_ix[leaf])
-            leaf_nodes[leaf_ix[leaf]].append(i)
-            slots.append(
-                NodeSlot(
-                    index=i,
-                    name=topo.node,
-                    shape=shape_of(topo),
-                    leaf=leaf_ix[leaf],
-                    spine=leaf_spine[leaf_ix[leaf]],
-                    gpu_model=topo.gpu_model,
-                    cpus=float(topo.cpus),
-                    memory_mb=topo.memory_mb,
-                    nvlink_domain=topo.nvlink_domain,
-                    topology=topo,
-                )
-            )
-        return cls(
-            name=name,
-            slots=tuple(slots),
-            leaf_names=tuple(leaf_ix),
-            spine_names=tuple(spine_ix),
-            leaf_nodes=tuple(map(tuple, leaf_nodes)),
-            spine_leaves=tuple(map(tuple, spine_leaves)),
-            leaf_spine=tuple(leaf_spine),
-            nic_gbps_per_gpu=float(nic_gbps_per_gpu),
-            oversubscription=max(1.0, float(oversubscription)),
-            by_name=by_name,
-        )
-
-    def index(self, node: str) -> int:
-        try:
-            return self.by_name[node]
-        except KeyError:
-            raise AllocationConflict(f"node {node!r} is not in cluster {self.name!r}") from None
 
 
 class Holdings:
@@ -248,7 +136,7 @@ class ClusterState(Holdings):
 
     @classmethod
     def from_cluster(cls, cluster: ClusterLike) -> ClusterState:
-        return cls(_layout_of(cluster))
+        return cls(layout_of_cluster(cluster))
 
     def snapshot(self) -> ClusterSnapshot:
         snap = ClusterSnapshot.__new__(ClusterSnapshot)
@@ -361,7 +249,7 @@ class ClusterSnapshot(Holdings):
     @classmethod
     def from_cluster(cls, cluster: ClusterLike) -> ClusterSnapshot:
         """Every GPU free, every node schedulable (unhealthy GPUs of the topology excepted)."""
-        return cls(_layout_of(cluster))
+        return cls(layout_of_cluster(cluster))
 
     @classmethod
     def from_records(
@@ -394,54 +282,8 @@ def _unhealthy_mask(slot: NodeSlot) -> int:
     return slot.shape.mask_of(bad) if bad else 0
 
 
-_LAYOUTS: dict[int, tuple[ClusterLike, Layout]] = {}
-
-
-def _layout_of(cluster: ClusterLike) -> Layout:
-    """One layout per cluster object: snapshots of the same cluster share its shapes and indexes."""
-    got = _LAYOUTS.get(id(cluster))
-    if got is not None and got[0] is cluster:
-        return got[1]
-    fabric = cluster.fabric
-    layout = Layout.build(cluster.name, list(cluster.nodes), fabric.nic_gbps_per_gpu, fabric.oversubscription)
-    if len(_LAYOUTS) > 64:
-        _LAYOUTS.clear()
-    _LAYOUTS[id(cluster)] = (cluster, layout)
-    return layout
-
-
-_FILL_SIZES = (1, 1, 1, 1, 2, 2, 4, 8)
-
-
 def seeded_fill(snapshot: ClusterSnapshot, seed: int, pct: float) -> ClusterSnapshot:
-    """Hold random small pieces (1-8 GPUs on random GPUs of random nodes) until `pct`% of usable GPUs are held.
+    """See `oneplus_placement.fill.seeded_fill` (kept here, where callers first found it)."""
+    from .fill import seeded_fill as fill
 
-    The same seed and snapshot always give the same fill; CPU and memory are taken in proportion.
-    """
-    if not 0 <= pct <= 100:
-        raise ValueError(f"fill percentage must be between 0 and 100, got {pct}")
-    rng = random.Random(seed)
-    state = snapshot.thaw()
-    usable = state.usable_gpus()
-    target = round(usable * pct / 100)
-    held = usable - state.total_free_gpus()
-    open_nodes = [i for i in range(len(state.free)) if state.free_count[i]]
-    while held < target and open_nodes:
-        k = rng.randrange(len(open_nodes))
-        i = open_nodes[k]
-        slot = state.slots[i]
-        free_pos = list(bits(state.free[i]))
-        size = min(rng.choice(_FILL_SIZES), len(free_pos), target - held)
-        mask = 0
-        for p in rng.sample(free_pos, size):
-            mask |= 1 << p
-        frac = size / slot.shape.n
-        state.whole[i] |= mask
-        state.cpu_used[i] = min(slot.cpus, state.cpu_used[i] + slot.cpus * frac / 2)
-        state.mem_used[i] = min(slot.memory_mb, state.mem_used[i] + int(slot.memory_mb * frac / 2))
-        state._refresh(i)
-        held += size
-        if not state.free_count[i]:
-            open_nodes[k] = open_nodes[-1]
-            open_nodes.pop()
-    return state.snapshot()
+    return fill(snapshot, seed, pct)
