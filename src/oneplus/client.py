@@ -6,6 +6,7 @@ async with OnePlusClient.connect() as c:
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 from collections.abc import AsyncIterator, Mapping
@@ -98,6 +99,28 @@ class OnePlusClient:
     async def queue(self) -> list[dict[str, Any]]:
         result: list[dict[str, Any]] = await self.ops(subjects.OPS_QUEUE_LIST, {})
         return result
+
+    async def services(self, quiet_s: float = 0.3, kind: str = "INFO") -> list[dict[str, Any]]:
+        """Discover NATS micro services the way `nats micro ls` does: collect replies until `quiet_s` of quiet."""
+        inbox = self.nc.new_inbox()
+        replies: asyncio.Queue[bytes] = asyncio.Queue()
+
+        async def collect(msg: Any) -> None:
+            await replies.put(msg.data)
+
+        sub = await self.nc.subscribe(inbox, cb=collect)
+        try:
+            await self.nc.publish(f"$SRV.{kind}", b"", reply=inbox)
+            out: list[dict[str, Any]] = []
+            while True:
+                try:
+                    data = await asyncio.wait_for(replies.get(), timeout=quiet_s)
+                except TimeoutError:
+                    return out
+                if data:  # an empty message is the server's "no responders" status
+                    out.append(json.loads(data))
+        finally:
+            await sub.unsubscribe()
 
     async def nodes(self) -> list[NodeRecord]:
         rows = await self.ops(subjects.OPS_NODE_LIST, {})

@@ -20,16 +20,23 @@ from .workload import demo_workload
 console = Console()
 
 
-async def wait_for_nodes(client: OnePlusClient, n: int, timeout: float = 60.0) -> None:
+SERVICES = ("intake", "topology-registry", "placement-solver", "preemption", "node-executor")
+
+
+async def wait_for_platform(client: OnePlusClient, n_nodes: int, timeout: float = 120.0) -> None:
+    """Until every service answers `$SRV.PING` (one executor per node) and every node is ready."""
     deadline = time.monotonic() + timeout
     last = "no answer yet"
     while time.monotonic() < deadline:
         try:
-            nodes = await client.nodes()
+            found = [s.get("name", "") for s in await client.services(kind="PING")]
+            missing = [s for s in SERVICES if f"oneplus-{s}" not in found]
+            executors = found.count("oneplus-node-executor")
+            nodes = await client.nodes() if "oneplus-topology-registry" in found else []
             ready = [x for x in nodes if x.status == "ready"]
-            if len(ready) >= n:
+            if not missing and executors >= n_nodes and len(ready) >= n_nodes:
                 return
-            last = f"{len(ready)}/{n} nodes ready"
+            last = f"services missing: {missing or 'none'}; {executors}/{n_nodes} executors; {len(ready)} nodes ready"
         except PlatformError as exc:
             last = str(exc)
         await asyncio.sleep(0.3)
@@ -56,7 +63,7 @@ def summary_panel(jobs: list[JobRecord], wall_s: float) -> Panel:
 async def drive(nats_url: str, specs: list[JobSpec], n_nodes: int, timeout: float) -> list[JobRecord]:
     async with OnePlusClient.connect(nats_url) as client:
         with console.status("waiting for the services and executors to come up..."):
-            await wait_for_nodes(client, n_nodes)
+            await wait_for_platform(client, n_nodes)
         nodes = await client.nodes()
         console.print(
             f"[bold]{len(nodes)} nodes ready:[/] "
@@ -72,6 +79,7 @@ async def drive(nats_url: str, specs: list[JobSpec], n_nodes: int, timeout: floa
             ids.append(reply.job_id)
         deadline = time.monotonic() + timeout
         jobs: list[JobRecord] = []
+        last_head = ""
         with Live(console=console, refresh_per_second=4) as live:
             while time.monotonic() < deadline:
                 everything = {r.job_id: r for r in await client.list_jobs()}
@@ -79,6 +87,9 @@ async def drive(nats_url: str, specs: list[JobSpec], n_nodes: int, timeout: floa
                 counts = Counter(r.state for r in jobs)
                 head = " ".join(f"{k}={v}" for k, v in sorted(counts.items()))
                 live.update(Group(jobs_table(jobs, title=f"demo workload — {head}")))
+                if not console.is_terminal and head != last_head:
+                    console.print(f"{time.strftime('%H:%M:%S')} {head}")  # a log line per change when piped
+                    last_head = head
                 if jobs and len(jobs) == len(ids) and all(r.terminal for r in jobs):
                     break
                 await asyncio.sleep(0.25)
@@ -115,6 +126,9 @@ def run_demo(
     except PlatformError as exc:
         console.print(f"[red]error:[/] {exc}")
         if platform is not None:
+            dead = platform.dead()
+            if dead:
+                console.print(f"exited processes (name: exit code): {dead}")
             console.print(f"service logs: {platform.logdir}")
         return 1
     finally:

@@ -76,7 +76,7 @@ class JobLedger:
         except Exception:  # nats-py raises NoKeysError on an empty bucket
             return []
         out: list[JobRecord] = []
-        for key in keys:
+        for key in sorted(set(keys)):
             try:
                 rec, _ = await self.get(key)
             except (KeyNotFoundError, ValidationError):

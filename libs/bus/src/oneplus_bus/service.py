@@ -10,6 +10,7 @@ import asyncio
 import contextlib
 import json
 import logging
+import warnings
 from collections.abc import Awaitable, Callable
 from typing import Any
 
@@ -34,6 +35,10 @@ from .streams import ensure_kv, ensure_streams
 from .telemetry import make_tracer_provider
 
 VERSION = "0.1.0"
+# Our push consumers are durable AND a deliver group (queue=durable name), so replicas share them.
+warnings.filterwarnings(
+    "ignore", message="The JetStream Push consumer with the `durable` option", category=RuntimeWarning
+)
 OpsHandler = Callable[[dict[str, Any], dict[str, str]], Awaitable[Any]]
 log = logging.getLogger("oneplus")
 

@@ -47,7 +47,17 @@ from .jobspec import (
     TopologyConstraint,
 )
 from .lifecycle import IllegalTransition, apply_event
-from .topology import PCIE_TIERS, GpuHealth, GpuInfo, GpuLink, NicInfo, NodeHeartbeat, NodeRecord, NodeTopology
+from .topology import (
+    PCIE_TIERS,
+    GpuHealth,
+    GpuInfo,
+    GpuLink,
+    NicInfo,
+    NodeHeartbeat,
+    NodeRecord,
+    NodeStatus,
+    NodeTopology,
+)
 
 __all__ = [
     "ACTIVE_STATES",
@@ -86,6 +96,7 @@ __all__ = [
     "NodeCommand",
     "NodeHeartbeat",
     "NodeRecord",
+    "NodeStatus",
     "NodeTopology",
     "PreemptRanks",
     "PreemptionRequest",

@@ -90,7 +90,7 @@ def apply_event(rec: JobRecord | None, event: JobEvent) -> JobRecord:
             started = r.started_ts if r.state == "RUNNING" and r.started_ts else event.ts
             return r.model_copy(update={"state": "RUNNING", "started_ts": started, "updated_ts": event.ts})
         case JobNodeFinished():
-            r = _require(rec, event, "PLACED", "STARTING", "RUNNING", "PREEMPTING")
+            r = _require(rec, event, "PLACED", "STARTING", "RUNNING", "PREEMPTING", "CHECKPOINTED")
             _token_matches(r, event.token, event)
             done = dict(r.nodes_done)
             done[event.node] = event.exit_code

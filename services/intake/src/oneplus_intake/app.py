@@ -7,15 +7,13 @@ second job. Bad input gets a `job.rejected` event and an error reply; nothing al
 
 from __future__ import annotations
 
-import asyncio
 import hashlib
 import logging
-import os
-from pathlib import Path
 from typing import Any
 
 from faststream.nats import NatsMessage
 from nats.js.errors import KeyNotFoundError
+from oneplus_bus.clusterview import live_queue_config
 from oneplus_bus.service import OneplusService, OpsError
 from oneplus_bus.telemetry import traceparent_of_current
 from oneplus_contracts import (
@@ -31,7 +29,7 @@ from oneplus_contracts import (
 )
 from oneplus_jobformats.cloudevents import decode_submission
 from oneplus_jobformats.errors import JobFormatError
-from oneplus_queueing.config import QueueConfig, QueueConfigError, default_config, load_queue_config
+from oneplus_queueing.config import QueueConfig, QueueConfigError
 from pydantic import ValidationError
 
 from .admission import Inadmissible, admit
@@ -41,7 +39,6 @@ log = logging.getLogger("oneplus.intake")
 svc = OneplusService("intake", "Accepts jobs from the CLI, CI/CD CloudEvents and other formats")
 broker = svc.broker
 app = svc.app
-QUEUES_KEY = "config"
 
 
 def job_id_for(msg_id: str) -> str:
@@ -50,16 +47,7 @@ def job_id_for(msg_id: str) -> str:
 
 
 async def queue_config() -> QueueConfig:
-    try:
-        entry = await svc.kv[subjects.QUEUES_KV].get(QUEUES_KEY)
-    except KeyNotFoundError:
-        entry = None
-    if entry is not None and entry.value:
-        return load_queue_config(entry.value.decode())
-    path = os.environ.get("ONEPLUS_QUEUES_FILE")
-    if path:
-        return load_queue_config(await asyncio.to_thread(Path(path).read_text, encoding="utf-8"))
-    return default_config()
+    return await live_queue_config(svc.kv[subjects.QUEUES_KV])
 
 
 async def nodes() -> list[NodeRecord]:
@@ -69,7 +57,7 @@ async def nodes() -> list[NodeRecord]:
     except Exception:  # nats-py raises NoKeysError on an empty bucket
         return []
     out = []
-    for k in keys:
+    for k in sorted(set(keys)):
         try:
             entry = await kv.get(k)
         except KeyNotFoundError:

@@ -15,7 +15,7 @@ import time
 from dataclasses import dataclass, field
 
 from faststream import AckPolicy
-from faststream.nats import NatsMessage, PullSub
+from faststream.nats import NatsMessage
 from nats.js.api import ConsumerConfig
 from oneplus_bus.service import OneplusService, jstream
 from oneplus_bus.settings import BusSettings
@@ -179,7 +179,7 @@ def create_executor(
         subjects.node_commands_of(node),
         stream=jstream(subjects.COMMANDS_STREAM),
         durable=f"executor-{node}",
-        pull_sub=PullSub(batch_size=8, timeout=0.2),
+        queue=f"executor-{node}",
         config=ConsumerConfig(max_deliver=svc.settings.max_deliver, ack_wait=30),
         ack_policy=AckPolicy.NACK_ON_ERROR,
         title=f"node-executor {node} commands",

@@ -13,8 +13,9 @@ import time
 from typing import Any
 
 from faststream import AckPolicy
-from faststream.nats import NatsMessage, PullSub
+from faststream.nats import NatsMessage
 from nats.js.api import ConsumerConfig
+from oneplus_bus.clusterview import LiveSnapshot, SnapshotSource, pending_order
 from oneplus_bus.service import OneplusService, OpsError, jstream
 from oneplus_bus.telemetry import inject, job_span
 from oneplus_contracts import (
@@ -27,6 +28,7 @@ from oneplus_contracts import (
     JobPlaced,
     JobRecord,
     JobRequeued,
+    PreemptionRequest,
     parse_job_event,
     subjects,
 )
@@ -34,7 +36,6 @@ from oneplus_reservations import Conflict, ReservationStore
 
 from .launch import launch_commands
 from .outcome import attempt_outcome
-from .snapshots import SnapshotSource, pending_order
 
 log = logging.getLogger("oneplus.solver")
 
@@ -75,7 +76,7 @@ async def _disconnect() -> None:
     subjects.JOB_EVENTS_ALL,
     stream=jstream(subjects.JOBS_STREAM),
     durable="placement-solver",
-    pull_sub=PullSub(batch_size=32, timeout=0.2),
+    queue="placement-solver",
     config=ConsumerConfig(max_deliver=svc.settings.max_deliver, ack_wait=30),
     ack_policy=AckPolicy.NACK_ON_ERROR,
     title="placement-solver job events",
@@ -211,18 +212,20 @@ async def schedule_once() -> int:
         return 0
     snap = await source().snapshot()
     placed = 0
-    reasons: dict[str, str] = {}
+    reasons: dict[str, tuple[str, str]] = {}
     for rec in pending:
         with job_span(svc.tracer, "placement-solver place", rec.traceparent, {"oneplus.job_id": rec.job_id}) as span:
             decision = snap.place(rec.spec, rec.job_id)
             if decision.allocation is None:
-                reasons[rec.job_id] = decision.reason
+                reasons[rec.job_id] = (reason_code(decision.detail, snap), decision.reason)
                 span.set_attribute("oneplus.placed", False)
+                if preemption_could_help(rec, jobs):
+                    await request_preemption(rec, decision.reason)
                 continue
             res = await store().reserve(rec.job_id, decision.allocation)
             if isinstance(res, Conflict):
                 # Another replica took part of it since our snapshot: try again on a fresh one.
-                reasons[rec.job_id] = f"reservation conflict ({res.reason}); retrying"
+                reasons[rec.job_id] = ("Resources", f"reservation conflict ({res.reason}); retrying")
                 _wake.set()
                 continue
             span.set_attribute("oneplus.placed", True)
@@ -232,6 +235,33 @@ async def schedule_once() -> int:
             placed += 1
     _state["reasons"] = reasons
     return placed
+
+
+PREEMPTION_REQUEST_EVERY_S = 10.0
+
+
+def preemption_could_help(rec: JobRecord, jobs: list[JobRecord]) -> bool:
+    """Only ask when some running gang of lower priority could be evicted at all."""
+    return any(
+        j.state in ("PLACED", "STARTING", "RUNNING") and j.spec.preemptible and j.spec.priority < rec.spec.priority
+        for j in jobs
+    )
+
+
+async def request_preemption(rec: JobRecord, reason: str) -> None:
+    window = int(time.time() // PREEMPTION_REQUEST_EVERY_S)
+    req = PreemptionRequest(
+        request_id=f"prq-{rec.job_id}-{window}",
+        job_id=rec.job_id,
+        priority=rec.spec.priority,
+        gpus=rec.spec.total_gpus,
+        reason=reason,
+    )
+    # The id dedupes: at most one request per job per window, however many cycles run.
+    headers = inject({"Nats-Msg-Id": req.request_id})
+    await svc.js.publish(
+        subjects.PREEMPTION_REQUEST, req.model_dump_json().encode(), headers=headers, stream=subjects.COMMANDS_STREAM
+    )
 
 
 @svc.background
@@ -296,6 +326,65 @@ async def explain(payload: dict[str, Any], headers: dict[str, str]) -> dict[str,
     jobs = await svc.ledger.all()
     snap = await source().snapshot()
     return {"job_id": job_id, "state": rec.state, "pending": True, **snap.explain(rec, jobs)}
+
+
+ST_CODES = {
+    "ACCEPTED": "PD",
+    "PLACED": "CF",
+    "STARTING": "CF",
+    "RUNNING": "R",
+    "PREEMPTING": "SI",
+    "CHECKPOINTED": "PR",
+}
+
+
+def reason_code(detail: dict[str, Any], snap: LiveSnapshot) -> str:
+    """Slurm-style reason: Resources when GPUs are short overall, Topology when they are but not together."""
+    level = str(detail.get("level", ""))
+    if level == "request":
+        return "Resources"
+    needed = float(detail.get("needed_gpus", 0.0))
+    if needed and snap.state.total_free_gpus() >= needed:
+        return "Topology"
+    return "Resources"
+
+
+def _elapsed(rec: JobRecord, now: float) -> str:
+    secs = int(now - rec.started_ts) if rec.started_ts else 0
+    m, s = divmod(secs, 60)
+    h, m = divmod(m, 60)
+    return f"{h}:{m:02d}:{s:02d}" if h else f"{m}:{s:02d}"
+
+
+@svc.ops("queue-list", subjects.OPS_QUEUE_LIST)
+async def queue_list(payload: dict[str, Any], headers: dict[str, str]) -> list[dict[str, Any]]:
+    team = payload.get("team")
+    now = time.time()
+    reasons: dict[str, tuple[str, str]] = _state.get("reasons", {})
+    rows = []
+    jobs = [r for r in await svc.ledger.all() if not r.terminal and (team is None or r.spec.team == team)]
+    order = {r.job_id: i for i, r in enumerate(pending_order([r for r in jobs if r.state == "ACCEPTED"]))}
+    for r in sorted(jobs, key=lambda r: (r.state == "ACCEPTED", order.get(r.job_id, 0), r.submitted_ts)):
+        code, why = reasons.get(
+            r.job_id, ("Priority" if order.get(r.job_id, 0) else "Resources", "waiting for a cycle")
+        )
+        where = ",".join(r.allocation.nodes) if r.allocation else f"({code})"
+        rows.append(
+            {
+                "job_id": r.job_id,
+                "queue": r.spec.queue,
+                "name": r.spec.name,
+                "user": r.spec.user,
+                "st": ST_CODES.get(r.state, r.state),
+                "time": _elapsed(r, now),
+                "gpus": f"{r.spec.total_gpus:g}",
+                "where": where,
+                "reason": None if r.allocation else why,
+                "state": r.state,
+                "priority": r.spec.priority,
+            }
+        )
+    return rows
 
 
 def main() -> None:

@@ -14,7 +14,7 @@ import time
 from typing import Any
 
 from faststream import AckPolicy
-from faststream.nats import NatsMessage, PullSub
+from faststream.nats import NatsMessage
 from nats.js.api import ConsumerConfig, DeliverPolicy
 from nats.js.errors import KeyNotFoundError
 from oneplus_bus.service import OneplusService, OpsError, jstream
@@ -60,7 +60,7 @@ async def put_node(rec: NodeRecord, before: NodeRecord | None, reason: str) -> N
     "oneplus.node.*.topology",
     stream=jstream(subjects.NODES_STREAM),
     durable="topology-registry-reports",
-    pull_sub=PullSub(batch_size=16, timeout=0.2),
+    queue="topology-registry-reports",
     config=ConsumerConfig(max_deliver=svc.settings.max_deliver, ack_wait=30),
     ack_policy=AckPolicy.NACK_ON_ERROR,
     title="node topology reports",
@@ -80,8 +80,8 @@ async def on_topology(msg: NatsMessage) -> None:
     "oneplus.node.*.heartbeat",
     stream=jstream(subjects.NODES_STREAM),
     durable="topology-registry-heartbeats",
+    queue="topology-registry-heartbeats",
     deliver_policy=DeliverPolicy.NEW,
-    pull_sub=PullSub(batch_size=64, timeout=0.2),
     config=ConsumerConfig(max_deliver=2, ack_wait=10),
     ack_policy=AckPolicy.NACK_ON_ERROR,
     title="node heartbeats",
@@ -103,7 +103,7 @@ async def all_nodes() -> list[NodeRecord]:
     except Exception:  # nats-py raises NoKeysError on an empty bucket
         return []
     out = []
-    for k in sorted(keys):
+    for k in sorted(set(keys)):
         rec, _ = await get_node(k)
         if rec is not None:
             out.append(rec)

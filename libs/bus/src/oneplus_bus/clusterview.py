@@ -1,0 +1,151 @@
+"""The live cluster as decisions see it: topology KV + Redis reservations → a placement snapshot.
+
+Shared by the placement-solver and the preemption service so both decide on the same view.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from nats.js.errors import KeyNotFoundError
+from nats.js.kv import KeyValue
+from oneplus_contracts import ACTIVE_STATES, Allocation, JobRecord, JobSpec, NodeRecord
+from oneplus_placement.greedy import place_gang
+from oneplus_placement.snapshot import AllocationConflict, ClusterSnapshot, ClusterState
+from oneplus_queueing.config import QueueConfig, default_config, load_queue_config
+from oneplus_reservations import ReservationStore
+
+log = logging.getLogger("oneplus.solver")
+
+
+def pending_order(pending: Sequence[JobRecord]) -> list[JobRecord]:
+    """Higher priority first, then first come first served."""
+    return sorted(pending, key=lambda r: (-r.spec.priority, r.submitted_ts, r.job_id))
+
+
+@dataclass(frozen=True)
+class Decision:
+    allocation: Allocation | None
+    reason: str
+    detail: dict[str, Any]
+
+
+class LiveSnapshot:
+    """The cluster as one scheduling cycle sees it; `hold` keeps it current as the cycle commits gangs."""
+
+    def __init__(self, state: ClusterState, records: list[NodeRecord]) -> None:
+        self.state = state
+        self.records = records
+
+    def place(self, spec: JobSpec, job_id: str) -> Decision:
+        res = place_gang(self.state, spec, job_id)
+        if res.allocation is not None:
+            return Decision(res.allocation, "", {})
+        exp = res.explanation
+        return Decision(None, exp.message if exp else "cannot be placed", exp.to_dict() if exp else {})
+
+    def hold(self, alloc: Allocation) -> None:
+        self.state.apply(alloc)
+
+    def explain(self, rec: JobRecord, jobs: Sequence[JobRecord]) -> dict[str, Any]:
+        ahead = [
+            j.job_id
+            for j in pending_order([j for j in jobs if j.state == "ACCEPTED"])
+            if (j.spec.priority, -j.submitted_ts) > (rec.spec.priority, -rec.submitted_ts)
+        ]
+        decision = self.place(rec.spec, rec.job_id)
+        if decision.allocation is not None:
+            nodes = ", ".join(decision.allocation.nodes)
+            msg = f"fits now on {nodes}; waiting for the next scheduling cycle"
+            if ahead:
+                msg += f" behind {len(ahead)} job(s) of higher priority or older"
+            return {"message": msg, "fits_now": True, "ahead": ahead}
+        preemptible = [
+            j
+            for j in jobs
+            if j.state in ACTIVE_STATES and j.allocation and j.spec.preemptible and j.spec.priority < rec.spec.priority
+        ]
+        would_fit: list[str] = []
+        if preemptible:
+            trial = self.state.snapshot().thaw()
+            for j in sorted(preemptible, key=lambda j: j.spec.priority):
+                assert j.allocation is not None
+                try:
+                    trial.release(j.allocation)
+                except AllocationConflict:
+                    continue
+                would_fit.append(j.job_id)
+                if place_gang(trial, rec.spec, rec.job_id).allocation is not None:
+                    break
+            else:
+                would_fit = []
+        parts = [decision.reason]
+        if ahead:
+            parts.append(f"{len(ahead)} higher-priority or older job(s) ahead")
+        if would_fit:
+            parts.append(f"would fit if preemptible job(s) {', '.join(would_fit)} were preempted")
+        return {
+            "message": "; ".join(parts),
+            "fits_now": False,
+            "ahead": ahead,
+            "would_fit_if_preempted": would_fit,
+            **decision.detail,
+        }
+
+
+class SnapshotSource:
+    def __init__(self, topology_kv: KeyValue, store: ReservationStore) -> None:
+        self.kv = topology_kv
+        self.store = store
+        self.nic_gbps = float(os.environ.get("ONEPLUS_NIC_GBPS_PER_GPU", "400"))
+        self.oversubscription = float(os.environ.get("ONEPLUS_OVERSUBSCRIPTION", "1.0"))
+
+    async def records(self) -> list[NodeRecord]:
+        try:
+            keys = await self.kv.keys()
+        except Exception:  # nats-py raises NoKeysError on an empty bucket
+            return []
+        out: list[NodeRecord] = []
+        for key in sorted(set(keys)):
+            try:
+                entry = await self.kv.get(key)
+            except KeyNotFoundError:
+                continue
+            if entry.value:
+                out.append(NodeRecord.model_validate_json(entry.value))
+        return out
+
+    async def snapshot(self) -> LiveSnapshot:
+        records = await self.records()
+        state = ClusterSnapshot.from_records("live", records, self.nic_gbps, self.oversubscription).thaw()
+        known = {r.topology.node for r in records}
+        for res in await self.store.all():
+            if not set(res.allocation.nodes) <= known:
+                continue  # a node that has not (re)reported: its GPUs are not offered anyway
+            try:
+                state.apply(res.allocation)
+            except AllocationConflict as exc:
+                log.error("reservation %s does not fit the topology model: %s", res.job_id, exc)
+        return LiveSnapshot(state, records)
+
+
+QUEUES_KEY = "config"
+
+
+async def live_queue_config(queues_kv: KeyValue) -> QueueConfig:
+    """The queue tree operators stored in the `queues` bucket, else ONEPLUS_QUEUES_FILE, else one `default` queue."""
+    try:
+        entry = await queues_kv.get(QUEUES_KEY)
+    except KeyNotFoundError:
+        entry = None
+    if entry is not None and entry.value:
+        return load_queue_config(entry.value.decode())
+    path = os.environ.get("ONEPLUS_QUEUES_FILE")
+    if path:
+        with open(path, encoding="utf-8") as f:  # noqa: ASYNC230 - a small config file, read once per cycle
+            return load_queue_config(f.read())
+    return default_config()
