@@ -27,7 +27,11 @@ class PlacementResult:
 
 
 def place_gang(snapshot: Holdings, spec: JobSpec, job_id: str = "", seed: int = 0) -> PlacementResult:
-    """Place every rank of `spec` or none; never changes `snapshot`."""
+    """Place every rank of `spec` or none; never changes `snapshot`.
+
+    `job_id` is the caller's name for the decision; the decision itself depends only on the snapshot, the spec
+    and `seed`.
+    """
     try:
         req = GangRequest.of(spec)
     except InvalidRequest as exc:
