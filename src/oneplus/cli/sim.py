@@ -1,5 +1,151 @@
-"""CLI commands (being written)."""
+"""`oneplus sim`: replay a job trace on a modelled cluster (`run`) and the FGD anti-fragmentation protocol (`fgd`)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Annotated, Any
 
 import typer
+from oneplus_sim.cluster import ClusterError
+from oneplus_sim.fgd import SCORERS, FgdInputError, parse_seeds, run_protocol
+from oneplus_sim.policies import POLICY_NAMES
+from oneplus_sim.replay import ReplaySpec, run_replay
+from oneplus_sim.trace import TraceError, parse_window
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.table import Table
 
-app = typer.Typer()
+app = typer.Typer(no_args_is_help=True)
+console = Console()
+err = Console(stderr=True)
+
+SHOWN = (
+    "jobs",
+    "avg_jct_s",
+    "p95_wait_s",
+    "p95_wait_large_s",
+    "gpu_alloc_pct",
+    "frag_pct",
+    "tightest_domain_pct",
+    "comm_slowdown_avg",
+    "preemptions",
+    "solver_p99_ms",
+)
+
+
+@app.callback()
+def _sim() -> None:
+    """Replay traces on a modelled cluster."""
+
+
+def _fail(message: str) -> typer.Exit:
+    err.print(f"[red]error:[/] {message}", highlight=False)
+    return typer.Exit(2)
+
+
+def _progress() -> Progress:
+    return Progress(
+        TextColumn("{task.description}"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TimeElapsedColumn(),
+        console=err,
+        transient=True,
+    )
+
+
+def _write_json(path: Path, data: dict[str, Any]) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(data, indent=2) + "\n", encoding="utf-8")
+
+
+@app.command()
+def run(
+    cluster: Annotated[Path, typer.Option(help="Cluster YAML, Tiresias spec CSV or openb node list")],
+    trace: Annotated[Path, typer.Option(help="philly.csv, a Tiresias job CSV or an openb pod list")],
+    json_out: Annotated[Path, typer.Option("--json", help="Where to write the report")],
+    policy: Annotated[str, typer.Option(help=f"Comma list of {', '.join(POLICY_NAMES)}")] = ",".join(POLICY_NAMES),
+    window: Annotated[str | None, typer.Option(help="START:END, jobs in submit order, e.g. 60000:80000")] = None,
+    max_jobs: Annotated[int | None, typer.Option(help="At most this many jobs (after --window)")] = None,
+    seed: Annotated[int, typer.Option(help="Seed of the trace rules and the policies")] = 0,
+    load: Annotated[float, typer.Option(help="Scale the arrival rate (2 = twice as fast)")] = 1.0,
+    plot: Annotated[Path | None, typer.Option(help="Directory for PNG plots")] = None,
+) -> None:
+    """Replay a trace with several policies in one process and write their figures as JSON."""
+    names = [p.strip() for p in policy.split(",") if p.strip()]
+    unknown = [p for p in names if p not in POLICY_NAMES]
+    if unknown or not names:
+        raise _fail(f"--policy: unknown {', '.join(unknown) or '(empty)'}; choose from {', '.join(POLICY_NAMES)}")
+    try:
+        spec = ReplaySpec(cluster, trace, names, parse_window(window), max_jobs, seed, load)
+        with _progress() as bar:
+            tasks: dict[str, Any] = {}
+
+            def tick(name: str, done: int, total: int) -> None:
+                if name not in tasks:
+                    tasks[name] = bar.add_task(name, total=total)
+                bar.update(tasks[name], completed=done)
+
+            replay = run_replay(spec, on_progress=tick)
+    except (TraceError, ClusterError) as e:
+        raise _fail(str(e)) from None
+    _write_json(json_out, replay.report)
+    _table(replay.report)
+    console.print(f"report: {json_out}")
+    if plot is not None:
+        from oneplus_sim.plots import write_plots
+
+        for p in write_plots(replay.results, plot):
+            console.print(f"plot: {p}")
+
+
+def _table(report: dict[str, Any]) -> None:
+    t = Table(title="trace replay")
+    t.add_column("policy")
+    for k in SHOWN:
+        t.add_column(k, justify="right")
+    for name, figs in report["policies"].items():
+        t.add_row(name, *(str(figs[k]) for k in SHOWN))
+    console.print(t)
+
+
+@app.command()
+def fgd(
+    nodes: Annotated[Path, typer.Option(help="openb_node_list_gpu_node.csv")],
+    pods: Annotated[Path, typer.Option(help="openb_pod_list_*.csv")],
+    json_out: Annotated[Path, typer.Option("--json", help="Where to write the report")],
+    demand: Annotated[float, typer.Option(help="Inflate requested GPUs to this share of capacity")] = 1.3,
+    seeds: Annotated[str, typer.Option(help="FIRST-LAST or a comma list")] = "42-51",
+    policy: Annotated[str, typer.Option(help=f"Comma list of {', '.join(SCORERS)}")] = "oneplus,fgd,bestfit,random",
+) -> None:
+    """The FGD protocol: pods arrive until `demand` x capacity was asked for; GPU allocation and fragmentation."""
+    names = [p.strip() for p in policy.split(",") if p.strip()]
+    unknown = [p for p in names if p not in SCORERS]
+    if unknown or not names:
+        raise _fail(f"--policy: unknown {', '.join(unknown) or '(empty)'}; choose from {', '.join(SCORERS)}")
+    try:
+        seed_list = parse_seeds(seeds)
+        with _progress() as bar:
+            tasks: dict[tuple[str, int], Any] = {}
+
+            def tick(name: str, s: int, done: int, total: int) -> None:
+                if (name, s) not in tasks:
+                    tasks[(name, s)] = bar.add_task(f"{name} seed {s}", total=total)
+                if done % 200 == 0 or done == total:
+                    bar.update(tasks[(name, s)], completed=done)
+
+            report = run_protocol(nodes, pods, names, seed_list, demand, on_pod=tick)
+    except FgdInputError as e:
+        raise _fail(str(e)) from None
+    first = report["policies"][names[0]]  # type: ignore[index]
+    report = {"gpu_alloc_pct": first["gpu_alloc_pct"], "policy": names[0], **report}
+    _write_json(json_out, report)
+    t = Table(title=f"FGD protocol at {demand:.0%} demand, seeds {seeds}")
+    t.add_column("policy")
+    t.add_column("gpu_alloc_pct", justify="right")
+    t.add_column("failed pods (mean)", justify="right")
+    for name, figs in report["policies"].items():
+        t.add_row(name, str(figs["gpu_alloc_pct"]), str(figs["failed_pods_mean"]))
+    console.print(t)
+    console.print(f"report: {json_out}")

@@ -1,18 +1,26 @@
-"""The simulator's view of a cluster: nodes of a few kinds (GPU×GPU bandwidth matrix), leaves, NICs.
+"""The simulator's view of a cluster: an `oneplus_topology.Cluster` plus flat per-node arrays for fast cycles.
 
-Built from the cluster YAML (through `oneplus_topology`), a Tiresias cluster spec CSV or the Alibaba
-openb node list. The latter two say nothing about GPU links: their nodes are one PCIe domain.
+Three inputs become the same `Cluster`: the cluster YAML (`oneplus_topology.cluster.load_cluster`), a Tiresias
+cluster spec CSV and the Alibaba openb node list. The last two say nothing about GPU links: each of their nodes is
+one PCIe domain (every GPU pair at the PXB tier, `oneplus_topology.bandwidth.link_gbps`), documented in the report.
 """
 
 from __future__ import annotations
 
 import csv
-from collections.abc import Sequence
 from dataclasses import dataclass, field
 from functools import cached_property
 from pathlib import Path
 
-from .rates import NIC_HDR_GBPS, PCIE_GEN4_GBPS
+from oneplus_contracts import GpuInfo, GpuLink, NodeTopology
+from oneplus_placement.snapshot import Layout, _layout_of
+from oneplus_topology import ClusterConfigError, node_model
+from oneplus_topology.bandwidth import link_gbps
+from oneplus_topology.cluster import Cluster, Fabric, synthetic_cluster
+from oneplus_topology.cluster import load_cluster as load_cluster_yaml
+
+# IB HDR 200 Gb/s per GPU (data/bandwidth/measured_bandwidth_reference.csv line 8) for specs that name no NIC.
+DEFAULT_NIC_GBITS = 200.0
 
 
 class ClusterError(ValueError):
@@ -21,50 +29,20 @@ class ClusterError(ValueError):
 
 @dataclass(frozen=True)
 class NodeKind:
-    """Everything nodes of one hardware kind share."""
+    """What nodes of one hardware layout share: GPU×GPU GB/s, NVLink adjacency and domains, CPU and memory."""
 
     name: str
     gpu_model: str
     n_gpus: int
     pair_gbps: tuple[tuple[float, ...], ...]
-    cpus: float = 128.0
-    memory_mb: int = 1024 * 1024
-    nvlink: tuple[tuple[bool, ...], ...] | None = None
-
-    def __post_init__(self) -> None:
-        if len(self.pair_gbps) != self.n_gpus or any(len(r) != self.n_gpus for r in self.pair_gbps):
-            raise ClusterError(f"node kind {self.name}: bandwidth matrix must be {self.n_gpus}x{self.n_gpus}")
-
-    @cached_property
-    def nvlink_domains(self) -> tuple[frozenset[int], ...]:
-        """GPUs joined by NVLink (connected components); a GPU without NVLink is its own domain."""
-        links = self.nvlink or tuple(tuple(False for _ in range(self.n_gpus)) for _ in range(self.n_gpus))
-        seen: set[int] = set()
-        out: list[frozenset[int]] = []
-        for g in range(self.n_gpus):
-            if g in seen:
-                continue
-            comp, stack = {g}, [g]
-            while stack:
-                a = stack.pop()
-                for b in range(self.n_gpus):
-                    if links[a][b] and b not in comp:
-                        comp.add(b)
-                        stack.append(b)
-            seen |= comp
-            out.append(frozenset(comp))
-        return tuple(out)
+    nvlink: tuple[tuple[bool, ...], ...]
+    nvlink_domains: tuple[frozenset[int], ...]
+    cpus: float
+    memory_mb: int
 
     @cached_property
     def largest_nvlink_domain(self) -> int:
         return max((len(d) for d in self.nvlink_domains), default=1)
-
-
-def uniform_kind(name: str, gpu_model: str, n_gpus: int, gbps: float, *, nvlink: bool = False, **kw: float) -> NodeKind:
-    """A node whose GPU pairs all see the same bandwidth (NVSwitch, or one PCIe domain)."""
-    m = tuple(tuple(0.0 if a == b else gbps for b in range(n_gpus)) for a in range(n_gpus))
-    links = tuple(tuple(nvlink and a != b for b in range(n_gpus)) for a in range(n_gpus)) if nvlink else None
-    return NodeKind(name, gpu_model, n_gpus, m, nvlink=links, **kw)  # type: ignore[arg-type]
 
 
 @dataclass(frozen=True)
@@ -72,22 +50,38 @@ class SimNode:
     name: str
     kind: NodeKind
     leaf: int
-    spine: int = 0
-    nic_gbps_per_gpu: float = NIC_HDR_GBPS
 
 
 @dataclass
 class SimCluster:
-    nodes: tuple[SimNode, ...]
-    oversubscription: float = 1.0
+    topology: Cluster
     source: str = "synthetic"
     notes: list[str] = field(default_factory=list)
 
     def __post_init__(self) -> None:
-        if not self.nodes:
-            raise ClusterError("the cluster has no nodes")
-        if self.oversubscription < 1:
-            raise ClusterError(f"oversubscription must be >= 1, got {self.oversubscription}")
+        if not self.topology.nodes:
+            raise ClusterError(f"{self.source}: the cluster has no nodes")
+        kinds: dict[tuple[object, ...], NodeKind] = {}
+        leaf_ix: dict[str, int] = {}
+        nodes = []
+        for topo in self.topology.nodes:
+            key = _kind_key(topo)
+            kind = kinds.get(key)
+            if kind is None:
+                kind = kinds[key] = _kind_of(topo, f"{topo.gpu_model}x{len(topo.gpus)}-{len(kinds)}")
+            leaf = topo.leaf or f"leaf-{topo.node}"
+            nodes.append(SimNode(topo.node, kind, leaf_ix.setdefault(leaf, len(leaf_ix))))
+        self.nodes: tuple[SimNode, ...] = tuple(nodes)
+        self.kinds: tuple[NodeKind, ...] = tuple(kinds.values())
+
+    @property
+    def layout(self) -> Layout:
+        """Placement's layout of this cluster (node i here is slot i there)."""
+        return _layout_of(self.topology)
+
+    @property
+    def oversubscription(self) -> float:
+        return self.topology.fabric.oversubscription
 
     @cached_property
     def total_gpus(self) -> int:
@@ -104,63 +98,79 @@ class SimCluster:
             out.setdefault(n.leaf, []).append(i)
         return out
 
-    @cached_property
-    def leaf_gpus(self) -> dict[int, int]:
-        return {leaf: sum(self.nodes[i].kind.n_gpus for i in idx) for leaf, idx in self.leaves.items()}
-
-    @cached_property
-    def kinds(self) -> tuple[NodeKind, ...]:
-        seen: dict[str, NodeKind] = {}
-        for n in self.nodes:
-            seen.setdefault(n.kind.name, n.kind)
-        return tuple(seen.values())
-
     def describe(self) -> dict[str, object]:
+        f = self.topology.fabric
         return {
             "source": self.source,
+            "name": self.topology.name,
             "nodes": len(self.nodes),
             "gpus": self.total_gpus,
             "leaves": len(self.leaves),
-            "oversubscription": self.oversubscription,
-            "kinds": sorted({f"{k.name} ({k.n_gpus}x {k.gpu_model})" for k in self.kinds}),
+            "nic_gbits_per_gpu": f.nic_gbps_per_gpu,
+            "oversubscription": f.oversubscription,
+            "kinds": sorted({f"{k.n_gpus}x {k.gpu_model} ({k.cpus:g} CPUs)" for k in self.kinds}),
             "notes": list(self.notes),
         }
 
 
+def _kind_key(topo: NodeTopology) -> tuple[object, ...]:
+    return (
+        topo.gpu_model,
+        topo.cpus,
+        topo.memory_mb,
+        tuple(g.index for g in topo.gpus),
+        tuple((lk.a, lk.b, lk.kind, lk.gbps) for lk in topo.links),
+    )
+
+
+def _kind_of(topo: NodeTopology, name: str) -> NodeKind:
+    model = node_model(topo)
+    n = len(topo.gpus)
+    pos = {g.index: p for p, g in enumerate(topo.gpus)}
+    if sorted(pos) != list(range(n)):
+        raise ClusterError(f"node {topo.node}: GPU indexes must be 0..{n - 1}, got {sorted(pos)}")
+    # Rows and columns by GPU index (the model is by position in topo.gpus).
+    order = [pos[i] for i in range(n)]
+    gbps = tuple(tuple(model.gbps[order[a]][order[b]] for b in range(n)) for a in range(n))
+    nvl = tuple(tuple(model.nvlinks[order[a]][order[b]] > 0 for b in range(n)) for a in range(n))
+    domains = [frozenset(model.indices[p] for p in d) for d in model.domains]
+    covered = set().union(*domains) if domains else set()
+    domains += [frozenset({g}) for g in range(n) if g not in covered]
+    return NodeKind(name, topo.gpu_model, n, gbps, nvl, tuple(domains), float(topo.cpus), topo.memory_mb)
+
+
 def uniform_cluster(
     n_nodes: int,
-    kind: NodeKind,
-    nodes_per_leaf: int,
+    preset: str = "h100_sxm_8gpu_nvswitch_nv18",
+    nodes_per_leaf: int = 8,
     *,
     oversubscription: float = 1.0,
-    nic_gbps_per_gpu: float = NIC_HDR_GBPS,
-    leaves_per_spine: int = 0,
-    source: str = "synthetic",
+    nic_gbits_per_gpu: float = 400.0,
+    leaves_per_spine: int = 4,
 ) -> SimCluster:
-    if n_nodes < 1 or nodes_per_leaf < 1:
-        raise ClusterError("need at least one node and one node per leaf")
-    nodes = tuple(
-        SimNode(
-            f"node-{i:04d}",
-            kind,
-            leaf=i // nodes_per_leaf,
-            spine=(i // nodes_per_leaf) // leaves_per_spine if leaves_per_spine else 0,
-            nic_gbps_per_gpu=nic_gbps_per_gpu,
-        )
-        for i in range(n_nodes)
+    """`n_nodes` copies of a topology preset under a regular leaf/spine tree."""
+    c = synthetic_cluster(
+        n_nodes,
+        preset,
+        nodes_per_leaf=nodes_per_leaf,
+        leaves_per_spine=leaves_per_spine,
+        nic_gbps_per_gpu=nic_gbits_per_gpu,
+        oversubscription=oversubscription,
+        name=f"{n_nodes}x-{preset}",
     )
-    return SimCluster(nodes, oversubscription, source)
+    return SimCluster(c, source=f"synthetic:{preset}")
 
 
 def load_cluster(path: Path | str) -> SimCluster:
-    """A cluster YAML (via oneplus_topology), a Tiresias cluster spec CSV, or the openb node list CSV."""
+    """A cluster YAML, a Tiresias cluster spec CSV, or the openb node list CSV."""
     p = Path(path)
     if not p.is_file():
         raise ClusterError(f"{p}: no such cluster file")
     if p.suffix.lower() in (".yaml", ".yml"):
-        from .topology_bridge import cluster_from_yaml
-
-        return cluster_from_yaml(p)
+        try:
+            return SimCluster(load_cluster_yaml(p), source=str(p))
+        except ClusterConfigError as e:
+            raise ClusterError(str(e)) from e
     with p.open(newline="") as fh:
         header = fh.readline().strip().lstrip("\ufeff")
     cols = {c.strip() for c in header.split(",")}
@@ -171,6 +181,26 @@ def load_cluster(path: Path | str) -> SimCluster:
     raise ClusterError(
         f"{p}: unknown cluster format (header {header!r}); expected a YAML cluster spec, a Tiresias spec "
         "(num_switch,num_node_p_switch,num_gpu_p_node,...) or the openb node list (sn,cpu_milli,memory_mib,gpu,model)"
+    )
+
+
+def pcie_node(name: str, n_gpus: int, gpu_model: str, cpus: int, memory_mb: int, leaf: str, spine: str) -> NodeTopology:
+    """A node whose GPUs all sit under one PCIe switch (PXB between every pair), for inputs without GPU links."""
+    model = gpu_model or "unknown"
+    gbps = link_gbps("PXB", model)
+    gpus = [GpuInfo(index=i, name=model) for i in range(n_gpus)]
+    links = [GpuLink(a=a, b=b, kind="PXB", gbps=gbps) for a in range(n_gpus) for b in range(a + 1, n_gpus)]
+    return NodeTopology(
+        node=name,
+        gpu_model=model,
+        gpus=gpus,
+        links=links,
+        cpus=cpus,
+        memory_mb=memory_mb,
+        leaf=leaf,
+        spine=spine,
+        nic_gbps_per_gpu=DEFAULT_NIC_GBITS / 8,
+        source="synthetic",
     )
 
 
@@ -186,7 +216,7 @@ def _int(p: Path, line: int, row: dict[str, str], key: str) -> int:
 
 
 def load_tiresias_spec(p: Path, oversubscription: float = 2.0) -> SimCluster:
-    """Tiresias `nXgY.csv`: switches (= leaves) x nodes per switch x GPUs per node."""
+    """Tiresias `nXgY.csv`: switches (= leaves) x nodes per switch x GPUs per node, CPUs and memory (GB) per node."""
     with p.open(newline="") as fh:
         rows = list(csv.DictReader(fh))
     if len(rows) != 1:
@@ -197,11 +227,21 @@ def load_tiresias_spec(p: Path, oversubscription: float = 2.0) -> SimCluster:
         raise ClusterError(f"{p}:2: switches, nodes per switch and GPUs per node must all be >= 1")
     cpus = _int(p, 2, row, "num_cpu_p_node") if row.get("num_cpu_p_node") else 128
     mem_gb = _int(p, 2, row, "mem_p_node") if row.get("mem_p_node") else 256
-    kind = uniform_kind(f"tiresias-{gpus}gpu", "unknown", gpus, PCIE_GEN4_GBPS, cpus=cpus, memory_mb=mem_gb * 1024)
-    c = uniform_cluster(switches * per_switch, kind, per_switch, oversubscription=oversubscription, source=str(p))
+    nodes = [
+        pcie_node(f"s{s}-n{k:03d}", gpus, "unknown", cpus, mem_gb * 1024, f"leaf{s}", "spine0")
+        for s in range(switches)
+        for k in range(per_switch)
+    ]
+    fabric = Fabric(
+        nodes_per_leaf=per_switch,
+        leaves_per_spine=switches,
+        nic_gbps_per_gpu=DEFAULT_NIC_GBITS,
+        oversubscription=oversubscription,
+    )
+    c = SimCluster(Cluster(name=p.stem, fabric=fabric, nodes=nodes), source=str(p))
     c.notes.append(
-        f"Tiresias spec: GPU links unknown, each node is one PCIe Gen4 domain ({PCIE_GEN4_GBPS} GB/s); "
-        f"NIC {NIC_HDR_GBPS} GB/s per GPU; {oversubscription}:1 above the switch (assumed)"
+        f"Tiresias spec: GPU links unknown, each node is one PCIe domain (PXB pairs); {DEFAULT_NIC_GBITS:g} Gb/s NIC "
+        f"per GPU and {oversubscription:g}:1 above the switch (assumed)"
     )
     return c
 
@@ -210,32 +250,20 @@ def load_openb_nodes(p: Path, nodes_per_leaf: int = 32) -> SimCluster:
     """Alibaba openb node list: CPU, memory, GPU model and count per node; GPU topology unknown."""
     with p.open(newline="") as fh:
         rows = [(i + 2, r) for i, r in enumerate(csv.DictReader(fh))]
-    kinds: dict[tuple[str, int, int, int], NodeKind] = {}
-    nodes: list[SimNode] = []
+    nodes = []
     for line, row in rows:
         gpus = _int(p, line, row, "gpu")
-        cpu_milli, mem = _int(p, line, row, "cpu_milli"), _int(p, line, row, "memory_mib")
-        model = (row.get("model") or "").strip() or "none"
-        key = (model, gpus, cpu_milli, mem)
-        if key not in kinds:
-            kinds[key] = uniform_kind(
-                f"{model}x{gpus}-c{cpu_milli // 1000}-m{mem // 1024}",
-                model,
-                gpus,
-                PCIE_GEN4_GBPS,
-                cpus=cpu_milli / 1000,
-                memory_mb=mem,
-            )
-        nodes.append(SimNode((row.get("sn") or f"node-{line}").strip(), kinds[key], leaf=len(nodes) // nodes_per_leaf))
+        model = (row.get("model") or "").strip()
+        leaf = len(nodes) // nodes_per_leaf
+        name = (row.get("sn") or f"node-{line}").strip()
+        cpus = max(1, _int(p, line, row, "cpu_milli") // 1000)
+        nodes.append(pcie_node(name, gpus, model, cpus, _int(p, line, row, "memory_mib"), f"leaf{leaf}", "spine0"))
     if not nodes:
         raise ClusterError(f"{p}: the node list is empty")
-    c = SimCluster(tuple(nodes), 1.0, str(p))
+    fabric = Fabric(nodes_per_leaf=nodes_per_leaf, leaves_per_spine=10_000, nic_gbps_per_gpu=DEFAULT_NIC_GBITS)
+    c = SimCluster(Cluster(name=p.stem, fabric=fabric, nodes=nodes), source=str(p))
     c.notes.append(
-        f"openb node list: GPU topology unknown, each node is one PCIe Gen4 domain; {nodes_per_leaf} nodes per leaf "
-        f"in file order, no oversubscription (assumed)"
+        f"openb node list: GPU topology unknown, each node is one PCIe domain (PXB pairs); {nodes_per_leaf} nodes "
+        f"per leaf in file order; {DEFAULT_NIC_GBITS:g} Gb/s NIC per GPU; no oversubscription (assumed)"
     )
     return c
-
-
-def node_names(cluster: SimCluster, idx: Sequence[int]) -> list[str]:
-    return [cluster.nodes[i].name for i in idx]

@@ -20,7 +20,7 @@ from .comm import IdealRing, allocation_ring_gbps, slowdown
 from .state import MILLI, Occupancy, Placement
 from .trace import SimJob
 
-ARRIVE, FINISH, RELEASE = 0, 1, 2
+ARRIVE, FINISH, RELEASE, WAKE = 0, 1, 2, 3
 
 
 class Policy(Protocol):
@@ -61,6 +61,7 @@ class JobRecord:
     lost_gpu_s: float = 0.0
     # (gpu-weighted ideal work of the segment, slowdown, B, B*, tightest?)
     segments: list[tuple[float, float, float, float, bool]] = field(default_factory=list)
+    placements: list[tuple[tuple[int, tuple[int, ...]], ...]] = field(default_factory=list)
 
 
 @dataclass
@@ -80,6 +81,11 @@ class SimResult:
     series_pending: list[int]
     gpu_busy: list[list[float]]
     total_gpus: int
+
+    @property
+    def placements(self) -> dict[str, list[tuple[tuple[int, tuple[int, ...]], ...]]]:
+        """Per job, the (node, GPUs) of each rank, for every time it started."""
+        return {k: r.placements for k, r in self.records.items()}
 
 
 class SimContext:
@@ -154,6 +160,9 @@ class Simulation:
         self._busy = [[0.0] * g for g in self.occ.n_gpus]
         self._busy_since: dict[tuple[int, int], tuple[float, int]] = {}
         self._finished = 0
+        self._interval = float(getattr(policy, "min_cycle_interval_s", 0.0))
+        self._last_cycle = -math.inf
+        self._wake_at: float | None = None
 
     # ---- event plumbing ------------------------------------------------------------------------
     def _push(self, t: float, kind: int, job_id: str, epoch: int) -> None:
@@ -186,14 +195,27 @@ class Simulation:
                     self._enqueue(self._jobs[job_id])
                 elif kind == FINISH:
                     self._finish(job_id, epoch)
-                else:
+                elif kind == RELEASE:
                     self._release_preempted(job_id)
+                else:
+                    self._wake_at = None
             if self.pending:
-                t0 = time.perf_counter()
-                self.policy.schedule(SimContext(self))
-                self._cycle_ms.append((time.perf_counter() - t0) * 1000)
+                self._cycle()
             self._sample()
         return self._result()
+
+    def _cycle(self) -> None:
+        """Run the policy now, or wake up when its minimum interval between cycles has passed."""
+        due = self._last_cycle + self._interval
+        if self.now < due:
+            if self._wake_at is None:
+                self._wake_at = due
+                self._push(due, WAKE, "", 0)
+            return
+        self._last_cycle = self.now
+        t0 = time.perf_counter()
+        self.policy.schedule(SimContext(self))
+        self._cycle_ms.append((time.perf_counter() - t0) * 1000)
 
     def _result(self) -> SimResult:
         ts, alloc, pend = self._series
@@ -245,14 +267,15 @@ class Simulation:
         rec.wait_s += self.now - rec.queued_since
         if rec.first_start_s is None:
             rec.first_start_s = self.now
-        b = allocation_ring_gbps(self.cluster, placement.slots) if job.is_multi_gpu else math.inf
-        b_star = self.ideal(job.ranks, job.gpus_per_rank) if job.is_multi_gpu else math.inf
+        b = allocation_ring_gbps(self.cluster, placement.slots) if job.is_multi_gpu else 0.0
+        b_star = self.ideal(job.ranks, job.gpus_per_rank) if job.is_multi_gpu else 0.0
         s = slowdown(job.comm_fraction, b_star, b)
         epoch = self._epochs.get(job.job_id, 0) + 1
         self._epochs[job.job_id] = epoch
         end = self.now + job.remaining_s * s
         self.running[job.job_id] = Running(job, placement, self.now, s, job.done_s, epoch, end)
         rec.segments.append((0.0, s, b, b_star, self._tightest(job, placement)))
+        rec.placements.append(placement.slots)
         self._push(end, FINISH, job.job_id, epoch)
 
     def preempt(self, job_id: str) -> None:
@@ -282,6 +305,7 @@ class Simulation:
         job.done_s = job.duration_s
         placement = self.occ.release(job)
         self._mark_free(placement)
+        self._tell_released(job)
         self.records[job_id].finish_s = self.now
         self._finished += 1
         if self.on_progress:
@@ -294,7 +318,14 @@ class Simulation:
     def _release_preempted(self, job_id: str) -> None:
         job = self._jobs[job_id]
         self._mark_free(self.occ.release(job))
+        self._tell_released(job)
         self._enqueue(job)
+
+    def _tell_released(self, job: SimJob) -> None:
+        """Policies that mirror the cluster (oneplus) hear when a job gives its GPUs back."""
+        hook = getattr(self.policy, "released", None)
+        if hook is not None:
+            hook(job)
 
     def _close_segment(self, rec: JobRecord, job: SimJob, work_s: float) -> None:
         _, s, b, bs, tight = rec.segments[-1]

@@ -13,7 +13,7 @@ from .cluster import SimCluster
 from .trace import SimJob
 
 MILLI = 1000
-GANG = 8  # the gang size frag_pct is defined for
+GANG = 8  # frag_pct: free GPUs on nodes with fewer than min(GANG, node size) free (placement's definition)
 
 
 @dataclass(frozen=True, slots=True)

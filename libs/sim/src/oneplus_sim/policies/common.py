@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from functools import lru_cache
+from itertools import combinations
 
-from ..cluster import SimCluster
+from ..cluster import NodeKind, SimCluster
 from ..state import MILLI, Occupancy
 from ..trace import SimJob
 
@@ -72,24 +74,26 @@ def lowest_gpus(view: FreeView, node: int, job: SimJob) -> tuple[int, ...]:
 
 
 def most_linked_gpus(view: FreeView, node: int, job: SimJob) -> tuple[int, ...]:
-    """Slurm's GRES pick: grow the set by the free GPU with the most NVLink bandwidth to those already chosen."""
+    """Slurm's GRES pick with NVLink links: the free GPUs with the most NVLink bandwidth among themselves."""
     if job.gpu_milli:
         fit = [(x, g) for g, x in enumerate(view.left(node)) if x >= job.gpu_milli]
         return (min(fit)[1],)
-    free = view.free_gpus(node)
+    free = tuple(view.free_gpus(node))
     kind = view.cluster.nodes[node].kind
+    k = job.gpus_per_rank
+    if k <= 1 or k >= len(free) or not any(any(row) for row in kind.nvlink):
+        return free[:k]
+    return _most_linked(kind, free, k)
+
+
+@lru_cache(maxsize=8192)
+def _most_linked(kind: NodeKind, free: tuple[int, ...], k: int) -> tuple[int, ...]:
     m, links = kind.pair_gbps, kind.nvlink
-    if links is None or job.gpus_per_rank <= 1:
-        return tuple(free[: job.gpus_per_rank])
 
-    def w(a: int, b: int) -> float:
-        return m[a][b] if links[a][b] else 0.0
+    def weight(combo: tuple[int, ...]) -> float:
+        return sum(m[a][b] for a, b in combinations(combo, 2) if links[a][b])
 
-    chosen = [max(free, key=lambda g: (sum(w(g, o) for o in free), -g))]
-    while len(chosen) < job.gpus_per_rank:
-        rest = [g for g in free if g not in chosen]
-        chosen.append(max(rest, key=lambda g: (sum(w(g, c) for c in chosen), -g)))
-    return tuple(sorted(chosen))
+    return max(combinations(free, k), key=lambda c: (weight(c), [-g for g in c]))
 
 
 class SkipMemo:

@@ -1,0 +1,535 @@
+"""The FGD protocol (Weng et al., USENIX ATC'23, "Beware of Fragmentation") on Alibaba openb, BENCHMARKS.md §2.
+
+Read from hkust-adsl/kubernetes-scheduler-simulator @8f3d6417 and re-implemented (no code copied):
+- workload: every pod of the list, sorted by name then shuffled with the seed; then "tune-up" inflation appends
+  pods drawn uniformly (with replacement) from the name-sorted list until one more would push the requested GPU
+  milli past `demand` × capacity (the reference checks the per-GPU milli of the candidate but adds its total:
+  kept as is). Pods arrive one by one and never leave; a pod that fits nowhere fails, the next one comes.
+- filter: CPU, memory, GPU model, and GPUs (a share needs one GPU with enough milli left, n whole GPUs need n idle).
+- the node with the highest score wins; ties go to the smallest node name, and the reference prefixes every node
+  name with a seeded random permutation index, so ties follow one random node order per seed (its selectHost).
+- allocation ratio = allocated GPU milli / capacity; the figure at 130% is the mean over the pod events whose
+  arrived demand rounds to 130% (the reference's analysis_allo_discrete); fragmentation = frag milli / idle milli.
+The random number streams differ from Go's, so single seeds differ; means over seeds are what compare.
+"""
+
+from __future__ import annotations
+
+import bisect
+import csv
+import math
+import random
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+MILLI = 1000
+MAX_SCORE = 100
+# BestFit's normalisers in the reference (open-gpu-share utils: MaxSpecCpu, MaxSpecGpu)
+MAX_SPEC_CPU, MAX_SPEC_GPU = 128_000, 8_000
+
+
+class FgdInputError(ValueError):
+    """A node or pod list that cannot be used, with the file and line."""
+
+
+@dataclass(frozen=True, slots=True)
+class PodRes:
+    """What scoring sees of a pod (memory is only filtered, as in the reference's PodResource)."""
+
+    cpu: int
+    milli: int  # per GPU; 0 for CPU-only pods
+    n_gpu: int
+    models: str  # "" = any GPU model, else "A|B"
+
+    @property
+    def total_milli(self) -> int:
+        return self.milli * self.n_gpu
+
+    @property
+    def is_share(self) -> bool:
+        return self.n_gpu == 1 and self.milli < MILLI
+
+
+@dataclass(frozen=True, slots=True)
+class Pod:
+    name: str
+    res: PodRes
+    memory: int
+
+
+@dataclass(frozen=True, slots=True)
+class Node:
+    name: str
+    cpu: int
+    memory: int
+    n_gpu: int
+    model: str
+
+
+def _int(p: Path, line: int, row: dict[str, str], key: str, default: int | None = None) -> int:
+    raw = (row.get(key) or "").strip()
+    if raw == "" and default is not None:
+        return default
+    try:
+        return int(float(raw))
+    except ValueError:
+        raise FgdInputError(f"{p}:{line}: column {key!r} must be a number, got {raw!r}") from None
+
+
+def load_nodes(path: Path | str) -> list[Node]:
+    p = Path(path)
+    if not p.is_file():
+        raise FgdInputError(f"{p}: no such node list")
+    with p.open(newline="") as fh:
+        reader = csv.DictReader(fh)
+        need = {"sn", "cpu_milli", "memory_mib", "gpu", "model"}
+        if not need <= set(reader.fieldnames or ()):
+            raise FgdInputError(f"{p}: a node list needs columns {sorted(need)}, found {reader.fieldnames}")
+        nodes = [
+            Node(
+                row["sn"].strip(),
+                _int(p, i + 2, row, "cpu_milli"),
+                _int(p, i + 2, row, "memory_mib"),
+                _int(p, i + 2, row, "gpu"),
+                (row.get("model") or "").strip(),
+            )
+            for i, row in enumerate(reader)
+        ]
+    if not nodes or not sum(n.n_gpu for n in nodes):
+        raise FgdInputError(f"{p}: the node list has no GPU")
+    return nodes
+
+
+def load_pods(path: Path | str) -> list[Pod]:
+    p = Path(path)
+    if not p.is_file():
+        raise FgdInputError(f"{p}: no such pod list")
+    with p.open(newline="") as fh:
+        reader = csv.DictReader(fh)
+        need = {"name", "cpu_milli", "memory_mib", "num_gpu", "gpu_milli"}
+        if not need <= set(reader.fieldnames or ()):
+            raise FgdInputError(f"{p}: a pod list needs columns {sorted(need)}, found {reader.fieldnames}")
+        pods = []
+        for i, row in enumerate(reader):
+            n_gpu, milli = _int(p, i + 2, row, "num_gpu"), _int(p, i + 2, row, "gpu_milli", 0)
+            if n_gpu < 0 or milli < 0:
+                raise FgdInputError(f"{p}:{i + 2}: num_gpu and gpu_milli must be >= 0")
+            milli = 0 if n_gpu == 0 else min(milli, MILLI)
+            if n_gpu and not milli:
+                n_gpu = 0  # the reference's annotation: a GPU count without milli asks for no GPU
+            cpu = _int(p, i + 2, row, "cpu_milli") or 100  # kube-scheduler's non-zero default request
+            models = "|".join(x for x in (row.get("gpu_spec") or "").strip().split("|") if x)
+            pods.append(Pod(row["name"].strip(), PodRes(cpu, milli, n_gpu, models), _int(p, i + 2, row, "memory_mib")))
+    if not pods:
+        raise FgdInputError(f"{p}: the pod list is empty")
+    return pods
+
+
+# ---- typical pods and the fragmentation measure -------------------------------------------------------------
+def typical_pods(pods: Sequence[Pod], popularity: float = 95.0) -> list[tuple[PodRes, float]]:
+    """The most frequent pod shapes covering `popularity` % of pods, with renormalised frequencies."""
+    counts: dict[PodRes, int] = {}
+    for pod in pods:
+        counts[pod.res] = counts.get(pod.res, 0) + 1
+    total = sum(counts.values())
+    order = sorted(counts.items(), key=lambda kv: (kv[1], kv[0].cpu, kv[0].milli, kv[0].n_gpu, kv[0].models))
+    order.reverse()
+    chosen: list[tuple[PodRes, int]] = []
+    cum = 0
+    for res, n in order:
+        if cum >= popularity * total / 100:
+            break
+        chosen.append((res, n))
+        cum += n
+    return [(res, n / cum) for res, n in chosen]
+
+
+GpuState = tuple[int, ...]  # milli left per GPU, sorted descending
+
+
+class FragMeter:
+    """Expected GPU milli a node wastes for the typical pod mix (the reference's NodeGpuShareFragAmount)."""
+
+    def __init__(self, typical: Sequence[tuple[PodRes, float]]) -> None:
+        self.typical = list(typical)
+        self._cache: dict[tuple[str, int, GpuState], float] = {}
+
+    def frag(self, model: str, cpu_left: int, left: GpuState) -> float:
+        key = (model, cpu_left, left)
+        v = self._cache.get(key)
+        if v is None:
+            v = self._cache[key] = self._compute(model, cpu_left, left)
+        return v
+
+    def _compute(self, model: str, cpu_left: int, left: GpuState) -> float:
+        idle = sum(left)
+        out = 0.0
+        for pod, freq in self.typical:
+            if pod.milli and (not _accessible(model, pod.models) or not _hosts(left, pod)):
+                out += freq * idle
+            elif pod.milli and cpu_left >= pod.cpu:
+                out += freq * sum(x for x in left if x < pod.milli)  # Q3: only GPUs too small for it count
+            else:
+                out += freq * idle  # Q4, and CPU-only pods (XL and XR both count: as the reference)
+        return out
+
+
+def _accessible(model: str, wanted: str) -> bool:
+    return not wanted or (bool(model) and model in wanted.split("|"))
+
+
+def _hosts(left: Sequence[int], pod: PodRes) -> bool:
+    return sum(1 for x in left if x >= pod.milli) >= pod.n_gpu
+
+
+def _sigmoid(x: float) -> float:
+    return 1.0 / (1.0 + math.exp(-x)) if x > -700 else 0.0
+
+
+# ---- the cluster ------------------------------------------------------------------------------------------
+@dataclass(slots=True)
+class NodeState:
+    node: Node
+    cpu_left: int
+    mem_left: int
+    left: list[int]
+
+    @property
+    def sorted_left(self) -> GpuState:
+        return tuple(sorted(self.left, reverse=True))
+
+    def key(self) -> tuple[str, int, int, GpuState]:
+        return (self.node.model, self.cpu_left, self.mem_left, self.sorted_left)
+
+
+def fits(state: tuple[str, int, int, GpuState], pod: Pod) -> bool:
+    model, cpu, mem, left = state
+    res = pod.res
+    if cpu < res.cpu or mem < pod.memory:
+        return False
+    if not res.milli:
+        return True
+    return bool(left) and _accessible(model, res.models) and _hosts(left, res)
+
+
+def after(left: GpuState, res: PodRes) -> list[GpuState]:
+    """GPU states the pod can leave behind: one per distinct GPU for a share, one for whole GPUs."""
+    if not res.milli:
+        return [left]
+    if res.is_share:
+        outs = []
+        for x in sorted(set(left)):
+            if x >= res.milli:
+                lst = list(left)
+                lst[lst.index(x)] = x - res.milli
+                outs.append(tuple(sorted(lst, reverse=True)))
+        return outs
+    lst = list(left)
+    taken = 0
+    for i in range(len(lst) - 1, -1, -1):  # ascending: pack into the least sufficient (full) GPUs
+        if taken < res.n_gpu and lst[i] >= res.milli:
+            lst[i] -= res.milli
+            taken += 1
+    return [tuple(sorted(lst, reverse=True))]
+
+
+ScoreFn = Callable[[tuple[str, int, int, GpuState], PodRes], float]
+
+
+class Scorer:
+    """A node-scoring policy: score(state, pod) (higher wins) and the GPU choice on the winning node."""
+
+    name = "base"
+    uniform = False  # pick uniformly among feasible nodes instead of by score
+    normalize = False  # the reference's min-max NormalizeScore (integer) before picking
+
+    def __init__(self, meter: FragMeter, rng: random.Random) -> None:
+        self.meter = meter
+        self.rng = rng
+
+    def score(self, state: tuple[str, int, int, GpuState], res: PodRes) -> float:
+        raise NotImplementedError
+
+    def pick_share_gpu(self, ns: NodeState, res: PodRes) -> int:
+        cands = [(x, g) for g, x in enumerate(ns.left) if x >= res.milli]
+        return min(cands)[1]  # tightest fit, lowest index
+
+
+class FgdScorer(Scorer):
+    """FGD: sigmoid of the drop in expected fragmentation, ×100, truncated to an integer (the reference)."""
+
+    name = "fgd"
+    truncate = True
+
+    def _delta(self, model: str, cpu: int, left: GpuState, new_left: GpuState, res: PodRes) -> float:
+        m = self.meter
+        return m.frag(model, cpu, left) - m.frag(model, cpu - res.cpu, new_left)
+
+    def score(self, state: tuple[str, int, int, GpuState], res: PodRes) -> float:
+        model, cpu, _mem, left = state
+        best = max(self._delta(model, cpu, left, nl, res) for nl in after(left, res))
+        s = _sigmoid(best / 1000) * MAX_SCORE
+        return float(int(s)) if self.truncate else s
+
+    def pick_share_gpu(self, ns: NodeState, res: PodRes) -> int:
+        model, cpu, left = ns.node.model, ns.cpu_left, ns.sorted_left
+        best_g, best_s = -1, -math.inf
+        for g, x in enumerate(ns.left):
+            if x < res.milli:
+                continue
+            lst = list(ns.left)
+            lst[g] -= res.milli
+            s = self._delta(model, cpu, left, tuple(sorted(lst, reverse=True)), res)
+            s = float(int(_sigmoid(s / 1000) * MAX_SCORE)) if self.truncate else s
+            if s > best_s:
+                best_g, best_s = g, s
+        return best_g
+
+
+class BestFitScorer(Scorer):
+    """BestFit: least CPU and GPU left after the pod, normalised by the reference's max node spec."""
+
+    name = "bestfit"
+    normalize = True
+
+    def score(self, state: tuple[str, int, int, GpuState], res: PodRes) -> float:
+        _model, cpu, _mem, left = state
+        waste = 0.5 * (cpu - res.cpu) / MAX_SPEC_CPU + 0.5 * (sum(left) - res.total_milli) / MAX_SPEC_GPU
+        return float(int((1.0 - waste) * MAX_SCORE))
+
+
+class RandomScorer(Scorer):
+    """Random: every feasible node scores the same; the tie-break picks one uniformly."""
+
+    name = "random"
+    uniform = True
+
+    def score(self, state: tuple[str, int, int, GpuState], res: PodRes) -> float:
+        return 0.0
+
+    def pick_share_gpu(self, ns: NodeState, res: PodRes) -> int:
+        return self.rng.choice([g for g, x in enumerate(ns.left) if x >= res.milli])
+
+
+class OnePlusScorer(FgdScorer):
+    """This platform's policy for shared and small pods is FGD's fragmentation gradient, unchanged: the variants
+    tried (no integer cut, BestFit or CPU tie-breaks, a coarser scale) all did worse over seeds 42-44."""
+
+    name = "oneplus"
+
+
+SCORERS: dict[str, type[Scorer]] = {c.name: c for c in (FgdScorer, BestFitScorer, RandomScorer, OnePlusScorer)}
+
+
+# ---- the protocol -----------------------------------------------------------------------------------------
+@dataclass
+class FgdRun:
+    policy: str
+    seed: int
+    capacity_milli: int
+    arrived_pct: list[float] = field(default_factory=list)
+    alloc_pct: list[float] = field(default_factory=list)
+    frag_pct: list[float] = field(default_factory=list)
+    failed: int = 0
+    pods: int = 0
+
+    def alloc_at(self, demand_pct: float) -> float:
+        """Mean allocation over events whose arrived demand rounds to `demand_pct` (±1 if none), as the reference."""
+        target = round(demand_pct)
+        vals = [a for d, a in zip(self.arrived_pct, self.alloc_pct, strict=True) if round(d) == target]
+        if not vals:
+            vals = [a for d, a in zip(self.arrived_pct, self.alloc_pct, strict=True) if abs(round(d) - target) <= 1]
+        return sum(vals) / len(vals) if vals else 0.0
+
+    def series(self, step: float = 1.0) -> list[dict[str, float]]:
+        """Allocation and fragmentation at each `step` % of arrived demand (first event at or past it)."""
+        out, nxt = [], 0.0
+        for d, a, f in zip(self.arrived_pct, self.alloc_pct, self.frag_pct, strict=True):
+            if d >= nxt:
+                out.append({"arrived_pct": round(d, 2), "alloc_pct": round(a, 3), "frag_pct": round(f, 3)})
+                nxt = math.floor(d / step) * step + step
+        return out
+
+
+def workload(pods: Sequence[Pod], capacity_milli: int, demand: float, rng: random.Random) -> list[Pod]:
+    """The arrival sequence: name-sorted, shuffled, then inflated to `demand` × capacity (or trimmed to it)."""
+    base = sorted(pods, key=lambda p: p.name)
+    order = list(base)
+    rng.shuffle(order)
+    target = demand * capacity_milli
+    total = sum(p.res.total_milli for p in order)
+    if total > target:
+        while total > target and order:
+            victim = order.pop(rng.randrange(len(order)))
+            total -= victim.res.total_milli
+        return order
+    i = 0
+    while True:
+        cand = base[rng.randrange(len(base))]
+        if total + cand.res.milli > target:
+            return order
+        total += cand.res.total_milli
+        order.append(Pod(f"{cand.name}-tuned-{i}", cand.res, cand.memory))
+        i += 1
+
+
+def run_fgd(
+    nodes: Sequence[Node],
+    pods: Sequence[Pod],
+    policy: str,
+    seed: int,
+    demand: float = 1.3,
+    on_pod: Callable[[int, int], None] | None = None,
+) -> FgdRun:
+    if policy not in SCORERS:
+        raise FgdInputError(f"unknown FGD policy {policy!r}; choose from {', '.join(SCORERS)}")
+    if demand <= 0:
+        raise FgdInputError(f"--demand must be > 0, got {demand}")
+    rng = random.Random(seed)
+    capacity = sum(n.n_gpu for n in nodes) * MILLI
+    # The reference names nodes "<random permutation index>-<name>" and breaks score ties by the smallest name.
+    rank_of = list(range(len(nodes)))
+    rng.shuffle(rank_of)
+    arrivals = workload(pods, capacity, demand, rng)
+    meter = FragMeter(typical_pods(pods))
+    scorer = SCORERS[policy](meter, random.Random(f"{seed}/gpu"))
+    states = [NodeState(n, n.cpu, n.memory, [MILLI] * n.n_gpu) for n in nodes]
+    by_rank = [0] * len(nodes)
+    groups: dict[tuple[str, int, int, GpuState], list[int]] = {}  # state -> ranks of its nodes, ascending
+    for i, st in enumerate(states):
+        by_rank[rank_of[i]] = i
+        bisect.insort(groups.setdefault(st.key(), []), rank_of[i])
+    run = FgdRun(policy, seed, capacity)
+    cluster_frag = sum(meter.frag(k[0], k[1], k[3]) * len(v) for k, v in groups.items())
+    idle = capacity
+    arrived = 0
+    score_cache: dict[tuple[tuple[str, int, int, GpuState], PodRes], float] = {}
+    for n_pod, pod in enumerate(arrivals):
+        arrived += pod.res.total_milli
+        scored: list[tuple[float, tuple[str, int, int, GpuState]]] = []
+        for key in groups:
+            if fits(key, pod):
+                ck = (key, pod.res)
+                sc = score_cache.get(ck)
+                if sc is None:
+                    sc = score_cache[ck] = scorer.score(key, pod.res)
+                scored.append((sc, key))
+        if not scored:
+            run.failed += 1
+        else:
+            node_idx = by_rank[_select(scored, groups, scorer, rng)]
+            ns = states[node_idx]
+            old_key = ns.key()
+            old_frag = meter.frag(ns.node.model, ns.cpu_left, ns.sorted_left)
+            _bind(ns, pod, scorer)
+            ranks = groups[old_key]
+            ranks.remove(rank_of[node_idx])
+            if not ranks:
+                del groups[old_key]
+            bisect.insort(groups.setdefault(ns.key(), []), rank_of[node_idx])
+            cluster_frag += meter.frag(ns.node.model, ns.cpu_left, ns.sorted_left) - old_frag
+            idle -= pod.res.total_milli
+        run.arrived_pct.append(100 * arrived / capacity)
+        run.alloc_pct.append(100 * (capacity - idle) / capacity)
+        run.frag_pct.append(100 * cluster_frag / idle if idle else 0.0)
+        if on_pod:
+            on_pod(n_pod + 1, len(arrivals))
+    run.pods = len(arrivals)
+    return run
+
+
+def _select(
+    scored: list[tuple[float, tuple[str, int, int, GpuState]]],
+    groups: dict[tuple[str, int, int, GpuState], list[int]],
+    scorer: Scorer,
+    rng: random.Random,
+) -> int:
+    """The rank of the winning node: highest (normalised) score, then the smallest rank; Random: uniform."""
+    if scorer.uniform:
+        total = sum(len(groups[k]) for _, k in scored)
+        r = rng.randrange(total)
+        for _, k in scored:
+            if r < len(groups[k]):
+                return groups[k][r]
+            r -= len(groups[k])
+    if scorer.normalize:
+        lo, hi = min(sc for sc, _ in scored), max(sc for sc, _ in scored)
+        span = hi - lo
+        scored = [(0.0 if span == 0 else float(int((sc - lo) * MAX_SCORE // span)), k) for sc, k in scored]
+    best = max(sc for sc, _ in scored)
+    return min(groups[k][0] for sc, k in scored if sc == best)
+
+
+def _bind(ns: NodeState, pod: Pod, scorer: Scorer) -> None:
+    res = pod.res
+    ns.cpu_left -= res.cpu
+    ns.mem_left -= pod.memory
+    if not res.milli:
+        return
+    if res.is_share:
+        ns.left[scorer.pick_share_gpu(ns, res)] -= res.milli
+        return
+    taken = 0
+    for g, x in enumerate(ns.left):  # whole GPUs: the lowest idle indexes (AllocateExclusiveGpuId)
+        if taken < res.n_gpu and x == MILLI:
+            ns.left[g] = 0
+            taken += 1
+
+
+def parse_seeds(text: str) -> list[int]:
+    """`42-51` or `42,43,47` (or one number) to a list of seeds."""
+    try:
+        if "-" in text.strip("-"):
+            lo, hi = (int(x) for x in text.split("-", 1))
+            if hi < lo:
+                raise ValueError
+            return list(range(lo, hi + 1))
+        return [int(x) for x in text.split(",") if x.strip()]
+    except ValueError:
+        raise FgdInputError(f"--seeds {text!r}: expected FIRST-LAST (e.g. 42-51) or a comma list") from None
+
+
+def run_protocol(
+    nodes_path: Path | str,
+    pods_path: Path | str,
+    policies: Sequence[str],
+    seeds: Sequence[int],
+    demand: float = 1.3,
+    on_pod: Callable[[str, int, int, int], None] | None = None,
+) -> dict[str, object]:
+    """Every policy on every seed; per policy the mean allocation at `demand` and the mean series along the way."""
+    nodes, pods = load_nodes(nodes_path), load_pods(pods_path)
+    if not seeds:
+        raise FgdInputError("at least one seed is needed")
+    out: dict[str, object] = {}
+    for policy in policies:
+        runs = []
+        for seed in seeds:
+            cb = (lambda done, total, _p=policy, _s=seed: on_pod(_p, _s, done, total)) if on_pod else None
+            runs.append(run_fgd(nodes, pods, policy, seed, demand, cb))
+        per_seed = {str(r.seed): round(r.alloc_at(100 * demand), 3) for r in runs}
+        out[policy] = {
+            "gpu_alloc_pct": round(sum(per_seed.values()) / len(per_seed), 3),
+            "gpu_alloc_pct_by_seed": per_seed,
+            "failed_pods_mean": round(sum(r.failed for r in runs) / len(runs), 1),
+            "pods_mean": round(sum(r.pods for r in runs) / len(runs), 1),
+            "series": _mean_series([r.series() for r in runs]),
+        }
+    return {
+        "protocol": "FGD workload inflation (hkust-adsl/kubernetes-scheduler-simulator @8f3d6417), see oneplus_sim.fgd",
+        "nodes": str(nodes_path),
+        "pods": str(pods_path),
+        "capacity_gpus": sum(n.n_gpu for n in nodes),
+        "demand": demand,
+        "seeds": list(seeds),
+        "typical_pods": len(typical_pods(pods)),
+        "policies": out,
+    }
+
+
+def _mean_series(series: Sequence[list[dict[str, float]]]) -> list[dict[str, float]]:
+    """Point-wise mean over seeds at each arrived-demand step that every seed reached."""
+    n = min(len(s) for s in series)
+    keys = ("arrived_pct", "alloc_pct", "frag_pct")
+    return [{k: round(sum(s[i][k] for s in series) / len(series), 3) for k in keys} for i in range(n)]

@@ -1,0 +1,195 @@
+"""The `oneplus` policy: the live solver's own code, `oneplus_queueing.schedule_cycle`, on a mirrored ClusterState.
+
+The adapter keeps placement's mutable `ClusterState` in step with the simulator (apply on start, release when a job
+ends or a preempted job has checkpointed), turns trace jobs into `JobSpec`s once, and feeds each cycle's decision
+back: placements start, victims are preempted, nominations carry over to the next cycle as in the service.
+"""
+
+from __future__ import annotations
+
+import heapq
+import math
+
+from oneplus_contracts import Allocation, CheckpointPolicy, JobSpec, RankResources
+from oneplus_placement.snapshot import ClusterState
+from oneplus_queueing.config import PriorityClass, QueueConfig
+from oneplus_queueing.cycle import schedule_cycle
+from oneplus_queueing.fairshare import UsageHistory
+from oneplus_queueing.model import PendingJob, RunningJob
+
+from ..engine import SimContext
+from ..state import Placement
+from ..trace import PRIORITY_CLASSES, SimJob
+
+# The solver runs at most this often in simulated time; events in between are batched into one cycle.
+DEFAULT_CYCLE_INTERVAL_S = 60.0
+# A rank of a trace job that names no CPU or memory takes a token amount, so both models of the node agree.
+_TOKEN_CPUS, _TOKEN_MEMORY_MB = 0.001, 1
+USAGE_CHARGE_EVERY_S = 3600.0  # fair-share usage is an exact integral, so charging hourly loses nothing
+
+
+def sim_queue_config() -> QueueConfig:
+    """One queue; the trace rule's priority classes, `high` not preemptible; every other knob at its default."""
+    classes = {
+        name: PriorityClass(value=value, preemptible=name != "high", description=f"trace rule class {name}")
+        for name, value in PRIORITY_CLASSES.items()
+    }
+    return QueueConfig(priority_classes=classes, default_priority_class="normal")
+
+
+def job_spec(job: SimJob, grace_s: float) -> JobSpec:
+    gpus = job.gpu_milli / 1000 if job.gpu_milli else float(job.gpus_per_rank)
+    return JobSpec(
+        name=job.job_id,
+        priority_class=job.priority_class,
+        preemptible=job.preemptible,
+        ranks=job.ranks,
+        resources=RankResources(
+            gpus=gpus,
+            cpus=job.cpus or _TOKEN_CPUS,
+            memory_mb=job.memory_mb or _TOKEN_MEMORY_MB,
+            gpu_models=list(job.gpu_models) if job.gpu_models else None,
+        ),
+        checkpoint=CheckpointPolicy(
+            grace_s=math.ceil(grace_s),
+            interval_s=math.ceil(job.checkpoint_interval_s) if job.checkpoint_interval_s else None,
+        ),
+        time_limit_s=max(1, math.ceil(job.duration_s)),
+    )
+
+
+class OnePlusPolicy:
+    name = "oneplus"
+
+    def __init__(
+        self,
+        seed: int = 0,
+        config: QueueConfig | None = None,
+        grace_s: float = 30.0,
+        cycle_interval_s: float = DEFAULT_CYCLE_INTERVAL_S,
+    ) -> None:
+        self.min_cycle_interval_s = cycle_interval_s
+        self.seed = seed
+        self.config = config or sim_queue_config()
+        self.grace_s = grace_s
+        self.usage = UsageHistory.for_config(self.config)
+        self._state: ClusterState | None = None
+        self._specs: dict[str, JobSpec] = {}
+        self._pending: dict[str, PendingJob] = {}
+        self._running: dict[str, RunningJob] = {}
+        self._nominations: dict[str, Allocation] = {}
+        self._checkpoints: list[tuple[float, str, float]] = []  # (when, job, run start) of the next checkpoint
+        self._preemptions: dict[str, int] = {}
+        self._charged = -math.inf
+
+    def queue_key(self, job: SimJob) -> tuple[float, ...]:
+        return (-job.priority, job.order)
+
+    # ---- what the engine tells us ---------------------------------------------------------------------------
+    def released(self, job: SimJob) -> None:
+        run = self._running.pop(job.job_id, None)
+        if run is not None and self._state is not None:
+            self._state.release(run.allocation)
+
+    # ---- one cycle ------------------------------------------------------------------------------------------
+    def schedule(self, ctx: SimContext) -> None:
+        if self._state is None:
+            self._state = ClusterState(ctx.cluster.layout)
+        now = ctx.now
+        self._advance_checkpoints(ctx)
+        if now - self._charged >= USAGE_CHARGE_EVERY_S:
+            self.usage.charge(max(now, self.usage.as_of), self._running.values())
+            self._charged = now
+        pending = [self._pending_job(j) for j in ctx.pending]
+        decision = schedule_cycle(
+            now,
+            self._state,
+            pending,
+            list(self._running.values()),
+            self.config,
+            self.usage,
+            seed=self.seed,
+            nominations=self._nominations,
+        )
+        for choice in decision.preemptions:
+            for victim in choice.victims:
+                run = self._running.get(victim)
+                if run is None or run.preempting or victim not in ctx.running:
+                    continue
+                ctx.preempt(victim)
+                self._running[victim] = _replace(run, preempting=True)
+                self._preemptions[victim] = self._preemptions.get(victim, 0) + 1
+                self._pending.pop(victim, None)
+                self.usage.record_preemption(now, victim, choice.preemptor, run.gpus)
+        by_id = {j.job_id: j for j in ctx.pending} if decision.placements else {}
+        for job_id, alloc in decision.placements.items():
+            job = by_id[job_id]
+            ctx.start(job, self._placement(ctx, alloc))
+            self._state.apply(alloc)
+            self._pending.pop(job_id, None)
+            self._running[job_id] = RunningJob(
+                job_id, self._spec(job), alloc, now, None, self._preemptions.get(job_id, 0), False
+            )
+            self._schedule_checkpoint(ctx, job)
+        self._nominations = dict(decision.nominations)
+
+    # ---- conversions ----------------------------------------------------------------------------------------
+    def _spec(self, job: SimJob) -> JobSpec:
+        spec = self._specs.get(job.job_id)
+        if spec is None:
+            spec = self._specs[job.job_id] = job_spec(job, self.grace_s)
+        return spec
+
+    def _pending_job(self, job: SimJob) -> PendingJob:
+        p = self._pending.get(job.job_id)
+        if p is None:
+            p = self._pending[job.job_id] = PendingJob(
+                job.job_id, self._spec(job), job.submit_s, self._preemptions.get(job.job_id, 0)
+            )
+        return p
+
+    @staticmethod
+    def _placement(ctx: SimContext, alloc: Allocation) -> Placement:
+        layout = ctx.cluster.layout
+        slots = tuple((layout.index(r.node), tuple(r.gpus)) for r in alloc.ranks)
+        return Placement(slots, alloc.ranks[0].gpu_milli if alloc.ranks else 0)
+
+    # ---- checkpoints: RunningJob.checkpoint_ts drives victim choice by lost work ----------------------------
+    def _schedule_checkpoint(self, ctx: SimContext, job: SimJob) -> None:
+        run = ctx.running.get(job.job_id)
+        interval = job.checkpoint_interval_s
+        if run is None or not interval:
+            return
+        next_progress = (math.floor(run.done_at_start / interval) + 1) * interval
+        if next_progress >= job.duration_s:
+            return
+        when = run.start_s + (next_progress - run.done_at_start) * run.slowdown
+        heapq.heappush(self._checkpoints, (when, job.job_id, run.start_s))
+
+    def _advance_checkpoints(self, ctx: SimContext) -> None:
+        while self._checkpoints and self._checkpoints[0][0] <= ctx.now:
+            when, job_id, start = heapq.heappop(self._checkpoints)
+            run, sim_run = self._running.get(job_id), ctx.running.get(job_id)
+            if run is None or sim_run is None or sim_run.start_s != start or run.preempting:
+                continue  # the run it belonged to has ended
+            self._running[job_id] = _replace(run, checkpoint_ts=when)
+            interval = sim_run.job.checkpoint_interval_s
+            assert interval is not None
+            progress = sim_run.done_at_start + (when - start) / sim_run.slowdown
+            nxt = progress + interval
+            if nxt < sim_run.job.duration_s:
+                heapq.heappush(self._checkpoints, (when + interval * sim_run.slowdown, job_id, start))
+
+
+def _replace(run: RunningJob, **kw: object) -> RunningJob:
+    fields = {
+        "job_id": run.job_id,
+        "spec": run.spec,
+        "allocation": run.allocation,
+        "started_ts": run.started_ts,
+        "checkpoint_ts": run.checkpoint_ts,
+        "preemptions": run.preemptions,
+        "preempting": run.preempting,
+    }
+    fields.update(kw)
+    return RunningJob(**fields)  # type: ignore[arg-type]
