@@ -12,8 +12,10 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from oneplus_contracts import Allocation, JobSpec
+from oneplus_placement.fitters import static_eligible
+from oneplus_placement.request import GangRequest, InvalidRequest
 
-from .capacity import Capacity, whole_gpus
+from .capacity import Capacity, working_copy
 from .config import QueueConfig
 from .model import Reservation, RunningJob
 from .ordering import RankedJob
@@ -26,7 +28,6 @@ class Release:
     ts: float
     job_id: str
     allocation: Allocation
-    gpus: int
 
 
 def planned_releases(
@@ -44,18 +45,17 @@ def planned_releases(
         early = releasable_at(job)
         if early is not None:
             ends = early if ends is None else min(ends, early)
-        gpus = sum(len(r.gpus) for r in job.allocation.ranks if not r.gpu_milli)
-        rel = Release(max(now, ends) if ends is not None else 0.0, job.job_id, job.allocation, gpus)
+        rel = Release(max(now, ends) if ends is not None else 0.0, job.job_id, job.allocation)
         (timed if ends is not None else never).append(rel)
     timed.sort(key=lambda r: (r.ts, r.job_id))
     return timed, never
 
 
 class _Prefix:
-    """Keeps the first `k` releases released on the capacity, moving `k` with as few changes as possible."""
+    """A private copy of the state with the first `k` releases released; moves `k` with as few changes as possible."""
 
     def __init__(self, capacity: Capacity, releases: Sequence[Release]) -> None:
-        self.capacity = capacity
+        self.capacity = Capacity(working_copy(capacity.state), capacity.stats)
         self.releases = releases
         self.k = 0
 
@@ -67,6 +67,10 @@ class _Prefix:
         while self.k > k:
             self.k -= 1
             state.apply(self.releases[self.k].allocation)
+
+    def place(self, k: int, spec: JobSpec, job_id: str, seed: int) -> Allocation | None:
+        self.move(k)
+        return self.capacity.place(spec, job_id, seed).allocation
 
 
 def reserve_block(
@@ -80,22 +84,18 @@ def reserve_block(
 ) -> Reservation | None:
     """The head's future block and its start; start None when only jobs without a time limit stand in the way.
 
-    `holders` are the jobs whose allocations are applied on `capacity` and may end; the capacity is restored.
+    `holders` are the jobs whose allocations are applied on `capacity` and may end; `capacity` is not changed.
     Returns None when the head cannot be placed even with every holder gone (e.g. a constraint no domain meets).
     """
     timed, never = planned_releases(now, holders, config, releasable_at)
     spec = head.job.spec
     prefix = _Prefix(capacity, [*timed, *never])
-    try:
-        k, alloc = _earliest(capacity, prefix, timed, spec, head.job_id, seed)
-        if alloc is not None:
-            start = timed[k - 1].ts if k > 0 else now
-        else:
-            prefix.move(len(timed) + len(never))
-            alloc = capacity.place(spec, head.job_id, seed).allocation
-            start = None
-    finally:
-        prefix.move(0)
+    k, alloc = _earliest(prefix, timed, spec, head.job_id, seed)
+    if alloc is not None:
+        start: float | None = timed[k - 1].ts if k > 0 else now
+    else:
+        alloc = prefix.place(len(timed) + len(never), spec, head.job_id, seed)
+        start = None
     if alloc is None:
         return None
     domain, name = capacity.alloc_domain(alloc)
@@ -103,28 +103,78 @@ def reserve_block(
 
 
 def _earliest(
-    capacity: Capacity, prefix: _Prefix, timed: Sequence[Release], spec: JobSpec, job_id: str, seed: int
+    prefix: _Prefix, timed: Sequence[Release], spec: JobSpec, job_id: str, seed: int
 ) -> tuple[int, Allocation | None]:
-    """Smallest number of timed releases after which the head fits (binary search; fitting only gets easier)."""
-    short = whole_gpus(spec) - capacity.free_gpus()
-    freed = 0
-    steps: list[int] = []  # release counts that end a group of equal end times, and free enough GPUs
-    for k, r in enumerate(timed, start=1):
-        freed += r.gpus
-        if freed >= short and (k == len(timed) or timed[k].ts != r.ts):
-            steps.append(k)
+    """Smallest number of timed releases after which the head fits (binary search; fitting only gets easier).
+
+    Only counts that end a group of equal end times are tried (a start is a release time), from the first count
+    at which some allowed domain has enough free units by counting alone.
+    """
+    first = _first_countable(prefix.capacity, timed, spec)
+    steps = [k for k in range(first, len(timed) + 1) if k > 0 and (k == len(timed) or timed[k].ts != timed[k - 1].ts)]
+    if first == 0:
+        steps.insert(0, 0)
     lo, hi = 0, len(steps) - 1
     found: tuple[int, Allocation | None] = (0, None)
+    if steps:  # counting is usually close: try its answer first
+        alloc = prefix.place(steps[0], spec, job_id, seed)
+        if alloc is not None:
+            return steps[0], alloc
+        lo = 1
     while lo <= hi:
         mid = (lo + hi) // 2
-        prefix.move(steps[mid])
-        alloc = capacity.place(spec, job_id, seed).allocation
+        alloc = prefix.place(steps[mid], spec, job_id, seed)
         if alloc is not None:
             found = (steps[mid], alloc)
             hi = mid - 1
         else:
             lo = mid + 1
     return found
+
+
+def _first_countable(capacity: Capacity, timed: Sequence[Release], spec: JobSpec) -> int:
+    """The fewest releases after which an allowed domain holds enough whole units of the gang, by count only.
+
+    A node counts `free // unit` units (0 when no unit could ever fit there): an upper bound on what placement finds,
+    so fewer releases can never be enough. Shares are not counted (0 is returned).
+    """
+    try:
+        req = GangRequest.of(spec)
+    except InvalidRequest:
+        return 0
+    if req.shared or req.unit_gpus == 0:
+        return 0
+    layout = capacity.layout
+    eligible = static_eligible(layout, req)
+    level = req.levels()[-1]
+    unit, need = req.unit_gpus, req.units
+    free = list(capacity.state.free_count)
+    groups: dict[int, int] = {}
+
+    def group_of(i: int) -> int:
+        slot = layout.slots[i]
+        return {"node": i, "leaf": slot.leaf, "spine": slot.spine}.get(level, 0)
+
+    for i, f in enumerate(free):
+        if eligible[i]:
+            g = group_of(i)
+            groups[g] = groups.get(g, 0) + f // unit
+    if any(v >= need for v in groups.values()):
+        return 0
+    for k, rel in enumerate(timed, start=1):
+        for r in rel.allocation.ranks:
+            if r.gpu_milli:
+                continue
+            i = layout.index(r.node)
+            if not eligible[i]:
+                continue
+            g = group_of(i)
+            before = free[i] // unit
+            free[i] += len(r.gpus)
+            groups[g] = groups.get(g, 0) + free[i] // unit - before
+            if groups[g] >= need:
+                return k
+    return len(timed) + 1
 
 
 def may_use_block(

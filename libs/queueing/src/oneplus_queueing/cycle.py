@@ -30,7 +30,7 @@ from .fairshare import UsageHistory, fairshare_factors
 from .model import CycleDecision, CycleStats, PendingJob, PendingReason, ReasonCode, Reservation, RunningJob
 from .ordering import RankedJob, rank_pending
 from .quota import QuotaLedger, held_by_queue
-from .victims import eviction_grounds, protected_until, rate_budget, search_victims
+from .victims import VictimPool, rate_budget, search_victims
 
 
 def schedule_cycle(
@@ -93,6 +93,21 @@ class _Cycle:
     taken: set[str] = field(default_factory=set)  # victims (new or in flight) already promised to someone
     failed: dict[tuple[object, ...], tuple[int, ReasonCode, str]] = field(default_factory=dict)
     no_victims: dict[tuple[object, ...], int] = field(default_factory=dict)  # search key → state version
+    _pool: VictimPool | None = None
+    _vacating: list[RunningJob] | None = None
+
+    @property
+    def pool(self) -> VictimPool:
+        """Built on first need: most cycles place what fits and evict no one."""
+        if self._pool is None:
+            self._pool = VictimPool(self.running, self.config)
+        return self._pool
+
+    @property
+    def vacating(self) -> list[RunningJob]:
+        if self._vacating is None:
+            self._vacating = [r for r in self.running if r.preempting]
+        return self._vacating
 
     @property
     def reservation(self) -> Reservation | None:
@@ -105,7 +120,9 @@ class _Cycle:
 
     def honour_nominations(self, ranked: Sequence[RankedJob], nominations: Mapping[str, Allocation]) -> set[str]:
         """Preemptors of earlier cycles: placed on their nominated GPUs once free, else those free are held."""
-        vacating = {(n, g): r for r in self.running if r.preempting for n, g in _gpus_of(r.allocation)}
+        if not nominations:
+            return set()
+        vacating = {(n, g): r for r in self.vacating for n, g in _gpus_of(r.allocation)}
         served: set[str] = set()
         for job in ranked:
             alloc = nominations.get(job.job_id)
@@ -236,7 +253,7 @@ class _Cycle:
 
     def claim_in_flight(self, job: RankedJob) -> bool:
         """GPUs of jobs already being evicted go to the first job in order that they make placeable."""
-        flight = [r for r in self.running if r.preempting and r.job_id not in self.taken]
+        flight = [r for r in self.vacating if r.job_id not in self.taken]
         coming = sum(_gpu_count(r.allocation) for r in flight)
         if not flight or whole_gpus(job.job.spec) > self.capacity.free_gpus() + coming:
             return False
@@ -261,18 +278,16 @@ class _Cycle:
         if self.no_victims.get(key) == self.capacity.version:
             return False  # the same search already failed on this very state
         self.searches += 1
-        pool = self.running
-        if quota_only:  # only its own queue's jobs free quota it can use
-            pool = [r for r in self.running if r.queue == job.job.queue]
         choice = search_victims(
             self.now,
             self.capacity,
             job,
-            pool,
+            self.pool,
             self.config,
             self.ledger,
             self.budget,
             exclude=self.taken,
+            same_queue_only=quota_only,  # only its own queue's jobs free quota it can use
             seed=self.seed,
         )
         if choice is None:
@@ -314,12 +329,13 @@ class _Cycle:
         self.head = job
         holders = [r for r in self.running if r.job_id not in self.taken] + self.placed
 
+        evictable = {e.job.job_id: e.protected_until for e, _ in self.pool.grounds(job, self.ledger)}
+
         def releasable_at(r: RunningJob) -> float | None:
             if r.preempting:
                 return self.now + float(r.spec.checkpoint.grace_s)
-            if eviction_grounds(job, r, self.config, self.ledger) is not None:
-                return max(self.now, protected_until(r, self.config))  # the head may evict it then
-            return None
+            until = evictable.get(r.job_id)
+            return None if until is None else max(self.now, until)  # the head may evict it then
 
         res = reserve_block(self.now, self.capacity, job, holders, self.config, releasable_at, self.seed)
         previous = self.decision.reasons.get(job.job_id)

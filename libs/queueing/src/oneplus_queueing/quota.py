@@ -112,9 +112,12 @@ class QuotaLedger:
 
 def held_by_queue(running: Iterable[RunningJob], config: QueueConfig) -> dict[str, float]:
     held: dict[str, float] = {q.name: 0.0 for q in config.queues}
+    paths = config.tree.paths
     for job in running:
-        if job.queue not in held:
-            continue
-        for q in config.path(job.queue):
-            held[q] += job.gpus
+        path = paths.get(job.queue)
+        if path is None:
+            continue  # a queue since removed from the config holds nothing it can be charged for
+        gpus = job.gpus
+        for q in path:
+            held[q] += gpus
     return held

@@ -8,6 +8,7 @@ subsets when there are few candidates, else greedy by cost per freed GPU followe
 
 from __future__ import annotations
 
+import bisect
 import itertools
 from collections.abc import Collection, Sequence
 from dataclasses import dataclass
@@ -48,17 +49,10 @@ def eviction_grounds(
     preemptor: RankedJob, victim: RunningJob, config: QueueConfig, ledger: QuotaLedger
 ) -> PreemptionKind | None:
     """On what grounds `victim` could ever be evicted for `preemptor` (its run time aside); None: never."""
-    if victim.preempting or victim.job_id == preemptor.job_id:
+    entry = Evictable.of(victim, config)
+    if entry is None or victim.job_id == preemptor.job_id:
         return None
-    if victim.preemptions >= config.preemption.max_preemptions_per_job:
-        return None  # preempted often enough: it is protected from now on
-    try:
-        if not config.preemptible(victim.spec):
-            return None
-        victim_prio = config.priority_of(victim.spec)
-        return ledger.preemption_kind(preemptor.job.queue, preemptor.priority, preemptor.gpus, victim, victim_prio)
-    except QueueConfigError:
-        return None  # a job of a queue no longer configured is left alone rather than guessed about
+    return ledger.preemption_kind(preemptor.job.queue, preemptor.priority, preemptor.gpus, victim, entry.priority)
 
 
 def eviction_kind(
@@ -68,6 +62,54 @@ def eviction_kind(
     if now < protected_until(victim, config):
         return None
     return eviction_grounds(preemptor, victim, config, ledger)
+
+
+@dataclass(frozen=True, slots=True)
+class Evictable:
+    """A running job that could ever be a victim, with what the checks need resolved once."""
+
+    job: RunningJob
+    priority: int
+    protected_until: float
+
+    @classmethod
+    def of(cls, job: RunningJob, config: QueueConfig) -> Evictable | None:
+        if job.preempting or job.preemptions >= config.preemption.max_preemptions_per_job:
+            return None  # already leaving, or preempted often enough to be protected from now on
+        try:
+            config.path(job.queue)
+            if not config.preemptible(job.spec):
+                return None
+            return cls(job, config.priority_of(job.spec), protected_until(job, config))
+        except QueueConfigError:
+            return None  # a job of a queue no longer configured is left alone rather than guessed about
+
+
+class VictimPool:
+    """The evictable running jobs of one cycle, by priority, so each search looks only at plausible ones."""
+
+    def __init__(self, running: Sequence[RunningJob], config: QueueConfig) -> None:
+        entries = [e for e in (Evictable.of(j, config) for j in running) if e is not None]
+        entries.sort(key=lambda e: (e.priority, e.job.job_id))
+        self.entries = entries
+        self.priorities = [e.priority for e in entries]
+
+    def grounds(self, preemptor: RankedJob, ledger: QuotaLedger) -> list[tuple[Evictable, PreemptionKind]]:
+        """Every entry the preemptor may evict once its protection ends, with the grounds."""
+        queue, prio, gpus = preemptor.job.queue, preemptor.priority, preemptor.gpus
+        # Only a queue inside its guarantee at some level may reclaim; else only lower priorities can go.
+        reclaim = any(
+            ledger.held[q] + gpus <= ledger.config.queue(q).guarantee_gpus + 1e-9 for q in ledger.config.path(queue)
+        )
+        pool = self.entries if reclaim else self.entries[: bisect.bisect_left(self.priorities, prio)]
+        out = []
+        for e in pool:
+            if e.job.job_id == preemptor.job_id or (e.priority >= prio and e.job.queue == queue):
+                continue
+            kind = ledger.preemption_kind(queue, prio, gpus, e.job, e.priority)
+            if kind is not None:
+                out.append((e, kind))
+        return out
 
 
 def rate_budget(now: float, config: QueueConfig, usage: UsageHistory | None, used_this_cycle: int = 0) -> int:
@@ -102,7 +144,7 @@ def choose_victims(
         now,
         capacity,
         ranked,
-        running,
+        VictimPool(running, config),
         config,
         ledger,
         rate_budget(now, config, usage),
@@ -115,21 +157,32 @@ def search_victims(
     now: float,
     capacity: Capacity,
     preemptor: RankedJob,
-    running: Sequence[RunningJob],
+    pool: VictimPool,
     config: QueueConfig,
     ledger: QuotaLedger,
     budget: int,
     *,
     exclude: Collection[str] = (),
+    same_queue_only: bool = False,
     seed: int = 0,
 ) -> VictimChoice | None:
     """`choose_victims` on a working capacity the caller owns (the cycle's); it is left as it was found."""
     if budget <= 0:
         return None
-    capacity.stats.victim_searches += 1
-    cands = _candidates(now, capacity, preemptor, running, config, ledger, exclude)
+    restart = config.preemption.restart_cost_s
+    cands = [
+        Candidate(
+            e.job, kind, e.job.lost_work_gpu_s(now) + e.job.gpus * restart, gpus_by_node(capacity, e.job.allocation)
+        )
+        for e, kind in pool.grounds(preemptor, ledger)
+        if now >= e.protected_until
+        and e.job.job_id not in exclude
+        and (not same_queue_only or e.job.queue == preemptor.job.queue)
+    ]
     if not cands:
         return None
+    capacity.stats.victim_searches += 1
+    cands.sort(key=lambda c: (c.cost, c.job.job_id))
     search = _Search(capacity, preemptor, config, ledger, budget, seed)
     best: tuple[float, tuple[Candidate, ...], Allocation] | None = None
     for bound, key, in_domain in _domains(capacity, preemptor, cands, config)[:_MAX_DOMAINS]:
@@ -152,27 +205,8 @@ def search_victims(
     )
 
 
-def _candidates(
-    now: float,
-    capacity: Capacity,
-    preemptor: RankedJob,
-    running: Sequence[RunningJob],
-    config: QueueConfig,
-    ledger: QuotaLedger,
-    exclude: Collection[str],
-) -> list[Candidate]:
-    restart = config.preemption.restart_cost_s
-    out = []
-    for job in running:
-        if job.job_id in exclude:
-            continue
-        kind = eviction_kind(now, preemptor, job, config, ledger)
-        if kind is None:
-            continue
-        cost = job.lost_work_gpu_s(now) + job.gpus * restart
-        out.append(Candidate(job, kind, cost, gpus_by_node(capacity, job.allocation)))
-    out.sort(key=lambda c: (c.cost, c.job.job_id))
-    return out
+def _cost(job: RunningJob, now: float, restart_cost_s: float) -> float:
+    return job.lost_work_gpu_s(now) + job.gpus * restart_cost_s
 
 
 def _domains(
