@@ -169,3 +169,30 @@ def test_a_full_cluster_and_thousands_of_pending_jobs_cost_few_placements() -> N
     assert d.stats.placement_calls <= 10
     codes = {r.code for r in d.reasons.values()}
     assert codes == {"Resources", "Priority"}
+
+
+def test_backfill_examines_only_the_first_jobs_behind_the_head() -> None:
+    w = World(n_nodes=1, nodes_per_leaf=1)
+    w.run("hog", [(0, list(range(6)))], started=0, preemptible=False, time_limit_s=100)
+    cfg = load_queue_config("backfill: {scan_limit: 2}")
+    jobs = [PendingJob("head", spec("head", 8), 0.0)]
+    jobs += [PendingJob(f"s{i}", spec(f"s{i}", 4, time_limit_s=10), 1.0 + i) for i in range(5)]
+    d = _cycle(w, jobs, cfg)
+    assert d.reservation is not None and d.reservation.job_id == "head"
+    assert {j: d.reasons[j].code for j in ("s2", "s3", "s4")} == dict.fromkeys(("s2", "s3", "s4"), "Priority")
+    assert "backfill looks at the first 2 behind the protected job head" in d.reasons["s4"].message
+
+
+def test_a_cycle_is_a_pure_function_of_its_inputs() -> None:
+    w = World(n_nodes=4, nodes_per_leaf=2)
+    w.run("low", [(0, list(range(8)))], started=0)
+    w.run("mid", [(1, list(range(4)))], started=0, priority=5, time_limit_s=500)
+    before = (list(w.state.whole), list(w.state.free), list(w.state.cpu_used))
+    jobs = [PendingJob("boss", spec("boss", 8, ranks=3, priority=10), 0.0)]
+    jobs += [PendingJob(f"s{i}", spec(f"s{i}", 1 + i % 3, time_limit_s=50 * (i + 1)), float(i)) for i in range(8)]
+    a = _cycle(w, jobs, seed=3)
+    b = _cycle(w, list(reversed(jobs)), seed=3)
+    assert (list(w.state.whole), list(w.state.free), list(w.state.cpu_used)) == before
+    assert a.placements == b.placements and a.order == b.order
+    assert [(c.preemptor, c.victims) for c in a.preemptions] == [(c.preemptor, c.victims) for c in b.preemptions]
+    assert a.reservation == b.reservation and a.reasons == b.reasons

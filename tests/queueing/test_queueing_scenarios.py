@@ -140,3 +140,34 @@ def test_backfill_never_delays_the_protected_job(seed: int) -> None:
     if promised:  # the first promise is an upper bound on the real start, and no later promise is later
         assert loop.started_at["head"] <= promised[0] + 1e-6
         assert max(promised) <= promised[0] + 1e-6
+
+
+ORGS = """
+queues:
+  - {name: orgA, guarantee_gpus: 8}
+  - {name: a1, parent: orgA, guarantee_gpus: 4}
+  - {name: a2, parent: orgA, guarantee_gpus: 4}
+  - {name: orgB, guarantee_gpus: 8}
+  - {name: b1, parent: orgB, guarantee_gpus: 8}
+"""
+
+
+def test_reclaim_works_at_every_level_of_the_tree() -> None:
+    cfg = load_queue_config(ORGS)
+    # Across organisations: orgB borrowed orgA's half of the cluster.
+    w = World(n_nodes=2, nodes_per_leaf=2)
+    w.run("b-x", [(0, list(range(8)))], queue="b1", started=0, priority=100)
+    w.run("b-y", [(1, list(range(8)))], queue="b1", started=0, priority=100)
+    d = schedule_cycle(
+        100.0, w.state, [PendingJob("a", spec("a", 4, queue="a1"), 0.0)], list(w.running.values()), cfg, UsageHistory()
+    )
+    assert [(c.victims, c.kind) for c in d.preemptions] == [(("b-x",), "reclaim")]
+    # Inside an organisation: team a2 borrowed its sibling's guarantee; orgB is within its own and is left alone.
+    w = World(n_nodes=2, nodes_per_leaf=2)
+    w.run("a2-x", [(0, [0, 1, 2, 3])], queue="a2", started=0, priority=100)
+    w.run("a2-y", [(0, [4, 5, 6, 7])], queue="a2", started=50, priority=100)
+    w.run("b-z", [(1, list(range(8)))], queue="b1", started=0)
+    d = schedule_cycle(
+        100.0, w.state, [PendingJob("a", spec("a", 4, queue="a1"), 0.0)], list(w.running.values()), cfg, UsageHistory()
+    )
+    assert [(c.victims, c.kind) for c in d.preemptions] == [(("a2-y",), "reclaim")]  # less work lost than a2-x

@@ -134,8 +134,8 @@ class _Cycle:
                 free = self.capacity.free_part(alloc, job.job_id)
                 free_gpus = set(_gpus_of(free)) if free else set()
                 busy = [gpu for gpu in _gpus_of(alloc) if gpu not in free_gpus]
-                if not all(gpu in vacating for gpu in busy):
-                    continue  # someone not being evicted holds part of it: the nomination is stale
+                if not busy or not all(gpu in vacating for gpu in busy):
+                    continue  # held by someone not being evicted, or short of CPU or memory: the nomination is stale
                 waiting = {vacating[gpu].job_id: vacating[gpu] for gpu in busy}
                 self.nominate(job, alloc, list(waiting.values()))
                 names = ", ".join(sorted(waiting))
