@@ -3,10 +3,10 @@
 from __future__ import annotations
 
 import pytest
-from helpers import finish_times, h100, job, simulate, start_times
 from oneplus_sim.cluster import uniform_cluster
 from oneplus_sim.comm import allocation_ring_gbps
 from oneplus_sim.policies import POLICY_NAMES, make_policy
+from sim_helpers import finish_times, h100, job, simulate, start_times
 
 
 def blocked_head() -> list:

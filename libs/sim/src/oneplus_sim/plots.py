@@ -64,7 +64,9 @@ def wait_cdf(results: Mapping[str, SimResult], out: Path) -> Path:
         ax.set_xlabel("wait (hours, log)")
         ax.grid(alpha=0.3)
     axes[0].set_ylabel("share of jobs waiting at most this long")
-    axes[-1].legend(loc="lower right", fontsize=8)
+    labelled = {lab: h for ax in axes for h, lab in zip(*ax.get_legend_handles_labels(), strict=True)}
+    if labelled:
+        fig.legend(list(labelled.values()), list(labelled), loc="lower right", fontsize=8)
     fig.suptitle("Wait-time CDF by job size")
     fig.tight_layout()
     fig.savefig(out, dpi=110)

@@ -1,0 +1,114 @@
+"""`oneplus sim run` and `oneplus sim fgd` end to end on tiny inputs, and their errors."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from typer.testing import CliRunner
+
+from oneplus.cli.sim import app
+
+runner = CliRunner()
+CLUSTER = """name: tiny
+fabric: {nodes_per_leaf: 2, leaves_per_spine: 2, nic_gbps_per_gpu: 400, oversubscription: 2.0}
+node_groups:
+  - {prefix: h100, count: 4, topology: h100_sxm_8gpu_nvswitch_nv18}
+"""
+
+
+def test_run_writes_the_report_and_four_plots(tmp_path: Path, philly_small: Path) -> None:
+    cluster = tmp_path / "c.yaml"
+    cluster.write_text(CLUSTER)
+    out, plots = tmp_path / "r.json", tmp_path / "plots"
+    res = runner.invoke(
+        app,
+        [
+            "run",
+            "--cluster",
+            str(cluster),
+            "--trace",
+            str(philly_small),
+            "--policy",
+            "oneplus,k8s-default",
+            "--max-jobs",
+            "60",
+            "--seed",
+            "3",
+            "--json",
+            str(out),
+            "--plot",
+            str(plots),
+        ],
+    )
+    assert res.exit_code == 0, res.output
+    report = json.loads(out.read_text())
+    assert list(report["policies"]) == ["oneplus", "k8s-default"]
+    assert report["policies"]["oneplus"]["jobs"] == 60
+    assert set(report["rules"]) == {"seed", "priority", "checkpoint", "ranks", "comm_fraction"}
+    assert sorted(p.name for p in plots.iterdir()) == [
+        "gpu_heatmap.png",
+        "gpus_allocated.png",
+        "queue_length.png",
+        "wait_cdf_by_size.png",
+    ]
+    assert all(p.stat().st_size > 5000 for p in plots.iterdir())
+
+
+def test_run_refuses_unknown_policies_and_missing_files(tmp_path: Path, philly_small: Path) -> None:
+    cluster = tmp_path / "c.yaml"
+    cluster.write_text(CLUSTER)
+    res = runner.invoke(
+        app,
+        [
+            "run",
+            "--cluster",
+            str(cluster),
+            "--trace",
+            str(philly_small),
+            "--policy",
+            "yarn",
+            "--json",
+            str(tmp_path / "r.json"),
+        ],
+    )
+    assert res.exit_code == 2 and "unknown yarn" in res.output
+    res = runner.invoke(
+        app,
+        ["run", "--cluster", str(cluster), "--trace", str(tmp_path / "none.csv"), "--json", str(tmp_path / "r.json")],
+    )
+    assert res.exit_code == 2 and "no such trace file" in res.output
+    res = runner.invoke(
+        app,
+        [
+            "run",
+            "--cluster",
+            str(cluster),
+            "--trace",
+            str(philly_small),
+            "--window",
+            "9:3",
+            "--json",
+            str(tmp_path / "r.json"),
+        ],
+    )
+    assert res.exit_code == 2 and "START < END" in res.output
+
+
+def test_fgd_writes_the_mean_allocation_and_the_series(tmp_path: Path) -> None:
+    nodes = tmp_path / "n.csv"
+    nodes.write_text("sn,cpu_milli,memory_mib,gpu,model\nn0,32000,65536,2,T4\nn1,64000,131072,4,V100M16\n")
+    pods = tmp_path / "p.csv"
+    pods.write_text(
+        "name,cpu_milli,memory_mib,num_gpu,gpu_milli,gpu_spec,qos,pod_phase,creation_time,deletion_time,"
+        "scheduled_time\na,2000,1024,1,300,,LS,Running,0,1,0\nb,4000,1024,1,1000,,BE,Running,0,1,0\n"
+    )
+    out = tmp_path / "f.json"
+    res = runner.invoke(app, ["fgd", "--nodes", str(nodes), "--pods", str(pods), "--seeds", "1-3", "--json", str(out)])
+    assert res.exit_code == 0, res.output
+    rep = json.loads(out.read_text())
+    assert rep["policy"] == "oneplus" and rep["seeds"] == [1, 2, 3]
+    assert rep["gpu_alloc_pct"] == rep["policies"]["oneplus"]["gpu_alloc_pct"]
+    assert rep["policies"]["fgd"]["series"]
+    bad = runner.invoke(app, ["fgd", "--nodes", str(nodes), "--pods", str(pods), "--seeds", "x", "--json", str(out)])
+    assert bad.exit_code == 2 and "--seeds" in bad.output
