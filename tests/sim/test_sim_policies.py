@@ -111,3 +111,17 @@ def test_a_gang_is_placed_whole_or_not_at_all_by_every_policy() -> None:
 def test_unknown_policy_names_the_choices() -> None:
     with pytest.raises(ValueError, match="choose from oneplus, k8s-default"):
         make_policy("yarn")
+
+
+def test_oneplus_keeps_a_multi_node_gang_in_one_leaf_and_still_places_one_bigger_than_a_leaf() -> None:
+    # Two leaves of two nodes; leaf 0 has one node busy. A 16-GPU gang waits for a whole leaf rather than
+    # straddling; a 32-GPU gang (bigger than any leaf) is placed across leaves.
+    c = h100(nodes=4, per_leaf=2)
+    res = simulate(
+        c, [job("busy", 0, 8, 500), job("other", 0, 8, 500, order=1), job("gang", 1, 16, 100, f=0.4)], "oneplus"
+    )
+    leaves = {c.nodes[n].leaf for n, _ in res.placements["gang"][0]}
+    assert len(leaves) == 1
+    res = simulate(c, [job("huge", 0, 32, 100, f=0.4)], "oneplus")
+    assert res.records["huge"].finish_s is not None
+    assert len({c.nodes[n].leaf for n, _ in res.placements["huge"][0]}) == 2

@@ -250,7 +250,7 @@ def load_openb_nodes(p: Path, nodes_per_leaf: int = 32) -> SimCluster:
     """Alibaba openb node list: CPU, memory, GPU model and count per node; GPU topology unknown."""
     with p.open(newline="") as fh:
         rows = [(i + 2, r) for i, r in enumerate(csv.DictReader(fh))]
-    nodes = []
+    nodes: list[NodeTopology] = []
     for line, row in rows:
         gpus = _int(p, line, row, "gpu")
         model = (row.get("model") or "").strip()

@@ -44,7 +44,8 @@ def prepare_jobs(spec: ReplaySpec, cluster: SimCluster) -> tuple[list[SimJob], d
     jobs = cut(raw, spec.window, spec.max_jobs, spec.load)
     rules = spec.rules or TraceRules(seed=spec.seed)
     rules.apply(jobs, cluster.max_node_gpus)
-    fit, rejected = [], []
+    fit: list[SimJob] = []
+    rejected: list[SimJob] = []
     for j in jobs:
         (fit if _can_ever_fit(cluster, j) else rejected).append(j)
     if not fit:

@@ -10,7 +10,7 @@ from __future__ import annotations
 import heapq
 import math
 
-from oneplus_contracts import Allocation, CheckpointPolicy, JobSpec, RankResources
+from oneplus_contracts import Allocation, CheckpointPolicy, JobSpec, RankResources, TopologyConstraint
 from oneplus_placement.snapshot import ClusterState
 from oneplus_queueing.config import PriorityClass, QueueConfig
 from oneplus_queueing.cycle import schedule_cycle
@@ -23,6 +23,8 @@ from ..trace import PRIORITY_CLASSES, SimJob
 
 # The solver runs at most this often in simulated time; events in between are batched into one cycle.
 DEFAULT_CYCLE_INTERVAL_S = 60.0
+# Multi-node gangs that fit in one leaf ask for it (`domain: leaf, mode: required`), as a distributed training job
+# would; the queueing layer's reservation keeps them from starving. Off: they take the tightest domain free now.
 # A rank of a trace job that names no CPU or memory takes a token amount, so both models of the node agree.
 _TOKEN_CPUS, _TOKEN_MEMORY_MB = 0.001, 1
 USAGE_CHARGE_EVERY_S = 3600.0  # fair-share usage is an exact integral, so charging hourly loses nothing
@@ -37,8 +39,10 @@ def sim_queue_config() -> QueueConfig:
     return QueueConfig(priority_classes=classes, default_priority_class="normal")
 
 
-def job_spec(job: SimJob, grace_s: float) -> JobSpec:
+def job_spec(job: SimJob, grace_s: float, leaf_required: bool = False) -> JobSpec:
+    """The JobSpec the live system would receive; `leaf_required` keeps a multi-node gang under one leaf."""
     gpus = job.gpu_milli / 1000 if job.gpu_milli else float(job.gpus_per_rank)
+    topology = TopologyConstraint(domain="leaf", mode="required") if leaf_required and job.ranks > 1 else None
     return JobSpec(
         name=job.job_id,
         priority_class=job.priority_class,
@@ -55,6 +59,7 @@ def job_spec(job: SimJob, grace_s: float) -> JobSpec:
             interval_s=math.ceil(job.checkpoint_interval_s) if job.checkpoint_interval_s else None,
         ),
         time_limit_s=max(1, math.ceil(job.duration_s)),
+        **({"topology": topology} if topology else {}),
     )
 
 
@@ -67,7 +72,9 @@ class OnePlusPolicy:
         config: QueueConfig | None = None,
         grace_s: float = 30.0,
         cycle_interval_s: float = DEFAULT_CYCLE_INTERVAL_S,
+        leaf_required: bool = True,
     ) -> None:
+        self.leaf_required = leaf_required
         self.min_cycle_interval_s = cycle_interval_s
         self.seed = seed
         self.config = config or sim_queue_config()
@@ -81,6 +88,7 @@ class OnePlusPolicy:
         self._checkpoints: list[tuple[float, str, float]] = []  # (when, job, run start) of the next checkpoint
         self._preemptions: dict[str, int] = {}
         self._charged = -math.inf
+        self._leaf_room = 0  # most nodes under one leaf: a gang of more ranks cannot ask for one leaf
 
     def queue_key(self, job: SimJob) -> tuple[float, ...]:
         return (-job.priority, job.order)
@@ -95,6 +103,7 @@ class OnePlusPolicy:
     def schedule(self, ctx: SimContext) -> None:
         if self._state is None:
             self._state = ClusterState(ctx.cluster.layout)
+            self._leaf_room = max(len(nodes) for nodes in ctx.cluster.leaves.values())
         now = ctx.now
         self._advance_checkpoints(ctx)
         if now - self._charged >= USAGE_CHARGE_EVERY_S:
@@ -137,7 +146,8 @@ class OnePlusPolicy:
     def _spec(self, job: SimJob) -> JobSpec:
         spec = self._specs.get(job.job_id)
         if spec is None:
-            spec = self._specs[job.job_id] = job_spec(job, self.grace_s)
+            leaf = self.leaf_required and job.ranks > 1 and self._leaf_room >= job.ranks
+            spec = self._specs[job.job_id] = job_spec(job, self.grace_s, leaf)
         return spec
 
     def _pending_job(self, job: SimJob) -> PendingJob:
