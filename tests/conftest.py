@@ -65,6 +65,16 @@ async def nc(servers: Servers) -> AsyncIterator[Client]:
 
 
 @pytest.fixture
+async def bus(servers: Servers) -> AsyncIterator[Client]:
+    """A connection that leaves the streams as they are (for tests of a running platform)."""
+    client = await nats.connect(servers.nats_url)
+    try:
+        yield client
+    finally:
+        await client.close()
+
+
+@pytest.fixture
 async def store(servers: Servers) -> AsyncIterator[ReservationStore]:
     s = ReservationStore(aioredis.Redis.from_url(servers.redis_url), cluster=f"t{uuid.uuid4().hex[:8]}")
     try:

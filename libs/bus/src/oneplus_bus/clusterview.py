@@ -19,6 +19,8 @@ from oneplus_placement.snapshot import AllocationConflict, ClusterSnapshot, Clus
 from oneplus_queueing.config import QueueConfig, default_config, load_queue_config
 from oneplus_reservations import ReservationStore
 
+from .ledger import latest_values
+
 log = logging.getLogger("oneplus.solver")
 
 
@@ -105,19 +107,7 @@ class SnapshotSource:
         self.oversubscription = float(os.environ.get("ONEPLUS_OVERSUBSCRIPTION", "1.0"))
 
     async def records(self) -> list[NodeRecord]:
-        try:
-            keys = await self.kv.keys()
-        except Exception:  # nats-py raises NoKeysError on an empty bucket
-            return []
-        out: list[NodeRecord] = []
-        for key in sorted(set(keys)):
-            try:
-                entry = await self.kv.get(key)
-            except KeyNotFoundError:
-                continue
-            if entry.value:
-                out.append(NodeRecord.model_validate_json(entry.value))
-        return out
+        return [NodeRecord.model_validate_json(v) for v in await latest_values(self.kv)]
 
     async def snapshot(self) -> LiveSnapshot:
         records = await self.records()

@@ -12,7 +12,6 @@ from nats.js import JetStreamContext
 from nats.js.errors import KeyNotFoundError, KeyWrongLastSequenceError
 from nats.js.kv import KeyValue
 from oneplus_contracts import JobEvent, JobRecord, apply_event, subjects
-from pydantic import ValidationError
 
 from .telemetry import inject
 
@@ -71,17 +70,21 @@ class JobLedger:
         raise RuntimeError(f"could not update job {event.job_id}: too many concurrent writers")
 
     async def all(self) -> list[JobRecord]:
-        try:
-            keys = await self.kv.keys()
-        except Exception:  # nats-py raises NoKeysError on an empty bucket
-            return []
-        out: list[JobRecord] = []
-        for key in sorted(set(keys)):
-            try:
-                rec, _ = await self.get(key)
-            except (KeyNotFoundError, ValidationError):
-                continue
-            if rec is not None:
-                out.append(rec)
-        out.sort(key=lambda r: r.submitted_ts)
-        return out
+        """Every job's current record, read with one watcher rather than one request per key."""
+        return [JobRecord.model_validate_json(v) for v in await latest_values(self.kv)]
+
+
+async def latest_values(kv: KeyValue, timeout: float = 10.0) -> list[bytes]:
+    """The latest value of every key of a bucket (deleted keys left out), in key order."""
+    watcher = await kv.watchall(ignore_deletes=True)
+    values: dict[str, bytes] = {}
+    try:
+        while True:
+            entry = await watcher.updates(timeout=timeout)
+            if entry is None:  # the watcher has delivered every current value
+                break
+            if entry.value:
+                values[entry.key] = entry.value
+    finally:
+        await watcher.stop()
+    return [values[k] for k in sorted(values)]

@@ -34,6 +34,11 @@ def make_tracer_provider(service: str, extra_exporters: Sequence[SpanExporter] =
     path = os.environ.get("ONEPLUS_TRACE_FILE")
     if path:
         provider.add_span_processor(SimpleSpanProcessor(JsonLinesSpanExporter(path)))
+    folder = os.environ.get("ONEPLUS_TRACE_DIR")
+    if folder:
+        # One file per process: concurrent appends from several services never interleave.
+        out = os.path.join(folder, f"spans-{service}-{os.getpid()}.jsonl")
+        provider.add_span_processor(SimpleSpanProcessor(JsonLinesSpanExporter(out)))
     for exp in extra_exporters:
         provider.add_span_processor(SimpleSpanProcessor(exp))
     return provider

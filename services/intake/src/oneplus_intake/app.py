@@ -12,8 +12,8 @@ import logging
 from typing import Any
 
 from faststream.nats import NatsMessage
-from nats.js.errors import KeyNotFoundError
 from oneplus_bus.clusterview import live_queue_config
+from oneplus_bus.ledger import latest_values
 from oneplus_bus.service import OneplusService, OpsError
 from oneplus_bus.telemetry import traceparent_of_current
 from oneplus_contracts import (
@@ -51,20 +51,7 @@ async def queue_config() -> QueueConfig:
 
 
 async def nodes() -> list[NodeRecord]:
-    kv = svc.kv[subjects.TOPOLOGY_KV]
-    try:
-        keys = await kv.keys()
-    except Exception:  # nats-py raises NoKeysError on an empty bucket
-        return []
-    out = []
-    for k in sorted(set(keys)):
-        try:
-            entry = await kv.get(k)
-        except KeyNotFoundError:
-            continue
-        if entry.value:
-            out.append(NodeRecord.model_validate_json(entry.value))
-    return out
+    return [NodeRecord.model_validate_json(v) for v in await latest_values(svc.kv[subjects.TOPOLOGY_KV])]
 
 
 async def reject(job_id: str, reason: str, source: str, team: str | None = None) -> SubmitReply:

@@ -116,7 +116,12 @@ async def preempt(victim: JobRecord, preemptor: str, reason: str) -> None:
             grace_s=float(victim.spec.checkpoint.grace_s),
             reason=reason,
         )
-        headers = inject({"Nats-Msg-Id": cmd.command_id})
+        # The victim's own trace, not the preemptor's: one job, one trace.
+        headers = {"Nats-Msg-Id": cmd.command_id}
+        if victim.traceparent:
+            headers["traceparent"] = victim.traceparent
+        else:
+            inject(headers)
         await svc.js.publish(
             subjects.node_command(node, "preempt"),
             cmd.model_dump_json().encode(),

@@ -17,6 +17,7 @@ from faststream import AckPolicy
 from faststream.nats import NatsMessage
 from nats.js.api import ConsumerConfig, DeliverPolicy
 from nats.js.errors import KeyNotFoundError
+from oneplus_bus.ledger import latest_values
 from oneplus_bus.service import OneplusService, OpsError, jstream
 from oneplus_contracts import NodeHeartbeat, NodeRecord, NodeTopology, subjects
 
@@ -98,16 +99,7 @@ async def on_heartbeat(msg: NatsMessage) -> None:
 
 
 async def all_nodes() -> list[NodeRecord]:
-    try:
-        keys = await svc.kv[subjects.TOPOLOGY_KV].keys()
-    except Exception:  # nats-py raises NoKeysError on an empty bucket
-        return []
-    out = []
-    for k in sorted(set(keys)):
-        rec, _ = await get_node(k)
-        if rec is not None:
-            out.append(rec)
-    return out
+    return [NodeRecord.model_validate_json(v) for v in await latest_values(svc.kv[subjects.TOPOLOGY_KV])]
 
 
 @svc.background

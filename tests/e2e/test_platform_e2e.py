@@ -1,0 +1,174 @@
+"""End to end: intake, topology-registry, placement-solver, preemption and four executors as processes."""
+
+from __future__ import annotations
+
+import json
+import random
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import pytest
+import redis.asyncio as aioredis
+
+from oneplus.client import OnePlusClient
+from oneplus.devstack import Platform
+from oneplus.workload import demo_workload
+from oneplus_contracts import JobSpec, subjects
+from oneplus_reservations import ReservationStore, check_history
+
+from platform_fixture import job_history, read_spans, start_platform, wait_terminal
+
+pytestmark = pytest.mark.e2e
+
+
+@pytest.fixture(scope="module")
+async def platform(servers, tmp_path_factory) -> AsyncIterator[tuple[Platform, Path]]:  # type: ignore[no-untyped-def]
+    import nats
+
+    from conftest import wipe_bus
+
+    nc = await nats.connect(servers.nats_url)
+    await wipe_bus(nc)
+    await nc.close()
+    await ReservationStore(aioredis.Redis.from_url(servers.redis_url)).wipe()
+    workdir = tmp_path_factory.mktemp("e2e")
+    p = await start_platform(servers.nats_url, servers.redis_url, workdir)
+    try:
+        yield p, workdir
+    finally:
+        p.stop()
+
+
+async def test_twenty_gangs_all_succeed_without_double_holds_with_ordered_histories_and_one_trace(
+    platform: tuple[Platform, Path],
+    servers,
+    bus,  # type: ignore[no-untyped-def]
+) -> None:
+    p, workdir = platform
+    specs = demo_workload(20, seed=11, duration_s=(0.5, 2.0))
+    assert {s.total_gpus for s in specs} >= {1, 2, 4, 8, 16}
+    async with OnePlusClient.connect(servers.nats_url) as c:
+        ids = []
+        for i, spec in enumerate(specs):
+            reply = await c.submit(spec, msg_id=f"e2e-{i}")
+            assert reply.ok, reply.error
+            ids.append(reply.job_id)
+        jobs = await wait_terminal(c, ids, timeout=240, platform=p)
+    assert {j.state for j in jobs.values()} == {"SUCCEEDED"}, {j.job_id: (j.state, j.reason) for j in jobs.values()}
+    assert p.dead() == {}, "no service may crash"
+
+    store = ReservationStore(aioredis.Redis.from_url(servers.redis_url))
+    history = await store.history()
+    assert check_history(history) == [], "a GPU was held by two jobs at once"
+    reserved = {e.job_id for e in history if e.op == "reserve"}
+    released = {e.job_id for e in history if e.op == "release"}
+    assert set(ids) <= reserved and set(ids) <= released
+    assert await store.held_slots() == {}, "every finished job released its GPUs"
+    await store.close()
+
+    preempted = 0
+    for job_id in ids:
+        events = await job_history(bus, job_id)
+        assert_complete_history(events)
+        preempted += sum(1 for e in events if e.type == "requeued")
+
+    spans = read_spans(workdir / "spans")
+    one = ids[-1]
+    traces = {s["context"]["trace_id"] for s in spans if s["attributes"].get("oneplus.job_id") == one}
+    assert len(traces) == 1, f"job {one} is spread over traces {traces}"
+    (trace,) = traces
+    services = {s["resource"]["attributes"]["service.name"] for s in spans if s["context"]["trace_id"] == trace}
+    assert {"intake", "placement-solver", "node-executor"} <= services, services
+
+
+def assert_complete_history(events: list) -> None:  # type: ignore[type-arg]
+    """In stream order: accepted, attempts (placed, per node starting→running→[checkpointed]→node_finished,
+    preempting→requeued between attempts), finished."""
+    types = [e.type for e in events]
+    assert types[0] == "accepted" and types[-1] == "finished", types
+    attempts: list[list] = []  # type: ignore[type-arg]
+    for e in events[1:-1]:
+        if e.type == "placed":
+            attempts.append([e])
+        else:
+            assert attempts, f"{e.type} before any placement: {types}"
+            attempts[-1].append(e)
+    assert attempts, types
+    for i, attempt in enumerate(attempts):
+        placed = attempt[0]
+        for node in placed.allocation.nodes:
+            per_node = [e.type for e in attempt if getattr(e, "node", None) == node]
+            # A preemption may overtake a node's `running`; the fold then refuses that event.
+            assert per_node in (
+                ["starting", "running", "node_finished"],
+                ["starting", "running", "checkpointed", "node_finished"],
+                ["starting", "checkpointed", "node_finished"],
+            ), (node, per_node, types)
+        rest = [e.type for e in attempt if getattr(e, "node", None) is None]
+        last = i == len(attempts) - 1
+        assert rest == (["placed"] if last else ["placed", "preempting", "requeued"]), (rest, types)
+
+
+def _spec(**over: object) -> dict[str, object]:
+    base = json.loads(JobSpec(name="bad", resources={"gpus": 1}).model_dump_json())  # type: ignore[arg-type]
+    base.update(over)
+    return base
+
+
+@pytest.mark.parametrize(
+    ("body", "expect"),
+    [
+        (b"{not json", "JSON"),
+        (json.dumps(_spec(colour="blue")).encode(), "colour"),
+        (json.dumps(_spec(resources={"gpus": -2})).encode(), "gpus"),
+        (json.dumps(_spec(resources={"gpus": 0})).encode(), "gpus"),
+        (json.dumps(_spec(ranks=9, resources={"gpus": 8})).encode(), "larger than the cluster"),
+        (json.dumps(_spec(queue="nope")).encode(), "nope"),
+    ],
+    ids=["malformed-json", "unknown-field", "negative-gpus", "zero-gpus", "gang-larger-than-cluster", "unknown-queue"],
+)
+async def test_bad_input_is_rejected_with_a_clear_reason_and_no_service_crashes(
+    platform: tuple[Platform, Path],
+    servers,
+    bus,
+    body: bytes,
+    expect: str,  # type: ignore[no-untyped-def]
+) -> None:
+    p, _ = platform
+    async with OnePlusClient.connect(servers.nats_url) as c:
+        reply = await c.submit_raw(body, {"Nats-Msg-Id": f"bad-{random.random()}"})
+        assert not reply.ok
+        assert reply.error and expect.lower() in reply.error.lower(), reply.error
+        assert reply.job_id is not None
+        events = await job_history(bus, reply.job_id)
+        assert [e.type for e in events] == ["rejected"]
+        assert expect.lower() in events[0].reason.lower()
+        ok = await c.submit(JobSpec(name="still-fine", resources={"gpus": 1}, simulate={"duration_s": 0.1}))  # type: ignore[arg-type]
+        assert ok.ok, "intake keeps accepting after bad input"
+    assert p.dead() == {}
+
+
+async def test_a_retried_submission_with_the_same_id_is_one_job(platform, servers) -> None:  # type: ignore[no-untyped-def]
+    async with OnePlusClient.connect(servers.nats_url) as c:
+        spec = JobSpec(name="once", resources={"gpus": 1}, simulate={"duration_s": 0.1})  # type: ignore[arg-type]
+        first = await c.submit(spec, msg_id="ci-run-42")
+        again = await c.submit(spec, msg_id="ci-run-42")
+    assert first.ok and again.ok and first.job_id == again.job_id
+    assert again.duplicate and not first.duplicate
+
+
+async def test_a_poison_command_is_dead_lettered_with_its_reason(platform, servers, bus) -> None:  # type: ignore[no-untyped-def]
+    js = bus.jetstream()
+    await js.publish(
+        subjects.node_command("h100-0", "launch"),
+        b'{"kind": "launch", "garbage": true}',
+        stream=subjects.COMMANDS_STREAM,
+    )
+    sub = await js.subscribe(subjects.dead_letter(subjects.node_command("h100-0", "launch")), ordered_consumer=True)
+    msg = await sub.next_msg(timeout=15)
+    body = json.loads(msg.data)
+    assert body["subject"] == subjects.node_command("h100-0", "launch")
+    assert "ValidationError" in body["reason"]
+    assert msg.headers and "Oneplus-Dlq-Reason" in msg.headers
+    await sub.unsubscribe()
+    assert platform[0].dead() == {}
