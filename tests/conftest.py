@@ -6,6 +6,7 @@ and keys there first); otherwise they start the embedded default from the wheels
 
 from __future__ import annotations
 
+import contextlib
 import os
 import uuid
 from collections.abc import AsyncIterator, Iterator
@@ -14,10 +15,11 @@ import nats
 import pytest
 import redis.asyncio as aioredis
 from nats.aio.client import Client
-
-from oneplus.devstack import EmbeddedServers
+from nats.js.errors import BucketNotFoundError, NotFoundError
 from oneplus_contracts import subjects
 from oneplus_reservations import ReservationStore
+
+from oneplus.devstack import EmbeddedServers
 
 
 class Servers:
@@ -43,15 +45,11 @@ async def wipe_bus(nc: Client) -> None:
     """Delete OnePlus's streams and KV buckets so a test starts from nothing."""
     js = nc.jetstream()
     for name in subjects.STREAMS:
-        try:
+        with contextlib.suppress(NotFoundError):
             await js.delete_stream(name)
-        except Exception:  # not there yet
-            pass
     for bucket in (subjects.JOBS_KV, subjects.TOPOLOGY_KV, subjects.QUEUES_KV):
-        try:
+        with contextlib.suppress(NotFoundError, BucketNotFoundError):
             await js.delete_key_value(bucket)
-        except Exception:  # not there yet
-            pass
 
 
 @pytest.fixture

@@ -12,11 +12,11 @@ from typing import Any
 import nats
 from nats.aio.client import Client
 from nats.js.api import DeliverPolicy
+from oneplus_contracts import JobRecord, parse_job_event, subjects
 
 from oneplus.client import OnePlusClient
 from oneplus.demo import wait_for_platform
 from oneplus.devstack import DEMO_NODES, Platform
-from oneplus_contracts import JobRecord, parse_job_event, subjects
 
 
 async def start_platform(nats_url: str, redis_url: str, workdir: Path, **env: str) -> Platform:

@@ -9,14 +9,13 @@ from pathlib import Path
 
 import pytest
 import redis.asyncio as aioredis
+from oneplus_contracts import JobSpec, subjects
+from oneplus_reservations import ReservationStore, check_history
+from platform_fixture import job_history, read_spans, start_platform, wait_terminal
 
 from oneplus.client import OnePlusClient
 from oneplus.devstack import Platform
 from oneplus.workload import demo_workload
-from oneplus_contracts import JobSpec, subjects
-from oneplus_reservations import ReservationStore, check_history
-
-from platform_fixture import job_history, read_spans, start_platform, wait_terminal
 
 pytestmark = pytest.mark.e2e
 
@@ -24,7 +23,6 @@ pytestmark = pytest.mark.e2e
 @pytest.fixture(scope="module")
 async def platform(servers, tmp_path_factory) -> AsyncIterator[tuple[Platform, Path]]:  # type: ignore[no-untyped-def]
     import nats
-
     from conftest import wipe_bus
 
     nc = await nats.connect(servers.nats_url)

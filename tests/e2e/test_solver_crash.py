@@ -1,0 +1,57 @@
+"""SIGKILL the placement-solver in the middle of a run and restart it: no job lost, no GPU leaked."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from pathlib import Path
+
+import nats
+import pytest
+import redis.asyncio as aioredis
+from conftest import Servers, wipe_bus
+from oneplus_reservations import ReservationStore, check_history
+from platform_fixture import start_platform, wait_terminal
+
+from oneplus.client import OnePlusClient
+from oneplus.workload import demo_workload
+
+pytestmark = pytest.mark.e2e
+
+
+async def test_solver_killed_mid_run_and_restarted_loses_no_job_and_leaks_no_gpu(
+    servers: Servers, tmp_path: Path
+) -> None:
+    nc = await nats.connect(servers.nats_url)
+    await wipe_bus(nc)
+    await nc.close()
+    store = ReservationStore(aioredis.Redis.from_url(servers.redis_url))
+    await store.wipe()
+    p = await start_platform(servers.nats_url, servers.redis_url, tmp_path)
+    try:
+        async with OnePlusClient.connect(servers.nats_url) as c:
+            ids = []
+            for i, spec in enumerate(demo_workload(20, seed=5, duration_s=(1.0, 3.0))):
+                reply = await c.submit(spec, msg_id=f"crash-{i}")
+                assert reply.ok, reply.error
+                ids.append(reply.job_id)
+            deadline = time.monotonic() + 60
+            while time.monotonic() < deadline:
+                states = [r.state for r in await c.list_jobs()]
+                placed = sum(s not in ("ACCEPTED",) for s in states)
+                if placed >= 4 and "ACCEPTED" in states:
+                    break
+                await asyncio.sleep(0.1)
+            p.kill("placement-solver")
+            killed_at = {r.job_id: r.state for r in await c.list_jobs()}
+            assert "ACCEPTED" in killed_at.values(), "the kill must land while jobs still wait"
+            await asyncio.sleep(2.0)
+            p.start_service("placement-solver")
+            jobs = await wait_terminal(c, ids, timeout=240, platform=p)
+        assert {j.state for j in jobs.values()} == {"SUCCEEDED"}, {j.job_id: (j.state, j.reason) for j in jobs.values()}
+        assert check_history(await store.history()) == []
+        assert await store.held_slots() == {}, "a GPU leaked"
+        assert await store.all() == []
+    finally:
+        p.stop()
+        await store.close()
