@@ -6,7 +6,6 @@ and keys there first); otherwise they start the embedded default from the wheels
 
 from __future__ import annotations
 
-import contextlib
 import os
 import uuid
 from collections.abc import AsyncIterator, Iterator
@@ -15,17 +14,10 @@ import nats
 import pytest
 import redis.asyncio as aioredis
 from nats.aio.client import Client
-from nats.js.errors import BucketNotFoundError, NotFoundError
-from oneplus_contracts import subjects
 from oneplus_reservations import ReservationStore
+from oneplus_testing import Servers, wipe_bus
 
 from oneplus.devstack import EmbeddedServers
-
-
-class Servers:
-    def __init__(self, nats_url: str, redis_url: str) -> None:
-        self.nats_url = nats_url
-        self.redis_url = redis_url
 
 
 @pytest.fixture(scope="session")
@@ -39,17 +31,6 @@ def servers() -> Iterator[Servers]:
     finally:
         if embedded is not None:
             embedded.stop()
-
-
-async def wipe_bus(nc: Client) -> None:
-    """Delete OnePlus's streams and KV buckets so a test starts from nothing."""
-    js = nc.jetstream()
-    for name in subjects.STREAMS:
-        with contextlib.suppress(NotFoundError):
-            await js.delete_stream(name)
-    for bucket in (subjects.JOBS_KV, subjects.TOPOLOGY_KV, subjects.QUEUES_KV):
-        with contextlib.suppress(NotFoundError, BucketNotFoundError):
-            await js.delete_key_value(bucket)
 
 
 @pytest.fixture

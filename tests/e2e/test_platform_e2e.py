@@ -23,7 +23,7 @@ pytestmark = pytest.mark.e2e
 @pytest.fixture(scope="module")
 async def platform(servers, tmp_path_factory) -> AsyncIterator[tuple[Platform, Path]]:  # type: ignore[no-untyped-def]
     import nats
-    from conftest import wipe_bus
+    from oneplus_testing import wipe_bus
 
     nc = await nats.connect(servers.nats_url)
     await wipe_bus(nc)

@@ -9,8 +9,8 @@ from pathlib import Path
 import nats
 import pytest
 import redis.asyncio as aioredis
-from conftest import Servers, wipe_bus
 from oneplus_reservations import ReservationStore, check_history
+from oneplus_testing import Servers, wipe_bus
 from platform_fixture import start_platform, wait_terminal
 
 from oneplus.client import OnePlusClient

@@ -178,6 +178,39 @@ def cancel(job_id: str, nats: NatsOpt = None, team: TeamOpt = None) -> None:
     jobs_cancel(job_id, nats, team)
 
 
+@app.command()
+def logs(
+    job_id: str,
+    rank: Annotated[int | None, typer.Option("--rank", help="Only this rank")] = None,
+    follow: Annotated[bool, typer.Option("-f", "--follow", help="Keep printing until the job ends")] = False,
+    nats: NatsOpt = None,
+    team: TeamOpt = None,
+) -> None:
+    """A job's output, from the executors of its nodes."""
+
+    async def go(c: OnePlusClient) -> None:
+        offsets: dict[str, int] = {}
+        while True:
+            rec = await c.get_job(job_id)
+            if rec.allocation is None:
+                if not follow:
+                    raise PlatformError(f"job {job_id} is {rec.state} and has not run anywhere yet")
+            else:
+                for node in rec.allocation.nodes:
+                    res = await c.ops(
+                        f"{subjects.PREFIX}.ops.node.{node}.logs",
+                        {"job_id": job_id, "rank": rank, "since": offsets.get(node, 0)},
+                    )
+                    offsets[node] = res["next"]
+                    for line in res["lines"]:
+                        console.print(f"[dim]{node}[/] {line}", highlight=False)
+            if not follow or rec.terminal:
+                return
+            await asyncio.sleep(1.0)
+
+    call(nats, team, go)
+
+
 @nodes_app.callback()
 def nodes(ctx: typer.Context, nats: NatsOpt = None, as_json: JsonOpt = False) -> None:
     """sinfo-like view: node, leaf, GPUs free/total, NVLink summary, health."""

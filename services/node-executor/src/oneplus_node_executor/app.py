@@ -13,11 +13,12 @@ import logging
 import os
 import time
 from dataclasses import dataclass, field
+from typing import Any
 
 from faststream import AckPolicy
 from faststream.nats import NatsMessage
 from nats.js.api import ConsumerConfig
-from oneplus_bus.service import OneplusService, jstream
+from oneplus_bus.service import OneplusService, OpsError, jstream
 from oneplus_bus.settings import BusSettings
 from oneplus_contracts import (
     NODE_COMMAND_ADAPTER,
@@ -38,11 +39,14 @@ from oneplus_contracts import (
 from oneplus_reservations import ReservationStore
 
 from .runtime.base import EngineUnavailable, LaunchFailed, Runtime
+from .runtime.docker import DockerRuntime
 from .runtime.environment import rank_environment
+from .runtime.reconcile import plan_reconcile, reconcile_node
 
 log = logging.getLogger("oneplus.executor")
 
 LAUNCH_FAILED_EXIT = 127
+LOST_EXIT = 137
 LEASE_S = 30.0
 
 
@@ -81,13 +85,18 @@ def create_executor(
             log.info("%s: ignored %s for %s: %s", node, event.type, event.job_id, exc)
 
     async def watch(job_id: str, token: int) -> None:
-        try:
-            ex = await st.runtime.wait(job_id)
-        except EngineUnavailable as exc:
-            st.engine_ok, st.engine_reason = False, str(exc)
-            ex_code, reason = LAUNCH_FAILED_EXIT, f"container engine unavailable: {exc}"
-        else:
-            ex_code, reason = ex.exit_code, st.stop_reasons.pop(job_id, None) or ex.reason
+        while True:
+            try:
+                ex = await st.runtime.wait(job_id)
+                ex_code, reason = ex.exit_code, st.stop_reasons.pop(job_id, None) or ex.reason
+                break
+            except EngineUnavailable as exc:
+                # Containers outlive an API outage: wait for the engine rather than fail the job.
+                st.engine_ok, st.engine_reason = False, str(exc)
+                await asyncio.sleep(st.heartbeat_s)
+            except LookupError:
+                ex_code, reason = LOST_EXIT, f"ranks of {job_id} vanished from {node}"
+                break
         if st.tokens.get(job_id) != token:
             return
         await record(
@@ -211,17 +220,44 @@ def create_executor(
         await reconcile_runtime()
 
     async def reconcile_runtime() -> None:
-        """After a restart: adopt ranks whose token is current, stop the ones fenced out."""
-        for running in await st.runtime.list_running():
-            current = await rstore().current_token(running.job_id)
-            if current == running.token:
-                log.info("%s: adopting %s (token %s)", node, running.job_id, running.token)
-                start_watch(running.job_id, running.token)
-            else:
-                log.warning(
-                    "%s: stopping orphan %s (token %s, current %s)", node, running.job_id, running.token, current
+        """After a restart: adopt ranks whose token is current, remove the fenced-out, report the vanished."""
+        reserved = {r.job_id: r.token for r in await rstore().all() if node in r.allocation.nodes}
+        if isinstance(st.runtime, DockerRuntime):
+            plan = await reconcile_node(st.runtime, reserved)
+        else:
+            plan = plan_reconcile(await st.runtime.list_running(), reserved)
+            for orphan in plan.orphans:
+                await st.runtime.stop(orphan.job_id, grace_s=5.0)
+        for ranks in plan.adopt:
+            log.info("%s: adopting %s (token %s)", node, ranks.job_id, ranks.token)
+            start_watch(ranks.job_id, ranks.token)
+        for orphan in plan.orphans:
+            log.warning("%s: removed orphan ranks of %s (token %s)", node, orphan.job_id, orphan.token)
+        for job_id, token in plan.leaked.items():
+            rec, _ = await svc.ledger.get(job_id)
+            # A PLACED/STARTING job's launch may still be on its way: only a running job has lost its ranks.
+            if rec is not None and rec.state == "RUNNING" and rec.token == token and node not in rec.nodes_done:
+                await record(
+                    JobNodeFinished(
+                        event_id=f"nodefin-{job_id}-{token}-{node}",
+                        job_id=job_id,
+                        node=node,
+                        token=token,
+                        exit_code=LOST_EXIT,
+                        reason=f"ranks lost: none found on {node} after its executor restarted",
+                    )
                 )
-                await st.runtime.stop(running.job_id, grace_s=5.0)
+
+    @svc.ops("node-logs", f"{subjects.PREFIX}.ops.node.{node}.logs")
+    async def node_logs(payload: dict[str, Any], headers: dict[str, str]) -> dict[str, Any]:
+        job_id = str(payload.get("job_id") or "")
+        rank = payload.get("rank")
+        since = int(payload.get("since") or 0)
+        try:
+            lines = await st.runtime.logs(job_id, int(rank) if rank is not None else None, follow=False)
+        except LookupError as exc:
+            raise OpsError(f"no ranks of {job_id!r} on {node}: {exc}", 404) from exc
+        return {"node": node, "lines": lines[since:], "next": len(lines), "running": job_id in st.tokens}
 
     @svc.background
     async def heartbeat() -> None:
@@ -280,10 +316,10 @@ def make_runtime(kind: str, topology: NodeTopology) -> Runtime:
 
         return SimulatedRuntime(time_scale=float(os.environ.get("ONEPLUS_TIME_SCALE", "1.0")))
     if kind == "docker":
-        from .runtime.docker import DockerRuntime
-
         url = os.environ.get("ONEPLUS_DOCKER_URL", "unix:///var/run/docker.sock")
-        return DockerRuntime(url, node_topology=topology)  # type: ignore[return-value]
+        # GPU device requests only where GPUs were really discovered (or the operator says so).
+        gpu_node = topology.source == "nvml" or os.environ.get("ONEPLUS_GPU_NODE", "") == "1"
+        return DockerRuntime(url, node_topology=topology, node=topology.node, gpu_node=gpu_node)
     raise SystemExit(f"unknown runtime {kind!r}: use 'simulated' or 'docker'")
 
 

@@ -1,0 +1,164 @@
+"""Writes `proto/`: a JSON Schema per contract model and the AsyncAPI 3.0 document of every subject.
+
+Generated from `oneplus_contracts` (`task proto`); a test fails when the checked-in files are stale.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+from typing import Any
+
+from pydantic import BaseModel, TypeAdapter
+
+from oneplus_contracts import (
+    JOB_EVENT_ADAPTER,
+    NODE_COMMAND_ADAPTER,
+    SCHEMA_VERSION,
+    JobRecord,
+    JobSpec,
+    NodeHeartbeat,
+    NodeRecord,
+    NodeTopology,
+    PreemptionRequest,
+    SubmitReply,
+    subjects,
+)
+
+MODELS: dict[str, type[BaseModel] | TypeAdapter[Any]] = {
+    "JobSpec": JobSpec,
+    "JobEvent": JOB_EVENT_ADAPTER,
+    "JobRecord": JobRecord,
+    "NodeCommand": NODE_COMMAND_ADAPTER,
+    "PreemptionRequest": PreemptionRequest,
+    "SubmitReply": SubmitReply,
+    "NodeTopology": NodeTopology,
+    "NodeHeartbeat": NodeHeartbeat,
+    "NodeRecord": NodeRecord,
+}
+
+# channel id → (address, message schema, description, who sends, who receives)
+CHANNELS: dict[str, tuple[str, str, str, str, str]] = {
+    "jobSubmit": (
+        subjects.SUBMIT,
+        "JobSpec",
+        "Submit a job (request/reply; a JobSpec or a CloudEvent)",
+        "client",
+        "intake",
+    ),
+    "jobEvents": (
+        "oneplus.job.{job_id}.{event}",
+        "JobEvent",
+        "Every lifecycle event of a job, in stream ONEPLUS_JOBS",
+        "intake, placement-solver, preemption, node-executor",
+        "placement-solver",
+    ),
+    "nodeCommands": (
+        "oneplus.cmd.node.{node}.{kind}",
+        "NodeCommand",
+        "Launch, preempt or cancel one node's ranks (fencing token checked), stream ONEPLUS_COMMANDS",
+        "placement-solver, preemption",
+        "node-executor",
+    ),
+    "preemptionRequests": (
+        subjects.PREEMPTION_REQUEST,
+        "PreemptionRequest",
+        "A high-priority gang cannot be placed",
+        "placement-solver",
+        "preemption",
+    ),
+    "nodeTopology": (
+        "oneplus.node.{node}.topology",
+        "NodeTopology",
+        "A node's topology report",
+        "node-executor",
+        "topology-registry",
+    ),
+    "nodeHeartbeat": (
+        "oneplus.node.{node}.heartbeat",
+        "NodeHeartbeat",
+        "Per-GPU health and engine health, every few seconds",
+        "node-executor",
+        "topology-registry",
+    ),
+}
+
+
+def schemas() -> dict[str, dict[str, Any]]:
+    out: dict[str, dict[str, Any]] = {}
+    for name, model in MODELS.items():
+        schema = model.model_json_schema() if isinstance(model, type) else model.json_schema()
+        schema["$id"] = f"https://oneplus.dev/schemas/v{SCHEMA_VERSION}/{name}.json"
+        schema.setdefault("title", name)
+        out[name] = schema
+    return out
+
+
+def asyncapi() -> dict[str, Any]:
+    channels: dict[str, Any] = {}
+    operations: dict[str, Any] = {}
+    for cid, (address, msg, desc, senders, receivers) in CHANNELS.items():
+        params = {p.strip("{}"): {"description": p.strip("{}")} for p in address.split(".") if p.startswith("{")}
+        channels[cid] = {
+            "address": address,
+            "description": desc,
+            "messages": {msg: {"$ref": f"#/components/messages/{msg}"}},
+            **({"parameters": params} if params else {}),
+        }
+        operations[f"{cid}Send"] = {
+            "action": "send",
+            "channel": {"$ref": f"#/channels/{cid}"},
+            "summary": f"sent by {senders}",
+        }
+        operations[f"{cid}Receive"] = {
+            "action": "receive",
+            "channel": {"$ref": f"#/channels/{cid}"},
+            "summary": f"received by {receivers}",
+        }
+    messages = {
+        name: {"name": name, "contentType": "application/json", "payload": {"$ref": f"schemas/{name}.json"}}
+        for name in MODELS
+    }
+    return {
+        "asyncapi": "3.0.0",
+        "info": {
+            "title": "OnePlus platform",
+            "version": f"{SCHEMA_VERSION}.0.0",
+            "description": "Subjects of the OnePlus GPU orchestration platform on NATS JetStream.",
+        },
+        "defaultContentType": "application/json",
+        "servers": {"embedded": {"host": "127.0.0.1:4222", "protocol": "nats"}},
+        "channels": channels,
+        "operations": operations,
+        "components": {"messages": messages},
+    }
+
+
+def render() -> dict[str, str]:
+    """Relative path → file text, exactly as written to proto/."""
+    files = {f"schemas/{n}.json": json.dumps(s, indent=2, sort_keys=True) + "\n" for n, s in schemas().items()}
+    files["asyncapi.json"] = json.dumps(asyncapi(), indent=2) + "\n"
+    return files
+
+
+def write(out: Path) -> list[Path]:
+    written = []
+    for rel, text in render().items():
+        path = out / rel
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(text, encoding="utf-8")
+        written.append(path)
+    return written
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__)
+    ap.add_argument("--out", type=Path, default=Path("proto"))
+    args = ap.parse_args()
+    for p in write(args.out):
+        print(p)
+
+
+if __name__ == "__main__":
+    main()

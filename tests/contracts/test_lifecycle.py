@@ -1,0 +1,110 @@
+"""The job state machine: legal paths fold, illegal or stale events are refused the same way everywhere."""
+
+from __future__ import annotations
+
+import pytest
+from pydantic import ValidationError
+
+from oneplus_contracts import (
+    Allocation,
+    IllegalTransition,
+    JobAccepted,
+    JobCancelRequested,
+    JobCheckpointed,
+    JobFinished,
+    JobNodeFinished,
+    JobPlaced,
+    JobPreempting,
+    JobRecord,
+    JobRequeued,
+    JobRunning,
+    JobSpec,
+    RankPlacement,
+    apply_event,
+    parse_job_event,
+)
+
+SPEC = JobSpec(name="t", resources={"gpus": 2}, ranks=2)  # type: ignore[arg-type]
+ALLOC = Allocation(ranks=[RankPlacement(rank=0, node="a", gpus=[0, 1]), RankPlacement(rank=1, node="b", gpus=[0, 1])])
+
+
+def fold(*events: object) -> JobRecord:
+    rec = None
+    for e in events:
+        rec = apply_event(rec, e)  # type: ignore[arg-type]
+    assert rec is not None
+    return rec
+
+
+def test_a_job_runs_from_accepted_to_succeeded() -> None:
+    rec = fold(
+        JobAccepted(job_id="j", spec=SPEC),
+        JobPlaced(job_id="j", allocation=ALLOC, token=7),
+        JobRunning(job_id="j", node="a", token=7),
+        JobNodeFinished(job_id="j", node="a", token=7, exit_code=0, reason="exited"),
+        JobNodeFinished(job_id="j", node="b", token=7, exit_code=0, reason="exited"),
+        JobFinished(job_id="j", state="SUCCEEDED", reason="ok", token=7),
+    )
+    assert rec.state == "SUCCEEDED" and rec.nodes_done == {"a": 0, "b": 0} and rec.placed_ts and rec.started_ts
+
+
+def test_an_event_with_a_stale_token_is_refused() -> None:
+    rec = fold(JobAccepted(job_id="j", spec=SPEC), JobPlaced(job_id="j", allocation=ALLOC, token=7))
+    with pytest.raises(IllegalTransition, match="stale token"):
+        apply_event(rec, JobRunning(job_id="j", node="a", token=6))
+
+
+def test_nothing_applies_after_a_terminal_state() -> None:
+    rec = fold(JobAccepted(job_id="j", spec=SPEC), JobFinished(job_id="j", state="CANCELLED", reason="x"))
+    with pytest.raises(IllegalTransition, match="already CANCELLED"):
+        apply_event(rec, JobPlaced(job_id="j", allocation=ALLOC, token=1))
+
+
+def test_a_second_accept_of_the_same_job_is_refused() -> None:
+    rec = fold(JobAccepted(job_id="j", spec=SPEC))
+    with pytest.raises(IllegalTransition, match="already exists"):
+        apply_event(rec, JobAccepted(job_id="j", spec=SPEC))
+
+
+def test_preemption_requeues_with_the_checkpoint_and_counts_it() -> None:
+    rec = fold(
+        JobAccepted(job_id="j", spec=SPEC),
+        JobPlaced(job_id="j", allocation=ALLOC, token=7),
+        JobRunning(job_id="j", node="a", token=7),
+        JobPreempting(job_id="j", token=7, reason="for k"),
+        JobCheckpointed(job_id="j", node="a", token=7, checkpoint_ts=123.0, acknowledged=True),
+        JobRequeued(job_id="j", reason="preempted"),
+    )
+    assert rec.state == "ACCEPTED" and rec.checkpoint_ts == 123.0 and rec.preemptions == 1
+    assert rec.allocation is None and rec.token is None
+
+
+def test_cancel_request_is_remembered_on_the_record() -> None:
+    rec = fold(JobAccepted(job_id="j", spec=SPEC), JobCancelRequested(job_id="j", by="ann"))
+    assert rec.cancel_requested and rec.state == "ACCEPTED"
+
+
+def test_events_round_trip_through_json_by_their_type() -> None:
+    e = JobPlaced(job_id="j", allocation=ALLOC, token=3)
+    back = parse_job_event(e.model_dump_json())
+    assert isinstance(back, JobPlaced) and back == e
+
+
+@pytest.mark.parametrize(
+    ("resources", "message"),
+    [
+        ({"gpus": 0}, "greater than 0"),
+        ({"gpus": -1}, "greater than 0"),
+        ({"gpus": 1.5}, "whole number"),
+        ({"gpus": 1, "colour": "red"}, "Extra inputs"),
+    ],
+)
+def test_bad_rank_resources_are_refused_by_name(resources: dict[str, object], message: str) -> None:
+    with pytest.raises(ValidationError, match=message):
+        JobSpec(name="x", resources=resources)  # type: ignore[arg-type]
+
+
+def test_an_unknown_checkpoint_signal_is_refused() -> None:
+    with pytest.raises(ValidationError, match="unknown checkpoint signal"):
+        JobSpec(name="x", resources={"gpus": 1}, checkpoint={"signal": "SIGFOO"})  # type: ignore[arg-type]
+    assert JobSpec(name="x", resources={"gpus": 1}, checkpoint={"signal": "usr1"}).checkpoint.signal == "SIGUSR1"  # type: ignore[arg-type]

@@ -1,0 +1,26 @@
+"""Helpers shared by the tests that talk to real NATS and Redis (importable: tests/ is on sys.path)."""
+
+from __future__ import annotations
+
+import contextlib
+
+from nats.aio.client import Client
+from nats.js.errors import BucketNotFoundError, NotFoundError
+from oneplus_contracts import subjects
+
+
+class Servers:
+    def __init__(self, nats_url: str, redis_url: str) -> None:
+        self.nats_url = nats_url
+        self.redis_url = redis_url
+
+
+async def wipe_bus(nc: Client) -> None:
+    """Delete OnePlus's streams and KV buckets so a test starts from nothing."""
+    js = nc.jetstream()
+    for name in subjects.STREAMS:
+        with contextlib.suppress(NotFoundError):
+            await js.delete_stream(name)
+    for bucket in (subjects.JOBS_KV, subjects.TOPOLOGY_KV, subjects.QUEUES_KV):
+        with contextlib.suppress(NotFoundError, BucketNotFoundError):
+            await js.delete_key_value(bucket)
