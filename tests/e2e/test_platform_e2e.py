@@ -170,3 +170,24 @@ async def test_a_poison_command_is_dead_lettered_with_its_reason(platform, serve
     assert msg.headers and "Oneplus-Dlq-Reason" in msg.headers
     await sub.unsubscribe()
     assert platform[0].dead() == {}
+
+
+async def test_explain_says_which_constraint_blocks_and_cancel_ends_a_pending_job(platform, servers) -> None:  # type: ignore[no-untyped-def]
+    spec = JobSpec(
+        name="too-tight",
+        ranks=2,
+        resources={"gpus": 8},  # type: ignore[arg-type]
+        topology={"domain": "node", "mode": "required"},  # type: ignore[arg-type]
+        simulate={"duration_s": 0.1},  # type: ignore[arg-type]
+    )
+    async with OnePlusClient.connect(servers.nats_url) as c:
+        reply = await c.submit(spec, msg_id="explain-1")
+        assert reply.ok and reply.job_id
+        res = await c.explain(reply.job_id)
+        assert res["pending"] is True and res["fits_now"] is False
+        assert res["level"] == "node" and "16" in res["message"] and "node" in res["message"], res["message"]
+        rows = {r["job_id"]: r for r in await c.queue()}
+        assert rows[reply.job_id]["st"] == "PD"
+        await c.cancel(reply.job_id)
+        (rec,) = (await wait_terminal(c, [reply.job_id], timeout=30)).values()
+    assert rec.state == "CANCELLED" and rec.allocation is None

@@ -14,6 +14,7 @@ from typing import Any
 from nats.js.errors import KeyNotFoundError
 from nats.js.kv import KeyValue
 from oneplus_contracts import ACTIVE_STATES, Allocation, JobRecord, JobSpec, NodeRecord
+from oneplus_placement.explain import explain_pending
 from oneplus_placement.greedy import place_gang
 from oneplus_placement.snapshot import AllocationConflict, ClusterSnapshot, ClusterState
 from oneplus_queueing.config import QueueConfig, default_config, load_queue_config
@@ -54,49 +55,18 @@ class LiveSnapshot:
         self.state.apply(alloc)
 
     def explain(self, rec: JobRecord, jobs: Sequence[JobRecord]) -> dict[str, Any]:
+        """Why `rec` is pending: the blocking constraint and level, who is ahead, whose preemption makes room."""
         ahead = [
             j.job_id
             for j in pending_order([j for j in jobs if j.state == "ACCEPTED"])
             if (j.spec.priority, -j.submitted_ts) > (rec.spec.priority, -rec.submitted_ts)
         ]
-        decision = self.place(rec.spec, rec.job_id)
-        if decision.allocation is not None:
-            nodes = ", ".join(decision.allocation.nodes)
-            msg = f"fits now on {nodes}; waiting for the next scheduling cycle"
-            if ahead:
-                msg += f" behind {len(ahead)} job(s) of higher priority or older"
-            return {"message": msg, "fits_now": True, "ahead": ahead}
         preemptible = [
-            j
+            (j.job_id, j.allocation, j.spec.priority)
             for j in jobs
-            if j.state in ACTIVE_STATES and j.allocation and j.spec.preemptible and j.spec.priority < rec.spec.priority
+            if j.state in ACTIVE_STATES and j.allocation is not None and j.spec.preemptible
         ]
-        would_fit: list[str] = []
-        if preemptible:
-            trial = self.state.snapshot().thaw()
-            for j in sorted(preemptible, key=lambda j: j.spec.priority):
-                assert j.allocation is not None
-                try:
-                    trial.release(j.allocation)
-                except AllocationConflict:
-                    continue
-                would_fit.append(j.job_id)
-                if place_gang(trial, rec.spec, rec.job_id).allocation is not None:
-                    break
-            else:
-                would_fit = []
-        parts = [decision.reason]
-        if ahead:
-            parts.append(f"{len(ahead)} higher-priority or older job(s) ahead")
-        if would_fit:
-            parts.append(f"would fit if preemptible job(s) {', '.join(would_fit)} were preempted")
-        return {
-            "message": "; ".join(parts),
-            "fits_now": False,
-            "ahead": ahead,
-            "would_fit_if_preempted": would_fit,
-            **decision.detail,
-        }
+        return explain_pending(self.state, rec.spec, ahead=ahead, preemptible=preemptible).to_dict()
 
 
 class SnapshotSource:
