@@ -19,15 +19,16 @@ import sys
 import time
 from pathlib import Path
 
+from oneplus_contracts import JobRecord, JobSpec, RankResources, SimulatedRun
+
 from oneplus.client import OnePlusClient
 from oneplus.demo import wait_for_platform
 from oneplus.devstack import DEMO_NODES, EmbeddedServers, Platform, urls_from_env
-from oneplus_contracts import JobRecord, JobSpec, RankResources, SimulatedRun
 
 
 def pct(values: list[float], q: float) -> float:
     s = sorted(values)
-    return s[min(len(s) - 1, int(round(q / 100 * (len(s) - 1))))]
+    return s[min(len(s) - 1, round(q / 100 * (len(s) - 1)))]
 
 
 async def wait_placed(c: OnePlusClient, ids: set[str], timeout: float) -> dict[str, JobRecord]:

@@ -10,8 +10,6 @@ import json
 from pathlib import Path
 from typing import Any
 
-from pydantic import BaseModel, TypeAdapter
-
 from oneplus_contracts import (
     JOB_EVENT_ADAPTER,
     NODE_COMMAND_ADAPTER,
@@ -25,6 +23,7 @@ from oneplus_contracts import (
     SubmitReply,
     subjects,
 )
+from pydantic import BaseModel, TypeAdapter
 
 MODELS: dict[str, type[BaseModel] | TypeAdapter[Any]] = {
     "JobSpec": JobSpec,

@@ -3,8 +3,6 @@
 from __future__ import annotations
 
 import pytest
-from pydantic import ValidationError
-
 from oneplus_contracts import (
     Allocation,
     IllegalTransition,
@@ -23,6 +21,7 @@ from oneplus_contracts import (
     apply_event,
     parse_job_event,
 )
+from pydantic import ValidationError
 
 SPEC = JobSpec(name="t", resources={"gpus": 2}, ranks=2)  # type: ignore[arg-type]
 ALLOC = Allocation(ranks=[RankPlacement(rank=0, node="a", gpus=[0, 1]), RankPlacement(rank=1, node="b", gpus=[0, 1])])

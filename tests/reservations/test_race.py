@@ -7,7 +7,6 @@ import multiprocessing as mp
 import random
 
 import redis.asyncio as aioredis
-
 from oneplus_contracts import Allocation, RankPlacement
 from oneplus_reservations import Conflict, ReservationStore, check_history
 
@@ -39,7 +38,9 @@ def _racer(url: str, cluster: str, seed: int) -> tuple[int, int]:
         for i in range(ROUNDS):
             ranks = []
             for r, node in enumerate(rng.sample(NODES, rng.choice([1, 2]))):
-                ranks.append(RankPlacement(rank=r, node=node, gpus=sorted(rng.sample(range(GPUS), rng.choice([1, 2, 4])))))
+                ranks.append(
+                    RankPlacement(rank=r, node=node, gpus=sorted(rng.sample(range(GPUS), rng.choice([1, 2, 4]))))
+                )
             job = f"r{seed}-{i}"
             res = await store.reserve(job, Allocation(ranks=ranks))
             if isinstance(res, Conflict):

@@ -80,11 +80,11 @@ async def latest_values(kv: KeyValue, timeout: float = 10.0) -> list[bytes]:
     values: dict[str, bytes] = {}
     try:
         while True:
-            entry = await watcher.updates(timeout=timeout)
+            entry = await watcher.updates(timeout=timeout)  # type: ignore[no-untyped-call]
             if entry is None:  # the watcher has delivered every current value
                 break
             if entry.value:
                 values[entry.key] = entry.value
     finally:
-        await watcher.stop()
+        await watcher.stop()  # type: ignore[no-untyped-call]
     return [values[k] for k in sorted(values)]
