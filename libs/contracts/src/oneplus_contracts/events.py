@@ -200,6 +200,9 @@ class JobRecord(Strict):
     started_ts: float | None = None
     finished_ts: float | None = None
     nodes_done: dict[str, int] = Field(default_factory=dict, description="node → exit code, for this attempt")
+    node_reasons: dict[str, str] = Field(
+        default_factory=dict, description="node → why its ranks ended (the executor's words), for this attempt"
+    )
     source: str = "cli"
     warnings: list[str] = Field(default_factory=list)
     cancel_requested: bool = False

@@ -75,6 +75,7 @@ def apply_event(rec: JobRecord | None, event: JobEvent) -> JobRecord:
                     "token": event.token,
                     "attempt": event.attempt,
                     "nodes_done": {},
+                    "node_reasons": {},
                     "reason": None,
                     "placed_ts": event.ts,
                     "updated_ts": event.ts,
@@ -94,7 +95,8 @@ def apply_event(rec: JobRecord | None, event: JobEvent) -> JobRecord:
             _token_matches(r, event.token, event)
             done = dict(r.nodes_done)
             done[event.node] = event.exit_code
-            return r.model_copy(update={"nodes_done": done, "updated_ts": event.ts})
+            why = {**r.node_reasons, event.node: event.reason}
+            return r.model_copy(update={"nodes_done": done, "node_reasons": why, "updated_ts": event.ts})
         case JobFinished():
             r = _require(rec, event)
             _token_matches(r, event.token, event)
@@ -127,6 +129,7 @@ def apply_event(rec: JobRecord | None, event: JobEvent) -> JobRecord:
                     "allocation": None,
                     "token": None,
                     "nodes_done": {},
+                    "node_reasons": {},
                     "reason": event.reason,
                     "checkpoint_ts": ck,
                     "preemptions": r.preemptions + 1,
