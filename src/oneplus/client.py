@@ -11,13 +11,16 @@ import json
 import os
 from collections.abc import AsyncIterator, Mapping
 from contextlib import asynccontextmanager
-from typing import Any
+from typing import Any, Literal
 
 import nats
 from nats.aio.client import Client
 from nats.errors import NoRespondersError
 from nats.errors import TimeoutError as NatsTimeout
 from oneplus_contracts import JobRecord, JobSpec, NodeRecord, SubmitReply, subjects
+from oneplus_jobformats.cloudevents import SUBMIT_EVENT_TYPE, encode_binary, encode_structured
+
+TEAM_HEADER = "Oneplus-Team"
 
 
 class PlatformError(RuntimeError):
@@ -46,8 +49,12 @@ class OnePlusClient:
             await nc.close()
 
     async def _request(self, subject: str, body: bytes, headers: Mapping[str, str] | None = None) -> bytes:
+        hdrs = dict(headers or {})
+        if self.team:
+            # The intake reads the team from here; across a team's NATS account the server's stamp decides.
+            hdrs.setdefault(TEAM_HEADER, self.team)
         try:
-            msg = await self.nc.request(subject, body, timeout=self.timeout, headers=dict(headers or {}))
+            msg = await self.nc.request(subject, body, timeout=self.timeout, headers=hdrs)
         except NoRespondersError as exc:
             raise PlatformError(f"no service answers on {subject}; is the platform up?") from exc
         except NatsTimeout as exc:
@@ -63,6 +70,24 @@ class OnePlusClient:
         if msg_id:
             headers["Nats-Msg-Id"] = msg_id
         return await self.submit_raw(spec.model_dump_json().encode(), headers)
+
+    async def submit_cloudevent(
+        self,
+        spec: JobSpec,
+        source: str,
+        id: str,
+        mode: Literal["structured", "binary"] = "structured",
+        *,
+        type: str = SUBMIT_EVENT_TYPE,
+    ) -> SubmitReply:
+        """Submit `spec` as a CloudEvent; its `id` names the job, so a retry with the same id is no second job."""
+        if mode == "structured":
+            headers, body = encode_structured(spec, source, id, type=type)
+        elif mode == "binary":
+            headers, body = encode_binary(spec, source, id, type=type)
+        else:
+            raise ValueError(f"mode must be 'structured' or 'binary', not {mode!r}")
+        return await self.submit_raw(body, headers)
 
     async def ops(self, subject: str, payload: Mapping[str, Any] | None = None) -> Any:
         body = dict(payload or {})

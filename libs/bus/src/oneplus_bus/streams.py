@@ -11,7 +11,9 @@ from oneplus_contracts import subjects
 # Dedupe window for Nats-Msg-Id: a retried submission within it is not a second job.
 DUPLICATE_WINDOW_S = 600.0
 
-KV_HISTORY = {subjects.JOBS_KV: 5, subjects.TOPOLOGY_KV: 5, subjects.QUEUES_KV: 5}
+KV_HISTORY = {subjects.JOBS_KV: 5, subjects.TOPOLOGY_KV: 5, subjects.QUEUES_KV: 5, subjects.WEBHOOK_DELIVERIES_KV: 1}
+# Buckets whose entries expire (seconds); the webhook ledger must outlive MLflow's replay window.
+KV_TTL = {subjects.WEBHOOK_DELIVERIES_KV: subjects.WEBHOOK_DELIVERIES_TTL_S}
 
 
 async def ensure_streams(js: JetStreamContext) -> None:
@@ -44,7 +46,7 @@ async def ensure_kv(js: JetStreamContext) -> dict[str, KeyValue]:
             buckets[bucket] = await js.key_value(bucket)
         except (NotFoundError, BadRequestError):
             try:
-                buckets[bucket] = await js.create_key_value(bucket=bucket, history=history)
+                buckets[bucket] = await js.create_key_value(bucket=bucket, history=history, ttl=KV_TTL.get(bucket))
             except BadRequestError:
                 buckets[bucket] = await js.key_value(bucket)
     return buckets

@@ -33,6 +33,8 @@ STREAMS: dict[str, list[str]] = {
 JOBS_KV = "jobs"
 TOPOLOGY_KV = "topology"
 QUEUES_KV = "queues"
+WEBHOOK_DELIVERIES_KV = "webhook_deliveries"  # MLflow delivery ids seen, kept for WEBHOOK_DELIVERIES_TTL_S
+WEBHOOK_DELIVERIES_TTL_S = 3600.0
 
 # Ops requests (core NATS request/reply, answered by the owning service).
 OPS_QUEUE_LIST = f"{PREFIX}.ops.queue.list"

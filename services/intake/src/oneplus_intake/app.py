@@ -1,128 +1,127 @@
 """intake: validates every submission, turns it into the one JobSpec, accepts or rejects it.
 
 Submissions arrive as NATS requests on `oneplus.jobs.submit` (a JobSpec, or a CloudEvent in structured
-or binary mode). The CloudEvent id (or `Nats-Msg-Id`) names the job, so a retried publish is not a
-second job. Bad input gets a `job.rejected` event and an error reply; nothing already accepted is touched.
+or binary mode), as `POST /v1/jobs` over HTTP, and as MLflow webhook deliveries (`POST /webhooks/mlflow`);
+all three go through `Intake` (submissions.py). The ops endpoints show, list and cancel jobs of the
+caller's team only (tenancy.py says where the team comes from).
 """
 
 from __future__ import annotations
 
-import hashlib
 import logging
 from typing import Any
 
 from faststream.nats import NatsMessage
-from oneplus_bus.clusterview import live_queue_config
-from oneplus_bus.ledger import latest_values
 from oneplus_bus.service import OneplusService, OpsError
-from oneplus_bus.telemetry import traceparent_of_current
-from oneplus_contracts import (
-    IllegalTransition,
-    JobAccepted,
-    JobCancelRequested,
-    JobRecord,
-    JobRejected,
-    NodeRecord,
-    SubmitReply,
-    new_id,
-    subjects,
-)
-from oneplus_jobformats.cloudevents import decode_submission
-from oneplus_jobformats.errors import JobFormatError
-from oneplus_queueing.config import QueueConfig, QueueConfigError
-from pydantic import ValidationError
+from oneplus_contracts import JobCancelRequested, JobRecord, subjects
 
-from .admission import Inadmissible, admit
+from .deliveries import NatsDeliveryLedger
+from .settings import IntakeSettings
+from .submissions import Intake, job_id_for
+from .tenancy import Caller, TenancyError, caller_of
+from .web import HttpServer, IntakeHttp
+from .webhooks import MlflowWebhook, load_templates
+
+__all__ = ["app", "broker", "intake", "job_id_for", "main", "svc"]
 
 log = logging.getLogger("oneplus.intake")
 
-svc = OneplusService("intake", "Accepts jobs from the CLI, CI/CD CloudEvents and other formats")
+svc = OneplusService("intake", "Accepts jobs from the CLI, CI/CD CloudEvents, HTTP and MLflow webhooks")
 broker = svc.broker
 app = svc.app
+intake = Intake(svc)
+_state: dict[str, Any] = {"settings": IntakeSettings()}
 
 
-def job_id_for(msg_id: str) -> str:
-    """The same submission id always names the same job: retries dedupe beyond the stream's window too."""
-    return "j-" + hashlib.sha256(msg_id.encode()).hexdigest()[:12]
-
-
-async def queue_config() -> QueueConfig:
-    return await live_queue_config(svc.kv[subjects.QUEUES_KV])
-
-
-async def nodes() -> list[NodeRecord]:
-    return [NodeRecord.model_validate_json(v) for v in await latest_values(svc.kv[subjects.TOPOLOGY_KV])]
-
-
-async def reject(job_id: str, reason: str, source: str, team: str | None = None) -> SubmitReply:
-    log.info("rejected %s: %s", job_id, reason)
-    await svc.ledger.publish(
-        JobRejected(event_id=f"rejected-{job_id}", job_id=job_id, reason=reason, source=source, team=team)
-    )
-    return SubmitReply(ok=False, job_id=job_id, error=reason)
+def _caller(headers: dict[str, str], claimed: Any = None) -> Caller:
+    settings: IntakeSettings = _state["settings"]
+    return caller_of(headers, claimed, platform_accounts=settings.platform_accounts)
 
 
 @broker.subscriber(subjects.SUBMIT, queue="intake", title="job submissions (request/reply)")
 async def on_submit(msg: NatsMessage) -> dict[str, Any]:
-    reply = await submit(dict(msg.headers or {}), msg.body)
-    return reply.model_dump(mode="json")
+    headers = dict(msg.headers or {})
+    try:
+        caller = _caller(headers)
+    except TenancyError as exc:
+        outcome = await intake.reject(job_id_for(f"refused/{msg.correlation_id}"), str(exc), "nats", None, exc.code)
+    else:
+        outcome = await intake.submit(headers, msg.body, caller)
+    return outcome.reply.model_dump(mode="json")
 
 
-async def submit(headers: dict[str, str], body: bytes) -> SubmitReply:
-    source = headers.get("Oneplus-Source", "nats")
+@svc.on_start
+async def start_http() -> None:
+    settings = IntakeSettings.from_env()
+    _state["settings"] = settings
+    if settings.http_port is None:
+        log.info("HTTP intake disabled (ONEPLUS_HTTP_PORT=off)")
+        return
+    webhook = None
+    if settings.mlflow_secret:
+        webhook = MlflowWebhook(
+            secret=settings.mlflow_secret,
+            templates=load_templates(settings.mlflow_templates),
+            ledger=NatsDeliveryLedger(svc.kv[subjects.WEBHOOK_DELIVERIES_KV]),
+            intake=intake,
+            replay_window_s=settings.replay_window_s,
+        )
+        log.info("MLflow webhooks on, %d job template(s)", len(webhook.templates.templates))
+    server = HttpServer(IntakeHttp(intake, webhook, svc.tracer).app(), settings.http_host, settings.http_port)
     try:
-        sub = decode_submission(headers, body)
-    except JobFormatError as exc:
-        return await reject(new_id("j-"), str(exc), source)
-    msg_id = sub.event_id or headers.get("Nats-Msg-Id") or new_id("sub-")
-    job_id = job_id_for(msg_id)
-    spec = sub.spec
-    source = sub.source or source
-    try:
-        admit(spec, await queue_config(), await nodes())
-    except (Inadmissible, QueueConfigError, ValidationError) as exc:
-        return await reject(job_id, str(exc), source, spec.team)
+        await server.start()
+    except OSError as exc:
+        if settings.http_port_explicit:
+            raise
+        # The default port may be taken on a developer's machine; NATS intake works without HTTP.
+        log.warning("HTTP intake not started: %s:%d: %s", settings.http_host, settings.http_port, exc.strerror)
+        return
+    _state["http"] = server
+
+
+@svc.on_stop
+async def stop_http() -> None:
+    server = _state.pop("http", None)
+    if server is not None:
+        await server.stop()
+
+
+async def _visible_job(payload: dict[str, Any], headers: dict[str, str]) -> tuple[JobRecord, Caller]:
+    caller = _tenant(headers, payload)
+    job_id = str(payload.get("job_id") or "")
     rec, _ = await svc.ledger.get(job_id)
-    if rec is not None:
-        return SubmitReply(ok=True, job_id=job_id, duplicate=True, warnings=rec.warnings)
-    event = JobAccepted(event_id=f"accepted-{job_id}", job_id=job_id, spec=spec, source=source, warnings=sub.warnings)
+    if rec is None or not caller.sees(rec.spec.team):
+        raise OpsError(f"no job {job_id!r}", 404)  # another team's job does not exist, as far as this caller knows
+    return rec, caller
+
+
+def _tenant(headers: dict[str, str], payload: dict[str, Any]) -> Caller:
     try:
-        await svc.ledger.record(event, traceparent=traceparent_of_current())
-    except IllegalTransition:
-        return SubmitReply(ok=True, job_id=job_id, duplicate=True, warnings=sub.warnings)
-    return SubmitReply(ok=True, job_id=job_id, warnings=sub.warnings)
-
-
-def _visible(rec: JobRecord, team: str | None) -> bool:
-    return team is None or rec.spec.team == team
+        return _caller(headers, payload.get("team"))
+    except TenancyError as exc:
+        raise OpsError(str(exc), exc.code) from exc
 
 
 @svc.ops("job-show", subjects.OPS_JOB_SHOW)
 async def job_show(payload: dict[str, Any], headers: dict[str, str]) -> JobRecord:
-    job_id = str(payload.get("job_id") or "")
-    rec, _ = await svc.ledger.get(job_id)
-    if rec is None or not _visible(rec, payload.get("team")):
-        raise OpsError(f"no job {job_id!r}", 404)
+    rec, _ = await _visible_job(payload, headers)
     return rec
 
 
 @svc.ops("job-list", f"{subjects.PREFIX}.ops.job.list")
 async def job_list(payload: dict[str, Any], headers: dict[str, str]) -> list[dict[str, Any]]:
-    team = payload.get("team")
-    return [r.model_dump(mode="json") for r in await svc.ledger.all() if _visible(r, team)]
+    caller = _tenant(headers, payload)
+    return [r.model_dump(mode="json") for r in await svc.ledger.all() if caller.sees(r.spec.team)]
 
 
 @svc.ops("job-cancel", subjects.OPS_JOB_CANCEL)
 async def job_cancel(payload: dict[str, Any], headers: dict[str, str]) -> dict[str, Any]:
-    job_id = str(payload.get("job_id") or "")
-    rec, _ = await svc.ledger.get(job_id)
-    if rec is None or not _visible(rec, payload.get("team")):
-        raise OpsError(f"no job {job_id!r}", 404)
+    rec, caller = await _visible_job(payload, headers)
     if rec.terminal:
-        raise OpsError(f"job {job_id} already {rec.state}", 409)
-    by = str(payload.get("by") or "unknown")
-    await svc.ledger.record(JobCancelRequested(job_id=job_id, reason=f"cancelled by {by}", by=by))
-    return {"job_id": job_id, "state": rec.state, "cancel_requested": True}
+        raise OpsError(f"job {rec.job_id} already {rec.state}", 409)
+    by = caller.user if caller.bound and caller.user else str(payload.get("by") or "unknown")
+    await svc.ledger.record(JobCancelRequested(job_id=rec.job_id, reason=f"cancelled by {by}", by=by))
+    return {"job_id": rec.job_id, "state": rec.state, "cancel_requested": True}
 
 
 def main() -> None:

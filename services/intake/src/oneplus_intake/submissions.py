@@ -1,0 +1,121 @@
+"""One way in for every submission (NATS request, HTTP POST, MLflow webhook): read, bind the team, admit, accept.
+
+The submission id (CloudEvent id, `Nats-Msg-Id`, `Idempotency-Key`, MLflow delivery id) names the job, so a
+retry is answered with the same job id and `duplicate: true`, never a second job. Ids are scoped by team, so
+two teams that happen to use the same id get two jobs. Bad input gets a `job.rejected` event and an error
+reply naming the problem; nothing already accepted is touched.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+from oneplus_bus.clusterview import live_queue_config
+from oneplus_bus.ledger import latest_values
+from oneplus_bus.service import OneplusService
+from oneplus_bus.telemetry import traceparent_of_current
+from oneplus_contracts import (
+    IllegalTransition,
+    JobAccepted,
+    JobRejected,
+    JobSpec,
+    NodeRecord,
+    SubmitReply,
+    new_id,
+    subjects,
+)
+from oneplus_jobformats.cloudevents import decode_submission
+from oneplus_jobformats.errors import JobFormatError
+from oneplus_queueing.config import QueueConfig, QueueConfigError
+from pydantic import ValidationError
+
+from .admission import Inadmissible, admit
+from .tenancy import Caller, TenancyError, bind_team
+
+log = logging.getLogger("oneplus.intake")
+
+SOURCE_HEADER = "Oneplus-Source"
+SUBMISSION_ID_HEADERS = ("Nats-Msg-Id", "Idempotency-Key")
+
+# HTTP statuses of the outcomes (the NATS reply carries the same verdict in `ok` / `error`).
+ACCEPTED, DUPLICATE, UNREADABLE, WRONG_TEAM, CANNOT_RUN = 201, 200, 400, 403, 422
+
+
+def job_id_for(msg_id: str) -> str:
+    """The same submission id always names the same job: retries dedupe beyond the stream's window too."""
+    return "j-" + hashlib.sha256(msg_id.encode("utf-8", "surrogatepass")).hexdigest()[:12]
+
+
+def _header(headers: Mapping[str, str], name: str) -> str | None:
+    wanted = name.lower()
+    return next((v for k, v in headers.items() if k.lower() == wanted), None)
+
+
+@dataclass(frozen=True)
+class Outcome:
+    reply: SubmitReply
+    status: int
+
+
+class Intake:
+    """The submission pipeline of one intake process, over its service's ledger and KV buckets."""
+
+    def __init__(self, svc: OneplusService) -> None:
+        self.svc = svc
+
+    async def queue_config(self) -> QueueConfig:
+        return await live_queue_config(self.svc.kv[subjects.QUEUES_KV])
+
+    async def nodes(self) -> list[NodeRecord]:
+        return [NodeRecord.model_validate_json(v) for v in await latest_values(self.svc.kv[subjects.TOPOLOGY_KV])]
+
+    async def reject(self, job_id: str, reason: str, source: str, team: str | None, status: int) -> Outcome:
+        log.info("rejected %s: %s", job_id, reason)
+        await self.svc.ledger.publish(
+            JobRejected(event_id=f"rejected-{job_id}", job_id=job_id, reason=reason, source=source, team=team)
+        )
+        return Outcome(SubmitReply(ok=False, job_id=job_id, error=reason), status)
+
+    async def submit(self, headers: Mapping[str, str], body: bytes, caller: Caller, source: str = "nats") -> Outcome:
+        """A raw submission: a job document, or a CloudEvent (structured or binary) carrying one."""
+        source = _header(headers, SOURCE_HEADER) or source
+        try:
+            sub = decode_submission(headers, body)
+        except JobFormatError as exc:
+            return await self.reject(new_id("j-"), str(exc), source, caller.team, UNREADABLE)
+        msg_id = sub.event_id or next(filter(None, (_header(headers, h) for h in SUBMISSION_ID_HEADERS)), None)
+        return await self.accept(
+            sub.spec,
+            submission_id=msg_id or new_id("sub-"),
+            source=sub.source or source,
+            warnings=sub.warnings,
+            caller=caller,
+        )
+
+    async def accept(
+        self, spec: JobSpec, *, submission_id: str, source: str, warnings: list[str], caller: Caller
+    ) -> Outcome:
+        """A spec already read: bind it to the caller's team, dedupe on the submission id, admit, record."""
+        scoped = submission_id if caller.team is None else f"{caller.team}/{submission_id}"
+        job_id = job_id_for(scoped)
+        try:
+            spec = bind_team(spec, caller)
+        except TenancyError as exc:
+            return await self.reject(job_id, str(exc), source, caller.team, exc.code)
+        rec, _ = await self.svc.ledger.get(job_id)
+        if rec is not None:  # a retry: answer as the first time, even if the cluster changed since
+            return Outcome(SubmitReply(ok=True, job_id=job_id, duplicate=True, warnings=rec.warnings), DUPLICATE)
+        try:
+            admit(spec, await self.queue_config(), await self.nodes())
+        except (Inadmissible, QueueConfigError, ValidationError) as exc:
+            return await self.reject(job_id, str(exc), source, spec.team, CANNOT_RUN)
+        event = JobAccepted(event_id=f"accepted-{job_id}", job_id=job_id, spec=spec, source=source, warnings=warnings)
+        try:
+            await self.svc.ledger.record(event, traceparent=traceparent_of_current())
+        except IllegalTransition:
+            return Outcome(SubmitReply(ok=True, job_id=job_id, duplicate=True, warnings=warnings), DUPLICATE)
+        log.info("accepted %s (%s, team %s) from %s", job_id, spec.name, spec.team, source)
+        return Outcome(SubmitReply(ok=True, job_id=job_id, warnings=warnings), ACCEPTED)
