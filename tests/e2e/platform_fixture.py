@@ -31,6 +31,14 @@ async def start_platform(nats_url: str, redis_url: str, workdir: Path, **env: st
     try:
         async with OnePlusClient.connect(nats_url) as c:
             await wait_for_platform(c, len(DEMO_NODES), timeout=120)
+    except Exception as exc:
+        dead = platform.dead()
+        platform.stop()
+        tails = "\n".join(
+            f"--- {name} (exit {code}):\n" + "\n".join(platform.logs(name).splitlines()[-15:])
+            for name, code in dead.items()
+        )
+        raise AssertionError(f"{exc}; exited: {dead or 'none'}\n{tails}") from exc
     except BaseException:
         platform.stop()
         raise

@@ -125,6 +125,34 @@ def queue(nats: NatsOpt = None, team: TeamOpt = None, as_json: JsonOpt = False) 
     console.print(t)
 
 
+@app.command()
+def queues(nats: NatsOpt = None, as_json: JsonOpt = False) -> None:
+    """Per queue: guarantee, borrow limit, GPUs used and borrowed, pending, fair-share factor."""
+    rows = call(nats, None, lambda c: c.ops(f"{subjects.PREFIX}.ops.queues.list", {}))
+    if as_json:
+        dump(rows)
+        return
+    from rich.table import Table
+
+    t = Table(title="queues")
+    cols = ("queue", "guarantee_gpus", "limit_gpus", "used_gpus", "borrowed_gpus", "pending_gpus", "fairshare")
+    for col in ("QUEUE", "GUARANTEE", "LIMIT", "USED", "BORROWED", "PENDING", "FAIR-SHARE"):
+        t.add_column(col)
+    for r in rows:
+        name = "  " * int(r.get("depth", 0)) + str(r["queue"])
+        cells = [name] + [_fmt(r.get(c)) for c in cols[1:]]
+        t.add_row(*cells)
+    console.print(t)
+
+
+def _fmt(v: Any) -> str:
+    if v is None:
+        return "-"
+    if isinstance(v, float):
+        return f"{v:.3g}"
+    return str(v)
+
+
 @jobs_app.command("list")
 def jobs_list(nats: NatsOpt = None, team: TeamOpt = None, as_json: JsonOpt = False) -> None:
     """Every job (of your team, with --team)."""

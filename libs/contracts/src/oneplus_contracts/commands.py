@@ -7,7 +7,7 @@ from typing import Annotated, Literal
 
 from pydantic import Field, TypeAdapter
 
-from .events import RankPlacement, new_id
+from .events import Allocation, RankPlacement, new_id
 from .jobspec import JobSpec, Strict
 
 
@@ -29,6 +29,7 @@ class LaunchRanks(_Command):
     master_addr: str
     master_port: int = 29500
     resume_from_checkpoint_ts: float | None = None
+    resume_progress_s: float = Field(default=0.0, ge=0, description="Work done up to the last checkpoint")
 
 
 class PreemptRanks(_Command):
@@ -56,6 +57,9 @@ class PreemptionRequest(Strict):
     gpus: float
     reason: str
     ts: float = Field(default_factory=time.time)
+    victims: list[str] = Field(default_factory=list, description="Chosen by the scheduling cycle; empty: choose here")
+    nominated: Allocation | None = Field(default=None, description="The GPUs the preemptor gets once victims are gone")
+    lost_work_gpu_s: float = 0.0
 
 
 class SubmitReply(Strict):

@@ -196,6 +196,7 @@ class JobRecord(Strict):
     preemptions: int = 0
     traceparent: str | None = None
     checkpoint_ts: float | None = None
+    progress_s: float = Field(default=0.0, description="Run time saved by checkpoints across earlier attempts")
     placed_ts: float | None = None
     started_ts: float | None = None
     finished_ts: float | None = None

@@ -119,12 +119,18 @@ def apply_event(rec: JobRecord | None, event: JobEvent) -> JobRecord:
             r = _require(rec, event, "PREEMPTING", "RUNNING", "CHECKPOINTED")
             _token_matches(r, event.token, event)
             state = "CHECKPOINTED" if r.state in ("PREEMPTING", "CHECKPOINTED") else r.state
-            return r.model_copy(update={"state": state, "checkpoint_ts": event.checkpoint_ts, "updated_ts": event.ts})
+            # Without the job's acknowledgement there is no new checkpoint: the last one stands.
+            ck = event.checkpoint_ts if event.acknowledged else r.checkpoint_ts
+            return r.model_copy(update={"state": state, "checkpoint_ts": ck, "updated_ts": event.ts})
         case JobRequeued():
             r = _require(rec, event, "PREEMPTING", "CHECKPOINTED", "PLACED", "STARTING", "RUNNING")
             ck = event.checkpoint_ts if event.checkpoint_ts is not None else r.checkpoint_ts
+            saved = 0.0
+            if ck is not None and r.started_ts is not None and ck > r.started_ts:
+                saved = ck - r.started_ts  # this attempt's work up to its checkpoint survives the restart
             return r.model_copy(
                 update={
+                    "progress_s": r.progress_s + saved,
                     "state": "ACCEPTED",
                     "allocation": None,
                     "token": None,

@@ -15,7 +15,7 @@ from typing import Any
 from faststream import AckPolicy
 from faststream.nats import NatsMessage
 from nats.js.api import ConsumerConfig
-from oneplus_bus.clusterview import LiveSnapshot, SnapshotSource, pending_order
+from oneplus_bus.clusterview import SnapshotSource, live_queue_config
 from oneplus_bus.service import OneplusService, OpsError, jstream
 from oneplus_bus.telemetry import inject, job_span
 from oneplus_contracts import (
@@ -32,6 +32,11 @@ from oneplus_contracts import (
     parse_job_event,
     subjects,
 )
+from oneplus_queueing.config import QueueConfig
+from oneplus_queueing.cycle import schedule_cycle
+from oneplus_queueing.fairshare import UsageHistory
+from oneplus_queueing.model import CycleDecision, PendingJob, RunningJob, VictimChoice
+from oneplus_queueing.report import queue_rows, queues_rows, split_records
 from oneplus_reservations import Conflict, ReservationStore
 
 from .launch import launch_commands
@@ -62,7 +67,6 @@ def source() -> SnapshotSource:
 async def _connect() -> None:
     _state["store"] = ReservationStore.from_url(svc.settings.redis_url, svc.settings.cluster)
     _state["source"] = SnapshotSource(svc.kv[subjects.TOPOLOGY_KV], _state["store"])
-    _state["reasons"] = {}
     await reconcile()
 
 
@@ -203,59 +207,78 @@ async def commit_placed(rec: JobRecord, alloc: Allocation, token: int) -> None:
         )
 
 
+def usage_for(config: QueueConfig, now: float) -> UsageHistory:
+    """Fair-share usage lives in this process; a new queue tree starts a new history."""
+    usage: UsageHistory | None = _state.get("usage")
+    names = tuple(q.name for q in config.queues)
+    if usage is None or _state.get("usage_queues") != names:
+        usage = UsageHistory.for_config(config, now)
+        _state["usage"], _state["usage_queues"] = usage, names
+    return usage
+
+
 async def schedule_once() -> int:
-    """One scheduling cycle over a fresh snapshot; returns how many gangs were committed."""
+    """One scheduling cycle of the queueing policy over a fresh snapshot; returns how many gangs were committed."""
+    now = time.time()
     jobs = await svc.ledger.all()
-    pending = pending_order([r for r in jobs if r.state == "ACCEPTED" and not r.cancel_requested])
-    if not pending:
-        _state["reasons"] = {}
+    pending_recs = {r.job_id: r for r in jobs if r.state == "ACCEPTED" and not r.cancel_requested}
+    if not pending_recs:
+        _state["decision"] = None
         return 0
-    snap = await source().snapshot()
+    config = await live_queue_config(svc.kv[subjects.QUEUES_KV])
+    usage = usage_for(config, now)
+    running = [RunningJob.from_record(r) for r in jobs if r.state in ACTIVE_STATES and r.allocation is not None]
+    usage.charge(now, running)
+    view = await source().snapshot()
+    decision = schedule_cycle(
+        now,
+        view.state,
+        [PendingJob.from_record(r) for r in pending_recs.values()],
+        running,
+        config,
+        usage,
+        nominations=_state.get("nominations"),
+    )
+    _state["decision"] = decision
+    _state["nominations"] = decision.nominations
     placed = 0
-    reasons: dict[str, tuple[str, str]] = {}
-    for rec in pending:
-        with job_span(svc.tracer, "placement-solver place", rec.traceparent, {"oneplus.job_id": rec.job_id}) as span:
-            decision = snap.place(rec.spec, rec.job_id)
-            if decision.allocation is None:
-                reasons[rec.job_id] = (reason_code(decision.detail, snap), decision.reason)
-                span.set_attribute("oneplus.placed", False)
-                if preemption_could_help(rec, jobs):
-                    await request_preemption(rec, decision.reason)
-                continue
-            res = await store().reserve(rec.job_id, decision.allocation)
+    for job_id, alloc in decision.placements.items():
+        rec = pending_recs[job_id]
+        with job_span(svc.tracer, "placement-solver place", rec.traceparent, {"oneplus.job_id": job_id}) as span:
+            res = await store().reserve(job_id, alloc)
             if isinstance(res, Conflict):
-                # Another replica took part of it since our snapshot: try again on a fresh one.
-                reasons[rec.job_id] = ("Resources", f"reservation conflict ({res.reason}); retrying")
+                # Another replica took part of it since our snapshot: the next cycle decides on a fresh one.
+                span.set_attribute("oneplus.placed", False)
                 _wake.set()
                 continue
             span.set_attribute("oneplus.placed", True)
             span.set_attribute("oneplus.token", res)
-            await commit_placed(rec, decision.allocation, res)
-            snap.hold(decision.allocation)
+            span.set_attribute("oneplus.domain", alloc.domain)
+            await commit_placed(rec, alloc, res)
             placed += 1
-    _state["reasons"] = reasons
+    for choice in decision.preemptions:
+        rec = pending_recs[choice.preemptor]
+        with job_span(svc.tracer, "placement-solver preempt", rec.traceparent, {"oneplus.job_id": rec.job_id}):
+            await request_preemption(rec, choice)
+        for victim in choice.victims:
+            usage.record_preemption(now, victim, choice.preemptor, rec.spec.total_gpus)
     return placed
 
 
 PREEMPTION_REQUEST_EVERY_S = 10.0
 
 
-def preemption_could_help(rec: JobRecord, jobs: list[JobRecord]) -> bool:
-    """Only ask when some running gang of lower priority could be evicted at all."""
-    return any(
-        j.state in ("PLACED", "STARTING", "RUNNING") and j.spec.preemptible and j.spec.priority < rec.spec.priority
-        for j in jobs
-    )
-
-
-async def request_preemption(rec: JobRecord, reason: str) -> None:
+async def request_preemption(rec: JobRecord, choice: VictimChoice) -> None:
     window = int(time.time() // PREEMPTION_REQUEST_EVERY_S)
     req = PreemptionRequest(
         request_id=f"prq-{rec.job_id}-{window}",
         job_id=rec.job_id,
         priority=rec.spec.priority,
         gpus=rec.spec.total_gpus,
-        reason=reason,
+        reason=f"{choice.kind}: {len(choice.victims)} gang(s) stand aside for {rec.job_id}",
+        victims=list(choice.victims),
+        nominated=choice.nominated,
+        lost_work_gpu_s=choice.lost_work_gpu_s,
     )
     # The id dedupes: at most one request per job per window, however many cycles run.
     headers = inject({"Nats-Msg-Id": req.request_id})
@@ -325,66 +348,33 @@ async def explain(payload: dict[str, Any], headers: dict[str, str]) -> dict[str,
         return {"job_id": job_id, "state": rec.state, "pending": False, "message": f"job is {rec.state}, not pending"}
     jobs = await svc.ledger.all()
     snap = await source().snapshot()
-    return {"job_id": job_id, "state": rec.state, "pending": True, **snap.explain(rec, jobs)}
-
-
-ST_CODES = {
-    "ACCEPTED": "PD",
-    "PLACED": "CF",
-    "STARTING": "CF",
-    "RUNNING": "R",
-    "PREEMPTING": "SI",
-    "CHECKPOINTED": "PR",
-}
-
-
-def reason_code(detail: dict[str, Any], snap: LiveSnapshot) -> str:
-    """Slurm-style reason: Resources when GPUs are short overall, Topology when they are but not together."""
-    level = str(detail.get("level", ""))
-    if level == "request":
-        return "Resources"
-    needed = float(detail.get("needed_gpus", 0.0))
-    if needed and snap.state.total_free_gpus() >= needed:
-        return "Topology"
-    return "Resources"
-
-
-def _elapsed(rec: JobRecord, now: float) -> str:
-    secs = int(now - rec.started_ts) if rec.started_ts else 0
-    m, s = divmod(secs, 60)
-    h, m = divmod(m, 60)
-    return f"{h}:{m:02d}:{s:02d}" if h else f"{m}:{s:02d}"
+    out: dict[str, Any] = {"job_id": job_id, "state": rec.state, "pending": True, **snap.explain(rec, jobs)}
+    decision: CycleDecision | None = _state.get("decision")
+    why = decision.reasons.get(job_id) if decision else None
+    if why is not None:
+        out["reason"] = why.code
+        out["message"] = f"{why.code}: {why.message}" + ("" if why.message in out["message"] else f"; {out['message']}")
+    return out
 
 
 @svc.ops("queue-list", subjects.OPS_QUEUE_LIST)
 async def queue_list(payload: dict[str, Any], headers: dict[str, str]) -> list[dict[str, Any]]:
+    """squeue-like rows: holders by start time, then pending jobs in serving order with their reason."""
     team = payload.get("team")
+    decision: CycleDecision | None = _state.get("decision")
+    records = [r for r in await svc.ledger.all() if team is None or r.spec.team == team]
+    rows = queue_rows(time.time(), records, decision.reasons if decision else {}, decision.order if decision else ())
+    keys = ("job_id", "queue", "name", "user", "st", "time", "gpus", "where")
+    return [{**dict(zip(keys, row.cells(), strict=True)), "reason": row.reason, "message": row.message} for row in rows]
+
+
+@svc.ops("queues-list", f"{subjects.PREFIX}.ops.queues.list")
+async def queues_list(payload: dict[str, Any], headers: dict[str, str]) -> list[dict[str, Any]]:
+    """Per queue: guarantee, limit, used, borrowed, pending and the fair-share factor."""
     now = time.time()
-    reasons: dict[str, tuple[str, str]] = _state.get("reasons", {})
-    rows = []
-    jobs = [r for r in await svc.ledger.all() if not r.terminal and (team is None or r.spec.team == team)]
-    order = {r.job_id: i for i, r in enumerate(pending_order([r for r in jobs if r.state == "ACCEPTED"]))}
-    for r in sorted(jobs, key=lambda r: (r.state == "ACCEPTED", order.get(r.job_id, 0), r.submitted_ts)):
-        code, why = reasons.get(
-            r.job_id, ("Priority" if order.get(r.job_id, 0) else "Resources", "waiting for a cycle")
-        )
-        where = ",".join(r.allocation.nodes) if r.allocation else f"({code})"
-        rows.append(
-            {
-                "job_id": r.job_id,
-                "queue": r.spec.queue,
-                "name": r.spec.name,
-                "user": r.spec.user,
-                "st": ST_CODES.get(r.state, r.state),
-                "time": _elapsed(r, now),
-                "gpus": f"{r.spec.total_gpus:g}",
-                "where": where,
-                "reason": None if r.allocation else why,
-                "state": r.state,
-                "priority": r.spec.priority,
-            }
-        )
-    return rows
+    config = await live_queue_config(svc.kv[subjects.QUEUES_KV])
+    pending, running = split_records([r for r in await svc.ledger.all() if not r.cancel_requested])
+    return [row.to_dict() for row in queues_rows(now, config, pending, running, usage_for(config, now))]
 
 
 def main() -> None:

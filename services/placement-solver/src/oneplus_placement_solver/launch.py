@@ -29,6 +29,7 @@ def launch_commands(rec: JobRecord, alloc: Allocation, token: int) -> list[Launc
                 master_addr=nodes[0],
                 master_port=port,
                 resume_from_checkpoint_ts=rec.checkpoint_ts,
+                resume_progress_s=rec.progress_s,
             )
         )
     return cmds

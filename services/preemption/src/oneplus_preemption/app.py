@@ -27,6 +27,7 @@ from oneplus_contracts import (
     PreemptRanks,
     subjects,
 )
+from oneplus_placement.snapshot import AllocationConflict, ClusterState
 from oneplus_queueing.model import PendingJob, RunningJob
 from oneplus_queueing.victims import choose_victims
 from oneplus_reservations import ReservationStore
@@ -71,23 +72,51 @@ async def handle(req: PreemptionRequest) -> list[str]:
     if rec is None or rec.state != "ACCEPTED":
         return []
     with job_span(svc.tracer, "preemption choose-victims", rec.traceparent, {"oneplus.job_id": rec.job_id}) as span:
-        jobs = await svc.ledger.all()
-        already = {j.job_id for j in jobs if j.state in ("PREEMPTING", "CHECKPOINTED")}
-        running = [RunningJob.from_record(j) for j in jobs if j.state in ACTIVE_STATES and j.allocation is not None]
+        jobs = {j.job_id: j for j in await svc.ledger.all()}
         view = await _state["source"].snapshot()
-        config = await live_queue_config(svc.kv[subjects.QUEUES_KV])
-        choice = choose_victims(time.time(), view.state, PendingJob.from_record(rec), running, config, exclude=already)
-        if choice is None:
-            span.set_attribute("oneplus.victims", 0)
-            return []
-        span.set_attribute("oneplus.victims", len(choice.victims))
-        span.set_attribute("oneplus.lost_work_gpu_s", choice.lost_work_gpu_s)
-        by_id = {j.job_id: j for j in jobs}
+        victims = list(req.victims)
+        if victims:
+            # The scheduling cycle chose them on an earlier view: evict only if that choice still holds.
+            if not still_valid(victims, req, jobs, view.state):
+                span.set_attribute("oneplus.victims", 0)
+                return []
+        else:
+            already = {j.job_id for j in jobs.values() if j.state in ("PREEMPTING", "CHECKPOINTED")}
+            running = [RunningJob.from_record(j) for j in jobs.values() if j.state in ACTIVE_STATES and j.allocation]
+            config = await live_queue_config(svc.kv[subjects.QUEUES_KV])
+            choice = choose_victims(
+                time.time(), view.state, PendingJob.from_record(rec), running, config, exclude=already
+            )
+            if choice is None:
+                span.set_attribute("oneplus.victims", 0)
+                return []
+            victims = list(choice.victims)
+        span.set_attribute("oneplus.victims", len(victims))
         reason = f"preempted for {rec.job_id} (priority {rec.spec.priority})"
-        for victim_id in choice.victims:
-            await preempt(by_id[victim_id], rec.job_id, reason)
-        log.info("%s: preempting %s (lost work %.0f GPU·s)", rec.job_id, choice.victims, choice.lost_work_gpu_s)
-        return list(choice.victims)
+        for victim_id in victims:
+            await preempt(jobs[victim_id], rec.job_id, reason)
+        log.info("%s: preempting %s (lost work %.0f GPU·s)", rec.job_id, victims, req.lost_work_gpu_s)
+        return victims
+
+
+def still_valid(victims: list[str], req: PreemptionRequest, jobs: dict[str, JobRecord], state: ClusterState) -> bool:
+    """Every victim still holds its GPUs and is not already stepping aside, and their GPUs make the nomination fit."""
+    trial = state.snapshot().thaw()
+    for v in victims:
+        j = jobs.get(v)
+        if j is None or j.state not in ("PLACED", "STARTING", "RUNNING") or j.allocation is None:
+            return False
+        try:
+            trial.release(j.allocation)
+        except AllocationConflict:
+            return False
+    if req.nominated is None:
+        return True
+    try:
+        trial.apply(req.nominated)
+    except AllocationConflict:
+        return False
+    return True
 
 
 async def preempt(victim: JobRecord, preemptor: str, reason: str) -> None:

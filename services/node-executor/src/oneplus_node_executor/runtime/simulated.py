@@ -49,7 +49,8 @@ class SimulatedRuntime:
 
     async def _run(self, job: _SimJob) -> RanksExit:
         sim = job.cmd.spec.simulate
-        duration = (sim.duration_s if sim else 1.0) * self.time_scale
+        # A resumed job only has the work left after its last checkpoint.
+        duration = max(0.0, (sim.duration_s if sim else 1.0) - job.cmd.resume_progress_s) * self.time_scale
         code = sim.exit_code if sim else 0
         try:
             await asyncio.wait_for(job.stopped.wait(), timeout=duration)
@@ -97,6 +98,14 @@ class SimulatedRuntime:
             return
         job.stop_reason = job.stop_reason or "stopped"
         job.stopped.set()
+
+    async def remove(self, job_id: str, token: int | None = None) -> int:
+        job = self._jobs.get(job_id)
+        if job is None or (token is not None and job.cmd.token != token):
+            return 0
+        del self._jobs[job_id]
+        job.stopped.set()
+        return len(job.cmd.ranks)
 
     async def list_running(self) -> list[RunningRanks]:
         return [

@@ -1,0 +1,58 @@
+"""How the solver reads the nodes' reports of one attempt: wait, finish, stop the rest, or requeue."""
+
+from __future__ import annotations
+
+from oneplus_contracts import Allocation, JobRecord, JobSpec, RankPlacement
+from oneplus_placement_solver.launch import launch_commands
+from oneplus_placement_solver.outcome import attempt_outcome
+
+ALLOC = Allocation(ranks=[RankPlacement(rank=0, node="a", gpus=[0]), RankPlacement(rank=1, node="b", gpus=[0])])
+
+
+def rec(state: str = "RUNNING", done: dict[str, int] | None = None, **kw: object) -> JobRecord:
+    return JobRecord(
+        job_id="j",
+        spec=JobSpec(name="t", ranks=2, resources={"gpus": 1}),  # type: ignore[arg-type]
+        state=state,  # type: ignore[arg-type]
+        submitted_ts=0.0,
+        updated_ts=0.0,
+        allocation=ALLOC,
+        token=4,
+        nodes_done=done or {},
+        **kw,  # type: ignore[arg-type]
+    )
+
+
+def test_waits_until_every_node_reported() -> None:
+    assert attempt_outcome(rec(done={"a": 0})).action == "wait"
+
+
+def test_all_nodes_exit_zero_is_success() -> None:
+    out = attempt_outcome(rec(done={"a": 0, "b": 0}))
+    assert (out.action, out.state) == ("finish", "SUCCEEDED")
+
+
+def test_one_failed_node_stops_the_others_then_fails_the_job_with_its_code() -> None:
+    out = attempt_outcome(rec(done={"a": 3}))
+    assert out.action == "stop_others" and out.stop_nodes == ("b",) and "code 3" in out.reason
+    out = attempt_outcome(rec(done={"a": 3, "b": 143}))
+    assert (out.action, out.state, out.exit_code) == ("finish", "FAILED", 3)
+
+
+def test_a_preempted_attempt_is_requeued_once_all_nodes_stopped() -> None:
+    assert attempt_outcome(rec("CHECKPOINTED", {"a": 143})).action == "wait"
+    assert attempt_outcome(rec("CHECKPOINTED", {"a": 143, "b": 143})).action == "requeue"
+
+
+def test_a_cancelled_job_ends_cancelled_not_failed() -> None:
+    out = attempt_outcome(rec(done={"a": 143, "b": 143}, cancel_requested=True, reason="cancelled by ann"))
+    assert (out.action, out.state, out.reason) == ("finish", "CANCELLED", "cancelled by ann")
+
+
+def test_launch_commands_give_each_node_its_ranks_and_one_master() -> None:
+    cmds = launch_commands(rec("PLACED", checkpoint_ts=5.0, progress_s=2.0), ALLOC, 4)
+    assert [c.node for c in cmds] == ["a", "b"] and [c.node_rank for c in cmds] == [0, 1]
+    assert {c.master_addr for c in cmds} == {"a"} and len({c.master_port for c in cmds}) == 1
+    assert all(c.world_size == 2 and c.token == 4 for c in cmds)
+    assert cmds[1].ranks == [ALLOC.ranks[1]] and cmds[0].resume_progress_s == 2.0
+    assert len({c.command_id for c in cmds}) == 2, "ids dedupe a replay, not two nodes"
