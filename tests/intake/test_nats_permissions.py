@@ -1,0 +1,266 @@
+"""deploy/nats on a real nats-server: team accounts are walled off, service users publish only their own subjects,
+and an intake running as its own user takes each request's team from the server's stamp, not from the caller."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import secrets
+import subprocess
+import uuid
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+
+import nats
+import pytest
+from intake_process import IntakeProcess
+from nats.aio.client import Client
+from oneplus_contracts import JobSpec, subjects
+
+from oneplus.client import OnePlusClient, PlatformError
+from oneplus.devstack import find_nats_server, free_port, spawn, stop, wait_port
+
+DEPLOY = Path(__file__).resolve().parents[2] / "deploy" / "nats"
+CONFIG = DEPLOY / "nats-server.conf"
+USERS = {
+    "admin": "NATS_ADMIN_PASSWORD",
+    "intake": "NATS_INTAKE_PASSWORD",
+    "topology-registry": "NATS_TOPOLOGY_REGISTRY_PASSWORD",
+    "placement-solver": "NATS_PLACEMENT_SOLVER_PASSWORD",
+    "preemption": "NATS_PREEMPTION_PASSWORD",
+    "executor-h100-0": "NATS_EXECUTOR_H100_0_PASSWORD",
+    "executor-h100-1": "NATS_EXECUTOR_H100_1_PASSWORD",
+    "nlp-ci": "NATS_NLP_CI_PASSWORD",
+    "nlp-alice": "NATS_NLP_ALICE_PASSWORD",
+    "vision-ci": "NATS_VISION_CI_PASSWORD",
+}
+
+
+class SecuredNats:
+    def __init__(self, workdir: Path) -> None:
+        self.workdir = workdir
+        self.port = free_port()
+        # nats-server parses an environment value as a config token: start it with a letter, keep it alphanumeric
+        self.passwords = {user: "pw" + secrets.token_hex(12) for user in USERS}
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    def env(self) -> dict[str, str]:
+        import os
+
+        passwords = {USERS[u]: p for u, p in self.passwords.items()}
+        return {**os.environ, **passwords, "NATS_STORE_DIR": str(self.workdir / "js")}
+
+    def url(self, user: str) -> str:
+        return f"nats://{user}:{self.passwords[user]}@127.0.0.1:{self.port}"
+
+    def start(self) -> SecuredNats:
+        argv = [find_nats_server(), "-c", str(CONFIG), "-a", "127.0.0.1", "-p", str(self.port)]
+        argv += ["-m", str(free_port())]
+        self.proc = spawn(argv, self.workdir / "nats-server.log", self.env())
+        wait_port(self.port, proc=self.proc)
+        return self
+
+    def stop(self) -> None:
+        if self.proc is not None:
+            stop([self.proc])
+
+
+class Connection:
+    """A connection as one user, remembering every permissions violation the server reported."""
+
+    def __init__(self, nc: Client, violations: list[str]) -> None:
+        self.nc = nc
+        self.violations = violations
+
+    @classmethod
+    async def open(cls, url: str) -> Connection:
+        violations: list[str] = []
+
+        async def on_error(err: Exception) -> None:
+            violations.append(str(err))
+
+        return cls(await nats.connect(url, error_cb=on_error, allow_reconnect=False), violations)
+
+    async def publish_is_refused(self, subject: str) -> bool:
+        before = len(self.violations)
+        await self.nc.publish(subject, b"{}")
+        await self.nc.flush()
+        for _ in range(20):  # the -ERR arrives after the PONG of flush at the latest; allow the reader a moment
+            if len(self.violations) > before:
+                break
+            await asyncio.sleep(0.01)
+        # nats-py lower-cases the whole -ERR line
+        return any(
+            f'permissions violation for publish to "{subject.lower()}"' in v.lower() for v in self.violations[before:]
+        )
+
+
+@pytest.fixture(scope="module")
+def secured(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SecuredNats]:
+    server = SecuredNats(Path(tmp_path_factory.mktemp("secured-nats"))).start()
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
+@pytest.fixture(scope="module")
+async def intake(secured: SecuredNats, tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[IntakeProcess]:
+    proc = await IntakeProcess(secured.url("intake"), Path(tmp_path_factory.mktemp("secured-intake"))).start()
+    try:
+        yield proc
+    finally:
+        proc.stop()
+
+
+def test_the_shipped_config_is_valid_for_this_nats_server(secured: SecuredNats) -> None:
+    out = subprocess.run(
+        [find_nats_server(), "-c", str(CONFIG), "-t"], env=secured.env(), capture_output=True, text=True, check=False
+    )
+    assert out.returncode == 0, out.stdout + out.stderr
+
+
+def test_every_team_import_shares_the_caller_so_the_server_stamps_it() -> None:
+    text = (DEPLOY / "accounts.conf").read_text()
+    imports = [line for line in text.splitlines() if "{service: {account: PLATFORM" in line]
+    assert imports and all("share: true" in line for line in imports), "without share the caller can forge its team"
+
+
+# --- service users ------------------------------------------------------------------------------------
+
+SERVICE_SUBJECTS = [
+    ("intake", "oneplus.job.j-1.accepted", True),
+    ("intake", "oneplus.job.j-1.placed", False),
+    ("intake", "oneplus.cmd.node.h100-0.launch", False),
+    ("intake", "$KV.topology.h100-0", False),
+    ("intake", "$JS.API.STREAM.DELETE.ONEPLUS_JOBS", False),
+    ("placement-solver", "oneplus.cmd.node.h100-0.launch", True),
+    ("placement-solver", "oneplus.cmd.node.h100-0.preempt", False),
+    ("placement-solver", "oneplus.node.h100-0.heartbeat", False),
+    ("preemption", "oneplus.cmd.node.h100-0.preempt", True),
+    ("preemption", "oneplus.job.j-1.accepted", False),
+    ("topology-registry", "$KV.topology.h100-0", True),
+    ("topology-registry", "oneplus.job.j-1.accepted", False),
+    ("executor-h100-0", "oneplus.node.h100-0.heartbeat", True),
+    ("executor-h100-0", "oneplus.node.h100-1.heartbeat", False),
+    ("executor-h100-0", "oneplus.cmd.node.h100-1.launch", False),
+    ("executor-h100-0", "oneplus.job.j-1.placed", False),
+    ("executor-h100-1", "oneplus.job.j-1.running", True),
+]
+
+
+@pytest.mark.parametrize(("user", "subject", "allowed"), SERVICE_SUBJECTS)
+async def test_a_service_user_publishes_only_its_own_subjects(
+    secured: SecuredNats, user: str, subject: str, allowed: bool
+) -> None:
+    admin = await Connection.open(secured.url("admin"))
+    who = await Connection.open(secured.url(user))
+    try:
+        sub = await admin.nc.subscribe(subject)
+        await admin.nc.flush()
+        refused = await who.publish_is_refused(subject)
+        try:
+            got = await sub.next_msg(timeout=0.3)
+        except nats.errors.TimeoutError:
+            got = None
+        assert refused is (not allowed), who.violations
+        assert (got is not None) is allowed
+    finally:
+        await who.nc.close()
+        await admin.nc.close()
+
+
+# --- team accounts -----------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "subject",
+    [
+        "oneplus.ops.node.drain",
+        "oneplus.job.j-1.accepted",
+        "oneplus.cmd.node.h100-0.launch",
+        "$SRV.PING",
+        "team.vision.x",
+    ],
+)
+async def test_a_team_user_may_not_publish_beyond_the_platform_services_it_imports(
+    secured: SecuredNats, subject: str
+) -> None:
+    nlp = await Connection.open(secured.url("nlp-ci"))
+    try:
+        assert await nlp.publish_is_refused(subject)
+    finally:
+        await nlp.nc.close()
+
+
+async def test_a_team_cannot_reach_or_overhear_another_teams_subjects(
+    secured: SecuredNats, intake: IntakeProcess
+) -> None:
+    alice = await Connection.open(secured.url("nlp-alice"))
+    vision = await Connection.open(secured.url("vision-ci"))
+    try:
+        overheard = await alice.nc.subscribe("_INBOX.>")
+        listening = await vision.nc.subscribe("_INBOX.vision-only")
+        await alice.nc.flush()
+        await vision.nc.flush()
+        # vision asks the platform; the reply travels inside vision's account only
+        reply = await vision.nc.request(f"{subjects.PREFIX}.ops.job.list", b"{}", timeout=5)
+        assert json.loads(reply.data)["ok"] is True
+        # nlp may not even publish on an inbox; and were it allowed, the name would be nlp's own, not vision's
+        assert await alice.publish_is_refused("_INBOX.vision-only")
+        with pytest.raises(nats.errors.TimeoutError):
+            await listening.next_msg(timeout=0.3)
+        with pytest.raises(nats.errors.TimeoutError):
+            await overheard.next_msg(timeout=0.3)  # vision's request and its reply never showed in nlp's account
+    finally:
+        await alice.nc.close()
+        await vision.nc.close()
+
+
+def job(name: str, **kw: object) -> JobSpec:
+    return JobSpec.model_validate({"name": name, "resources": {"gpus": 1}, **kw})
+
+
+async def test_the_team_of_a_request_is_the_callers_account(secured: SecuredNats, intake: IntakeProcess) -> None:
+    async with (
+        OnePlusClient.connect(secured.url("nlp-ci")) as nlp,
+        OnePlusClient.connect(secured.url("vision-ci")) as vision,
+        OnePlusClient.connect(secured.url("admin")) as admin,
+    ):
+        mine = await nlp.submit(job("nlp-train"), msg_id=uuid.uuid4().hex)
+        theirs = await vision.submit_cloudevent(job("vision-train"), "/ci/vision", uuid.uuid4().hex, mode="binary")
+        assert mine.ok and theirs.ok, (mine.error, theirs.error)
+        rec = await nlp.get_job(mine.job_id or "")
+        assert (rec.spec.team, rec.spec.user) == ("nlp", "nlp-ci"), "team and user come from the NATS account"
+
+        assert [r.job_id for r in await vision.list_jobs()] == [theirs.job_id]
+        with pytest.raises(PlatformError, match="no job"):
+            await vision.get_job(mine.job_id or "")
+        with pytest.raises(PlatformError, match="no job"):
+            await vision.cancel(mine.job_id or "")
+        assert not (await admin.get_job(mine.job_id or "")).cancel_requested
+
+        done = await nlp.cancel(mine.job_id or "")
+        assert done["cancel_requested"] is True
+        assert (await admin.get_job(mine.job_id or "")).reason == "cancelled by nlp-ci"
+        assert {r.spec.team for r in await admin.list_jobs()} == {"nlp", "vision"}, "an operator sees every team"
+
+
+async def test_a_team_cannot_act_as_another_even_by_forging_the_servers_header(
+    secured: SecuredNats, intake: IntakeProcess
+) -> None:
+    forged = {"Nats-Request-Info": json.dumps({"acc": "vision", "user": "vision-ci"}), "Oneplus-Team": "vision"}
+    nc = await nats.connect(secured.url("nlp-ci"))
+    try:
+        msg = await nc.request(
+            subjects.SUBMIT, job("sneaky", team="vision").model_dump_json().encode(), 5, headers=forged
+        )
+        reply = json.loads(msg.data)
+        assert not reply["ok"] and "NATS account 'nlp' acts for team 'nlp' only, not 'vision'" in reply["error"]
+        spec = job("sneaky2", team="vision").model_dump_json().encode()
+        msg = await nc.request(subjects.SUBMIT, spec, 5, headers={"Nats-Request-Info": forged["Nats-Request-Info"]})
+        reply = json.loads(msg.data)
+        assert not reply["ok"] and "names team 'vision' but the request comes from team 'nlp'" in reply["error"]
+    finally:
+        await nc.close()
+    assert intake.alive()
