@@ -59,6 +59,9 @@ class Runtime(Protocol):
     async def stop(self, job_id: str, grace_s: float) -> None:
         """Stop the ranks: SIGTERM, wait up to grace_s, then kill."""
 
+    async def remove(self, job_id: str, token: int | None = None) -> int:
+        """Delete the job's ranks on this node (of one token, or all) and their logs; returns how many."""
+
     async def list_running(self) -> list[RunningRanks]: ...
 
     async def logs(self, job_id: str, rank: int | None, follow: bool) -> list[str]: ...

@@ -12,6 +12,7 @@ from typing import Any
 from oneplus_contracts import LaunchRanks, RankPlacement
 
 from .environment import checkpoint_marker
+from .synthetic import synthetic_command
 
 LABEL_MANAGED = "oneplus.managed"
 LABEL_JOB = "oneplus.job"
@@ -129,6 +130,8 @@ def container_body(
         "StopSignal": "SIGTERM",
         "HostConfig": host,
     }
-    if cmd.spec.command:
+    if cmd.spec.simulate is not None:
+        body["Cmd"] = synthetic_command(cmd.spec)  # a synthetic job (demo, tests): its command is only shown
+    elif cmd.spec.command:
         body["Cmd"] = list(cmd.spec.command)
     return body

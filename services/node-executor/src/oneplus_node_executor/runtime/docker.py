@@ -257,12 +257,21 @@ class DockerRuntime:
             try:
                 async with self._engine("waiting for a container") as docker:
                     container = docker.containers.container(c.id)
-                    await container.wait()
+                    try:
+                        await container.wait()
+                    except aiodocker.DockerError as e:
+                        # Podman may answer "container not running" when the rank ended as the wait began:
+                        # the inspect below decides.
+                        if e.status == 404:
+                            raise
                     info = await container.show()
             except aiodocker.DockerError as e:
                 if e.status == 404:
                     return RankEnd(c.identity.rank, 137, error="its container was removed before it ended")
                 raise
+            if info.get("State", {}).get("Running"):
+                await asyncio.sleep(0.5)  # the wait failed while the rank still runs: wait again, not in a spin
+                continue
             restarts = self._restarts.get(c.id, 0)
             memory = int(info.get("HostConfig", {}).get("Memory") or 0) // (1024 * 1024) or None
             end = rank_end(c.identity.rank, info.get("State", {}), memory_mb=memory, restarts=restarts)
