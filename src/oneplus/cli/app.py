@@ -14,6 +14,7 @@ from typing import Annotated, Any, TypeVar
 import typer
 from oneplus_contracts import subjects
 from rich.console import Console
+from rich.markup import escape
 
 from ..client import OnePlusClient, PlatformError
 from . import place, sim, slurm, topology
@@ -231,7 +232,7 @@ def logs(
                     )
                     offsets[node] = res["next"]
                     for line in res["lines"]:
-                        console.print(f"[dim]{node}[/] {line}", highlight=False)
+                        console.print(f"[dim]{node}[/] {escape(line)}", highlight=False)
             if not follow or rec.terminal:
                 return
             await asyncio.sleep(1.0)
