@@ -4,7 +4,8 @@
 2. FGD protocol: openb_pod_list_default at 130% demand, seeds 42-43 (the full protocol uses 42-51);
 3. solver latency: bench/solver_bench.py with `--quick`, or with smaller sizes through its own flags;
 4. end to end: bench/e2e_bench.py when it exists.
-Writes bench/results/{trace_replay,fgd,solver_quick,e2e}.json and the tables in bench/results/README.md.
+Writes bench/results/{trace_replay,fgd,solver_quick,e2e_quick}.json and the tables in bench/results/README.md
+(the full-size solver.json and e2e.json of `task bench:solver` / `task bench:e2e` are left alone).
 """
 
 from __future__ import annotations
@@ -112,7 +113,7 @@ def solver(timeout: float) -> dict[str, Any]:
     if done.returncode != 0 or not out.exists():
         return {"failed": done.returncode, "stderr_tail": done.stderr[-2000:]}
     data: dict[str, Any] = json.loads(out.read_text())
-    data["command"] = "uv run python bench/solver_bench.py " + " ".join(a for a in args if a != str(out))
+    data["command"] = "uv run python bench/solver_bench.py " + " ".join(args).replace(str(ROOT) + "/", "")
     return data
 
 
@@ -122,7 +123,7 @@ def e2e(timeout: float) -> dict[str, Any]:
         return {"skipped": "bench/e2e_bench.py is not there yet"}
     help_text = _run([sys.executable, str(script), "--help"], 60).stdout
     args = ["--quick"] if "--quick" in help_text else []
-    out = RESULTS / "e2e.json"
+    out = RESULTS / "e2e_quick.json"
     if "--out" in help_text:
         args += ["--out", str(out)]
     done = _run([sys.executable, str(script), *args], timeout)
@@ -132,7 +133,7 @@ def e2e(timeout: float) -> dict[str, Any]:
         data: dict[str, Any] = json.loads(out.read_text()) if out.exists() else json.loads(done.stdout)
     except json.JSONDecodeError:
         data = {"stdout_tail": done.stdout[-2000:]}
-    data["command"] = "uv run python bench/e2e_bench.py " + " ".join(a for a in args if a != str(out))
+    data["command"] = "uv run python bench/e2e_bench.py " + " ".join(args).replace(str(ROOT) + "/", "")
     return data
 
 
@@ -197,7 +198,7 @@ def main() -> None:
         "solver": lambda: solver(args.solver_timeout),
         "e2e": lambda: e2e(args.e2e_timeout),
     }
-    files = {"trace_replay": "trace_replay.json", "fgd": "fgd.json", "solver": None, "e2e": "e2e.json"}
+    files = {"trace_replay": "trace_replay.json", "fgd": "fgd.json", "solver": None, "e2e": None}
     sections: dict[str, dict[str, Any]] = {}
     wall: dict[str, float] = {}
     for name, step in steps.items():

@@ -65,10 +65,10 @@ def wait_cdf(results: Mapping[str, SimResult], out: Path) -> Path:
         ax.grid(alpha=0.3)
     axes[0].set_ylabel("share of jobs waiting at most this long")
     labelled = {lab: h for ax in axes for h, lab in zip(*ax.get_legend_handles_labels(), strict=True)}
-    if labelled:
-        fig.legend(list(labelled.values()), list(labelled), loc="lower right", fontsize=8)
     fig.suptitle("Wait-time CDF by job size")
-    fig.tight_layout()
+    fig.tight_layout(rect=(0, 0.08, 1, 1))
+    if labelled:
+        fig.legend(list(labelled.values()), list(labelled), loc="lower center", ncol=len(labelled), fontsize=8)
     fig.savefig(out, dpi=110)
     plt.close(fig)
     return out
