@@ -101,13 +101,13 @@ class Intake:
         """A spec already read: bind it to the caller's team, dedupe on the submission id, admit, record."""
         scoped = submission_id if caller.team is None else f"{caller.team}/{submission_id}"
         job_id = job_id_for(scoped)
+        rec, _ = await self.svc.ledger.get(job_id)
+        if rec is not None:  # a retry: answer as the first time, even if the cluster or the body changed since
+            return Outcome(SubmitReply(ok=True, job_id=job_id, duplicate=True, warnings=rec.warnings), DUPLICATE)
         try:
             spec = bind_team(spec, caller)
         except TenancyError as exc:
             return await self.reject(job_id, str(exc), source, caller.team, exc.code)
-        rec, _ = await self.svc.ledger.get(job_id)
-        if rec is not None:  # a retry: answer as the first time, even if the cluster changed since
-            return Outcome(SubmitReply(ok=True, job_id=job_id, duplicate=True, warnings=rec.warnings), DUPLICATE)
         try:
             admit(spec, await self.queue_config(), await self.nodes())
         except (Inadmissible, QueueConfigError, ValidationError) as exc:
