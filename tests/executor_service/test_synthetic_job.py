@@ -72,6 +72,18 @@ def test_the_exit_code_is_one_byte_as_the_engine_reports_it_and_the_signal_name_
     assert script.endswith("exit 1") and " USR2\n" in script
 
 
+@needs_busybox
+async def test_a_resumed_run_sleeps_only_the_work_left_after_its_checkpoint(tmp_path: Path) -> None:
+    job = spec(simulate={"duration_s": 30.0})
+    started = asyncio.get_running_loop().time()
+    code, lines = await run(synthetic_script(job, resume_progress_s=29.8), tmp_path / "ck")
+    assert code == 0 and asyncio.get_running_loop().time() - started < 5
+    assert (
+        lines[0]
+        == "simulated run of (no command): 0.2 s, then exit 0 (resumed: 29.8 s were done before the last checkpoint)"
+    )
+
+
 def test_a_job_without_simulate_has_no_synthetic_script() -> None:
     with pytest.raises(ValueError, match="has no `simulate` section"):
         synthetic_script(spec(command=["sh", "-c", "true"]))
@@ -93,10 +105,12 @@ def launch_of(**extra: object) -> LaunchRanks:
 
 def test_the_container_runs_the_script_for_a_synthetic_job_and_the_command_otherwise() -> None:
     cmd = launch_of(command=["python", "train.py"], simulate={"duration_s": 2})
+    cmd.resume_progress_s = 1.5
     body = container_body(
         cmd, cmd.ranks[0], {}, local_rank=0, gpu_node=False, network_mode="none", cpuset=None, nano_cpus=None
     )
-    assert body["Cmd"] == synthetic_command(cmd.spec)
+    assert body["Cmd"] == synthetic_command(cmd.spec, 1.5)
+    assert "sleep 0.5 &" in body["Cmd"][2]
     real = launch_of(command=["python", "train.py"])
     body = container_body(
         real, real.ranks[0], {}, local_rank=0, gpu_node=False, network_mode="none", cpuset=None, nano_cpus=None

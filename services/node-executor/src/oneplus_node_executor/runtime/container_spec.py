@@ -131,7 +131,8 @@ def container_body(
         "HostConfig": host,
     }
     if cmd.spec.simulate is not None:
-        body["Cmd"] = synthetic_command(cmd.spec)  # a synthetic job (demo, tests): its command is only shown
+        # A synthetic job (demo, tests): its command is only shown.
+        body["Cmd"] = synthetic_command(cmd.spec, cmd.resume_progress_s)
     elif cmd.spec.command:
         body["Cmd"] = list(cmd.spec.command)
     return body

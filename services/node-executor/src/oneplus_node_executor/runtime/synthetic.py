@@ -22,14 +22,21 @@ def _seconds(value: float) -> str:
     return f"{max(value, 0.0):.3f}".rstrip("0").rstrip(".") or "0"
 
 
-def synthetic_script(spec: JobSpec) -> str:
-    """The shell script of one rank of a synthetic job (`spec.simulate` must be set)."""
+def synthetic_script(spec: JobSpec, resume_progress_s: float = 0.0) -> str:
+    """The shell script of one rank of a synthetic job (`spec.simulate` must be set).
+
+    A resumed attempt runs only the work left after its last checkpoint, as the simulated runtime does.
+    """
     sim = spec.simulate
     if sim is None:
         raise ValueError(f"job {spec.name!r} has no `simulate` section: it runs its own command")
     code = sim.exit_code & 0xFF  # a process exit status is one byte, as the engine will report it
+    left = max(0.0, sim.duration_s - resume_progress_s)
     shown = shlex.join(spec.command) if spec.command else "(no command)"
-    lines = [f"echo {shlex.quote(f'simulated run of {shown}: {_seconds(sim.duration_s)} s, then exit {code}')}"]
+    said = f"simulated run of {shown}: {_seconds(left)} s, then exit {code}"
+    if resume_progress_s > 0:
+        said += f" (resumed: {_seconds(resume_progress_s)} s were done before the last checkpoint)"
+    lines = [f"echo {shlex.quote(said)}"]
     trap_name = spec.checkpoint.signal.removeprefix("SIG")
     stop = _STOP
     if sim.checkpoint_after_s is not None and trap_name != "KILL":
@@ -44,13 +51,13 @@ def synthetic_script(spec: JobSpec) -> str:
             lines.append(f"trap {shlex.quote(write)} {trap_name}")
     lines.append(f"trap {shlex.quote(stop)} TERM")
     # `wait` returns when a trapped signal arrives: wait again until the sleep itself has ended.
-    lines.append(f"sleep {_seconds(sim.duration_s)} & p=$!")
+    lines.append(f"sleep {_seconds(left)} & p=$!")
     lines.append('while kill -0 "$p" 2>/dev/null; do wait "$p"; done')
     lines.append(f'echo "exited {code}"')
     lines.append(f"exit {code}")
     return "\n".join(lines)
 
 
-def synthetic_command(spec: JobSpec) -> list[str]:
+def synthetic_command(spec: JobSpec, resume_progress_s: float = 0.0) -> list[str]:
     """The container command of a synthetic job's rank."""
-    return ["sh", "-c", synthetic_script(spec)]
+    return ["sh", "-c", synthetic_script(spec, resume_progress_s)]
