@@ -197,3 +197,18 @@ async def test_the_delivery_ledger_is_shared_by_replicas_and_a_released_claim_ca
     await one.release(delivery)
     assert await two.claim(delivery) is True
     assert await one.claim("id with spaces and / slashes ✓") is True, "any delivery id is a valid key"
+
+
+async def test_a_body_over_the_limit_is_413_before_anything_reads_it(intake: IntakeProcess) -> None:
+    body = b"x" * (3 * 1024 * 1024)
+    status, answer = await deliver(intake, body, signed(body))
+    assert status == 413 and answer["ok"] is False and answer["error"], answer
+
+
+async def test_an_intake_with_a_broken_templates_file_does_not_start_and_says_why(servers, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    (tmp_path / "templates.yaml").write_text("resnet50:\n  model_version.created:\n    name: eval-{nme}\n")
+    env = {"ONEPLUS_MLFLOW_SECRET": SECRET, "ONEPLUS_MLFLOW_TEMPLATES": str(tmp_path / "templates.yaml")}
+    proc = IntakeProcess(servers.nats_url, tmp_path, env=env)
+    with pytest.raises(RuntimeError, match="intake exited") as err:
+        await proc.start(timeout=60)
+    assert "templates.yaml: resnet50.model_version.created[0]: placeholder(s) {nme}" in str(err.value)

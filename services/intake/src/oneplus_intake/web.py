@@ -37,7 +37,7 @@ async def _errors_as_json(request: web.Request, handler: Handler) -> web.StreamR
     try:
         return await handler(request)
     except web.HTTPException as exc:
-        return _json(exc.status, {"ok": False, "error": exc.reason})
+        return _json(exc.status, {"ok": False, "code": f"http_{exc.status}", "error": exc.reason})
     except Exception as exc:
         log.exception("HTTP %s %s failed", request.method, request.path)
         return _json(500, {"ok": False, "error": f"internal error: {type(exc).__name__}: {exc}"[:500]})
