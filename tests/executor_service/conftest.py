@@ -1,7 +1,7 @@
 """Fixtures for the executor's service-level tests: the engine, a private engine to stop, the platform around it.
 
-The e2e helpers (tests/e2e/platform_fixture.py) and the engine helpers (tests/executor_engine/...) are imported from
-their folders, not copied.
+The e2e helpers (tests/e2e/platform_fixture.py), the engine helpers (tests/executor_engine/...) and the fake NVML
+(tests/topology/fake_pynvml.py) are imported from their folders, not copied.
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ from typing import Any
 import pytest
 
 TESTS = Path(__file__).resolve().parents[1]
-for folder in ("e2e", "executor_engine"):
+for folder in ("e2e", "executor_engine", "topology"):
     if str(TESTS / folder) not in sys.path:
         sys.path.insert(0, str(TESTS / folder))
 

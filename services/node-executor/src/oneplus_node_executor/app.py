@@ -20,6 +20,7 @@ from oneplus_bus.service import OneplusService, jstream
 from oneplus_bus.settings import BusSettings
 from oneplus_contracts import NODE_COMMAND_ADAPTER, CancelRanks, LaunchRanks, NodeTopology, subjects
 
+from .gpu_health import GpuProbe, nvml_probe
 from .node import KEEP_FINISHED, NodeExecutor
 from .runtime.base import Runtime
 from .runtime.docker import DockerRuntime
@@ -33,11 +34,15 @@ def create_executor(
     settings: BusSettings | None = None,
     heartbeat_s: float = 2.0,
     keep_finished: int = KEEP_FINISHED,
+    gpu_probe: GpuProbe | None = None,
 ) -> tuple[OneplusService, NodeExecutor]:
-    """The service of one node: its command consumer, its logs endpoint, its heartbeat, around a NodeExecutor."""
+    """The service of one node: its command consumer, its logs endpoint, its heartbeat, around a NodeExecutor.
+
+    `gpu_probe` re-reads the GPUs (NVML on a GPU node) so the heartbeat's per-GPU health is current.
+    """
     node = topology.node
     svc = OneplusService("node-executor", f"Runs ranks on node {node}", settings)
-    ex = NodeExecutor(svc, topology, runtime, heartbeat_s=heartbeat_s, keep_finished=keep_finished)
+    ex = NodeExecutor(svc, topology, runtime, heartbeat_s=heartbeat_s, keep_finished=keep_finished, gpu_probe=gpu_probe)
 
     @svc.broker.subscriber(
         subjects.node_commands_of(node),
@@ -67,6 +72,8 @@ def create_executor(
     svc.on_start(ex.start)
     svc.background(ex.heartbeat_loop)
     svc.background(ex.health_loop)
+    if gpu_probe is not None:
+        svc.background(ex.gpu_health_loop)
     svc.on_stop(ex.stop)
     return svc, ex
 
@@ -116,10 +123,16 @@ def main() -> None:
         help="ended jobs whose containers (and logs) stay on the node; older ones are removed",
     )
     a = p.parse_args()
+    if a.keep_finished < 0:
+        p.error(f"--keep-finished {a.keep_finished}: the number of ended jobs to keep cannot be negative")
     topo = load_topology(a.topology, a.node)
     topo = topo.model_copy(update={"leaf": a.leaf or topo.leaf, "spine": a.spine or topo.spine})
     svc, _ = create_executor(
-        topo, make_runtime(a.runtime, topo), heartbeat_s=a.heartbeat, keep_finished=a.keep_finished
+        topo,
+        make_runtime(a.runtime, topo),
+        heartbeat_s=a.heartbeat,
+        keep_finished=a.keep_finished,
+        gpu_probe=nvml_probe(a.node) if a.topology == "nvml" else None,
     )
     with contextlib.suppress(KeyboardInterrupt):
         svc.run()

@@ -15,7 +15,6 @@ from typing import Any
 from oneplus_bus.service import OneplusService, OpsError
 from oneplus_contracts import (
     CancelRanks,
-    GpuHealth,
     IllegalTransition,
     JobCheckpointed,
     JobEvent,
@@ -30,6 +29,7 @@ from oneplus_contracts import (
 )
 from oneplus_reservations import ReservationStore
 
+from .gpu_health import GpuProbe, fold_probe, health_changes, heartbeat_gpus, probe_failed
 from .retention import FinishedRanks
 from .runtime.base import EngineUnavailable, LaunchFailed, Runtime, StaleToken
 from .runtime.docker import DockerRuntime
@@ -45,6 +45,7 @@ LEASE_S = 30.0
 STOP_GRACE_S = 10.0  # SIGTERM → SIGKILL, for cancel and after a preemption's checkpoint wait
 KEEP_FINISHED = 16  # ended jobs whose ranks (and logs) stay on the node for `oneplus logs`
 WATCH_TRIES = 5  # unexpected errors while following a job's ranks before the executor gives up on them
+GPU_CHECK_S = 30.0  # how often a GPU node re-reads its GPUs' health through NVML
 PING_FAILURES = 2  # failed engine checks in a row before a heartbeat calls the node unhealthy (a slow ping is not down)
 
 
@@ -57,12 +58,16 @@ class NodeExecutor:
         *,
         heartbeat_s: float = 2.0,
         keep_finished: int = KEEP_FINISHED,
+        gpu_probe: GpuProbe | None = None,
+        gpu_check_s: float = GPU_CHECK_S,
     ) -> None:
         self.svc = svc
         self.topology = topology
         self.node = topology.node
         self.runtime = runtime
         self.heartbeat_s = heartbeat_s
+        self.gpu_probe = gpu_probe
+        self.gpu_check_s = gpu_check_s
         self.tokens: dict[str, int] = {}  # job → token of the ranks this executor watches
         self.watchers: dict[str, asyncio.Task[None]] = {}
         self.stop_reasons: dict[str, str] = {}
@@ -294,10 +299,7 @@ class NodeExecutor:
         hb = NodeHeartbeat(
             node=self.node,
             ts=time.time(),
-            gpus=[
-                GpuHealth(index=g.index, healthy=g.healthy, reason=g.health_reason, nvlinks_active=g.nvlinks_active)
-                for g in self.topology.gpus
-            ],
+            gpus=heartbeat_gpus(self.topology),
             engine_ok=self.engine_ok,
             engine_reason=self.engine_reason,
             running=sorted(self.tokens),
@@ -322,6 +324,25 @@ class NodeExecutor:
         while True:
             await self.check_engine()
             await asyncio.sleep(self.heartbeat_s)
+
+    async def check_gpus(self) -> None:
+        """Re-read the GPUs' health; a change goes out in a heartbeat at once."""
+        if self.gpu_probe is None:
+            return
+        try:
+            probed = fold_probe(self.topology, await asyncio.to_thread(self.gpu_probe))
+        except Exception as exc:
+            probed = probe_failed(self.topology, exc)
+        changes = health_changes(self.topology, probed)
+        self.topology = probed
+        if changes:
+            log.warning("%s: %s", self.node, "; ".join(changes))
+            await self.publish_heartbeat()
+
+    async def gpu_health_loop(self) -> None:
+        while True:
+            await asyncio.sleep(self.gpu_check_s)
+            await self.check_gpus()
 
     async def heartbeat_once(self) -> None:
         """A heartbeat with the last known engine health, and the leases of the ranks running here renewed."""
