@@ -15,7 +15,7 @@ import pytest
 import redis.asyncio as aioredis
 from oneplus_contracts import subjects
 from oneplus_reservations import ReservationStore
-from oneplus_testing import wipe_bus
+from oneplus_testing import Servers, wipe_bus
 
 from oneplus.client import OnePlusClient
 from oneplus.demo import wait_for_platform
@@ -71,8 +71,7 @@ async def platform(servers, tmp_path_factory) -> AsyncIterator[Platform]:  # typ
 
 
 async def test_every_service_is_discovered_through_srv_info_and_answers_valid_ping_info_stats(
-    platform: Platform,
-    servers,  # type: ignore[no-untyped-def]
+    platform: Platform, servers: Servers
 ) -> None:
     async with OnePlusClient.connect(servers.nats_url) as c:
         await c.queue()  # one request, so that STATS has something to count

@@ -7,6 +7,7 @@ import json
 import uuid
 from collections.abc import AsyncIterator
 from pathlib import Path
+from typing import Literal, cast
 
 import pytest
 from intake_process import IntakeProcess, fresh_bus
@@ -36,16 +37,19 @@ async def client(intake: IntakeProcess) -> AsyncIterator[OnePlusClient]:
         yield c
 
 
+Mode = Literal["structured", "binary"]
+
+
 def ce_id() -> str:
     return f"gh-{uuid.uuid4().hex}-1"
 
 
 @pytest.mark.parametrize("mode", ["structured", "binary"])
-async def test_a_cloudevent_is_accepted_and_its_retry_is_the_same_job(client: OnePlusClient, mode: str) -> None:
+async def test_a_cloudevent_is_accepted_and_its_retry_is_the_same_job(client: OnePlusClient, mode: Mode) -> None:
     event_id = ce_id()
-    first = await client.submit_cloudevent(spec(f"ce-{mode}"), "/ci/acme/repo", event_id, mode=mode)  # type: ignore[arg-type]
+    first = await client.submit_cloudevent(spec(f"ce-{mode}"), "/ci/acme/repo", event_id, mode=mode)
     assert first.ok and not first.duplicate, first.error
-    again = await client.submit_cloudevent(spec(f"ce-{mode}"), "/ci/acme/repo", event_id, mode=mode)  # type: ignore[arg-type]
+    again = await client.submit_cloudevent(spec(f"ce-{mode}"), "/ci/acme/repo", event_id, mode=mode)
     assert again.ok and again.duplicate and again.job_id == first.job_id
     rec = await client.get_job(first.job_id or "")
     assert rec.spec.name == f"ce-{mode}" and rec.state == "ACCEPTED"
@@ -83,7 +87,7 @@ async def test_a_structured_event_that_is_not_json_is_refused_with_the_reason(cl
 
 async def test_an_unknown_client_mode_is_a_clear_error(client: OnePlusClient) -> None:
     with pytest.raises(ValueError, match="mode must be"):
-        await client.submit_cloudevent(spec(), "/ci/x", "id", mode="batch")  # type: ignore[arg-type]
+        await client.submit_cloudevent(spec(), "/ci/x", "id", mode=cast(Mode, "batch"))
 
 
 # --- HTTP ---------------------------------------------------------------------------------------

@@ -82,7 +82,13 @@ async def deliver(intake: IntakeProcess, body: bytes, headers: dict[str, str]) -
     return await asyncio.to_thread(intake.post, "/webhooks/mlflow", body, headers)
 
 
-VERSION_CREATED = {"name": "resnet50", "version": "3", "source": "s3://models/resnet50/3", "run_id": None, "tags": {}}
+VERSION_CREATED: dict[str, Any] = {
+    "name": "resnet50",
+    "version": "3",
+    "source": "s3://models/resnet50/3",
+    "run_id": None,
+    "tags": {},
+}
 
 
 async def test_a_new_model_version_starts_its_evaluation_job(intake: IntakeProcess) -> None:
