@@ -5,9 +5,9 @@ from __future__ import annotations
 import json
 
 import pytest
+from oneplus_bus.tenancy import Caller, TenancyError, bind_team, caller_of
 from oneplus_contracts import JobSpec
 from oneplus_intake.settings import IntakeSettings, SettingsError
-from oneplus_intake.tenancy import Caller, TenancyError, bind_team, caller_of
 
 
 def stamp(acc: str, user: str = "nlp-ci") -> dict[str, str]:

@@ -39,6 +39,11 @@ def test_one_failed_node_stops_the_others_then_fails_the_job_with_its_code() -> 
     assert (out.action, out.state, out.exit_code) == ("finish", "FAILED", 3)
 
 
+def test_a_failure_reason_carries_the_nodes_own_words() -> None:
+    out = attempt_outcome(rec(done={"a": 127, "b": 0}, node_reasons={"a": "image localhost/nope:latest not found"}))
+    assert out.state == "FAILED" and "localhost/nope:latest" in out.reason and "code 127" in out.reason
+
+
 def test_a_preempted_attempt_is_requeued_once_all_nodes_stopped() -> None:
     assert attempt_outcome(rec("CHECKPOINTED", {"a": 143})).action == "wait"
     assert attempt_outcome(rec("CHECKPOINTED", {"a": 143, "b": 143})).action == "requeue"

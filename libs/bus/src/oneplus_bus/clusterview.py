@@ -40,9 +40,12 @@ class Decision:
 class LiveSnapshot:
     """The cluster as one scheduling cycle sees it; `hold` keeps it current as the cycle commits gangs."""
 
-    def __init__(self, state: ClusterState, records: list[NodeRecord]) -> None:
+    def __init__(
+        self, state: ClusterState, records: list[NodeRecord], reservations: dict[str, int] | None = None
+    ) -> None:
         self.state = state
         self.records = records
+        self.reservations = reservations or {}  # job → fencing token of every gang the state holds
 
     def place(self, spec: JobSpec, job_id: str) -> Decision:
         res = place_gang(self.state, spec, job_id)
@@ -83,6 +86,7 @@ class SnapshotSource:
         records = await self.records()
         state = ClusterSnapshot.from_records("live", records, self.nic_gbps, self.oversubscription).thaw()
         known = {r.topology.node for r in records}
+        held: dict[str, int] = {}
         for res in await self.store.all():
             if not set(res.allocation.nodes) <= known:
                 continue  # a node that has not (re)reported: its GPUs are not offered anyway
@@ -90,7 +94,9 @@ class SnapshotSource:
                 state.apply(res.allocation)
             except AllocationConflict as exc:
                 log.error("reservation %s does not fit the topology model: %s", res.job_id, exc)
-        return LiveSnapshot(state, records)
+                continue
+            held[res.job_id] = res.token
+        return LiveSnapshot(state, records, held)
 
 
 QUEUES_KEY = "config"

@@ -76,7 +76,8 @@ class JobLedger:
 
 async def latest_values(kv: KeyValue, timeout: float = 10.0) -> list[bytes]:
     """The latest value of every key of a bucket (deleted keys left out), in key order."""
-    watcher = await kv.watchall(ignore_deletes=True)
+    # A short inactivity threshold: each read leaves no consumer behind for long on a busy bucket.
+    watcher = await kv.watchall(ignore_deletes=True, inactive_threshold=2.0)
     values: dict[str, bytes] = {}
     try:
         while True:

@@ -10,6 +10,7 @@ import asyncio
 import contextlib
 import json
 import logging
+import os
 import warnings
 from collections.abc import Awaitable, Callable
 from typing import Any
@@ -33,6 +34,7 @@ from .ledger import JobLedger
 from .settings import BusSettings
 from .streams import ensure_kv, ensure_streams
 from .telemetry import make_tracer_provider
+from .tenancy import PLATFORM_ACCOUNTS, TenancyError, caller_of
 
 VERSION = "0.1.0"
 # Our push consumers are durable AND a deliver group (queue=durable name), so replicas share them.
@@ -83,6 +85,8 @@ class OneplusService:
         self._stoppers: list[Callable[[], Awaitable[None]]] = []
         self._tasks: list[asyncio.Task[None]] = []
         self.micro: Service | None = None
+        accounts = os.environ.get("ONEPLUS_PLATFORM_ACCOUNTS", "").strip()
+        self.platform_accounts = frozenset(a.strip() for a in accounts.split(",") if a.strip()) or PLATFORM_ACCOUNTS
         self.kv: dict[str, KeyValue] = {}
         self._js: JetStreamContext | None = None
         self._ledger: JobLedger | None = None
@@ -183,10 +187,15 @@ class OneplusService:
                 payload = json.loads(req.data or b"{}") if req.data else {}
                 if not isinstance(payload, dict):
                     raise OpsError("the request body must be a JSON object")
-                result = await fn(payload, dict(req.headers or {}))
+                headers = dict(req.headers or {})
+                # The team comes from the caller's NATS account when the server stamped one, never from the body.
+                caller = caller_of(headers, payload.get("team"), platform_accounts=self.platform_accounts)
+                if caller.team is not None:
+                    payload["team"] = caller.team
+                result = await fn(payload, headers)
                 body = result.model_dump(mode="json") if isinstance(result, BaseModel) else result
                 await req.respond(json.dumps({"ok": True, "result": body}, default=_json_default).encode())
-            except OpsError as exc:
+            except (OpsError, TenancyError) as exc:
                 await req.respond_error(str(exc.code), str(exc), json.dumps({"ok": False, "error": str(exc)}).encode())
             except (json.JSONDecodeError, ValidationError) as exc:
                 msg = f"bad request: {exc}"

@@ -13,12 +13,12 @@ from typing import Any
 
 from faststream.nats import NatsMessage
 from oneplus_bus.service import OneplusService, OpsError
+from oneplus_bus.tenancy import Caller, TenancyError, caller_of
 from oneplus_contracts import JobCancelRequested, JobRecord, subjects
 
 from .deliveries import NatsDeliveryLedger
 from .settings import IntakeSettings
 from .submissions import Intake, job_id_for
-from .tenancy import Caller, TenancyError, caller_of
 from .web import HttpServer, IntakeHttp
 from .webhooks import MlflowWebhook, load_templates
 

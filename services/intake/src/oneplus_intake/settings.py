@@ -7,7 +7,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
-from .tenancy import PLATFORM_ACCOUNTS
+from oneplus_bus.tenancy import PLATFORM_ACCOUNTS
 
 DEFAULT_HTTP_PORT = 8080
 

@@ -17,6 +17,7 @@ from oneplus_bus.clusterview import live_queue_config
 from oneplus_bus.ledger import latest_values
 from oneplus_bus.service import OneplusService
 from oneplus_bus.telemetry import traceparent_of_current
+from oneplus_bus.tenancy import Caller, TenancyError, bind_team
 from oneplus_contracts import (
     IllegalTransition,
     JobAccepted,
@@ -33,7 +34,6 @@ from oneplus_queueing.config import QueueConfig, QueueConfigError
 from pydantic import ValidationError
 
 from .admission import Inadmissible, admit
-from .tenancy import Caller, TenancyError, bind_team
 
 log = logging.getLogger("oneplus.intake")
 

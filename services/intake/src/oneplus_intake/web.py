@@ -12,11 +12,11 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 
 from aiohttp import web
+from oneplus_bus.tenancy import REQUEST_INFO_HEADER, TenancyError, caller_of
 from oneplus_jobformats.cloudevents import MAX_BODY_BYTES
 from opentelemetry import trace
 
 from .submissions import Intake
-from .tenancy import REQUEST_INFO_HEADER, TenancyError, caller_of
 from .webhooks import MlflowWebhook
 
 log = logging.getLogger("oneplus.intake.http")

@@ -14,11 +14,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
+from oneplus_bus.tenancy import Caller
 from oneplus_jobformats.errors import JobFormatError
 from oneplus_jobformats.mlflow import WebhookRejected, WebhookTemplates, parse_envelope, verify_request
 
 from .submissions import ACCEPTED, DUPLICATE, Intake
-from .tenancy import Caller
 
 log = logging.getLogger("oneplus.intake.mlflow")
 

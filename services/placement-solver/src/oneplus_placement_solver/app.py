@@ -227,9 +227,18 @@ async def schedule_once() -> int:
         return 0
     config = await live_queue_config(svc.kv[subjects.QUEUES_KV])
     usage = usage_for(config, now)
-    running = [RunningJob.from_record(r) for r in jobs if r.state in ACTIVE_STATES and r.allocation is not None]
-    usage.charge(now, running)
     view = await source().snapshot()
+    # The cycle must see exactly what the snapshot holds: records and Redis can disagree for a moment
+    # (a commit between reserve and `placed`, a lease that just ran out); reconcile settles those.
+    running = [
+        RunningJob.from_record(r)
+        for r in jobs
+        if r.state in ACTIVE_STATES and r.allocation is not None and view.reservations.get(r.job_id) == r.token
+    ]
+    pending_recs = {k: r for k, r in pending_recs.items() if k not in view.reservations}
+    if not pending_recs:
+        return 0
+    usage.charge(now, running)
     decision = schedule_cycle(
         now,
         view.state,

@@ -17,6 +17,12 @@ class AttemptOutcome:
     stop_nodes: tuple[str, ...] = ()
 
 
+def _node_failed(rec: JobRecord, node: str, code: int) -> str:
+    """The exit code and, when the node said why (an image it could not find, say), its words."""
+    why = rec.node_reasons.get(node)
+    return f"rank on {node} exited with code {code}" + (f": {why}" if why else "")
+
+
 def attempt_outcome(rec: JobRecord) -> AttemptOutcome:
     """Decide what the nodes' reports so far mean for the job."""
     cancel_requested = rec.cancel_requested
@@ -34,12 +40,12 @@ def attempt_outcome(rec: JobRecord) -> AttemptOutcome:
         if failed and not cancel_requested:
             node, code = next(iter(failed.items()))
             return AttemptOutcome(
-                "stop_others", reason=f"rank on {node} exited with code {code}", stop_nodes=pending, exit_code=code
+                "stop_others", reason=_node_failed(rec, node, code), stop_nodes=pending, exit_code=code
             )
         return AttemptOutcome("wait")
     if cancel_requested:
         return AttemptOutcome("finish", "CANCELLED", rec.reason or "cancelled", exit_code=None)
     if failed:
         node, code = sorted(failed.items())[0]
-        return AttemptOutcome("finish", "FAILED", f"rank on {node} exited with code {code}", exit_code=code)
+        return AttemptOutcome("finish", "FAILED", _node_failed(rec, node, code), exit_code=code)
     return AttemptOutcome("finish", "SUCCEEDED", "all ranks exited 0", exit_code=0)
