@@ -23,14 +23,16 @@ console = Console()
 SERVICES = ("intake", "topology-registry", "placement-solver", "preemption", "node-executor")
 
 
-async def wait_for_platform(client: OnePlusClient, n_nodes: int, timeout: float = 120.0) -> None:
+async def wait_for_platform(
+    client: OnePlusClient, n_nodes: int, timeout: float = 120.0, services: tuple[str, ...] = SERVICES
+) -> None:
     """Until every service answers `$SRV.PING` (one executor per node) and every node is ready."""
     deadline = time.monotonic() + timeout
     last = "no answer yet"
     while time.monotonic() < deadline:
         try:
             found = [s.get("name", "") for s in await client.services(kind="PING")]
-            missing = [s for s in SERVICES if f"oneplus-{s}" not in found]
+            missing = [s for s in services if f"oneplus-{s}" not in found]
             executors = found.count("oneplus-node-executor")
             nodes = await client.nodes() if "oneplus-topology-registry" in found else []
             ready = [x for x in nodes if x.status == "ready"]
