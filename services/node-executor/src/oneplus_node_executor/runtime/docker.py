@@ -43,6 +43,10 @@ NOT_STARTED = frozenset({"created", "configured"})
 CpusetFor = Callable[[RankPlacement], str | None]
 
 
+# How long one wait call may block before the container's state is inspected again.
+WAIT_POLL_S = 5.0
+
+
 @dataclass(frozen=True)
 class RankContainer:
     """One of our containers, as the engine lists it."""
@@ -258,7 +262,10 @@ class DockerRuntime:
                 async with self._engine("waiting for a container") as docker:
                     container = docker.containers.container(c.id)
                     try:
-                        await container.wait()
+                        # Bounded: an engine can miss an exit that lands as the wait begins; inspect decides.
+                        await asyncio.wait_for(container.wait(), timeout=WAIT_POLL_S)
+                    except TimeoutError:
+                        pass
                     except aiodocker.DockerError as e:
                         # Podman may answer "container not running" when the rank ended as the wait began:
                         # the inspect below decides.
@@ -270,7 +277,7 @@ class DockerRuntime:
                     return RankEnd(c.identity.rank, 137, error="its container was removed before it ended")
                 raise
             if info.get("State", {}).get("Running"):
-                await asyncio.sleep(0.5)  # the wait failed while the rank still runs: wait again, not in a spin
+                await asyncio.sleep(0.1)  # still running: wait again, not in a spin
                 continue
             restarts = self._restarts.get(c.id, 0)
             memory = int(info.get("HostConfig", {}).get("Memory") or 0) // (1024 * 1024) or None
