@@ -7,6 +7,7 @@ A fitter answers three questions per node — how many units fit now, how good a
 from __future__ import annotations
 
 import math
+from abc import ABC, abstractmethod
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -54,7 +55,7 @@ def _could_host(slot: NodeSlot, req: GangRequest) -> bool:
     return slot.shape.capacity(slot.shape.full, req.unit_gpus, req.group) > 0
 
 
-class Fitter:
+class Fitter(ABC):
     """Common bookkeeping: eligibility, CPU/memory caps, leaf fill levels for best fit."""
 
     def __init__(self, snap: Holdings, req: GangRequest, seed: int = 0) -> None:
@@ -75,26 +76,30 @@ class Fitter:
         mem = (slot.memory_mb - snap.mem_used[i]) // req.unit_memory_mb
         return cpu if cpu < mem else mem
 
+    @abstractmethod
     def candidates(self) -> list[int]:
-        raise NotImplementedError
+        """Indexes of the nodes that could host at least one unit of the request."""
 
+    @abstractmethod
     def capacity(self, i: int) -> int:
-        raise NotImplementedError
+        """Units of the request node `i` can still host."""
 
+    @abstractmethod
     def class_key(self, i: int) -> tuple[object, ...]:
         """Nodes with equal keys (and capacity) fit a request equally well, up to their leaf and the tie-break."""
-        raise NotImplementedError
 
+    @abstractmethod
     def fit_part(self, i: int, units: int) -> tuple[float, float]:
-        raise NotImplementedError
+        """How tightly `units` fill node `i`: smaller is a better (best-fit) choice."""
 
     def node_key(self, i: int, units: int) -> NodeKey:
         """Best fit first: the per-class fit, then the fullest leaf, then a seeded tie-break."""
         leaf = self.layout.slots[i].leaf
         return (*self.fit_part(i, units), float(self.leaf_free[leaf]), float(tie_break(i, self.seed)))
 
+    @abstractmethod
     def pick(self, i: int, units: int, rails: frozenset[int] | None) -> list[RankPick]:
-        raise NotImplementedError
+        """The GPUs of each of the `units` ranks placed on node `i`, rails aligned when asked."""
 
 
 class WholeGpuFitter(Fitter):

@@ -19,6 +19,7 @@ import bisect
 import csv
 import math
 import random
+from abc import ABC, abstractmethod
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -237,7 +238,7 @@ def after(left: GpuState, res: PodRes) -> list[GpuState]:
 ScoreFn = Callable[[tuple[str, int, int, GpuState], PodRes], float]
 
 
-class Scorer:
+class Scorer(ABC):
     """A node-scoring policy: score(state, pod) (higher wins) and the GPU choice on the winning node."""
 
     name = "base"
@@ -248,8 +249,9 @@ class Scorer:
         self.meter = meter
         self.rng = rng
 
+    @abstractmethod
     def score(self, state: tuple[str, int, int, GpuState], res: PodRes) -> float:
-        raise NotImplementedError
+        """The node's score for the pod: the highest score wins."""
 
     def pick_share_gpu(self, ns: NodeState, res: PodRes) -> int:
         cands = [(x, g) for g, x in enumerate(ns.left) if x >= res.milli]
