@@ -221,12 +221,14 @@ async def schedule_once() -> int:
     """One scheduling cycle of the queueing policy over a fresh snapshot; returns how many gangs were committed."""
     now = time.time()
     jobs = await svc.ledger.all()
+    config = await live_queue_config(svc.kv[subjects.QUEUES_KV])
+    usage = usage_for(config, now)
+    # Fair share accrues whether or not anyone waits: charge every cycle.
+    usage.charge(now, [RunningJob.from_record(r) for r in jobs if r.state in ACTIVE_STATES and r.allocation])
     pending_recs = {r.job_id: r for r in jobs if r.state == "ACCEPTED" and not r.cancel_requested}
     if not pending_recs:
         _state["decision"] = None
         return 0
-    config = await live_queue_config(svc.kv[subjects.QUEUES_KV])
-    usage = usage_for(config, now)
     view = await source().snapshot()
     # The cycle must see exactly what the snapshot holds: records and Redis can disagree for a moment
     # (a commit between reserve and `placed`, a lease that just ran out); reconcile settles those.
@@ -238,7 +240,6 @@ async def schedule_once() -> int:
     pending_recs = {k: r for k, r in pending_recs.items() if k not in view.reservations}
     if not pending_recs:
         return 0
-    usage.charge(now, running)
     decision = schedule_cycle(
         now,
         view.state,
