@@ -104,7 +104,9 @@ def assert_complete_history(events: list) -> None:  # type: ignore[type-arg]
             ), (node, per_node, types)
         rest = [e.type for e in attempt if getattr(e, "node", None) is None]
         last = i == len(attempts) - 1
-        assert rest == (["placed"] if last else ["placed", "preempting", "requeued"]), (rest, types)
+        # The last attempt may have been asked to step aside and finished its work first.
+        allowed = (["placed"], ["placed", "preempting"]) if last else (["placed", "preempting", "requeued"],)
+        assert rest in allowed, (rest, types)
 
 
 def _spec(**over: object) -> dict[str, object]:

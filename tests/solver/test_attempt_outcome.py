@@ -49,6 +49,11 @@ def test_a_preempted_attempt_is_requeued_once_all_nodes_stopped() -> None:
     assert attempt_outcome(rec("CHECKPOINTED", {"a": 143, "b": 143})).action == "requeue"
 
 
+def test_a_job_that_finished_its_work_during_its_preemption_succeeds_instead_of_requeueing() -> None:
+    out = attempt_outcome(rec("CHECKPOINTED", {"a": 0, "b": 0}))
+    assert (out.action, out.state) == ("finish", "SUCCEEDED")
+
+
 def test_a_cancelled_job_ends_cancelled_not_failed() -> None:
     out = attempt_outcome(rec(done={"a": 143, "b": 143}, cancel_requested=True, reason="cancelled by ann"))
     assert (out.action, out.state, out.reason) == ("finish", "CANCELLED", "cancelled by ann")

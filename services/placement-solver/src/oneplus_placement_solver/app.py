@@ -51,6 +51,9 @@ app = svc.app
 SCHEDULE_INTERVAL_S = 1.0
 RECONCILE_INTERVAL_S = 3.0
 LOST_RESERVATION_GRACE_S = 5.0
+SETTLE_RETRIES = 40
+# States in which a job holds its reservation: the active ones, and checkpointed while its ranks stop.
+HOLDING_STATES = ACTIVE_STATES | {"CHECKPOINTED"}
 _wake = asyncio.Event()
 _state: dict[str, Any] = {}
 
@@ -91,7 +94,7 @@ async def on_job_event(msg: NatsMessage) -> None:
         case "accepted" | "requeued":
             _wake.set()
         case "node_finished":
-            await settle(event.job_id)
+            await settle(event.job_id, event.node)
         case "cancel_requested":
             await cancel(event.job_id)
         case "finished":
@@ -110,8 +113,14 @@ async def record(event: JobEvent) -> JobRecord | None:
         return None
 
 
-async def settle(job_id: str) -> None:
+async def settle(job_id: str, node: str | None = None) -> None:
     rec, _ = await svc.ledger.get(job_id)
+    # The ledger publishes an event before it folds it into the record: give the fold a moment to land.
+    for _ in range(SETTLE_RETRIES):
+        if rec is None or node is None or node in rec.nodes_done or rec.terminal:
+            break
+        await asyncio.sleep(0.05)
+        rec, _ = await svc.ledger.get(job_id)
     if rec is None or rec.terminal or rec.token is None:
         return
     out = attempt_outcome(rec)
@@ -322,7 +331,7 @@ async def reconcile() -> None:
             await store().release(job_id, res.token, reason=f"job already {rec.state}")
     for rec in jobs.values():
         if (
-            rec.state in ACTIVE_STATES
+            rec.state in HOLDING_STATES
             and rec.job_id not in reservations
             and now - rec.updated_ts > LOST_RESERVATION_GRACE_S
         ):
@@ -334,7 +343,7 @@ async def reconcile() -> None:
                 )
             )
             _wake.set()
-        elif rec.state in ACTIVE_STATES and rec.allocation and set(rec.nodes_done) >= set(rec.allocation.nodes):
+        elif rec.state in HOLDING_STATES and rec.allocation and set(rec.nodes_done) >= set(rec.allocation.nodes):
             await settle(rec.job_id)
 
 

@@ -35,6 +35,9 @@ def attempt_outcome(rec: JobRecord) -> AttemptOutcome:
     if rec.state in ("PREEMPTING", "CHECKPOINTED"):
         if pending:
             return AttemptOutcome("wait")
+        if not failed:
+            # Every rank finished its work by itself while the preemption was under way: nothing to resume.
+            return AttemptOutcome("finish", "SUCCEEDED", "all ranks exited 0 (before the preemption stopped them)", 0)
         return AttemptOutcome("requeue", reason=rec.reason or "preempted")
     if pending:
         if failed and not cancel_requested:
