@@ -2,12 +2,20 @@
 
 from __future__ import annotations
 
+import asyncio
 import os
+import shutil
+import signal
 import socket
+import subprocess
 import uuid
+from collections.abc import AsyncIterator, Callable, Coroutine
+from contextlib import asynccontextmanager
 from pathlib import Path
+from typing import Any
 from urllib.parse import urlparse
 
+import pytest
 from oneplus_contracts import JobSpec, LaunchRanks, NodeTopology, RankPlacement, RankResources
 from oneplus_topology.smi import parse_topo_matrix
 
@@ -86,3 +94,40 @@ def engine_unreachable_reason(url: str | None) -> str | None:
 
 
 ENGINE_URL = os.environ.get("ONEPLUS_DOCKER_URL")
+
+
+EngineControl = Callable[[], Coroutine[Any, Any, None]]
+
+
+@asynccontextmanager
+async def private_podman(folder: Path, wait_s: float = 15.0) -> AsyncIterator[tuple[str, EngineControl, EngineControl]]:
+    """A Podman API service of the test's own on a socket in `folder`, with stop and start controls."""
+    if shutil.which("podman") is None:
+        pytest.skip("the engine answers, but this machine has no podman binary to run a private engine to stop")
+    url = f"unix://{folder}/podman.sock"
+    procs: list[asyncio.subprocess.Process] = []
+
+    async def start() -> None:
+        procs.append(
+            await asyncio.create_subprocess_exec(
+                "podman", "system", "service", "--time=0", url,
+                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True,
+            )
+        )  # fmt: skip
+        for _ in range(int(wait_s * 10)):
+            if engine_unreachable_reason(url) is None:
+                return
+            await asyncio.sleep(0.1)
+        raise AssertionError(f"the private podman service at {url} did not answer within {wait_s:g} s")
+
+    async def stop() -> None:
+        p = procs.pop()
+        p.send_signal(signal.SIGTERM)
+        await asyncio.wait_for(p.wait(), wait_s)
+
+    await start()
+    try:
+        yield url, stop, start
+    finally:
+        while procs:
+            await stop()

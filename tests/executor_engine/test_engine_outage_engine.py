@@ -2,62 +2,22 @@
 
 from __future__ import annotations
 
-import asyncio
-import shutil
-import signal
-import subprocess
-from collections.abc import AsyncIterator, Callable, Coroutine
+from collections.abc import AsyncIterator
 from pathlib import Path
-from typing import Any
 
 import pytest
-from executor_engine_support import engine_unreachable_reason, launch, new_job_id
+from executor_engine_support import EngineControl, launch, new_job_id, private_podman
 from oneplus_node_executor.runtime.base import EngineUnavailable
 from oneplus_node_executor.runtime.docker import DockerRuntime
 
 pytestmark = pytest.mark.engine
 
-EngineControl = Callable[[], Coroutine[Any, Any, None]]
-
 
 @pytest.fixture
 async def private_engine(engine_url: str, tmp_path: Path) -> AsyncIterator[tuple[str, EngineControl, EngineControl]]:
-    """A second Podman API service of the test's own on a temporary socket, with stop and start controls."""
-    if shutil.which("podman") is None:
-        pytest.skip("the engine tests reach an engine, but this machine has no podman binary to run a private one")
-    url = f"unix://{tmp_path}/podman.sock"
-    proc: list[asyncio.subprocess.Process] = []
-
-    async def start() -> None:
-        proc.append(
-            await asyncio.create_subprocess_exec(
-                "podman",
-                "system",
-                "service",
-                "--time=0",
-                url,
-                stdout=subprocess.DEVNULL,
-                stderr=subprocess.DEVNULL,
-                start_new_session=True,
-            )
-        )
-        for _ in range(100):
-            if engine_unreachable_reason(url) is None:
-                return
-            await asyncio.sleep(0.1)
-        raise AssertionError(f"the private podman service at {url} did not answer within 10 s")
-
-    async def stop() -> None:
-        p = proc.pop()
-        p.send_signal(signal.SIGTERM)
-        await asyncio.wait_for(p.wait(), 10)
-
-    await start()
-    try:
-        yield url, stop, start
-    finally:
-        while proc:
-            await stop()
+    """A Podman API service of the test's own on a temporary socket, with stop and start controls."""
+    async with private_podman(tmp_path) as engine:
+        yield engine
 
 
 async def test_engine_stopped_marks_the_node_unhealthy_until_it_returns(

@@ -6,15 +6,10 @@ The e2e helpers (tests/e2e/platform_fixture.py), the engine helpers (tests/execu
 
 from __future__ import annotations
 
-import asyncio
-import shutil
-import signal
-import subprocess
 import sys
 import uuid
-from collections.abc import AsyncIterator, Callable, Coroutine
+from collections.abc import AsyncIterator
 from pathlib import Path
-from typing import Any
 
 import pytest
 
@@ -23,9 +18,7 @@ for folder in ("e2e", "executor_engine", "topology"):
     if str(TESTS / folder) not in sys.path:
         sys.path.insert(0, str(TESTS / folder))
 
-from executor_engine_support import ENGINE_URL, engine_unreachable_reason  # noqa: E402
-
-EngineControl = Callable[[], Coroutine[Any, Any, None]]
+from executor_engine_support import ENGINE_URL, EngineControl, engine_unreachable_reason, private_podman  # noqa: E402
 
 
 @pytest.fixture(scope="session")
@@ -46,38 +39,5 @@ def node_tag() -> str:
 @pytest.fixture
 async def private_engine(engine_url: str, tmp_path: Path) -> AsyncIterator[tuple[str, EngineControl, EngineControl]]:
     """A Podman API service of the test's own on a temporary socket, with stop and start controls."""
-    if shutil.which("podman") is None:
-        pytest.skip("the engine answers, but this machine has no podman binary to run a private engine to stop")
-    url = f"unix://{tmp_path}/podman.sock"
-    procs: list[asyncio.subprocess.Process] = []
-
-    async def start() -> None:
-        procs.append(
-            await asyncio.create_subprocess_exec(
-                "podman",
-                "system",
-                "service",
-                "--time=0",
-                url,
-                stdout=subprocess.DEVNULL,
-                stderr=subprocess.DEVNULL,
-                start_new_session=True,
-            )
-        )
-        for _ in range(150):
-            if engine_unreachable_reason(url) is None:
-                return
-            await asyncio.sleep(0.1)
-        raise AssertionError(f"the private podman service at {url} did not answer within 15 s")
-
-    async def stop() -> None:
-        p = procs.pop()
-        p.send_signal(signal.SIGTERM)
-        await asyncio.wait_for(p.wait(), 15)
-
-    await start()
-    try:
-        yield url, stop, start
-    finally:
-        while procs:
-            await stop()
+    async with private_podman(tmp_path) as engine:
+        yield engine
