@@ -8,12 +8,11 @@ from pathlib import Path
 from typing import Annotated, Any
 
 import typer
-import yaml
 from oneplus_contracts import JobSpec
+from oneplus_jobformats.load import load_job_document
 from oneplus_placement import ClusterSnapshot, place_gang, seeded_fill
 from oneplus_topology.cluster import Cluster, load_cluster
 from oneplus_topology.errors import ClusterConfigError
-from pydantic import ValidationError
 from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
@@ -43,21 +42,12 @@ def parse_fill(value: str) -> tuple[int, float]:
 
 
 def load_job(path: Path) -> JobSpec:
+    """A job file in any format `oneplus submit -f` takes (JobSpec, Kubeflow manifests, sbatch scripts)."""
     try:
-        raw = yaml.safe_load(path.read_text(encoding="utf-8"))
+        text = path.read_text(encoding="utf-8")
     except OSError as e:
         raise ValueError(f"{path}: cannot read: {e.strerror}") from e
-    except yaml.YAMLError as e:
-        raise ValueError(f"{path}: not valid YAML or JSON: {e}") from e
-    if not isinstance(raw, dict):
-        raise ValueError(f"{path}: expected a mapping of JobSpec fields (name, ranks, resources, ...)")
-    try:
-        return JobSpec.model_validate(raw)
-    except ValidationError as e:
-        problems = "; ".join(
-            f"{'.'.join(str(p) for p in x['loc']) or '(top level)'}: {x['msg']}" for x in e.errors(include_url=False)
-        )
-        raise ValueError(f"{path}: {problems}") from None
+    return load_job_document(text, filename=str(path)).spec  # JobFormatError is a ValueError naming the problem
 
 
 def job_from_gpus(cluster: Cluster, gpus: float, per_rank: float | None) -> JobSpec:
