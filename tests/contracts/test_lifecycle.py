@@ -16,6 +16,7 @@ from oneplus_contracts import (
     JobRecord,
     JobRequeued,
     JobRunning,
+    JobStarting,
     JobSpec,
     RankPlacement,
     apply_event,
@@ -45,6 +46,21 @@ def test_a_job_runs_from_accepted_to_succeeded() -> None:
         JobFinished(job_id="j", state="SUCCEEDED", reason="ok", token=7),
     )
     assert rec.state == "SUCCEEDED" and rec.nodes_done == {"a": 0, "b": 0} and rec.placed_ts and rec.started_ts
+
+
+def test_a_slow_nodes_starting_after_a_fast_nodes_running_is_kept_without_moving_the_state_back() -> None:
+    rec = fold(
+        JobAccepted(job_id="j", spec=SPEC),
+        JobPlaced(job_id="j", allocation=ALLOC, token=7),
+        JobStarting(job_id="j", node="a", token=7),
+        JobRunning(job_id="j", node="a", token=7),
+        JobStarting(job_id="j", node="b", token=7),
+    )
+    assert rec.state == "RUNNING"
+    rec = apply_event(rec, JobPreempting(job_id="j", token=7, reason="for k"))
+    assert apply_event(rec, JobStarting(job_id="j", node="b", token=7)).state == "PREEMPTING"
+    with pytest.raises(IllegalTransition, match="stale token"):
+        apply_event(rec, JobStarting(job_id="j", node="b", token=6))
 
 
 def test_an_event_with_a_stale_token_is_refused() -> None:

@@ -82,9 +82,12 @@ def apply_event(rec: JobRecord | None, event: JobEvent) -> JobRecord:
                 }
             )
         case JobStarting():
-            r = _require(rec, event, "PLACED", "STARTING")
+            # Nodes of a gang start independently: a slow node's `starting` may follow a fast node's `running`
+            # or a preemption; it is history all the same, and it never moves the job's state backwards.
+            r = _require(rec, event, "PLACED", "STARTING", "RUNNING", "PREEMPTING", "CHECKPOINTED")
             _token_matches(r, event.token, event)
-            return r.model_copy(update={"state": "STARTING", "updated_ts": event.ts})
+            state = "STARTING" if r.state == "PLACED" else r.state
+            return r.model_copy(update={"state": state, "updated_ts": event.ts})
         case JobRunning():
             r = _require(rec, event, "PLACED", "STARTING", "RUNNING")
             _token_matches(r, event.token, event)
