@@ -73,11 +73,13 @@ def test_run_refuses_unknown_policies_and_missing_files(tmp_path: Path, philly_s
         ],
     )
     assert res.exit_code == 2 and "unknown yarn" in res.output
+    missing = tmp_path / ("a-folder-with-a-name-long-enough-to-fold-an-eighty-column-line" * 2) / "none.csv"
     res = runner.invoke(
         app,
-        ["run", "--cluster", str(cluster), "--trace", str(tmp_path / "none.csv"), "--json", str(tmp_path / "r.json")],
+        ["run", "--cluster", str(cluster), "--trace", str(missing), "--json", str(tmp_path / "r.json")],
     )
-    assert res.exit_code == 2 and "no such trace file" in res.output
+    # One line however long the path: a folded error cannot be grepped or copied.
+    assert res.exit_code == 2 and f"{missing}: no such trace file" in res.output
     res = runner.invoke(
         app,
         [

@@ -18,7 +18,7 @@ from rich.markup import escape
 
 from ..client import OnePlusClient, PlatformError
 from . import place, sim, slurm, topology
-from .render import jobs_table, nodes_table
+from .render import error_console, jobs_table, nodes_table
 
 app = typer.Typer(help="OnePlus: topology-aware, atomic gang scheduling for private GPU clouds.", no_args_is_help=True)
 jobs_app = typer.Typer(help="Look at and act on jobs.", no_args_is_help=True)
@@ -38,7 +38,7 @@ for _name in ("sbatch", "squeue", "scancel", "sinfo"):
         )
 
 console = Console()
-err = Console(stderr=True)
+err = error_console()
 T = TypeVar("T")
 NatsOpt = Annotated[str | None, typer.Option("--nats", envvar="NATS_URL", help="NATS server URL")]
 TeamOpt = Annotated[str | None, typer.Option("--team", envvar="ONEPLUS_TEAM", help="Act as this team")]
@@ -232,7 +232,9 @@ def logs(
                     )
                     offsets[node] = res["next"]
                     for line in res["lines"]:
-                        console.print(f"[dim]{node}[/] {escape(line)}", highlight=False)
+                        console.print(
+                            f"[dim]{node}[/] {escape(line)}", highlight=False, soft_wrap=True
+                        )  # log lines stay whole
             if not follow or rec.terminal:
                 return
             await asyncio.sleep(1.0)

@@ -17,9 +17,11 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
+from .render import error_console
+
 app = typer.Typer(no_args_is_help=True)
 console = Console()
-err = Console(stderr=True)
+err = error_console()
 
 
 def _fail(message: str) -> typer.Exit:

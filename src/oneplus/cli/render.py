@@ -5,7 +5,14 @@ from __future__ import annotations
 import time
 
 from oneplus_contracts import JobRecord, NodeRecord
+from rich.console import Console
 from rich.table import Table
+
+
+def error_console() -> Console:
+    """Stderr for errors: never folded, so a long path or job id stays one greppable, copyable line."""
+    return Console(stderr=True, soft_wrap=True)
+
 
 STATE_STYLE = {
     "ACCEPTED": "yellow",

@@ -16,9 +16,11 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
+from .render import error_console
+
 app = typer.Typer(no_args_is_help=True)
 console = Console()
-err = Console(stderr=True)
+err = error_console()
 
 SHOWN = (
     "jobs",

@@ -24,9 +24,11 @@ from rich import box
 from rich.console import Console
 from rich.table import Table
 
+from .render import error_console
+
 app = typer.Typer(no_args_is_help=True)
 console = Console()
-err = Console(stderr=True)
+err = error_console()
 
 _STYLE = {"PIX": "yellow", "PXB": "yellow", "PHB": "dark_orange", "NODE": "dark_orange", "SYS": "red"}
 
