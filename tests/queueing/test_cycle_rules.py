@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import pytest
 from oneplus_contracts import Allocation, RankPlacement
-from oneplus_queueing.config import default_config, load_queue_config
+from oneplus_queueing.config import BackfillPolicy, JobSizePolicy, default_config, load_queue_config
 from oneplus_queueing.cycle import schedule_cycle
 from oneplus_queueing.fairshare import UsageHistory
 from oneplus_queueing.model import PendingJob
+from pydantic import ValidationError
 from queueing_world import World, spec
 
 TEAMS = """
@@ -196,3 +198,37 @@ def test_a_cycle_is_a_pure_function_of_its_inputs() -> None:
     assert a.placements == b.placements and a.order == b.order
     assert [(c.preemptor, c.victims) for c in a.preemptions] == [(c.preemptor, c.victims) for c in b.preemptions]
     assert a.reservation == b.reservation and a.reasons == b.reasons
+
+
+def test_favouring_small_requests_serves_fewer_gpu_hours_first_and_ageing_still_lifts_the_big_one() -> None:
+    w = World(n_nodes=1, nodes_per_leaf=1)
+    w.run("busy", [(0, list(range(6)))], started=0, time_limit_s=10_000, preemptible=False)
+    big = PendingJob("big", spec("big", 2, time_limit_s=36_000), 0.0)  # 20 GPU-hours, waiting longer
+    small = PendingJob("small", spec("small", 1, time_limit_s=3_600), 50.0)  # 1 GPU-hour
+    fifo = _cycle(w, [big, small])
+    assert fifo.order == ["big", "small"] and list(fifo.placements) == ["big"]
+    cfg = default_config().model_copy(update={"job_size": JobSizePolicy(weight=1000)})
+    favour = _cycle(w, [big, small], cfg)
+    assert favour.order == ["small", "big"] and list(favour.placements) == ["small"]
+    # log10(20) × 1000 = 1301 points behind; ageing gives 1000 a day, so after 1.3 days it leads a fresh small one.
+    now = 1.31 * 86_400
+    fresh = PendingJob("fresh", spec("fresh", 1, time_limit_s=3_600), now)
+    assert _cycle(w, [big, fresh], cfg, now=now).order == ["big", "fresh"]
+    assert _cycle(w, [big, fresh], cfg, now=1.29 * 86_400).order == ["fresh", "big"]
+    with pytest.raises(ValidationError):
+        JobSizePolicy(weight=-1)
+
+
+def test_a_blocked_job_is_protected_only_once_it_has_waited_min_age_reserve() -> None:
+    w = World(n_nodes=1, nodes_per_leaf=1)
+    w.run("busy", [(0, [0, 1, 2, 3])], started=0, time_limit_s=1_000, preemptible=False)
+    head = PendingJob("head", spec("head", 8, preemptible=False), 0.0)
+    slow = PendingJob("slow", spec("slow", 4, time_limit_s=5_000, preemptible=False), 1.0)
+    d = _cycle(w, [head, slow])
+    assert d.reservation is not None and d.reservation.job_id == "head" and "slow" not in d.placements
+    cfg = default_config().model_copy(update={"backfill": BackfillPolicy(min_age_reserve_s=600)})
+    young = _cycle(w, [head, slow], cfg, now=100.0)
+    assert young.reservation is None and list(young.placements) == ["slow"]
+    assert young.reasons["head"].code == "Resources"
+    old = _cycle(w, [head, slow], cfg, now=700.0)
+    assert old.reservation is not None and old.reservation.job_id == "head" and "slow" not in old.placements

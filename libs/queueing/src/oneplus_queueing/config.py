@@ -90,6 +90,18 @@ class AgeingPolicy(_Model):
     max_bonus: Annotated[float, Field(ge=0)] | None = None
 
 
+class JobSizePolicy(_Model):
+    """Small requests first: the score drops by `weight` per decade of requested GPU-hours (GPUs × time limit) above
+    one GPU-hour, as Slurm's PriorityFavorSmall does with its job-size factor. Ageing still lifts every job, so a
+    large request is delayed, never starved. A job without a time limit counts `no_limit_gpu_hours` per GPU.
+    """
+
+    weight: Annotated[float, Field(ge=0)] = 0.0
+    no_limit_hours: Annotated[float, Field(gt=0)] = Field(
+        default=24.0 * 7, description="Hours assumed for a job that gives no time limit"
+    )
+
+
 class PreemptionPolicy(_Model):
     enabled: bool = True
     preemption_delay_s: Annotated[float, Field(ge=0)] = Field(
@@ -127,6 +139,11 @@ class BackfillPolicy(_Model):
     default_time_limit_s: Annotated[float, Field(gt=0)] | None = Field(
         default=None, description="Assumed time limit of jobs that give none; null: such jobs never end for planning"
     )
+    min_age_reserve_s: Annotated[float, Field(ge=0)] = Field(
+        default=0.0,
+        description="A blocked job is protected (its block reserved) only once it has waited this long; until then "
+        "jobs behind it take any free GPUs (Slurm's bf_min_age_reserve)",
+    )
 
 
 class QueueConfig(_Model):
@@ -135,6 +152,7 @@ class QueueConfig(_Model):
     default_priority_class: str | None = None
     fairshare: FairSharePolicy = Field(default_factory=FairSharePolicy)
     ageing: AgeingPolicy = Field(default_factory=AgeingPolicy)
+    job_size: JobSizePolicy = Field(default_factory=JobSizePolicy)
     preemption: PreemptionPolicy = Field(default_factory=PreemptionPolicy)
     backfill: BackfillPolicy = Field(default_factory=BackfillPolicy)
 

@@ -167,7 +167,7 @@ class _Cycle:
             return
         if self.claim_in_flight(job) or self.preempt(job):
             return
-        if self.head is None:
+        if self.head is None and self.now - job.job.submitted_ts >= self.config.backfill.min_age_reserve_s:
             self.protect(job)
 
     def try_place(self, job: RankedJob) -> tuple[Allocation, bool] | None:

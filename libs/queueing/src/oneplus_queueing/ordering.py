@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
@@ -33,7 +34,15 @@ def job_score(now: float, job: PendingJob, priority: int, config: QueueConfig, f
     ageing = pol.weight * age / pol.period_s
     if pol.max_bonus is not None:
         ageing = min(ageing, pol.max_bonus)
-    return priority + fair + ageing
+    return priority + fair + ageing - size_penalty(job, config)
+
+
+def size_penalty(job: PendingJob, config: QueueConfig) -> float:
+    pol = config.job_size
+    if pol.weight <= 0:
+        return 0.0
+    hours = job.spec.time_limit_s / 3600 if job.spec.time_limit_s is not None else pol.no_limit_hours
+    return pol.weight * math.log10(max(1.0, job.gpus * hours))
 
 
 def rank_pending(

@@ -86,6 +86,10 @@ def run_replay(spec: ReplaySpec, on_progress: Callable[[str, int, int], None] | 
         "preempt_grace_s": spec.preempt_grace_s,
         "policies": {},
     }
+    if "oneplus" in spec.policies:
+        from .policies.oneplus import sim_queue_config
+
+        report["oneplus_queue_config"] = sim_queue_config().model_dump(mode="json")  # the knobs behind its figures
     results: dict[str, SimResult] = {}
     policies: dict[str, object] = {}
     total = len(jobs)
