@@ -162,6 +162,12 @@ def test_a_plain_job_spec_body_has_no_event_id():
             "resources.gpus: must be > 0",
         ),
         (None, b"\xff\xfe", "body is not UTF-8"),
+        (
+            {"content-type": "application/cloudevents+json"},
+            b'{"specversion":"1.0","id":"1","source":"/s","type":"t","data":{"name":"x","labels":{"\\ud83d":"y"}}}',
+            "data.labels.\\ud83d: holds a lone UTF-16 surrogate escape",  # the message is itself valid text
+        ),
+        (None, b'{"name": "x", "resources": {"gpus": 1}, "env": {"A": "\\ud800"}}', "env.A: holds a lone UTF-16"),
         (None, b"", "the document is empty"),
     ],
 )

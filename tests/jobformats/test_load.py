@@ -82,6 +82,8 @@ def test_native_validation_errors_are_sentences_naming_the_field(text, message):
         ("name: a\n---\nname: b\n", "holds 2 YAML documents; submit one job per file"),
         ("#SBATCH --nodes=2\nsrun hostname\n", "job.yaml: line 1: this does not look like a batch script"),
         ("a: &a [*a]\n", None),
+        ('{"name": "a", "env": {"X": "\\ud800"}}', "job.yaml: env.X: holds a lone UTF-16 surrogate escape"),
+        ('{"name": "a", "command": ["run", "\\udfff!"]}', "job.yaml: command[1]: holds a lone UTF-16 surrogate"),
     ],
 )
 def test_unreadable_documents_fail_with_a_clear_error(text, message):

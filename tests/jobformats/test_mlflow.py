@@ -133,6 +133,7 @@ def test_parse_envelope_reads_the_real_payload():
             "'alias' must be a string",
         ),
         (b"\xff", "body is not UTF-8"),
+        (b'{"entity": "model_version", "action": "created", "data": {"name": "m\\ud800"}}', "data.name: holds a lone"),
     ],
 )
 def test_bad_envelopes_are_rejected_with_the_reason(body, message):

@@ -24,6 +24,7 @@ from oneplus_contracts import JobSpec
 
 from .errors import JobFormatError, Translation
 from .load import load_job_document, parse_mapping, translate_mapping
+from .text import LoneSurrogate, loads_unicode
 
 STRUCTURED_CONTENT_TYPE = JSONFormat.CONTENT_TYPE
 SUBMIT_EVENT_TYPE = "io.oneplus.job.submit"
@@ -112,9 +113,11 @@ def _plain(body: bytes) -> Submission:
 def _structured(body: bytes) -> Submission:
     text = _text(body)
     try:
-        event = json.loads(text)
+        event = loads_unicode(text)
     except json.JSONDecodeError as exc:
         raise _fail(f"structured event is not JSON: {exc.msg}", f"line {exc.lineno}") from None
+    except LoneSurrogate as exc:
+        raise _fail(str(exc)) from None
     except RecursionError:
         raise _fail("structured event is nested too deeply") from None
     except ValueError as exc:  # e.g. an integer of more than 4300 digits

@@ -11,6 +11,7 @@ from .errors import JobFormatError, Translation
 from .kubeflow import translate_manifest
 from .native import translate_native
 from .sbatch import parse_sbatch
+from .text import LoneSurrogate, loads_unicode
 
 MAX_DOCUMENT_BYTES = 1024 * 1024
 
@@ -62,10 +63,12 @@ def parse_mapping(text: str, *, filename: str) -> dict[str, Any]:
 def _parse_documents(text: str, filename: str) -> list[Any]:
     try:
         if text.lstrip().startswith("{"):
-            return [json.loads(text)]
+            return [loads_unicode(text)]
         return [d for d in yaml.safe_load_all(text) if d is not None]
     except json.JSONDecodeError as exc:
         raise JobFormatError(f"invalid JSON: {exc.msg}", filename=filename, where=f"line {exc.lineno}") from None
+    except LoneSurrogate as exc:
+        raise JobFormatError(str(exc), filename=filename) from None
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         where = f"line {mark.line + 1}, column {mark.column + 1}" if mark is not None else None

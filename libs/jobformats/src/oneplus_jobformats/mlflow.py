@@ -17,6 +17,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
+from .text import LoneSurrogate, loads_unicode
 from .webhook_templates import EVENT_FIELDS, WebhookTemplates
 
 __all__ = [
@@ -149,9 +150,11 @@ def parse_envelope(raw_body: bytes) -> MlflowEvent:
     if len(raw_body) > MAX_BODY_BYTES:
         raise WebhookRejected("bad_body", f"body is larger than {MAX_BODY_BYTES} bytes", http_status=413)
     try:
-        envelope = json.loads(raw_body.decode("utf-8"))
+        envelope = loads_unicode(raw_body.decode("utf-8"))
     except UnicodeDecodeError:
         raise WebhookRejected("bad_body", "body is not UTF-8") from None
+    except LoneSurrogate as exc:
+        raise WebhookRejected("bad_body", str(exc)) from None
     except json.JSONDecodeError as exc:
         raise WebhookRejected("bad_body", f"body is not JSON: {exc.msg} at line {exc.lineno}") from None
     except RecursionError:

@@ -1,0 +1,52 @@
+"""JSON text that is also valid Unicode: a lone `\\uD800`-`\\uDFFF` escape parses in Python but cannot be sent on."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+_MAX_DEPTH = 200
+
+
+def lone_surrogate_at(value: Any, path: str = "", depth: int = 0) -> str | None:
+    """The field path of the first key or string holding half a surrogate pair, or None when all text is valid."""
+    if depth > _MAX_DEPTH:
+        return None  # the parsers refuse deeper documents on their own
+    if isinstance(value, str):
+        return path or "(document)" if _has_surrogate(value) else None
+    if isinstance(value, dict):
+        for k, v in value.items():
+            name = str(k).encode("utf-8", "backslashreplace").decode("utf-8")  # the path must itself be text
+            here = f"{path}.{name}" if path else name
+            if isinstance(k, str) and _has_surrogate(k):
+                return here
+            found = lone_surrogate_at(v, here, depth + 1)
+            if found:
+                return found
+    elif isinstance(value, list):
+        for i, v in enumerate(value):
+            found = lone_surrogate_at(v, f"{path}[{i}]", depth + 1)
+            if found:
+                return found
+    return None
+
+
+def _has_surrogate(s: str) -> bool:
+    return any("\ud800" <= ch <= "\udfff" for ch in s)
+
+
+def loads_unicode(text: str) -> Any:
+    """`json.loads`, refusing a lone surrogate escape with a ValueError that names the field."""
+    value = json.loads(text)
+    where = lone_surrogate_at(value)
+    if where is not None:
+        raise LoneSurrogate(where)
+    return value
+
+
+class LoneSurrogate(ValueError):
+    def __init__(self, where: str) -> None:
+        self.where = where
+        super().__init__(
+            f"{where}: holds a lone UTF-16 surrogate escape (\\ud800-\\udfff without its pair), which is not text"
+        )
