@@ -9,6 +9,8 @@ from pathlib import Path
 import nats
 import pytest
 import redis.asyncio as aioredis
+from oneplus_contracts import subjects
+from oneplus_placement_solver.memory import USAGE_SAVE_EVERY_S
 from oneplus_reservations import ReservationStore, check_history
 from oneplus_testing import Servers, wipe_bus
 from platform_fixture import start_platform, wait_terminal
@@ -17,6 +19,19 @@ from oneplus.client import OnePlusClient
 from oneplus.workload import demo_workload
 
 pytestmark = pytest.mark.e2e
+
+
+async def default_usage(c: OnePlusClient, timeout: float = 5.0) -> float:
+    """The `default` queue's decayed GPU-hours as `oneplus queues` shows them (waits for a solver to answer)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            rows = await c.ops(f"{subjects.PREFIX}.ops.queues.list", {})
+            return float(next(r for r in rows if r["queue"] == "default")["usage_gpu_hours"])
+        except Exception:
+            if time.monotonic() > deadline:
+                raise
+            await asyncio.sleep(0.5)
 
 
 async def test_solver_killed_mid_run_and_restarted_loses_no_job_and_leaks_no_gpu(
@@ -42,11 +57,16 @@ async def test_solver_killed_mid_run_and_restarted_loses_no_job_and_leaks_no_gpu
                 if placed >= 4 and "ACCEPTED" in states:
                     break
                 await asyncio.sleep(0.1)
+            await asyncio.sleep(USAGE_SAVE_EVERY_S + 1)  # fair share has accrued and been stored at least once
+            used_before = await default_usage(c)
             p.kill("placement-solver")
             killed_at = {r.job_id: r.state for r in await c.list_jobs()}
             assert "ACCEPTED" in killed_at.values(), "the kill must land while jobs still wait"
             await asyncio.sleep(2.0)
             p.start_service("placement-solver")
+            # The restarted solver carries fair share on; a fresh history would read 0 right after the restart.
+            used_after = await default_usage(c, timeout=60)
+            assert used_before > 0 and used_after >= 0.5 * used_before, (used_before, used_after)
             jobs = await wait_terminal(c, ids, timeout=240, platform=p)
         assert {j.state for j in jobs.values()} == {"SUCCEEDED"}, {j.job_id: (j.state, j.reason) for j in jobs.values()}
         assert check_history(await store.history()) == []

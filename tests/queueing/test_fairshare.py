@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import math
 
 import pytest
@@ -39,6 +40,18 @@ def test_usage_decays_by_half_each_half_life_and_charging_often_or_once_agrees()
     assert once.usage_at(400.0)["a1"] == pytest.approx(expected / 2)
     with pytest.raises(ValueError, match="cannot charge back"):
         once.charge(100.0, [job])
+
+
+def test_a_usage_history_survives_a_trip_through_json_and_charges_on_the_same() -> None:
+    job = _running("j", "a1", 4, started=0.0)
+    usage = UsageHistory(half_life_s=100.0)
+    usage.charge(300.0, [job])
+    usage.record_preemption(250.0, "v", "p", 8.0)
+    back = UsageHistory.from_dict(json.loads(json.dumps(usage.to_dict())))
+    assert back == usage
+    usage.charge(400.0, [job])
+    back.charge(400.0, [job])
+    assert back.usage == usage.usage and back.preemptions_since(200.0) == 1
 
 
 def test_fair_tree_puts_the_less_used_organisation_first_whatever_its_teams_did() -> None:

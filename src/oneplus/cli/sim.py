@@ -140,14 +140,14 @@ def fgd(
             report = run_protocol(nodes, pods, names, seed_list, demand, on_pod=tick)
     except FgdInputError as e:
         raise _fail(str(e)) from None
-    first = report["policies"][names[0]]  # type: ignore[index]
-    report = {"gpu_alloc_pct": first["gpu_alloc_pct"], "policy": names[0], **report}
+    per_policy: dict[str, dict[str, Any]] = report["policies"]  # type: ignore[assignment]
+    report = {"gpu_alloc_pct": per_policy[names[0]]["gpu_alloc_pct"], "policy": names[0], **report}
     _write_json(json_out, report)
     t = Table(title=f"FGD protocol at {demand:.0%} demand, seeds {seeds}")
     t.add_column("policy")
     t.add_column("gpu_alloc_pct", justify="right")
     t.add_column("failed pods (mean)", justify="right")
-    for name, figs in report["policies"].items():
+    for name, figs in per_policy.items():
         t.add_row(name, str(figs["gpu_alloc_pct"]), str(figs["failed_pods_mean"]))
     console.print(t)
     console.print(f"report: {json_out}")

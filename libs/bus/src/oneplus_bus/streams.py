@@ -11,7 +11,13 @@ from oneplus_contracts import subjects
 # Dedupe window for Nats-Msg-Id: a retried submission within it is not a second job.
 DUPLICATE_WINDOW_S = 600.0
 
-KV_HISTORY = {subjects.JOBS_KV: 5, subjects.TOPOLOGY_KV: 5, subjects.QUEUES_KV: 5, subjects.WEBHOOK_DELIVERIES_KV: 1}
+KV_HISTORY = {
+    subjects.JOBS_KV: 5,
+    subjects.TOPOLOGY_KV: 5,
+    subjects.QUEUES_KV: 5,
+    subjects.SOLVER_STATE_KV: 1,
+    subjects.WEBHOOK_DELIVERIES_KV: 1,
+}
 # Buckets whose entries expire (seconds); the webhook ledger must outlive MLflow's replay window.
 KV_TTL = {subjects.WEBHOOK_DELIVERIES_KV: subjects.WEBHOOK_DELIVERIES_TTL_S}
 

@@ -33,6 +33,7 @@ STREAMS: dict[str, list[str]] = {
 JOBS_KV = "jobs"
 TOPOLOGY_KV = "topology"
 QUEUES_KV = "queues"
+SOLVER_STATE_KV = "solver_state"  # fair-share usage and nominations: what a restarted solver must not forget
 WEBHOOK_DELIVERIES_KV = "webhook_deliveries"  # MLflow delivery ids seen, kept for WEBHOOK_DELIVERIES_TTL_S
 WEBHOOK_DELIVERIES_TTL_S = 3600.0
 

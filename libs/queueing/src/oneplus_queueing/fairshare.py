@@ -11,6 +11,7 @@ from __future__ import annotations
 import math
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
+from typing import Any
 
 from .config import QueueConfig
 from .model import RunningJob
@@ -80,6 +81,24 @@ class UsageHistory:
 
     def preemptions_since(self, ts: float) -> int:
         return sum(1 for p in self.preemptions if p.ts >= ts)
+
+    def to_dict(self) -> dict[str, Any]:
+        """Plain JSON-able data: the caller keeps it where a restarted scheduler finds it."""
+        return {
+            "half_life_s": self.half_life_s,
+            "as_of": self.as_of,
+            "usage": dict(self.usage),
+            "preemptions": [[p.ts, p.victim, p.preemptor, p.gpus] for p in self.preemptions],
+        }
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> UsageHistory:
+        return cls(
+            half_life_s=float(data["half_life_s"]),
+            as_of=float(data["as_of"]),
+            usage={str(q): float(u) for q, u in data["usage"].items()},
+            preemptions=[PreemptionRecord(float(t), str(v), str(p), float(g)) for t, v, p, g in data["preemptions"]],
+        )
 
 
 @dataclass(frozen=True, slots=True)

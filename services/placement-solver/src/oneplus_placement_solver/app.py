@@ -40,6 +40,7 @@ from oneplus_queueing.report import queue_rows, queues_rows, split_records
 from oneplus_reservations import Conflict, ReservationStore
 
 from .launch import launch_commands
+from .memory import SolverMemory
 from .outcome import attempt_outcome
 
 log = logging.getLogger("oneplus.solver")
@@ -66,10 +67,16 @@ def source() -> SnapshotSource:
     return _state["source"]  # type: ignore[no-any-return]
 
 
+def memory() -> SolverMemory:
+    return _state["memory"]  # type: ignore[no-any-return]
+
+
 @svc.on_start
 async def _connect() -> None:
     _state["store"] = ReservationStore.from_url(svc.settings.redis_url, svc.settings.cluster)
     _state["source"] = SnapshotSource(svc.kv[subjects.TOPOLOGY_KV], _state["store"])
+    _state["memory"] = SolverMemory(svc.kv[subjects.SOLVER_STATE_KV])
+    _state["nominations"] = await memory().load_nominations()
     await reconcile()
 
 
@@ -216,12 +223,13 @@ async def commit_placed(rec: JobRecord, alloc: Allocation, token: int) -> None:
         )
 
 
-def usage_for(config: QueueConfig, now: float) -> UsageHistory:
-    """Fair-share usage lives in this process; a new queue tree starts a new history."""
+async def usage_for(config: QueueConfig, now: float) -> UsageHistory:
+    """Fair-share usage: carried on from the stored history after a restart; a new queue tree starts a new one."""
     usage: UsageHistory | None = _state.get("usage")
     names = tuple(q.name for q in config.queues)
     if usage is None or _state.get("usage_queues") != names:
-        usage = UsageHistory.for_config(config, now)
+        stored = await memory().load_usage(names)
+        usage = stored if stored is not None and stored.as_of <= now else UsageHistory.for_config(config, now)
         _state["usage"], _state["usage_queues"] = usage, names
     return usage
 
@@ -231,9 +239,10 @@ async def schedule_once() -> int:
     now = time.time()
     jobs = await svc.ledger.all()
     config = await live_queue_config(svc.kv[subjects.QUEUES_KV])
-    usage = usage_for(config, now)
+    usage = await usage_for(config, now)
     # Fair share accrues whether or not anyone waits: charge every cycle.
     usage.charge(now, [RunningJob.from_record(r) for r in jobs if r.state in ACTIVE_STATES and r.allocation])
+    await memory().save_usage(usage, _state["usage_queues"])
     pending_recs = {r.job_id: r for r in jobs if r.state == "ACCEPTED" and not r.cancel_requested}
     if not pending_recs:
         _state["decision"] = None
@@ -260,6 +269,7 @@ async def schedule_once() -> int:
     )
     _state["decision"] = decision
     _state["nominations"] = decision.nominations
+    await memory().save_nominations(decision.nominations)
     placed = 0
     for job_id, alloc in decision.placements.items():
         rec = pending_recs[job_id]
@@ -281,6 +291,8 @@ async def schedule_once() -> int:
             await request_preemption(rec, choice)
         for victim in choice.victims:
             usage.record_preemption(now, victim, choice.preemptor, rec.spec.total_gpus)
+    if decision.preemptions:
+        await memory().save_usage(usage, _state["usage_queues"], force=True)  # the rate limit must survive a crash
     return placed
 
 
@@ -393,7 +405,8 @@ async def queues_list(payload: dict[str, Any], headers: dict[str, str]) -> list[
     now = time.time()
     config = await live_queue_config(svc.kv[subjects.QUEUES_KV])
     pending, running = split_records([r for r in await svc.ledger.all() if not r.cancel_requested])
-    return [row.to_dict() for row in queues_rows(now, config, pending, running, usage_for(config, now))]
+    usage = await usage_for(config, now)
+    return [row.to_dict() for row in queues_rows(now, config, pending, running, usage)]
 
 
 def main() -> None:
