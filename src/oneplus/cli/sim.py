@@ -109,7 +109,8 @@ def _table(report: dict[str, Any]) -> None:
         t.add_column(k, justify="right")
     for name, figs in report["policies"].items():
         t.add_row(name, *(str(figs[k]) for k in SHOWN))
-    console.print(t)
+    # Wide enough for every column even when piped (rich assumes 80): a cut figure is worse than a long line.
+    Console(width=max(console.width, 17 * (len(SHOWN) + 1))).print(t)
 
 
 @app.command()
