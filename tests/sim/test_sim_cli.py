@@ -114,3 +114,45 @@ def test_fgd_writes_the_mean_allocation_and_the_series(tmp_path: Path) -> None:
     assert rep["policies"]["fgd"]["series"]
     bad = runner.invoke(app, ["fgd", "--nodes", str(nodes), "--pods", str(pods), "--seeds", "x", "--json", str(out)])
     assert bad.exit_code == 2 and "--seeds" in bad.output
+
+
+def test_a_queue_config_file_is_merged_over_the_oneplus_policys_own_and_recorded_in_the_report(
+    tmp_path: Path, philly_small: Path
+) -> None:
+    cluster = tmp_path / "c.yaml"
+    cluster.write_text(CLUSTER)
+    base = ["run", "--cluster", str(cluster), "--trace", str(philly_small), "--policy", "oneplus", "--max-jobs", "40"]
+    res = runner.invoke(app, [*base, "--json", str(tmp_path / "default.json")])
+    assert res.exit_code == 0, res.output
+    default = json.loads((tmp_path / "default.json").read_text())["oneplus_queue_config"]
+    assert default["job_size"]["weight"] == 2000 and set(default["priority_classes"]) == {"low", "normal", "high"}
+
+    knobs = tmp_path / "knobs.yaml"
+    knobs.write_text("job_size: {weight: 0}\nbackfill: {min_age_reserve_s: 3600}\n")
+    res = runner.invoke(app, [*base, "--queue-config", str(knobs), "--json", str(tmp_path / "tuned.json")])
+    assert res.exit_code == 0, res.output
+    tuned = json.loads((tmp_path / "tuned.json").read_text())["oneplus_queue_config"]
+    assert tuned["job_size"]["weight"] == 0 and tuned["backfill"]["min_age_reserve_s"] == 3600
+    assert tuned["backfill"]["scan_limit"] == default["backfill"]["scan_limit"], "keys not named keep their value"
+    assert tuned["priority_classes"] == default["priority_classes"]
+
+
+def test_a_bad_queue_config_file_is_refused_before_anything_runs(tmp_path: Path, philly_small: Path) -> None:
+    cluster = tmp_path / "c.yaml"
+    cluster.write_text(CLUSTER)
+    base = ["run", "--cluster", str(cluster), "--trace", str(philly_small), "--json", str(tmp_path / "r.json")]
+    cases = {
+        "job_size: {weight: -1}\n": "job_size.weight: Input should be greater than or equal to 0",
+        "queues: [{name: research}]\n": "unknown queue 'default'; known queues: research",
+        "default_priority_class: urgent\n": "default_priority_class 'urgent' is not one of the priority_classes",
+        "- 1\n": "must hold a mapping of queue-config keys, got list",
+        "job_size: {weight: [\n": "is not valid YAML",
+    }
+    for i, (text, message) in enumerate(cases.items()):
+        path = tmp_path / f"bad{i}.yaml"
+        path.write_text(text)
+        res = runner.invoke(app, [*base, "--queue-config", str(path)])
+        assert res.exit_code == 2 and message in res.output, (text, res.output)
+    res = runner.invoke(app, [*base, "--queue-config", str(tmp_path / "none.yaml")])
+    assert res.exit_code == 2 and "cannot read" in res.output
+    assert not (tmp_path / "r.json").exists()

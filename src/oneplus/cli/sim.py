@@ -7,9 +7,12 @@ from pathlib import Path
 from typing import Annotated, Any
 
 import typer
+import yaml
+from oneplus_queueing.config import QueueConfig, QueueConfigError
 from oneplus_sim.cluster import ClusterError
 from oneplus_sim.fgd import SCORERS, FgdInputError, parse_seeds, run_protocol
 from oneplus_sim.policies import POLICY_NAMES
+from oneplus_sim.policies.oneplus import sim_queue_config
 from oneplus_sim.replay import ReplaySpec, run_replay
 from oneplus_sim.trace import TraceError, parse_window
 from rich.console import Console
@@ -73,14 +76,21 @@ def run(
     seed: Annotated[int, typer.Option(help="Seed of the trace rules and the policies")] = 0,
     load: Annotated[float, typer.Option(help="Scale the arrival rate (2 = twice as fast)")] = 1.0,
     plot: Annotated[Path | None, typer.Option(help="Directory for PNG plots")] = None,
+    queue_config: Annotated[
+        Path | None,
+        typer.Option(help="Queue-config YAML merged over the oneplus policy's own, e.g. `job_size: {weight: 500}`"),
+    ] = None,
 ) -> None:
     """Replay a trace with several policies in one process and write their figures as JSON."""
     names = [p.strip() for p in policy.split(",") if p.strip()]
     unknown = [p for p in names if p not in POLICY_NAMES]
     if unknown or not names:
         raise _fail(f"--policy: unknown {', '.join(unknown) or '(empty)'}; choose from {', '.join(POLICY_NAMES)}")
+    oneplus_config = _oneplus_config(queue_config) if queue_config is not None else None
     try:
-        spec = ReplaySpec(cluster, trace, names, parse_window(window), max_jobs, seed, load)
+        spec = ReplaySpec(
+            cluster, trace, names, parse_window(window), max_jobs, seed, load, oneplus_config=oneplus_config
+        )
         with _progress() as bar:
             tasks: dict[str, Any] = {}
 
@@ -100,6 +110,21 @@ def run(
 
         for p in write_plots(replay.results, plot):
             console.print(f"plot: {p}")
+
+
+def _oneplus_config(path: Path) -> QueueConfig:
+    try:
+        data = yaml.safe_load(path.read_text(encoding="utf-8"))
+    except OSError as exc:
+        raise _fail(f"--queue-config: cannot read {path}: {exc.strerror}") from None
+    except yaml.YAMLError as exc:
+        raise _fail(f"--queue-config: {path} is not valid YAML: {exc}") from None
+    if data is not None and not isinstance(data, dict):
+        raise _fail(f"--queue-config: {path} must hold a mapping of queue-config keys, got {type(data).__name__}")
+    try:
+        return sim_queue_config(data)
+    except QueueConfigError as exc:
+        raise _fail(f"--queue-config: {path}: {exc}") from None
 
 
 def _table(report: dict[str, Any]) -> None:

@@ -299,10 +299,11 @@ def load_queue_config(yaml_text: str) -> QueueConfig:
     try:
         return QueueConfig.model_validate(data)
     except ValidationError as exc:
-        raise QueueConfigError(_describe(exc)) from exc
+        raise QueueConfigError(describe_validation(exc)) from exc
 
 
-def _describe(exc: ValidationError) -> str:
+def describe_validation(exc: ValidationError) -> str:
+    """One `key.path: problem` line per error, as every queue-config error reads."""
     lines = []
     for err in exc.errors():
         where = ".".join(str(p) for p in err["loc"]) or "(top level)"

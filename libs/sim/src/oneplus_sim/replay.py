@@ -8,6 +8,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from oneplus_queueing.config import QueueConfig
+
 from .cluster import SimCluster, load_cluster
 from .engine import SimResult, Simulation
 from .metrics import figures
@@ -26,6 +28,7 @@ class ReplaySpec:
     load: float = 1.0
     preempt_grace_s: float = 30.0
     rules: TraceRules | None = None
+    oneplus_config: QueueConfig | None = None  # None: sim_queue_config()
 
 
 @dataclass
@@ -89,12 +92,13 @@ def run_replay(spec: ReplaySpec, on_progress: Callable[[str, int, int], None] | 
     if "oneplus" in spec.policies:
         from .policies.oneplus import sim_queue_config
 
-        report["oneplus_queue_config"] = sim_queue_config().model_dump(mode="json")  # the knobs behind its figures
+        config = spec.oneplus_config or sim_queue_config()
+        report["oneplus_queue_config"] = config.model_dump(mode="json")  # the knobs behind its figures
     results: dict[str, SimResult] = {}
     policies: dict[str, object] = {}
     total = len(jobs)
     for name in spec.policies:
-        policy = make_policy(name, spec.seed)
+        policy = make_policy(name, spec.seed, spec.oneplus_config)
         run_jobs = copy.deepcopy(jobs)
         cb = (lambda done, _n=name: on_progress(_n, done, total)) if on_progress else None
         t0 = time.perf_counter()

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from oneplus_queueing.config import QueueConfig
+
 from ..engine import Policy
 from .baselines import FifoFirstFit, K8sDefault, KueueTas, SlurmTree
 
@@ -9,7 +11,8 @@ BASELINES = ("k8s-default", "slurm-tree", "kueue-tas", "fifo-firstfit")
 POLICY_NAMES = ("oneplus", *BASELINES)
 
 
-def make_policy(name: str, seed: int = 0) -> Policy:
+def make_policy(name: str, seed: int = 0, oneplus_config: QueueConfig | None = None) -> Policy:
+    """A policy by name; `oneplus_config` replaces the `oneplus` policy's queue config (sim_queue_config())."""
     if name == "k8s-default":
         return K8sDefault(seed)
     if name == "slurm-tree":
@@ -21,7 +24,7 @@ def make_policy(name: str, seed: int = 0) -> Policy:
     if name == "oneplus":
         from .oneplus import OnePlusPolicy
 
-        return OnePlusPolicy(seed)
+        return OnePlusPolicy(seed, config=oneplus_config)
     raise ValueError(f"unknown policy {name!r}; choose from {', '.join(POLICY_NAMES)}")
 
 

@@ -9,13 +9,16 @@ from __future__ import annotations
 
 import heapq
 import math
+from collections.abc import Mapping
+from typing import Any
 
 from oneplus_contracts import Allocation, CheckpointPolicy, JobSpec, RankResources, TopologyConstraint
 from oneplus_placement.snapshot import ClusterState
-from oneplus_queueing.config import JobSizePolicy, PriorityClass, QueueConfig
+from oneplus_queueing.config import JobSizePolicy, PriorityClass, QueueConfig, QueueConfigError, describe_validation
 from oneplus_queueing.cycle import schedule_cycle
 from oneplus_queueing.fairshare import UsageHistory
 from oneplus_queueing.model import PendingJob, RunningJob
+from pydantic import ValidationError
 
 from ..engine import SimContext
 from ..state import Placement
@@ -35,18 +38,37 @@ USAGE_CHARGE_EVERY_S = 3600.0  # fair-share usage is an exact integral, so charg
 SIM_JOB_SIZE_WEIGHT = 2000.0
 
 
-def sim_queue_config() -> QueueConfig:
+def sim_queue_config(overrides: Mapping[str, Any] | None = None) -> QueueConfig:
     """One queue; the trace rule's priority classes, `high` not preemptible; small requests first; every other knob
-    at its default."""
+    at its default. `overrides` (the mapping form of a queue config) is merged on top, key by key; lists replace."""
     classes = {
         name: PriorityClass(value=value, preemptible=name != "high", description=f"trace rule class {name}")
         for name, value in PRIORITY_CLASSES.items()
     }
-    return QueueConfig(
+    base = QueueConfig(
         priority_classes=classes,
         default_priority_class="normal",
         job_size=JobSizePolicy(weight=SIM_JOB_SIZE_WEIGHT),
     )
+    if not overrides:
+        return base
+    try:
+        config = QueueConfig.model_validate(_merge(base.model_dump(mode="json"), overrides))
+    except ValidationError as exc:
+        raise QueueConfigError(describe_validation(exc)) from None
+    for name in PRIORITY_CLASSES:  # every trace job must stay queueable, or it would silently never run
+        config.validate_job(JobSpec(name="probe", priority_class=name, resources=RankResources(gpus=1)))
+    return config
+
+
+def _merge(base: Mapping[str, Any], over: Mapping[str, Any]) -> dict[str, Any]:
+    out = dict(base)
+    for key, value in over.items():
+        if isinstance(value, Mapping) and isinstance(out.get(key), Mapping):
+            out[key] = _merge(out[key], value)
+        else:
+            out[key] = value
+    return out
 
 
 def job_spec(job: SimJob, grace_s: float, leaf_required: bool = False) -> JobSpec:
