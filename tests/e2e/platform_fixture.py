@@ -72,10 +72,13 @@ async def job_history(nc: Client, job_id: str) -> list[Any]:
     try:
         while True:
             try:
-                msg = await sub.next_msg(timeout=0.5)
+                # Generous: on a loaded machine a slow delivery must not cut the history short.
+                msg = await sub.next_msg(timeout=10.0 if events else 2.0)
             except (TimeoutError, nats.errors.TimeoutError):
                 break
             events.append(parse_job_event(msg.data))
+            if msg.metadata.num_pending == 0:
+                break  # the last event of this job the stream holds right now
     finally:
         await sub.unsubscribe()
     return events
