@@ -5,20 +5,26 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import subprocess
+import sys
+import time
 import uuid
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
+from typing import Any
 
 import nats
 import pytest
 from intake_process import IntakeProcess
 from nats.aio.client import Client
-from oneplus_contracts import JobSpec, subjects
+from nats.js.api import ConsumerConfig
+from oneplus_contracts import CancelRanks, JobSpec, subjects
+from oneplus_testing import Servers
 from secured_nats import CONFIG, DEPLOY, SecuredNats
 
 from oneplus.client import OnePlusClient, PlatformError
-from oneplus.devstack import find_nats_server
+from oneplus.devstack import find_nats_server, spawn, stop
 
 
 class Connection:
@@ -29,13 +35,20 @@ class Connection:
         self.violations = violations
 
     @classmethod
-    async def open(cls, url: str) -> Connection:
+    async def open(cls, url: str, **options: Any) -> Connection:
         violations: list[str] = []
 
         async def on_error(err: Exception) -> None:
             violations.append(str(err))
 
-        return cls(await nats.connect(url, error_cb=on_error, allow_reconnect=False), violations)
+        return cls(await nats.connect(url, error_cb=on_error, allow_reconnect=False, **options), violations)
+
+    async def saw_violation(self, text: str) -> bool:
+        for _ in range(50):
+            if any(text in v.lower() for v in self.violations):
+                return True
+            await asyncio.sleep(0.02)
+        return False
 
     async def publish_is_refused(self, subject: str) -> bool:
         before = len(self.violations)
@@ -128,6 +141,72 @@ async def test_a_service_user_publishes_only_its_own_subjects(
                 got = None
         assert refused is (not allowed), who.violations
         assert (got is not None) is allowed
+    finally:
+        await who.nc.close()
+        await admin.nc.close()
+
+
+# --- a node's executor ---------------------------------------------------------------------------------
+
+
+async def test_an_executor_runs_as_its_node_user_and_cannot_open_another_nodes_commands(
+    secured: SecuredNats, servers: Servers, tmp_path: Path
+) -> None:
+    admin = await Connection.open(secured.url("admin"))
+    js = admin.nc.jetstream()
+    beats = await admin.nc.subscribe(subjects.node_heartbeat("h100-0"))
+    env = {
+        **os.environ,
+        "NATS_URL": secured.url("executor-h100-0"),
+        "REDIS_URL": servers.redis_url,
+        "PYTHONUNBUFFERED": "1",
+    }
+    argv = [sys.executable, "-m", "oneplus_node_executor", "--node", "h100-0"]
+    argv += ["--topology", "h100_sxm_8gpu_nvswitch_nv18", "--runtime", "simulated"]
+    log = tmp_path / "executor.log"
+    proc = spawn(argv, log, env)
+    try:
+        # Its heartbeat means it declared streams and buckets and opened its consumer under its own permissions.
+        try:
+            await beats.next_msg(timeout=60)
+        except nats.errors.TimeoutError:
+            pytest.fail(f"no heartbeat from the executor:\n{log.read_text(errors='replace')[-4000:]}")
+        info = await js.consumer_info(subjects.COMMANDS_STREAM, "executor-h100-0")
+        assert info.config.filter_subject == subjects.node_commands_of("h100-0")
+        assert (info.config.deliver_subject or "").startswith("_INBOX.executor-h100-0.")
+        cmd = CancelRanks(command_id="c-perm", job_id="j-none", node="h100-0", token=1, reason="permissions test")
+        ack = await js.publish(subjects.node_command("h100-0", "cancel"), cmd.model_dump_json().encode())
+        deadline = time.monotonic() + 30
+        while True:  # delivered to its inbox and acknowledged on its own ack subject
+            info = await js.consumer_info(subjects.COMMANDS_STREAM, "executor-h100-0")
+            if info.ack_floor.stream_seq >= ack.seq:
+                break
+            assert time.monotonic() < deadline, log.read_text(errors="replace")[-3000:]
+            await asyncio.sleep(0.2)
+        assert "permissions violation" not in log.read_text(errors="replace").lower()
+    finally:
+        stop([proc])
+
+    who = await Connection.open(secured.url("executor-h100-0"), inbox_prefix="_INBOX.executor-h100-0")
+    try:
+        theirs = who.nc.jetstream(timeout=1.0)
+        other = "oneplus.cmd.node.h100-1.>"
+        attempts = [  # another node's consumer; its own name on another node's commands; the unnamed legacy API
+            ConsumerConfig(name="executor-h100-1", durable_name="executor-h100-1", filter_subject=other),
+            ConsumerConfig(name="executor-h100-0", durable_name="executor-h100-0", filter_subject=other),
+            ConsumerConfig(durable_name="snoop", filter_subject=other),
+        ]
+        for config in attempts:
+            config.deliver_subject = "_INBOX.executor-h100-0.snoop"
+            with pytest.raises((nats.errors.TimeoutError, nats.js.errors.APIError)):
+                await theirs.add_consumer(subjects.COMMANDS_STREAM, config=config)
+        assert await who.saw_violation('permissions violation for publish to "$js.api.consumer')
+        for name in ("executor-h100-1", "snoop"):
+            with pytest.raises(nats.js.errors.NotFoundError):
+                await js.consumer_info(subjects.COMMANDS_STREAM, name)
+        await who.nc.subscribe("_INBOX.>")  # everybody's replies and deliveries
+        await who.nc.flush()
+        assert await who.saw_violation('permissions violation for subscription to "_inbox.>"')
     finally:
         await who.nc.close()
         await admin.nc.close()

@@ -31,4 +31,5 @@ def make_broker(
         max_reconnect_attempts=-1,
         reconnect_time_wait=1,
         graceful_timeout=5.0,
+        inbox_prefix=settings.inbox_prefix,
     )

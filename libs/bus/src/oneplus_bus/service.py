@@ -129,7 +129,12 @@ class OneplusService:
     # --- lifecycle ----------------------------------------------------------------------------
     async def _declare(self) -> None:
         # Streams must exist before the subscribers' durable consumers are created.
-        nc = await nats.connect(self.settings.nats_url, max_reconnect_attempts=5, connect_timeout=5)
+        nc = await nats.connect(
+            self.settings.nats_url,
+            max_reconnect_attempts=5,
+            connect_timeout=5,
+            inbox_prefix=self.settings.inbox_prefix,
+        )
         try:
             await ensure_streams(nc.jetstream())
             await ensure_kv(nc.jetstream())

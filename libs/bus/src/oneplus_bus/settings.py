@@ -12,6 +12,8 @@ class BusSettings:
     redis_url: str
     cluster: str = "default"
     max_deliver: int = 5
+    # Replies and push deliveries arrive under this prefix; a user allowed only its own prefix cannot read others'.
+    inbox_prefix: str = "_INBOX"
 
     @classmethod
     def from_env(cls) -> BusSettings:
@@ -20,4 +22,5 @@ class BusSettings:
             redis_url=os.environ.get("REDIS_URL", "redis://127.0.0.1:6379/0"),
             cluster=os.environ.get("ONEPLUS_CLUSTER", "default"),
             max_deliver=int(os.environ.get("ONEPLUS_MAX_DELIVER", "5")),
+            inbox_prefix=os.environ.get("ONEPLUS_INBOX_PREFIX", "_INBOX"),
         )

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import dataclasses
 import logging
 import os
 from typing import Any
@@ -28,6 +29,17 @@ from .runtime.docker import DockerRuntime
 log = logging.getLogger("oneplus.executor")
 
 
+DEFAULT_INBOX = "_INBOX"
+
+
+def executor_consumer(node: str) -> str:
+    return f"executor-{node}"
+
+
+def executor_inbox(node: str) -> str:
+    return f"{DEFAULT_INBOX}.executor-{node}"
+
+
 def create_executor(
     topology: NodeTopology,
     runtime: Runtime,
@@ -41,15 +53,21 @@ def create_executor(
     `gpu_probe` re-reads the GPUs (NVML on a GPU node) so the heartbeat's per-GPU health is current.
     """
     node = topology.node
+    settings = settings or BusSettings.from_env()
+    if settings.inbox_prefix == DEFAULT_INBOX:
+        # The node's own inbox space: deploy/nats lets executor-<node> subscribe to nothing else.
+        settings = dataclasses.replace(settings, inbox_prefix=executor_inbox(node))
     svc = OneplusService("node-executor", f"Runs ranks on node {node}", settings)
     ex = NodeExecutor(svc, topology, runtime, heartbeat_s=heartbeat_s, keep_finished=keep_finished, gpu_probe=gpu_probe)
 
     @svc.broker.subscriber(
         subjects.node_commands_of(node),
         stream=jstream(subjects.COMMANDS_STREAM),
-        durable=f"executor-{node}",
-        queue=f"executor-{node}",
-        config=ConsumerConfig(max_deliver=svc.settings.max_deliver, ack_wait=30),
+        durable=executor_consumer(node),
+        queue=executor_consumer(node),
+        # A named consumer is created through `$JS.API.CONSUMER.CREATE.<stream>.<name>.<filter>`, which
+        # deploy/nats can grant per node: an executor cannot open a consumer on another node's commands.
+        config=ConsumerConfig(name=executor_consumer(node), max_deliver=svc.settings.max_deliver, ack_wait=30),
         ack_policy=AckPolicy.NACK_ON_ERROR,
         title=f"node-executor {node} commands",
     )
