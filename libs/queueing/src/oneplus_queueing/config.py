@@ -93,7 +93,7 @@ class AgeingPolicy(_Model):
 class JobSizePolicy(_Model):
     """Small requests first: the score drops by `weight` per decade of requested GPU-hours (GPUs × time limit) above
     one GPU-hour, as Slurm's PriorityFavorSmall does with its job-size factor. Ageing still lifts every job, so a
-    large request is delayed, never starved. A job without a time limit counts `no_limit_gpu_hours` per GPU.
+    large request is delayed, never starved. A job without a time limit counts `no_limit_hours` per GPU.
     """
 
     weight: Annotated[float, Field(ge=0)] = 0.0
