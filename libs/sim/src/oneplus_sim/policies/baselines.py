@@ -19,7 +19,15 @@ from ..comm import Slot
 from ..engine import SimContext
 from ..state import Placement
 from ..trace import SimJob
-from .common import FreeView, GpuPicker, SkipMemo, lowest_gpus, most_linked_gpus, nothing_fits
+from .common import (
+    FreeView,
+    GpuPicker,
+    SkipMemo,
+    best_effort_schedule,
+    lowest_gpus,
+    most_linked_gpus,
+    nothing_fits,
+)
 
 
 def _priority_key(job: SimJob) -> tuple[float, ...]:
@@ -93,15 +101,7 @@ class K8sDefault:
         return Placement(tuple(slots), job.gpu_milli)
 
     def schedule(self, ctx: SimContext) -> None:
-        memo = SkipMemo()
-        for job in list(ctx.pending):
-            if nothing_fits(ctx.occ, job) or memo.skip(job):
-                continue
-            p = self.place(FreeView(ctx.occ), job)
-            if p is None:
-                memo.add(job)
-                continue
-            ctx.start(job, p)
+        best_effort_schedule(ctx, self.place)
 
 
 def _best_fit_groups(cap: dict[int, int], need: int) -> list[int] | None:
@@ -164,15 +164,7 @@ class KueueTas:
         return Placement(tuple(slots), job.gpu_milli)
 
     def schedule(self, ctx: SimContext) -> None:
-        memo = SkipMemo()
-        for job in list(ctx.pending):
-            if nothing_fits(ctx.occ, job) or memo.skip(job):
-                continue
-            p = self.place(FreeView(ctx.occ), job)
-            if p is None:
-                memo.add(job)
-                continue
-            ctx.start(job, p)
+        best_effort_schedule(ctx, self.place)
 
 
 class SlurmTree:

@@ -1,4 +1,5 @@
-"""Pieces the baseline policies share: a scratch view of free capacity, GPU pickers, the skip memo."""
+"""Pieces the baseline policies share: a scratch view of free capacity, GPU pickers, the skip memo, the best-effort
+loop."""
 
 from __future__ import annotations
 
@@ -7,7 +8,8 @@ from functools import lru_cache
 from itertools import combinations
 
 from ..cluster import NodeKind, SimCluster
-from ..state import MILLI, Occupancy
+from ..engine import SimContext
+from ..state import MILLI, Occupancy, Placement
 from ..trace import SimJob
 
 
@@ -121,3 +123,16 @@ def nothing_fits(occ: Occupancy, job: SimJob) -> bool:
     if job.gpu_milli:
         return False
     return occ.total_free_whole < job.ranks * job.gpus_per_rank
+
+
+def best_effort_schedule(ctx: SimContext, place: Callable[[FreeView, SimJob], Placement | None]) -> None:
+    """BestEffortFIFO: every pending job in queue order is tried; one that does not fit blocks nobody."""
+    memo = SkipMemo()
+    for job in list(ctx.pending):
+        if nothing_fits(ctx.occ, job) or memo.skip(job):
+            continue
+        p = place(FreeView(ctx.occ), job)
+        if p is None:
+            memo.add(job)
+            continue
+        ctx.start(job, p)
