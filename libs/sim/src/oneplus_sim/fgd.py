@@ -78,50 +78,48 @@ def _int(p: Path, line: int, row: dict[str, str], key: str, default: int | None 
         raise FgdInputError(f"{p}:{line}: column {key!r} must be a number, got {raw!r}") from None
 
 
-def load_nodes(path: Path | str) -> list[Node]:
+def _rows(path: Path | str, kind: str, need: set[str]) -> tuple[Path, list[dict[str, str]]]:
+    """The rows of an openb CSV after checking it exists and has the columns `need`; errors name the file."""
     p = Path(path)
     if not p.is_file():
-        raise FgdInputError(f"{p}: no such node list")
+        raise FgdInputError(f"{p}: no such {kind}")
     with p.open(newline="") as fh:
         reader = csv.DictReader(fh)
-        need = {"sn", "cpu_milli", "memory_mib", "gpu", "model"}
         if not need <= set(reader.fieldnames or ()):
-            raise FgdInputError(f"{p}: a node list needs columns {sorted(need)}, found {reader.fieldnames}")
-        nodes = [
-            Node(
-                row["sn"].strip(),
-                _int(p, i + 2, row, "cpu_milli"),
-                _int(p, i + 2, row, "memory_mib"),
-                _int(p, i + 2, row, "gpu"),
-                (row.get("model") or "").strip(),
-            )
-            for i, row in enumerate(reader)
-        ]
+            raise FgdInputError(f"{p}: a {kind} needs columns {sorted(need)}, found {reader.fieldnames}")
+        return p, list(reader)
+
+
+def load_nodes(path: Path | str) -> list[Node]:
+    p, rows = _rows(path, "node list", {"sn", "cpu_milli", "memory_mib", "gpu", "model"})
+    nodes = [
+        Node(
+            row["sn"].strip(),
+            _int(p, i + 2, row, "cpu_milli"),
+            _int(p, i + 2, row, "memory_mib"),
+            _int(p, i + 2, row, "gpu"),
+            (row.get("model") or "").strip(),
+        )
+        for i, row in enumerate(rows)
+    ]
     if not nodes or not sum(n.n_gpu for n in nodes):
         raise FgdInputError(f"{p}: the node list has no GPU")
     return nodes
 
 
 def load_pods(path: Path | str) -> list[Pod]:
-    p = Path(path)
-    if not p.is_file():
-        raise FgdInputError(f"{p}: no such pod list")
-    with p.open(newline="") as fh:
-        reader = csv.DictReader(fh)
-        need = {"name", "cpu_milli", "memory_mib", "num_gpu", "gpu_milli"}
-        if not need <= set(reader.fieldnames or ()):
-            raise FgdInputError(f"{p}: a pod list needs columns {sorted(need)}, found {reader.fieldnames}")
-        pods = []
-        for i, row in enumerate(reader):
-            n_gpu, milli = _int(p, i + 2, row, "num_gpu"), _int(p, i + 2, row, "gpu_milli", 0)
-            if n_gpu < 0 or milli < 0:
-                raise FgdInputError(f"{p}:{i + 2}: num_gpu and gpu_milli must be >= 0")
-            milli = 0 if n_gpu == 0 else min(milli, MILLI)
-            if n_gpu and not milli:
-                n_gpu = 0  # the reference's annotation: a GPU count without milli asks for no GPU
-            cpu = _int(p, i + 2, row, "cpu_milli") or 100  # kube-scheduler's non-zero default request
-            models = "|".join(x for x in (row.get("gpu_spec") or "").strip().split("|") if x)
-            pods.append(Pod(row["name"].strip(), PodRes(cpu, milli, n_gpu, models), _int(p, i + 2, row, "memory_mib")))
+    p, rows = _rows(path, "pod list", {"name", "cpu_milli", "memory_mib", "num_gpu", "gpu_milli"})
+    pods = []
+    for i, row in enumerate(rows):
+        n_gpu, milli = _int(p, i + 2, row, "num_gpu"), _int(p, i + 2, row, "gpu_milli", 0)
+        if n_gpu < 0 or milli < 0:
+            raise FgdInputError(f"{p}:{i + 2}: num_gpu and gpu_milli must be >= 0")
+        milli = 0 if n_gpu == 0 else min(milli, MILLI)
+        if n_gpu and not milli:
+            n_gpu = 0  # the reference's annotation: a GPU count without milli asks for no GPU
+        cpu = _int(p, i + 2, row, "cpu_milli") or 100  # kube-scheduler's non-zero default request
+        models = "|".join(x for x in (row.get("gpu_spec") or "").strip().split("|") if x)
+        pods.append(Pod(row["name"].strip(), PodRes(cpu, milli, n_gpu, models), _int(p, i + 2, row, "memory_mib")))
     if not pods:
         raise FgdInputError(f"{p}: the pod list is empty")
     return pods
