@@ -9,9 +9,9 @@ from __future__ import annotations
 import asyncio
 import json
 import os
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from contextlib import asynccontextmanager
-from typing import Any, Literal
+from typing import Any, Literal, TypeVar
 
 import nats
 from nats.aio.client import Client
@@ -21,6 +21,9 @@ from oneplus_contracts import JobRecord, JobSpec, NodeRecord, SubmitReply, subje
 from oneplus_jobformats.cloudevents import SUBMIT_EVENT_TYPE, encode_binary, encode_structured
 
 TEAM_HEADER = "Oneplus-Team"
+
+
+T = TypeVar("T")
 
 
 class PlatformError(RuntimeError):
@@ -154,3 +157,13 @@ class OnePlusClient:
     async def node_op(self, subject: str, node: str, **extra: Any) -> dict[str, Any]:
         result: dict[str, Any] = await self.ops(subject, {"node": node, **extra})
         return result
+
+
+def run_with_client(nats_url: str | None, team: str | None, fn: Callable[[OnePlusClient], Awaitable[T]]) -> T:
+    """Connect, run `fn` with the client, close: the one synchronous entry every CLI command goes through."""
+
+    async def go() -> T:
+        async with OnePlusClient.connect(nats_url, team=team) as c:
+            return await fn(c)
+
+    return asyncio.run(go())

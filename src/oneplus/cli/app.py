@@ -16,7 +16,7 @@ from oneplus_contracts import subjects
 from rich.console import Console
 from rich.markup import escape
 
-from ..client import OnePlusClient, PlatformError
+from ..client import OnePlusClient, PlatformError, run_with_client
 from . import place, sim, slurm, topology
 from .render import error_console, jobs_table, nodes_table
 
@@ -51,12 +51,8 @@ def fail(message: str, code: int = 2) -> typer.Exit:
 
 
 def call(nats: str | None, team: str | None, fn: Callable[[OnePlusClient], Awaitable[T]]) -> T:
-    async def go() -> T:
-        async with OnePlusClient.connect(nats, team=team) as c:
-            return await fn(c)
-
     try:
-        return asyncio.run(go())
+        return run_with_client(nats, team, fn)
     except PlatformError as exc:
         raise fail(str(exc)) from exc
 

@@ -6,7 +6,6 @@ platform through `oneplus.client` and prints.
 
 from __future__ import annotations
 
-import asyncio
 import getpass
 import json
 import sys
@@ -38,14 +37,10 @@ def _fail(command: str, message: str, code: int = 1) -> typer.Exit:
 
 
 def _call(command: str, nats: str | None, team: str | None, fn: Callable[[OnePlusClient], Awaitable[T]]) -> T:
-    from ..client import OnePlusClient, PlatformError
-
-    async def go() -> T:
-        async with OnePlusClient.connect(nats, team=team) as c:
-            return await fn(c)
+    from ..client import PlatformError, run_with_client
 
     try:
-        return asyncio.run(go())
+        return run_with_client(nats, team, fn)
     except PlatformError as exc:
         raise _fail(command, str(exc)) from exc
 
