@@ -3,18 +3,11 @@ from __future__ import annotations
 import uuid
 from collections.abc import AsyncIterator
 
+import executor_engine_support
 import pytest
-from executor_engine_support import ENGINE_URL, engine_unreachable_reason
 from oneplus_node_executor.runtime.docker import DockerRuntime
 
-
-@pytest.fixture(scope="session")
-def engine_url() -> str:
-    reason = engine_unreachable_reason(ENGINE_URL)
-    if reason is not None:
-        pytest.skip(reason)
-    assert ENGINE_URL is not None
-    return ENGINE_URL
+engine_url = executor_engine_support.engine_url  # the shared fixture: skips with the reason when no engine answers
 
 
 @pytest.fixture

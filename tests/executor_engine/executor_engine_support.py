@@ -96,6 +96,16 @@ def engine_unreachable_reason(url: str | None) -> str | None:
 ENGINE_URL = os.environ.get("ONEPLUS_DOCKER_URL")
 
 
+@pytest.fixture(scope="session")
+def engine_url() -> str:
+    """The engine's API URL; every test that asks for it is skipped, with the reason, when no engine answers."""
+    reason = engine_unreachable_reason(ENGINE_URL)
+    if reason is not None:
+        pytest.skip(reason)
+    assert ENGINE_URL is not None
+    return ENGINE_URL
+
+
 EngineControl = Callable[[], Coroutine[Any, Any, None]]
 
 

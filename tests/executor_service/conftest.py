@@ -18,16 +18,10 @@ for folder in ("e2e", "executor_engine", "topology"):
     if str(TESTS / folder) not in sys.path:
         sys.path.insert(0, str(TESTS / folder))
 
-from executor_engine_support import ENGINE_URL, EngineControl, engine_unreachable_reason, private_podman  # noqa: E402
+import executor_engine_support  # noqa: E402
+from executor_engine_support import EngineControl, private_podman  # noqa: E402
 
-
-@pytest.fixture(scope="session")
-def engine_url() -> str:
-    reason = engine_unreachable_reason(ENGINE_URL)
-    if reason is not None:
-        pytest.skip(reason)
-    assert ENGINE_URL is not None
-    return ENGINE_URL
+engine_url = executor_engine_support.engine_url  # the shared fixture: skips with the reason when no engine answers
 
 
 @pytest.fixture(scope="module")
