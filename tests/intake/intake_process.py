@@ -9,7 +9,7 @@ import sys
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Mapping
+from collections.abc import AsyncIterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -123,3 +123,16 @@ async def fresh_bus(nats_url: str) -> None:
         await wipe_all(nc)
     finally:
         await nc.close()
+
+
+@contextlib.asynccontextmanager
+async def webhook_intake(nats_url: str, workdir: Path, templates: str, secret: str) -> AsyncIterator[IntakeProcess]:
+    """An intake on a fresh bus that accepts MLflow webhooks signed with `secret` and turns them by `templates`."""
+    await fresh_bus(nats_url)
+    (workdir / "templates.yaml").write_text(templates)
+    env = {"ONEPLUS_MLFLOW_SECRET": secret, "ONEPLUS_MLFLOW_TEMPLATES": str(workdir / "templates.yaml")}
+    proc = await IntakeProcess(nats_url, workdir, env=env).start()
+    try:
+        yield proc
+    finally:
+        proc.stop()

@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from intake_process import IntakeProcess, fresh_bus
+from intake_process import IntakeProcess, webhook_intake
 
 from oneplus.client import OnePlusClient
 from oneplus.devstack import free_port
@@ -138,15 +138,9 @@ def mlflow(tmp_path_factory: pytest.TempPathFactory) -> Iterator[MlflowServer]:
 
 @pytest.fixture(scope="module")
 async def intake(mlflow: MlflowServer, servers, tmp_path_factory) -> AsyncIterator[IntakeProcess]:  # type: ignore[no-untyped-def]
-    await fresh_bus(servers.nats_url)
     workdir = Path(tmp_path_factory.mktemp("mlflow-intake"))
-    (workdir / "templates.yaml").write_text(TEMPLATES)
-    env = {"ONEPLUS_MLFLOW_SECRET": SECRET, "ONEPLUS_MLFLOW_TEMPLATES": str(workdir / "templates.yaml")}
-    proc = await IntakeProcess(servers.nats_url, workdir, env=env).start()
-    try:
+    async with webhook_intake(servers.nats_url, workdir, TEMPLATES, SECRET) as proc:
         yield proc
-    finally:
-        proc.stop()
 
 
 async def wait_for_job(client: OnePlusClient, name: str, timeout: float = 60.0) -> Any:

@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from intake_process import IntakeProcess, fresh_bus
+from intake_process import IntakeProcess, webhook_intake
 from oneplus_bus.streams import ensure_kv
 from oneplus_contracts import subjects
 from oneplus_intake.deliveries import NatsDeliveryLedger
@@ -48,15 +48,9 @@ broken:
 
 @pytest.fixture(scope="module")
 async def intake(servers, tmp_path_factory) -> AsyncIterator[IntakeProcess]:  # type: ignore[no-untyped-def]
-    await fresh_bus(servers.nats_url)
     workdir = Path(tmp_path_factory.mktemp("intake-webhooks"))
-    (workdir / "templates.yaml").write_text(TEMPLATES)
-    env = {"ONEPLUS_MLFLOW_SECRET": SECRET, "ONEPLUS_MLFLOW_TEMPLATES": str(workdir / "templates.yaml")}
-    proc = await IntakeProcess(servers.nats_url, workdir, env=env).start()
-    try:
+    async with webhook_intake(servers.nats_url, workdir, TEMPLATES, SECRET) as proc:
         yield proc
-    finally:
-        proc.stop()
 
 
 def envelope(entity: str, action: str, data: dict[str, Any]) -> bytes:
