@@ -5,7 +5,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from typer.testing import CliRunner
+import pytest
+from typer.testing import CliRunner, Result
 
 from oneplus.cli.sim import app
 
@@ -17,30 +18,22 @@ node_groups:
 """
 
 
-def test_run_writes_the_report_and_four_plots(tmp_path: Path, philly_small: Path) -> None:
-    cluster = tmp_path / "c.yaml"
-    cluster.write_text(CLUSTER)
+@pytest.fixture
+def cluster(tmp_path: Path) -> Path:
+    path = tmp_path / "c.yaml"
+    path.write_text(CLUSTER)
+    return path
+
+
+def run(cluster: Path, trace: Path, *options: str) -> Result:
+    """`oneplus sim run --cluster C --trace T OPTIONS…`."""
+    return runner.invoke(app, ["run", "--cluster", str(cluster), "--trace", str(trace), *options])
+
+
+def test_run_writes_the_report_and_four_plots(tmp_path: Path, cluster: Path, philly_small: Path) -> None:
     out, plots = tmp_path / "r.json", tmp_path / "plots"
-    res = runner.invoke(
-        app,
-        [
-            "run",
-            "--cluster",
-            str(cluster),
-            "--trace",
-            str(philly_small),
-            "--policy",
-            "oneplus,k8s-default",
-            "--max-jobs",
-            "60",
-            "--seed",
-            "3",
-            "--json",
-            str(out),
-            "--plot",
-            str(plots),
-        ],
-    )
+    options = ["--policy", "oneplus,k8s-default", "--max-jobs", "60", "--seed", "3", "--json", str(out)]
+    res = run(cluster, philly_small, *options, "--plot", str(plots))
     assert res.exit_code == 0, res.output
     report = json.loads(out.read_text())
     assert list(report["policies"]) == ["oneplus", "k8s-default"]
@@ -55,45 +48,15 @@ def test_run_writes_the_report_and_four_plots(tmp_path: Path, philly_small: Path
     assert all(p.stat().st_size > 5000 for p in plots.iterdir())
 
 
-def test_run_refuses_unknown_policies_and_missing_files(tmp_path: Path, philly_small: Path) -> None:
-    cluster = tmp_path / "c.yaml"
-    cluster.write_text(CLUSTER)
-    res = runner.invoke(
-        app,
-        [
-            "run",
-            "--cluster",
-            str(cluster),
-            "--trace",
-            str(philly_small),
-            "--policy",
-            "yarn",
-            "--json",
-            str(tmp_path / "r.json"),
-        ],
-    )
+def test_run_refuses_unknown_policies_and_missing_files(tmp_path: Path, cluster: Path, philly_small: Path) -> None:
+    out = str(tmp_path / "r.json")
+    res = run(cluster, philly_small, "--policy", "yarn", "--json", out)
     assert res.exit_code == 2 and "unknown yarn" in res.output
     missing = tmp_path / ("a-folder-with-a-name-long-enough-to-fold-an-eighty-column-line" * 2) / "none.csv"
-    res = runner.invoke(
-        app,
-        ["run", "--cluster", str(cluster), "--trace", str(missing), "--json", str(tmp_path / "r.json")],
-    )
+    res = run(cluster, missing, "--json", out)
     # One line however long the path: a folded error cannot be grepped or copied.
     assert res.exit_code == 2 and f"{missing}: no such trace file" in res.output
-    res = runner.invoke(
-        app,
-        [
-            "run",
-            "--cluster",
-            str(cluster),
-            "--trace",
-            str(philly_small),
-            "--window",
-            "9:3",
-            "--json",
-            str(tmp_path / "r.json"),
-        ],
-    )
+    res = run(cluster, philly_small, "--window", "9:3", "--json", out)
     assert res.exit_code == 2 and "START < END" in res.output
 
 
@@ -117,19 +80,17 @@ def test_fgd_writes_the_mean_allocation_and_the_series(tmp_path: Path) -> None:
 
 
 def test_a_queue_config_file_is_merged_over_the_oneplus_policys_own_and_recorded_in_the_report(
-    tmp_path: Path, philly_small: Path
+    tmp_path: Path, cluster: Path, philly_small: Path
 ) -> None:
-    cluster = tmp_path / "c.yaml"
-    cluster.write_text(CLUSTER)
-    base = ["run", "--cluster", str(cluster), "--trace", str(philly_small), "--policy", "oneplus", "--max-jobs", "40"]
-    res = runner.invoke(app, [*base, "--json", str(tmp_path / "default.json")])
+    base = ["--policy", "oneplus", "--max-jobs", "40"]
+    res = run(cluster, philly_small, *base, "--json", str(tmp_path / "default.json"))
     assert res.exit_code == 0, res.output
     default = json.loads((tmp_path / "default.json").read_text())["oneplus_queue_config"]
     assert default["job_size"]["weight"] == 2000 and set(default["priority_classes"]) == {"low", "normal", "high"}
 
     knobs = tmp_path / "knobs.yaml"
     knobs.write_text("job_size: {weight: 0}\nbackfill: {min_age_reserve_s: 3600}\n")
-    res = runner.invoke(app, [*base, "--queue-config", str(knobs), "--json", str(tmp_path / "tuned.json")])
+    res = run(cluster, philly_small, *base, "--queue-config", str(knobs), "--json", str(tmp_path / "tuned.json"))
     assert res.exit_code == 0, res.output
     tuned = json.loads((tmp_path / "tuned.json").read_text())["oneplus_queue_config"]
     assert tuned["job_size"]["weight"] == 0 and tuned["backfill"]["min_age_reserve_s"] == 3600
@@ -137,10 +98,10 @@ def test_a_queue_config_file_is_merged_over_the_oneplus_policys_own_and_recorded
     assert tuned["priority_classes"] == default["priority_classes"]
 
 
-def test_a_bad_queue_config_file_is_refused_before_anything_runs(tmp_path: Path, philly_small: Path) -> None:
-    cluster = tmp_path / "c.yaml"
-    cluster.write_text(CLUSTER)
-    base = ["run", "--cluster", str(cluster), "--trace", str(philly_small), "--json", str(tmp_path / "r.json")]
+def test_a_bad_queue_config_file_is_refused_before_anything_runs(
+    tmp_path: Path, cluster: Path, philly_small: Path
+) -> None:
+    out = str(tmp_path / "r.json")
     cases = {
         "job_size: {weight: -1}\n": "job_size.weight: Input should be greater than or equal to 0",
         "queues: [{name: research}]\n": "unknown queue 'default'; known queues: research",
@@ -151,8 +112,8 @@ def test_a_bad_queue_config_file_is_refused_before_anything_runs(tmp_path: Path,
     for i, (text, message) in enumerate(cases.items()):
         path = tmp_path / f"bad{i}.yaml"
         path.write_text(text)
-        res = runner.invoke(app, [*base, "--queue-config", str(path)])
+        res = run(cluster, philly_small, "--json", out, "--queue-config", str(path))
         assert res.exit_code == 2 and message in res.output, (text, res.output)
-    res = runner.invoke(app, [*base, "--queue-config", str(tmp_path / "none.yaml")])
+    res = run(cluster, philly_small, "--json", out, "--queue-config", str(tmp_path / "none.yaml"))
     assert res.exit_code == 2 and "cannot read" in res.output
     assert not (tmp_path / "r.json").exists()
