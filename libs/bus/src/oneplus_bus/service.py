@@ -17,10 +17,12 @@ from typing import Any
 
 import nats
 import nats.micro
-from faststream import FastStream
+from faststream import AckPolicy, FastStream
 from faststream.nats import JStream
+from faststream.nats.subscriber.usecases import PushStreamSubscriber
 from nats.aio.client import Client
 from nats.js import JetStreamContext
+from nats.js.api import ConsumerConfig, DeliverPolicy
 from nats.js.kv import KeyValue
 from nats.micro.request import Request
 from nats.micro.service import Service
@@ -105,6 +107,34 @@ class OneplusService:
     def ledger(self) -> JobLedger:
         assert self._ledger is not None, "service not started"
         return self._ledger
+
+    def durable_subscriber(
+        self,
+        subject: str,
+        *,
+        stream: str,
+        consumer: str,
+        title: str,
+        max_deliver: int | None = None,
+        ack_wait: float = 30,
+        deliver_policy: DeliverPolicy | None = None,
+    ) -> PushStreamSubscriber:
+        """The platform's one way to consume a stream: a named durable push consumer shared by the replicas (deliver
+        group), acknowledged only after the handler returns (NACK_ON_ERROR), redelivered at most `max_deliver` times,
+        then dead-lettered. Named, its create API subject carries consumer and filter, which NATS permissions can
+        grant one by one (deploy/nats)."""
+        return self.broker.subscriber(
+            subject,
+            stream=jstream(stream),
+            durable=consumer,
+            queue=consumer,
+            config=ConsumerConfig(
+                name=consumer, max_deliver=max_deliver or self.settings.max_deliver, ack_wait=ack_wait
+            ),
+            ack_policy=AckPolicy.NACK_ON_ERROR,
+            title=title,
+            deliver_policy=deliver_policy,
+        )
 
     def ops(self, endpoint: str, subject: str) -> Callable[[OpsHandler], OpsHandler]:
         def register(fn: OpsHandler) -> OpsHandler:

@@ -14,10 +14,8 @@ import logging
 import os
 from typing import Any
 
-from faststream import AckPolicy
 from faststream.nats import NatsMessage
-from nats.js.api import ConsumerConfig
-from oneplus_bus.service import OneplusService, jstream
+from oneplus_bus.service import OneplusService
 from oneplus_bus.settings import BusSettings
 from oneplus_contracts import NODE_COMMAND_ADAPTER, CancelRanks, LaunchRanks, NodeTopology, subjects
 
@@ -60,15 +58,11 @@ def create_executor(
     svc = OneplusService("node-executor", f"Runs ranks on node {node}", settings)
     ex = NodeExecutor(svc, topology, runtime, heartbeat_s=heartbeat_s, keep_finished=keep_finished, gpu_probe=gpu_probe)
 
-    @svc.broker.subscriber(
+    # Named per node: deploy/nats grants executor-<node> the create subject of this consumer only.
+    @svc.durable_subscriber(
         subjects.node_commands_of(node),
-        stream=jstream(subjects.COMMANDS_STREAM),
-        durable=executor_consumer(node),
-        queue=executor_consumer(node),
-        # A named consumer is created through `$JS.API.CONSUMER.CREATE.<stream>.<name>.<filter>`, which
-        # deploy/nats can grant per node: an executor cannot open a consumer on another node's commands.
-        config=ConsumerConfig(name=executor_consumer(node), max_deliver=svc.settings.max_deliver, ack_wait=30),
-        ack_policy=AckPolicy.NACK_ON_ERROR,
+        stream=subjects.COMMANDS_STREAM,
+        consumer=executor_consumer(node),
         title=f"node-executor {node} commands",
     )
     async def on_command(msg: NatsMessage) -> None:

@@ -12,11 +12,9 @@ import logging
 import time
 from typing import Any
 
-from faststream import AckPolicy
 from faststream.nats import NatsMessage
-from nats.js.api import ConsumerConfig
 from oneplus_bus.clusterview import SnapshotSource, live_queue_config
-from oneplus_bus.service import OneplusService, OpsError, jstream
+from oneplus_bus.service import OneplusService, OpsError
 from oneplus_bus.telemetry import inject, job_span
 from oneplus_contracts import (
     ACTIVE_STATES,
@@ -86,13 +84,10 @@ async def _disconnect() -> None:
         await store().close()
 
 
-@broker.subscriber(
+@svc.durable_subscriber(
     subjects.JOB_EVENTS_ALL,
-    stream=jstream(subjects.JOBS_STREAM),
-    durable="placement-solver",
-    queue="placement-solver",
-    config=ConsumerConfig(max_deliver=svc.settings.max_deliver, ack_wait=30),
-    ack_policy=AckPolicy.NACK_ON_ERROR,
+    stream=subjects.JOBS_STREAM,
+    consumer="placement-solver",
     title="placement-solver job events",
 )
 async def on_job_event(msg: NatsMessage) -> None:

@@ -12,11 +12,9 @@ import logging
 import time
 from typing import Any
 
-from faststream import AckPolicy
 from faststream.nats import NatsMessage
-from nats.js.api import ConsumerConfig
 from oneplus_bus.clusterview import SnapshotSource, live_queue_config
-from oneplus_bus.service import OneplusService, jstream
+from oneplus_bus.service import OneplusService
 from oneplus_bus.telemetry import inject, job_span
 from oneplus_contracts import (
     ACTIVE_STATES,
@@ -53,14 +51,8 @@ async def _disconnect() -> None:
         await _state["store"].close()
 
 
-@broker.subscriber(
-    subjects.PREEMPTION_REQUEST,
-    stream=jstream(subjects.COMMANDS_STREAM),
-    durable="preemption",
-    queue="preemption",
-    config=ConsumerConfig(max_deliver=svc.settings.max_deliver, ack_wait=30),
-    ack_policy=AckPolicy.NACK_ON_ERROR,
-    title="preemption requests",
+@svc.durable_subscriber(
+    subjects.PREEMPTION_REQUEST, stream=subjects.COMMANDS_STREAM, consumer="preemption", title="preemption requests"
 )
 async def on_request(msg: NatsMessage) -> None:
     req = PreemptionRequest.model_validate_json(msg.body)

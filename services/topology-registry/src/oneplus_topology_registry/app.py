@@ -13,12 +13,11 @@ import os
 import time
 from typing import Any
 
-from faststream import AckPolicy
 from faststream.nats import NatsMessage
-from nats.js.api import ConsumerConfig, DeliverPolicy
+from nats.js.api import DeliverPolicy
 from nats.js.errors import KeyNotFoundError
 from oneplus_bus.ledger import latest_values
-from oneplus_bus.service import OneplusService, OpsError, jstream
+from oneplus_bus.service import OneplusService, OpsError
 from oneplus_contracts import NodeHeartbeat, NodeRecord, NodeTopology, subjects
 
 from .health import apply_heartbeat, status_of, summary_changed
@@ -57,13 +56,10 @@ async def put_node(rec: NodeRecord, before: NodeRecord | None, reason: str) -> N
             )
 
 
-@broker.subscriber(
+@svc.durable_subscriber(
     "oneplus.node.*.topology",
-    stream=jstream(subjects.NODES_STREAM),
-    durable="topology-registry-reports",
-    queue="topology-registry-reports",
-    config=ConsumerConfig(max_deliver=svc.settings.max_deliver, ack_wait=30),
-    ack_policy=AckPolicy.NACK_ON_ERROR,
+    stream=subjects.NODES_STREAM,
+    consumer="topology-registry-reports",
     title="node topology reports",
 )
 async def on_topology(msg: NatsMessage) -> None:
@@ -77,15 +73,14 @@ async def on_topology(msg: NatsMessage) -> None:
         await put_node(rec, before, "topology reported")
 
 
-@broker.subscriber(
+@svc.durable_subscriber(
     "oneplus.node.*.heartbeat",
-    stream=jstream(subjects.NODES_STREAM),
-    durable="topology-registry-heartbeats",
-    queue="topology-registry-heartbeats",
-    deliver_policy=DeliverPolicy.NEW,
-    config=ConsumerConfig(max_deliver=2, ack_wait=10),
-    ack_policy=AckPolicy.NACK_ON_ERROR,
+    stream=subjects.NODES_STREAM,
+    consumer="topology-registry-heartbeats",
     title="node heartbeats",
+    deliver_policy=DeliverPolicy.NEW,
+    max_deliver=2,
+    ack_wait=10,
 )
 async def on_heartbeat(msg: NatsMessage) -> None:
     hb = NodeHeartbeat.model_validate_json(msg.body)
