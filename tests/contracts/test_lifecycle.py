@@ -56,7 +56,7 @@ def test_a_slow_nodes_starting_after_a_fast_nodes_running_is_kept_without_moving
         JobRunning(job_id="j", node="a", token=7),
         JobStarting(job_id="j", node="b", token=7),
     )
-    assert rec.state == "RUNNING"
+    assert rec.state == "RUNNING" and rec.nodes_started == ["a", "b"]
     rec = apply_event(rec, JobPreempting(job_id="j", token=7, reason="for k"))
     assert apply_event(rec, JobStarting(job_id="j", node="b", token=7)).state == "PREEMPTING"
     with pytest.raises(IllegalTransition, match="stale token"):
@@ -123,3 +123,18 @@ def test_an_unknown_checkpoint_signal_is_refused() -> None:
     with pytest.raises(ValidationError, match="unknown checkpoint signal"):
         JobSpec(name="x", resources={"gpus": 1}, checkpoint={"signal": "SIGFOO"})  # type: ignore[arg-type]
     assert JobSpec(name="x", resources={"gpus": 1}, checkpoint={"signal": "usr1"}).checkpoint.signal == "SIGUSR1"  # type: ignore[arg-type]
+
+
+def test_the_nodes_that_reported_are_remembered_per_attempt() -> None:
+    rec = fold(
+        JobAccepted(job_id="j", spec=SPEC),
+        JobPlaced(job_id="j", allocation=ALLOC, token=7),
+        JobRunning(job_id="j", node="b", token=7),
+        JobNodeFinished(job_id="j", node="a", token=7, exit_code=0, reason="exited"),
+    )
+    assert rec.nodes_started == ["b", "a"]
+    rec = apply_event(rec, JobPreempting(job_id="j", token=7, reason="for k"))
+    rec = apply_event(rec, JobRequeued(job_id="j", reason="preempted"))
+    assert rec.nodes_started == []
+    rec = apply_event(rec, JobPlaced(job_id="j", allocation=ALLOC, token=8))
+    assert rec.nodes_started == [] and rec.token == 8

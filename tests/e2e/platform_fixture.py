@@ -68,7 +68,7 @@ async def job_history(nc: Client, job_id: str) -> list[Any]:
     """Every event of one job, in stream order, read back from JetStream."""
     js = nc.jetstream()
     sub = await js.subscribe(subjects.job_events_of(job_id), ordered_consumer=True, deliver_policy=DeliverPolicy.ALL)
-    events = []
+    events: list[Any] = []
     try:
         while True:
             try:

@@ -9,7 +9,9 @@ from pathlib import Path
 import nats
 import pytest
 import redis.asyncio as aioredis
-from oneplus_contracts import subjects
+from oneplus_bus.ledger import JobLedger
+from oneplus_contracts import Allocation, JobPlaced, RankPlacement, subjects
+from oneplus_placement_solver.launch import launch_commands
 from oneplus_placement_solver.memory import USAGE_SAVE_EVERY_S
 from oneplus_reservations import ReservationStore, check_history
 from oneplus_testing import Servers, wipe_bus
@@ -75,3 +77,49 @@ async def test_solver_killed_mid_run_and_restarted_loses_no_job_and_leaks_no_gpu
     finally:
         p.stop()
         await store.close()
+
+
+async def test_a_gang_whose_solver_died_between_its_launch_commands_still_runs_on_every_node(
+    servers: Servers, tmp_path: Path
+) -> None:
+    """The state a solver leaves when it is killed after recording `placed` and sending the first of two launches."""
+    nc = await nats.connect(servers.nats_url)
+    await wipe_bus(nc)
+    store = ReservationStore(aioredis.Redis.from_url(servers.redis_url))
+    await store.wipe()
+    p = await start_platform(servers.nats_url, servers.redis_url, tmp_path)
+    try:
+        p.kill("placement-solver")
+        spec = next(s for s in demo_workload(20, seed=5, duration_s=(1.0, 2.0)) if s.ranks == 2 and s.total_gpus == 16)
+        async with OnePlusClient.connect(servers.nats_url) as c:
+            reply = await c.submit(spec, msg_id="half-launched")
+            assert reply.ok, reply.error
+            job_id = reply.job_id
+            alloc = Allocation(
+                ranks=[RankPlacement(rank=r, node=f"h100-{r}", gpus=list(range(8))) for r in range(2)], domain="leaf"
+            )
+            token = await store.reserve(job_id, alloc)
+            assert isinstance(token, int)
+            js = nc.jetstream()
+            ledger = JobLedger(js, await js.key_value(subjects.JOBS_KV))
+            rec = await ledger.record(
+                JobPlaced(event_id=f"placed-{job_id}-{token}", job_id=job_id, allocation=alloc, token=token, attempt=1)
+            )
+            first = launch_commands(rec, alloc, token)[0]  # the solver died before the second
+            await js.publish(
+                subjects.node_command(first.node, "launch"),
+                first.model_dump_json().encode(),
+                headers={"Nats-Msg-Id": first.command_id},
+                stream=subjects.COMMANDS_STREAM,
+            )
+            p.start_service("placement-solver")
+            job = (await wait_terminal(c, [job_id], timeout=120, platform=p))[job_id]
+        assert job.state == "SUCCEEDED", (job.state, job.reason)
+        assert job.nodes_done == {"h100-0": 0, "h100-1": 0} and job.token == token, "the same attempt, on both nodes"
+        assert "resending the launch of" in p.logs("placement-solver")
+        assert check_history(await store.history()) == []
+        assert await store.held_slots() == {}
+    finally:
+        p.stop()
+        await store.close()
+        await nc.close()

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from oneplus_contracts import Allocation, JobRecord, JobSpec, RankPlacement
-from oneplus_placement_solver.launch import launch_commands
+from oneplus_placement_solver.launch import launch_commands, silent_nodes
 from oneplus_placement_solver.outcome import attempt_outcome
 
 ALLOC = Allocation(ranks=[RankPlacement(rank=0, node="a", gpus=[0]), RankPlacement(rank=1, node="b", gpus=[0])])
@@ -66,3 +66,14 @@ def test_launch_commands_give_each_node_its_ranks_and_one_master() -> None:
     assert all(c.world_size == 2 and c.token == 4 for c in cmds)
     assert cmds[1].ranks == [ALLOC.ranks[1]] and cmds[0].resume_progress_s == 2.0
     assert len({c.command_id for c in cmds}) == 2, "ids dedupe a replay, not two nodes"
+
+
+def test_only_nodes_silent_since_the_placement_get_their_launch_again_and_only_within_the_dedupe_window() -> None:
+    placed = rec("RUNNING", placed_ts=100.0, nodes_started=["a"])
+    assert silent_nodes(placed, 4, now=120.0, after_s=10, until_s=500) == ["b"]
+    assert silent_nodes(placed, 4, now=105.0, after_s=10, until_s=500) == [], "too soon: its report may be on the way"
+    assert silent_nodes(placed, 4, now=700.0, after_s=10, until_s=500) == [], "a resend would no longer be deduplicated"
+    assert silent_nodes(placed, 3, now=120.0, after_s=10, until_s=500) == [], "another attempt's token"
+    finished_b = rec("RUNNING", done={"b": 0}, placed_ts=100.0, nodes_started=["a"])
+    assert silent_nodes(finished_b, 4, now=120.0, after_s=10, until_s=500) == []
+    assert silent_nodes(rec("PREEMPTING", placed_ts=100.0), 4, now=120.0, after_s=10, until_s=500) == []

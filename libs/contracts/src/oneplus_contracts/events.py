@@ -200,6 +200,9 @@ class JobRecord(Strict):
     placed_ts: float | None = None
     started_ts: float | None = None
     finished_ts: float | None = None
+    nodes_started: list[str] = Field(
+        default_factory=list, description="nodes whose executor has reported on its ranks, for this attempt"
+    )
     nodes_done: dict[str, int] = Field(default_factory=dict, description="node → exit code, for this attempt")
     node_reasons: dict[str, str] = Field(
         default_factory=dict, description="node → why its ranks ended (the executor's words), for this attempt"

@@ -74,6 +74,7 @@ def apply_event(rec: JobRecord | None, event: JobEvent) -> JobRecord:
                     "allocation": event.allocation,
                     "token": event.token,
                     "attempt": event.attempt,
+                    "nodes_started": [],
                     "nodes_done": {},
                     "node_reasons": {},
                     "reason": None,
@@ -87,19 +88,33 @@ def apply_event(rec: JobRecord | None, event: JobEvent) -> JobRecord:
             r = _require(rec, event, "PLACED", "STARTING", "RUNNING", "PREEMPTING", "CHECKPOINTED")
             _token_matches(r, event.token, event)
             state = "STARTING" if r.state == "PLACED" else r.state
-            return r.model_copy(update={"state": state, "updated_ts": event.ts})
+            return r.model_copy(update={"state": state, "nodes_started": _with(r, event.node), "updated_ts": event.ts})
         case JobRunning():
             r = _require(rec, event, "PLACED", "STARTING", "RUNNING")
             _token_matches(r, event.token, event)
             started = r.started_ts if r.state == "RUNNING" and r.started_ts else event.ts
-            return r.model_copy(update={"state": "RUNNING", "started_ts": started, "updated_ts": event.ts})
+            return r.model_copy(
+                update={
+                    "state": "RUNNING",
+                    "started_ts": started,
+                    "nodes_started": _with(r, event.node),
+                    "updated_ts": event.ts,
+                }
+            )
         case JobNodeFinished():
             r = _require(rec, event, "PLACED", "STARTING", "RUNNING", "PREEMPTING", "CHECKPOINTED")
             _token_matches(r, event.token, event)
             done = dict(r.nodes_done)
             done[event.node] = event.exit_code
             why = {**r.node_reasons, event.node: event.reason}
-            return r.model_copy(update={"nodes_done": done, "node_reasons": why, "updated_ts": event.ts})
+            return r.model_copy(
+                update={
+                    "nodes_started": _with(r, event.node),
+                    "nodes_done": done,
+                    "node_reasons": why,
+                    "updated_ts": event.ts,
+                }
+            )
         case JobFinished():
             r = _require(rec, event)
             _token_matches(r, event.token, event)
@@ -137,6 +152,7 @@ def apply_event(rec: JobRecord | None, event: JobEvent) -> JobRecord:
                     "state": "ACCEPTED",
                     "allocation": None,
                     "token": None,
+                    "nodes_started": [],
                     "nodes_done": {},
                     "node_reasons": {},
                     "reason": event.reason,
@@ -146,3 +162,8 @@ def apply_event(rec: JobRecord | None, event: JobEvent) -> JobRecord:
                 }
             )
     raise IllegalTransition(f"unknown event {event!r}")  # pragma: no cover - the union is exhaustive
+
+
+def _with(rec: JobRecord, node: str) -> list[str]:
+    """The record's reporting nodes with `node` among them (each once, in report order)."""
+    return rec.nodes_started if node in rec.nodes_started else [*rec.nodes_started, node]

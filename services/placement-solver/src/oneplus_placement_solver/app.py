@@ -10,11 +10,13 @@ import asyncio
 import contextlib
 import logging
 import time
+from collections.abc import Collection
 from typing import Any
 
 from faststream.nats import NatsMessage
 from oneplus_bus.clusterview import SnapshotSource, live_queue_config
 from oneplus_bus.service import OneplusService, OpsError
+from oneplus_bus.streams import DUPLICATE_WINDOW_S
 from oneplus_bus.telemetry import inject, job_span
 from oneplus_contracts import (
     ACTIVE_STATES,
@@ -37,7 +39,7 @@ from oneplus_queueing.model import CycleDecision, PendingJob, RunningJob, Victim
 from oneplus_queueing.report import queue_rows, queues_rows, split_records
 from oneplus_reservations import Conflict, ReservationStore
 
-from .launch import launch_commands
+from .launch import launch_commands, silent_nodes
 from .memory import SolverMemory
 from .outcome import attempt_outcome
 
@@ -50,6 +52,7 @@ app = svc.app
 SCHEDULE_INTERVAL_S = 1.0
 RECONCILE_INTERVAL_S = 3.0
 LOST_RESERVATION_GRACE_S = 5.0
+RELAUNCH_AFTER_S = 10.0  # a node silent this long after its gang was placed gets its launch command again
 SETTLE_RETRIES = 40
 # States in which a job holds its reservation: the active ones, and checkpointed while its ranks stop.
 HOLDING_STATES = ACTIVE_STATES | {"CHECKPOINTED"}
@@ -205,10 +208,18 @@ async def commit_placed(rec: JobRecord, alloc: Allocation, token: int) -> None:
         new, _ = await svc.ledger.get(rec.job_id)
         if new is None or new.token != token:
             return
-    for cmd in launch_commands(new, alloc, token):
+    await send_launches(new, alloc, token)
+
+
+async def send_launches(rec: JobRecord, alloc: Allocation, token: int, nodes: Collection[str] | None = None) -> None:
+    """The launch commands of an attempt (of `nodes` only, when given). Each has a fixed id, so JetStream drops a
+    command sent again within its duplicate window: resending after a crash reaches only the nodes that missed it."""
+    for cmd in launch_commands(rec, alloc, token):
+        if nodes is not None and cmd.node not in nodes:
+            continue
         headers = {"Nats-Msg-Id": cmd.command_id}
-        if new.traceparent:
-            headers["traceparent"] = new.traceparent
+        if rec.traceparent:
+            headers["traceparent"] = rec.traceparent
         inject(headers)
         await svc.js.publish(
             subjects.node_command(cmd.node, "launch"),
@@ -336,6 +347,10 @@ async def reconcile() -> None:
             await commit_placed(rec, res.allocation, res.token)
         elif rec.terminal:
             await store().release(job_id, res.token, reason=f"job already {rec.state}")
+        elif silent := silent_nodes(rec, res.token, now, RELAUNCH_AFTER_S, DUPLICATE_WINDOW_S - RELAUNCH_AFTER_S):
+            # A solver that died between the launch commands of one gang left some nodes without theirs.
+            log.warning("resending the launch of %s to %s: no report since it was placed", job_id, ", ".join(silent))
+            await send_launches(rec, res.allocation, res.token, silent)
     for rec in jobs.values():
         if (
             rec.state in HOLDING_STATES

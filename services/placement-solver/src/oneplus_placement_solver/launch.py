@@ -1,4 +1,4 @@
-"""Turning a committed allocation into one launch command per node (pure)."""
+"""Turning a committed allocation into one launch command per node, and which nodes still wait for theirs (pure)."""
 
 from __future__ import annotations
 
@@ -33,3 +33,17 @@ def launch_commands(rec: JobRecord, alloc: Allocation, token: int) -> list[Launc
             )
         )
     return cmds
+
+
+def silent_nodes(rec: JobRecord, token: int, now: float, after_s: float, until_s: float) -> list[str]:
+    """Nodes of the placed attempt `token` that have not reported on their ranks `after_s` after the placement.
+
+    Only until `until_s` after it: within the stream's duplicate window a resent launch is dropped for a node that
+    did get it, so resending can only reach a node that never did.
+    """
+    if rec.state not in ("PLACED", "STARTING", "RUNNING") or rec.token != token or rec.allocation is None:
+        return []
+    age = now - (rec.placed_ts if rec.placed_ts is not None else now)
+    if not after_s <= age <= until_s:
+        return []
+    return [n for n in rec.allocation.nodes if n not in rec.nodes_started and n not in rec.nodes_done]
