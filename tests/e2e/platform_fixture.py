@@ -5,14 +5,18 @@ from __future__ import annotations
 import asyncio
 import json
 import time
-from collections.abc import Iterable
+from collections.abc import AsyncIterator, Iterable
+from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
 
 import nats
+import redis.asyncio as aioredis
 from nats.aio.client import Client
 from nats.js.api import DeliverPolicy
 from oneplus_contracts import JobRecord, parse_job_event, subjects
+from oneplus_reservations import ReservationStore
+from oneplus_testing import wipe_bus
 
 from oneplus.client import OnePlusClient
 from oneplus.demo import wait_for_platform
@@ -43,6 +47,26 @@ async def start_platform(nats_url: str, redis_url: str, workdir: Path, **env: st
         platform.stop()
         raise
     return platform
+
+
+@asynccontextmanager
+async def fresh_platform(
+    nats_url: str, redis_url: str, workdir: Path, **env: str
+) -> AsyncIterator[tuple[Platform, Client, ReservationStore]]:
+    """Empty streams, buckets and reservations, then the platform; yields it with a bus connection and the store."""
+    nc = await nats.connect(nats_url)
+    store = ReservationStore(aioredis.Redis.from_url(redis_url))
+    try:
+        await wipe_bus(nc)
+        await store.wipe()
+        platform = await start_platform(nats_url, redis_url, workdir, **env)
+        try:
+            yield platform, nc, store
+        finally:
+            platform.stop()
+    finally:
+        await store.close()
+        await nc.close()
 
 
 async def wait_terminal(

@@ -8,11 +8,10 @@ from pathlib import Path
 
 import nats
 import pytest
-import redis.asyncio as aioredis
 from oneplus_contracts import NODE_COMMAND_ADAPTER, JobCheckpointed, JobSpec, LaunchRanks
-from oneplus_reservations import ReservationStore, check_history
-from oneplus_testing import Servers, wipe_bus
-from platform_fixture import job_history, start_platform, wait_terminal
+from oneplus_reservations import check_history
+from oneplus_testing import Servers
+from platform_fixture import fresh_platform, job_history, wait_terminal
 
 from oneplus.client import OnePlusClient
 
@@ -54,12 +53,7 @@ async def launches_of(bus: nats.aio.client.Client, job_id: str) -> list[LaunchRa
 async def test_high_priority_gang_starts_after_victims_checkpoint_and_victims_resume_from_it(
     servers: Servers, tmp_path: Path
 ) -> None:
-    bus = await nats.connect(servers.nats_url)
-    await wipe_bus(bus)
-    store = ReservationStore(aioredis.Redis.from_url(servers.redis_url))
-    await store.wipe()
-    p = await start_platform(servers.nats_url, servers.redis_url, tmp_path)
-    try:
+    async with fresh_platform(servers.nats_url, servers.redis_url, tmp_path) as (p, bus, store):
         async with OnePlusClient.connect(servers.nats_url) as c:
             lows = []
             for i in range(4):
@@ -110,7 +104,3 @@ async def test_high_priority_gang_starts_after_victims_checkpoint_and_victims_re
         assert check_history(await store.history()) == [], "a GPU was held by two jobs"
         assert await store.held_slots() == {}
         assert p.dead() == {}
-    finally:
-        p.stop()
-        await store.close()
-        await bus.close()

@@ -6,16 +6,14 @@ import asyncio
 import time
 from pathlib import Path
 
-import nats
 import pytest
-import redis.asyncio as aioredis
 from oneplus_bus.ledger import JobLedger
 from oneplus_contracts import Allocation, JobPlaced, RankPlacement, subjects
 from oneplus_placement_solver.launch import launch_commands
 from oneplus_placement_solver.memory import USAGE_SAVE_EVERY_S
-from oneplus_reservations import ReservationStore, check_history
-from oneplus_testing import Servers, wipe_bus
-from platform_fixture import start_platform, wait_terminal
+from oneplus_reservations import check_history
+from oneplus_testing import Servers
+from platform_fixture import fresh_platform, wait_terminal
 
 from oneplus.client import OnePlusClient
 from oneplus.workload import demo_workload
@@ -39,13 +37,7 @@ async def default_usage(c: OnePlusClient, timeout: float = 5.0) -> float:
 async def test_solver_killed_mid_run_and_restarted_loses_no_job_and_leaks_no_gpu(
     servers: Servers, tmp_path: Path
 ) -> None:
-    nc = await nats.connect(servers.nats_url)
-    await wipe_bus(nc)
-    await nc.close()
-    store = ReservationStore(aioredis.Redis.from_url(servers.redis_url))
-    await store.wipe()
-    p = await start_platform(servers.nats_url, servers.redis_url, tmp_path)
-    try:
+    async with fresh_platform(servers.nats_url, servers.redis_url, tmp_path) as (p, _, store):
         async with OnePlusClient.connect(servers.nats_url) as c:
             ids = []
             for i, spec in enumerate(demo_workload(20, seed=5, duration_s=(1.0, 3.0))):
@@ -74,21 +66,13 @@ async def test_solver_killed_mid_run_and_restarted_loses_no_job_and_leaks_no_gpu
         assert check_history(await store.history()) == []
         assert await store.held_slots() == {}, "a GPU leaked"
         assert await store.all() == []
-    finally:
-        p.stop()
-        await store.close()
 
 
 async def test_a_gang_whose_solver_died_between_its_launch_commands_still_runs_on_every_node(
     servers: Servers, tmp_path: Path
 ) -> None:
     """The state a solver leaves when it is killed after recording `placed` and sending the first of two launches."""
-    nc = await nats.connect(servers.nats_url)
-    await wipe_bus(nc)
-    store = ReservationStore(aioredis.Redis.from_url(servers.redis_url))
-    await store.wipe()
-    p = await start_platform(servers.nats_url, servers.redis_url, tmp_path)
-    try:
+    async with fresh_platform(servers.nats_url, servers.redis_url, tmp_path) as (p, nc, store):
         p.kill("placement-solver")
         spec = next(s for s in demo_workload(20, seed=5, duration_s=(1.0, 2.0)) if s.ranks == 2 and s.total_gpus == 16)
         async with OnePlusClient.connect(servers.nats_url) as c:
@@ -119,7 +103,3 @@ async def test_a_gang_whose_solver_died_between_its_launch_commands_still_runs_o
         assert "resending the launch of" in p.logs("placement-solver")
         assert check_history(await store.history()) == []
         assert await store.held_slots() == {}
-    finally:
-        p.stop()
-        await store.close()
-        await nc.close()
