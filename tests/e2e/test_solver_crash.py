@@ -40,7 +40,8 @@ async def test_solver_killed_mid_run_and_restarted_loses_no_job_and_leaks_no_gpu
     async with fresh_platform(servers.nats_url, servers.redis_url, tmp_path) as (p, _, store):
         async with OnePlusClient.connect(servers.nats_url) as c:
             ids = []
-            for i, spec in enumerate(demo_workload(20, seed=5, duration_s=(1.0, 3.0))):
+            # Long enough that jobs still wait when the solver is killed, a few seconds into the run.
+            for i, spec in enumerate(demo_workload(20, seed=5, duration_s=(2.0, 4.0))):
                 reply = await c.submit(spec, msg_id=f"crash-{i}")
                 assert reply.ok, reply.error
                 ids.append(reply.job_id)
@@ -51,8 +52,9 @@ async def test_solver_killed_mid_run_and_restarted_loses_no_job_and_leaks_no_gpu
                 if placed >= 4 and "ACCEPTED" in states:
                     break
                 await asyncio.sleep(0.1)
-            await asyncio.sleep(USAGE_SAVE_EVERY_S + 1)  # fair share has accrued and been stored at least once
+            await asyncio.sleep(1.0)  # fair share has accrued
             used_before = await default_usage(c)
+            await asyncio.sleep(USAGE_SAVE_EVERY_S + 1)  # and a save since then holds at least that much
             p.kill("placement-solver")
             killed_at = {r.job_id: r.state for r in await c.list_jobs()}
             assert "ACCEPTED" in killed_at.values(), "the kill must land while jobs still wait"
