@@ -11,9 +11,10 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from nats.js import JetStreamContext
 from nats.js.errors import KeyNotFoundError
 from nats.js.kv import KeyValue
-from oneplus_contracts import ACTIVE_STATES, Allocation, JobRecord, JobSpec, NodeRecord
+from oneplus_contracts import ACTIVE_STATES, Allocation, JobRecord, JobSpec, NodeRecord, subjects
 from oneplus_placement.explain import explain_pending
 from oneplus_placement.greedy import place_gang
 from oneplus_placement.snapshot import AllocationConflict, ClusterSnapshot, ClusterState
@@ -73,14 +74,14 @@ class LiveSnapshot:
 
 
 class SnapshotSource:
-    def __init__(self, topology_kv: KeyValue, store: ReservationStore) -> None:
-        self.kv = topology_kv
+    def __init__(self, js: JetStreamContext, store: ReservationStore) -> None:
+        self.js = js
         self.store = store
         self.nic_gbps = float(os.environ.get("ONEPLUS_NIC_GBPS_PER_GPU", "400"))
         self.oversubscription = float(os.environ.get("ONEPLUS_OVERSUBSCRIPTION", "1.0"))
 
     async def records(self) -> list[NodeRecord]:
-        return [NodeRecord.model_validate_json(v) for v in await latest_values(self.kv)]
+        return [NodeRecord.model_validate_json(v) for v in await latest_values(self.js, subjects.TOPOLOGY_KV)]
 
     async def snapshot(self) -> LiveSnapshot:
         records = await self.records()

@@ -7,8 +7,11 @@ the record with a compare-and-set on the KV revision, so concurrent writers neve
 from __future__ import annotations
 
 import asyncio
+import contextlib
 
+from nats.errors import TimeoutError as FetchTimeout
 from nats.js import JetStreamContext
+from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy
 from nats.js.errors import KeyNotFoundError, KeyWrongLastSequenceError
 from nats.js.kv import KeyValue
 from oneplus_contracts import JobEvent, JobRecord, apply_event, subjects
@@ -70,22 +73,61 @@ class JobLedger:
         raise RuntimeError(f"could not update job {event.job_id}: too many concurrent writers")
 
     async def all(self) -> list[JobRecord]:
-        """Every job's current record, read with one watcher rather than one request per key."""
-        return [JobRecord.model_validate_json(v) for v in await latest_values(self.kv)]
+        """Every job's current record, read with one consumer rather than one request per key."""
+        return [JobRecord.model_validate_json(v) for v in await latest_values(self.js, subjects.JOBS_KV)]
 
 
-async def latest_values(kv: KeyValue, timeout: float = 10.0) -> list[bytes]:
-    """The latest value of every key of a bucket (deleted keys left out), in key order."""
-    # A short inactivity threshold: each read leaves no consumer behind for long on a busy bucket.
-    watcher = await kv.watchall(ignore_deletes=True, inactive_threshold=2.0)
+_DELETED = {"DEL", "PURGE"}
+_FETCH_BATCH = 512
+
+
+async def latest_values(js: JetStreamContext, bucket: str, timeout: float = 10.0) -> list[bytes]:
+    """The latest value of every key of a KV bucket (deleted keys left out), in key order.
+
+    An ephemeral pull consumer, not `kv.watchall()`: the push watcher signals "all current values
+    delivered" from consumer info, which can answer before the pushed values reach the client, and
+    then a reader sees an empty bucket. A pull consumer delivers nothing until asked, so the pending
+    count it reports at creation is exactly what the read has to collect.
+    """
+    config = ConsumerConfig(
+        deliver_policy=DeliverPolicy.LAST_PER_SUBJECT,
+        ack_policy=AckPolicy.NONE,
+        inactive_threshold=5.0,  # a reader that dies leaves no consumer behind for long
+        mem_storage=True,
+    )
+    sub = await js.pull_subscribe(f"$KV.{bucket}.>", stream=f"KV_{bucket}", config=config)
+    prefix = len(f"$KV.{bucket}.")
     values: dict[str, bytes] = {}
+    info = await sub.consumer_info()
     try:
-        while True:
-            entry = await watcher.updates(timeout=timeout)  # type: ignore[no-untyped-call]
-            if entry is None:  # the watcher has delivered every current value
-                break
-            if entry.value:
-                values[entry.key] = entry.value
+        # Read what was there when the consumer was made, and no further: on a busy bucket new writes
+        # would keep the pending count above zero forever.
+        todo = remaining = info.num_pending or 0
+        deadline = asyncio.get_running_loop().time() + timeout
+        while todo > 0 and remaining > 0:
+            try:
+                msgs = await sub.fetch(batch=min(todo, _FETCH_BATCH), timeout=1.0)
+            except FetchTimeout:
+                if asyncio.get_running_loop().time() > deadline:
+                    raise TimeoutError(f"reading KV bucket {bucket!r}: no values for {timeout:g}s") from None
+                # A value overwritten after the consumer was made is gone from the stream; ask what is left.
+                remaining = (await sub.consumer_info()).num_pending or 0
+                continue
+            for msg in msgs:
+                key = msg.subject[prefix:]
+                if (msg.headers or {}).get("KV-Operation") in _DELETED or _expired(msg.headers):
+                    values.pop(key, None)
+                else:
+                    values[key] = msg.data
+                remaining = msg.metadata.num_pending or 0
+            todo -= len(msgs)
     finally:
-        await watcher.stop()  # type: ignore[no-untyped-call]
+        await sub.unsubscribe()
+        with contextlib.suppress(Exception):  # best effort: the inactivity threshold removes it anyway
+            await js.delete_consumer(f"KV_{bucket}", info.name)
     return [values[k] for k in sorted(values)]
+
+
+def _expired(headers: dict[str, str] | None) -> bool:
+    """nats-server 2.11+ marks a TTL expiry or purge with a marker instead of a KV-Operation header."""
+    return bool(headers) and (headers or {}).get("Nats-Marker-Reason") in {"MaxAge", "Purge", "Remove"}

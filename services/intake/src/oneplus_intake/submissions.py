@@ -70,7 +70,7 @@ class Intake:
         return await live_queue_config(self.svc.kv[subjects.QUEUES_KV])
 
     async def nodes(self) -> list[NodeRecord]:
-        return [NodeRecord.model_validate_json(v) for v in await latest_values(self.svc.kv[subjects.TOPOLOGY_KV])]
+        return [NodeRecord.model_validate_json(v) for v in await latest_values(self.svc.js, subjects.TOPOLOGY_KV)]
 
     async def reject(self, job_id: str, reason: str, source: str, team: str | None, status: int) -> Outcome:
         log.info("rejected %s: %s", job_id, reason)

@@ -75,7 +75,7 @@ def memory() -> SolverMemory:
 @svc.on_start
 async def _connect() -> None:
     _state["store"] = ReservationStore.from_url(svc.settings.redis_url, svc.settings.cluster)
-    _state["source"] = SnapshotSource(svc.kv[subjects.TOPOLOGY_KV], _state["store"])
+    _state["source"] = SnapshotSource(svc.js, _state["store"])
     _state["memory"] = SolverMemory(svc.kv[subjects.SOLVER_STATE_KV])
     _state["nominations"] = await memory().load_nominations()
     await reconcile()

@@ -42,7 +42,7 @@ _state: dict[str, Any] = {}
 async def _connect() -> None:
     store = ReservationStore.from_url(svc.settings.redis_url, svc.settings.cluster)
     _state["store"] = store
-    _state["source"] = SnapshotSource(svc.kv[subjects.TOPOLOGY_KV], store)
+    _state["source"] = SnapshotSource(svc.js, store)
 
 
 @svc.on_stop

@@ -94,7 +94,7 @@ async def on_heartbeat(msg: NatsMessage) -> None:
 
 
 async def all_nodes() -> list[NodeRecord]:
-    return [NodeRecord.model_validate_json(v) for v in await latest_values(svc.kv[subjects.TOPOLOGY_KV])]
+    return [NodeRecord.model_validate_json(v) for v in await latest_values(svc.js, subjects.TOPOLOGY_KV)]
 
 
 @svc.background
