@@ -8,7 +8,9 @@ from pathlib import Path
 import pytest
 from oneplus_sim.fgd import (
     FgdInputError,
+    FgdScorer,
     FragMeter,
+    OnePlusScorer,
     Pod,
     PodRes,
     load_nodes,
@@ -73,6 +75,18 @@ def test_fgd_keeps_a_whole_gpu_for_whole_gpu_pods(tmp_path: Path) -> None:
     for seed in range(5):
         run = run_fgd(nodes, pods, "fgd", seed, demand=1.0)
         assert run.failed == 0 and run.alloc_pct[-1] == pytest.approx(100)
+
+
+def test_oneplus_breaks_an_fgd_tie_in_favour_of_a_node_already_in_use() -> None:
+    whole = PodRes(1000, 1000, 1, "")
+    meter = FragMeter([(whole, 1.0)])
+    idle, used = ("T4", 32_000, 65_536, (1000, 1000, 1000, 1000)), ("T4", 32_000, 65_536, (1000, 1000, 1000, 0))
+    fgd, oneplus = FgdScorer(meter, random.Random(0)), OnePlusScorer(meter, random.Random(0))
+    # A whole-GPU pod leaves no fragment on either node: FGD scores them the same (sigmoid(0) x 100).
+    assert fgd.score(idle, whole) == fgd.score(used, whole) == 50
+    assert oneplus.score(used, whole) == 50 and oneplus.score(idle, whole) < 50
+    # The tie-break never outweighs a real difference of one integer step.
+    assert oneplus.score(idle, whole) > 49
 
 
 def test_a_pod_that_fits_nowhere_fails_and_the_next_one_comes(tmp_path: Path) -> None:
