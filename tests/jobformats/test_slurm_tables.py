@@ -7,8 +7,8 @@ from typing import get_args
 from hypothesis import given
 from hypothesis import strategies as st
 from oneplus_contracts import Allocation, GpuInfo, JobRecord, JobSpec, JobState, NodeRecord, NodeTopology, RankPlacement
-from oneplus_jobformats.hostlist import compress_hostlist, expand_hostlist
-from oneplus_jobformats.slurm_tables import STATE_CODES, render_sinfo, render_squeue
+from oneplus_contracts.slurm import STATE_CODES, compress_hostlist, expand_hostlist
+from oneplus_jobformats.slurm_tables import render_sinfo, render_squeue
 
 NOW = 10_000.0
 

@@ -6,6 +6,7 @@ from collections.abc import Sequence
 
 import pytest
 from oneplus_contracts import Allocation, JobRecord, RankPlacement
+from oneplus_contracts.slurm import compress_hostlist, format_elapsed
 from oneplus_queueing import (
     QUEUE_HEADER,
     PendingReason,
@@ -15,7 +16,6 @@ from oneplus_queueing import (
     queues_rows,
     split_records,
 )
-from oneplus_queueing.report import compress_hostlist, format_elapsed
 from queueing_world import spec
 
 TREE = """
@@ -67,7 +67,7 @@ def test_queue_rows_list_running_then_pending_in_serving_order_with_reasons() ->
     assert len(QUEUE_HEADER) == len(rows[0].cells())
     assert [r.cells() for r in rows] == [
         ("j-run", "red", "j-run", "ada", "R", "1:00:00", "12", "node-[00-01,03]"),
-        ("j-ckpt", "blue", "j-ckpt", "ada", "PR", "11:40", "2", "node-02"),
+        ("j-ckpt", "blue", "j-ckpt", "ada", "SI", "11:40", "2", "node-02"),
         ("j-wait1", "blue", "j-wait1", "ada", "PD", "0:00", "2", "(Resources)"),
         ("j-wait2", "red", "j-wait2", "ada", "PD", "0:00", "8", "(QuotaExceeded)"),
     ]
@@ -102,7 +102,7 @@ def test_queues_rows_show_guarantee_use_borrowing_and_fair_share_in_tree_order()
     [
         (["node-00"], "node-00"),
         (["node-03", "node-01", "node-02", "node-07"], "node-[01-03,07]"),
-        (["gpu9", "gpu10", "login"], "gpu9,gpu10,login"),
+        (["gpu9", "gpu10", "login"], "gpu[9-10],login"),
         (["a1", "a2", "b1"], "a[1-2],b1"),
     ],
 )

@@ -119,7 +119,7 @@ def squeue(
     team: TeamOpt = None,
 ) -> None:
     """Jobs in Slurm's default squeue columns: JOBID PARTITION NAME USER ST TIME NODES NODELIST(REASON)."""
-    from oneplus_jobformats.slurm_tables import STATE_CODES
+    from oneplus_contracts.slurm import STATE_CODES
 
     _no_extras("squeue", ctx)
     records = _call("squeue", nats, team, lambda c: c.list_jobs(team))

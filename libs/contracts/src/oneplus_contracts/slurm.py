@@ -1,17 +1,59 @@
-"""Slurm hostlists: `h100-0,h100-1,h100-2,h100-3,h100-7` ⇄ `h100-[0-3,7]`."""
+"""Slurm's ways of showing jobs, shared by `oneplus queue` and the Slurm-style `oneplus squeue`/`sinfo`.
+
+State codes for the lifecycle, elapsed times as squeue prints them, and hostlists
+(`h100-0,h100-1,h100-2,h100-3,h100-7` ⇄ `h100-[0-3,7]`).
+"""
 
 from __future__ import annotations
 
 import re
 from collections import defaultdict
+from collections.abc import Iterable
 
-from .quantities import digits
+from .events import JobState
+
+# OnePlus lifecycle → squeue's compact state codes (squeue(1), JOB STATE CODES). A job being checkpointed for
+# preemption still runs and has been signalled: SI (SIGNALING); PR is Slurm's state after a preemption ended it.
+STATE_CODES: dict[JobState, str] = {
+    "SUBMITTED": "PD",
+    "ACCEPTED": "PD",
+    "PLACED": "CF",
+    "STARTING": "CF",
+    "RUNNING": "R",
+    "PREEMPTING": "SI",
+    "CHECKPOINTED": "RQ",
+    "SUCCEEDED": "CD",
+    "FAILED": "F",
+    "CANCELLED": "CA",
+    "REJECTED": "F",
+}
+
+
+def format_elapsed(seconds: float | None, *, unlimited: str = "UNLIMITED") -> str:
+    """squeue's TIME: `M:SS`, `H:MM:SS` or `D-HH:MM:SS`; `unlimited` for no limit."""
+    if seconds is None:
+        return unlimited
+    s = max(0, int(seconds))
+    days, s = divmod(s, 86400)
+    hours, s = divmod(s, 3600)
+    minutes, s = divmod(s, 60)
+    if days:
+        return f"{days}-{hours:02d}:{minutes:02d}:{s:02d}"
+    if hours:
+        return f"{hours}:{minutes:02d}:{s:02d}"
+    return f"{minutes}:{s:02d}"
+
+
+def _digits(text: str) -> bool:
+    """A short run of ASCII digits: `str.isdigit` also accepts superscripts that `int` refuses."""
+    return 0 < len(text) <= 18 and text.isascii() and text.isdigit()
+
 
 _NUMBERED = re.compile(r"(.*?)(\d{1,18})", re.ASCII | re.DOTALL)
 _RANGE = re.compile(r"^(.*?)\[([^\]]+)\](.*)$")
 
 
-def compress_hostlist(names: list[str]) -> str:
+def compress_hostlist(names: Iterable[str]) -> str:
     """Group names by prefix and digit width; consecutive numbers become ranges (zero padding is kept)."""
     groups: dict[tuple[str, int], set[int]] = defaultdict(set)
     plain: set[str] = set()
@@ -68,7 +110,7 @@ def expand_hostlist(text: str) -> list[str]:
         prefix, body, suffix = m.groups()
         for span in body.split(","):
             lo, dash, hi = span.partition("-")
-            if not digits(lo, 18) or (dash and not digits(hi, 18)):
+            if not _digits(lo) or (dash and not _digits(hi)):
                 raise ValueError(f"bad range {span!r} in {text!r}")
             width = len(lo) if lo.startswith("0") and len(lo) > 1 else 0
             end = int(hi) if dash else int(lo)

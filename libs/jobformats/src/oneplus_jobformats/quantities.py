@@ -144,18 +144,3 @@ def _time_help(text: str) -> str:
         f"{text!r} is not a Slurm time (use minutes, minutes:seconds, hours:minutes:seconds, days-hours, "
         "days-hours:minutes or days-hours:minutes:seconds)"
     )
-
-
-def format_duration(seconds: float | None, *, unlimited: str = "UNLIMITED") -> str:
-    """Slurm's elapsed-time form: `M:SS`, `H:MM:SS`, `D-HH:MM:SS`."""
-    if seconds is None:
-        return unlimited
-    s = max(0, int(seconds))
-    days, s = divmod(s, 86400)
-    hours, s = divmod(s, 3600)
-    minutes, s = divmod(s, 60)
-    if days:
-        return f"{days}-{hours:02d}:{minutes:02d}:{s:02d}"
-    if hours:
-        return f"{hours}:{minutes:02d}:{s:02d}"
-    return f"{minutes}:{s:02d}"

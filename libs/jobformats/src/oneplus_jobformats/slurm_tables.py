@@ -12,24 +12,8 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 
 from oneplus_contracts import ACTIVE_STATES, TERMINAL_STATES, JobRecord, NodeRecord
+from oneplus_contracts.slurm import STATE_CODES, compress_hostlist, format_elapsed
 
-from .hostlist import compress_hostlist
-from .quantities import format_duration
-
-# OnePlus lifecycle → Slurm's compact state codes.
-STATE_CODES: dict[str, str] = {
-    "SUBMITTED": "PD",
-    "ACCEPTED": "PD",
-    "PLACED": "CF",
-    "STARTING": "CF",
-    "RUNNING": "R",
-    "PREEMPTING": "SI",
-    "CHECKPOINTED": "RQ",
-    "SUCCEEDED": "CD",
-    "FAILED": "F",
-    "CANCELLED": "CA",
-    "REJECTED": "F",
-}
 SQUEUE_COLUMNS = (("JOBID", 18), ("PARTITION", 9), ("NAME", 8), ("USER", 8), ("ST", 2), ("TIME", 10), ("NODES", 6))
 _SLUG = re.compile(r"[^a-z0-9]+")
 
@@ -75,8 +59,8 @@ def squeue_row(record: JobRecord, *, now: float) -> SqueueRow:
         partition=record.spec.queue,
         name=record.spec.name,
         user=record.spec.user,
-        state=STATE_CODES.get(record.state, "PD"),
-        time=format_duration(elapsed),
+        state=STATE_CODES[record.state],
+        time=format_elapsed(elapsed),
         nodes=count,
         nodelist_reason=where,
     )

@@ -7,11 +7,11 @@ describe the same queue the same way.
 from __future__ import annotations
 
 import math
-import re
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass
 
 from oneplus_contracts import ACTIVE_STATES, JobRecord
+from oneplus_contracts.slurm import STATE_CODES, compress_hostlist, format_elapsed
 
 from .config import QueueConfig, QueueConfigError
 from .fairshare import UsageHistory, fair_tree
@@ -20,17 +20,6 @@ from .quota import held_by_queue
 
 QUEUE_HEADER = ("JOBID", "QUEUE", "NAME", "USER", "ST", "TIME", "GPUS", "NODELIST(REASON)")
 QUEUES_HEADER = ("QUEUE", "GUARANTEE", "LIMIT", "USED", "BORROWED", "PENDING", "FAIRSHARE", "WEIGHT")
-
-# squeue's state codes; a job being checkpointed for preemption shows as PR (preempted).
-_ST = {
-    "SUBMITTED": "PD",
-    "ACCEPTED": "PD",
-    "PLACED": "CF",
-    "STARTING": "CF",
-    "RUNNING": "R",
-    "PREEMPTING": "PR",
-    "CHECKPOINTED": "RQ",
-}
 
 
 def split_records(records: Sequence[JobRecord]) -> tuple[list[PendingJob], list[RunningJob]]:
@@ -89,9 +78,9 @@ def queue_rows(
     active: list[tuple[tuple[float, str], QueueRow]] = []
     waiting: list[tuple[tuple[int, float, str], QueueRow]] = []
     for rec in records:
-        st = _ST.get(rec.state)
-        if st is None:
+        if rec.terminal:
             continue  # finished or rejected jobs are not in the queue
+        st = STATE_CODES[rec.state]
         spec = rec.spec
         if st == "PD" or st == "RQ":
             why = reasons.get(rec.job_id)
@@ -213,48 +202,3 @@ def queues_rows(
 
     visit(None, 0)
     return rows
-
-
-def format_elapsed(seconds: float) -> str:
-    """squeue's TIME: M:SS, H:MM:SS, or D-HH:MM:SS."""
-    s = int(max(0.0, seconds))
-    days, s = divmod(s, 86400)
-    hours, s = divmod(s, 3600)
-    minutes, s = divmod(s, 60)
-    if days:
-        return f"{days}-{hours:02d}:{minutes:02d}:{s:02d}"
-    if hours:
-        return f"{hours}:{minutes:02d}:{s:02d}"
-    return f"{minutes}:{s:02d}"
-
-
-_NUMBERED = re.compile(r"^(.*?)(\d+)$")
-
-
-def compress_hostlist(nodes: Sequence[str]) -> str:
-    """Slurm's hostlist form: node-[00-03,07],gpu5."""
-    groups: dict[tuple[str, int], list[int]] = {}
-    plain: list[str] = []
-    for n in dict.fromkeys(nodes):
-        m = _NUMBERED.match(n)
-        if m is None:
-            plain.append(n)
-            continue
-        groups.setdefault((m.group(1), len(m.group(2))), []).append(int(m.group(2)))
-    parts: list[str] = []
-    for (prefix, width), nums in groups.items():
-        nums = sorted(set(nums))
-        if len(nums) == 1:
-            parts.append(f"{prefix}{nums[0]:0{width}d}")
-            continue
-        spans: list[str] = []
-        start = prev = nums[0]
-        for x in [*nums[1:], None]:
-            if x is not None and x == prev + 1:
-                prev = x
-                continue
-            spans.append(f"{start:0{width}d}" if start == prev else f"{start:0{width}d}-{prev:0{width}d}")
-            if x is not None:
-                start = prev = x
-        parts.append(f"{prefix}[{','.join(spans)}]")
-    return ",".join(parts + plain)
