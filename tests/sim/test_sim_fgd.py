@@ -7,12 +7,17 @@ from pathlib import Path
 
 import pytest
 from oneplus_sim.fgd import (
+    DotProdScorer,
     FgdInputError,
     FgdScorer,
     FragMeter,
+    GpuClusteringScorer,
+    GpuPackingScorer,
+    NodeState,
     OnePlusScorer,
     Pod,
     PodRes,
+    affinity_tag,
     load_nodes,
     load_pods,
     parse_seeds,
@@ -80,13 +85,66 @@ def test_fgd_keeps_a_whole_gpu_for_whole_gpu_pods(tmp_path: Path) -> None:
 def test_oneplus_breaks_an_fgd_tie_in_favour_of_a_node_already_in_use() -> None:
     whole = PodRes(1000, 1000, 1, "")
     meter = FragMeter([(whole, 1.0)])
-    idle, used = ("T4", 32_000, 65_536, (1000, 1000, 1000, 1000)), ("T4", 32_000, 65_536, (1000, 1000, 1000, 0))
+    idle = ("T4", 32_000, 65_536, (1000, 1000, 1000, 1000), NO_TAGS)
+    used = ("T4", 32_000, 65_536, (1000, 1000, 1000, 0), NO_TAGS)
     fgd, oneplus = FgdScorer(meter, random.Random(0)), OnePlusScorer(meter, random.Random(0))
     # A whole-GPU pod leaves no fragment on either node: FGD scores them the same (sigmoid(0) x 100).
     assert fgd.score(idle, whole) == fgd.score(used, whole) == 50
     assert oneplus.score(used, whole) == 50 and oneplus.score(idle, whole) < 50
     # The tie-break never outweighs a real difference of one integer step.
     assert oneplus.score(idle, whole) > 49
+
+
+NO_TAGS: frozenset[str] = frozenset()
+
+
+def test_gpupacking_scores_partly_used_gpus_then_used_nodes_then_idle_nodes_by_hand() -> None:
+    packing = GpuPackingScorer(FragMeter([]), random.Random(0))
+    share, one = PodRes(1000, 300, 1, ""), PodRes(1000, 1000, 1, "")
+    idle8 = ("T4", 96_000, 1, (1000,) * 8, NO_TAGS)
+    idle4 = ("T4", 96_000, 1, (1000,) * 4, NO_TAGS)
+    used = ("T4", 96_000, 1, (1000, 1000, 1000, 400), NO_TAGS)
+    assert packing.score(idle8, share) == 33 - 8 and packing.score(idle4, share) == 33 - 4  # a smaller idle node first
+    # The share fits on the GPU with 400 left: 100 - (40 // 10) = 96.
+    assert packing.score(used, share) == 96
+    # A whole GPU must come from the idle ones: 50 - 1.
+    assert packing.score(used, one) == 49
+    assert packing.score(used, PodRes(1000, 0, 0, "")) == 0  # no GPU asked: no opinion
+
+
+def test_gpuclustering_bands_by_the_gpu_shapes_already_on_the_node_by_hand() -> None:
+    clustering = GpuClusteringScorer(FragMeter([]), random.Random(0))
+    one = PodRes(1000, 1000, 1, "")
+    assert affinity_tag(one) == "1-gpu" and affinity_tag(PodRes(1000, 500, 1, "")) == "share"
+    assert affinity_tag(PodRes(1000, 1000, 2, "")) == "2-gpu" and affinity_tag(PodRes(1000, 0, 0, "")) is None
+    left = (1000, 1000, 1000, 1000, 0, 0, 0, 0)  # 4,000 of 8,000 milli used: 25 x 4000 // 8000 = 12 in each band
+    assert clustering.score(("V100", 1, 1, left, frozenset({"1-gpu"})), one) == 75 + 12
+    assert clustering.score(("V100", 1, 1, left, frozenset({"1-gpu", "share"})), one) == 50 + 12
+    assert clustering.score(("V100", 1, 1, (1000,) * 8, NO_TAGS), one) == 25 + 0
+    assert clustering.score(("V100", 1, 1, left, frozenset({"share"})), one) == 12
+
+
+def test_gpuclustering_tracks_the_shapes_of_the_pods_it_placed(tmp_path: Path) -> None:
+    nodes = load_nodes(write(tmp_path, "n.csv", NODES, ["n0,64000,65536,4,T4", "n1,64000,65536,4,T4"]))
+    rows = [f"s{i},1000,1024,1,500,,LS,Running,0,1,0" for i in range(2)]
+    rows += [f"w{i},1000,1024,1,1000,,LS,Running,0,1,0" for i in range(2)]
+    pods = load_pods(write(tmp_path, "p.csv", PODS, rows))
+    for seed in range(4):
+        run = run_fgd(nodes, pods, "gpuclustering", seed, demand=3000 / 8000)  # exactly the four pods, no inflation
+        assert run.pods == 4 and run.failed == 0 and run.alloc_pct[-1] == pytest.approx(100 * 3000 / 8000)
+    # The tags are part of a node's key only for a scorer that reads them, so other policies keep fewer groups.
+    tagged = NodeState(nodes[0], 1, 1, [1000] * 4, {"share"}, keep_tags=True)
+    assert tagged.key()[4] == {"share"}
+    assert NodeState(nodes[0], 1, 1, [1000] * 4, {"share"}).key()[4] == frozenset()
+
+
+def test_dotprod_prefers_the_node_least_aligned_with_the_pod_by_hand() -> None:
+    dot = DotProdScorer(FragMeter([]), random.Random(0))
+    pod = PodRes(32_000, 1000, 2, "")
+    roomy = ("V100", 128_000, 1, (1000,) * 8, NO_TAGS)
+    tight = ("V100", 32_000, 1, (1000, 1000, 0, 0, 0, 0, 0, 0), NO_TAGS)
+    # 1 - (1.0 x 0.25 + 1.0 x 0.25) / 2 = 0.75; 1 - (0.25 x 0.25 + 0.25 x 0.25) / 2 = 0.9375
+    assert dot.score(roomy, pod) == 75 and dot.score(tight, pod) == 93
 
 
 def test_a_pod_that_fits_nowhere_fails_and_the_next_one_comes(tmp_path: Path) -> None:
@@ -143,4 +201,6 @@ def test_bad_inputs_are_refused(tmp_path: Path) -> None:
     assert parse_seeds("42-44") == [42, 43, 44] and parse_seeds("1,5") == [1, 5]
     nodes = load_nodes(write(tmp_path, "n2.csv", NODES, ["n0,32000,65536,1,T4"]))
     with pytest.raises(FgdInputError, match="unknown FGD policy"):
-        run_fgd(nodes, [], "dotprod", 0)
+        run_fgd(nodes, [], "tetris", 0)
+    with pytest.raises(FgdInputError, match="no pods"):
+        run_fgd(nodes, [], "fgd", 0)

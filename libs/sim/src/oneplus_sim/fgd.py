@@ -145,6 +145,9 @@ def typical_pods(pods: Sequence[Pod], popularity: float = 95.0) -> list[tuple[Po
 
 
 GpuState = tuple[int, ...]  # milli left per GPU, sorted descending
+# What a score depends on: GPU model, CPU and memory left, GPUs left, and (only for scorers that read them,
+# else empty) the GPU-affinity tags of the pods already on the node. Nodes with one key score the same.
+NodeKey = tuple[str, int, int, GpuState, frozenset[str]]
 
 
 class FragMeter:
@@ -193,17 +196,20 @@ class NodeState:
     cpu_left: int
     mem_left: int
     left: list[int]
+    tags: set[str] = field(default_factory=set)  # affinity tags of its pods (GpuClustering)
+    keep_tags: bool = False
 
     @property
     def sorted_left(self) -> GpuState:
         return tuple(sorted(self.left, reverse=True))
 
-    def key(self) -> tuple[str, int, int, GpuState]:
-        return (self.node.model, self.cpu_left, self.mem_left, self.sorted_left)
+    def key(self) -> NodeKey:
+        tags = frozenset(self.tags) if self.keep_tags else frozenset()
+        return (self.node.model, self.cpu_left, self.mem_left, self.sorted_left, tags)
 
 
-def fits(state: tuple[str, int, int, GpuState], pod: Pod) -> bool:
-    model, cpu, mem, left = state
+def fits(state: NodeKey, pod: Pod) -> bool:
+    model, cpu, mem, left, _tags = state
     res = pod.res
     if cpu < res.cpu or mem < pod.memory:
         return False
@@ -233,7 +239,7 @@ def after(left: GpuState, res: PodRes) -> list[GpuState]:
     return [tuple(sorted(lst, reverse=True))]
 
 
-ScoreFn = Callable[[tuple[str, int, int, GpuState], PodRes], float]
+ScoreFn = Callable[[NodeKey, PodRes], float]
 
 
 class Scorer(ABC):
@@ -241,6 +247,7 @@ class Scorer(ABC):
 
     name = "base"
     uniform = False  # pick uniformly among feasible nodes instead of by score
+    uses_tags = False  # scores read the GPU-affinity tags of the pods on a node
     normalize = False  # the reference's min-max NormalizeScore (integer) before picking
 
     def __init__(self, meter: FragMeter, rng: random.Random) -> None:
@@ -248,7 +255,7 @@ class Scorer(ABC):
         self.rng = rng
 
     @abstractmethod
-    def score(self, state: tuple[str, int, int, GpuState], res: PodRes) -> float:
+    def score(self, state: NodeKey, res: PodRes) -> float:
         """The node's score for the pod: the highest score wins."""
 
     def pick_share_gpu(self, ns: NodeState, res: PodRes) -> int:
@@ -266,8 +273,8 @@ class FgdScorer(Scorer):
         m = self.meter
         return m.frag(model, cpu, left) - m.frag(model, cpu - res.cpu, new_left)
 
-    def score(self, state: tuple[str, int, int, GpuState], res: PodRes) -> float:
-        model, cpu, _mem, left = state
+    def score(self, state: NodeKey, res: PodRes) -> float:
+        model, cpu, _mem, left, _tags = state
         best = max(self._delta(model, cpu, left, nl, res) for nl in after(left, res))
         s = _sigmoid(best / 1000) * MAX_SCORE
         return float(int(s)) if self.truncate else s
@@ -293,10 +300,76 @@ class BestFitScorer(Scorer):
     name = "bestfit"
     normalize = True
 
-    def score(self, state: tuple[str, int, int, GpuState], res: PodRes) -> float:
-        _model, cpu, _mem, left = state
+    def score(self, state: NodeKey, res: PodRes) -> float:
+        _model, cpu, _mem, left, _tags = state
         waste = 0.5 * (cpu - res.cpu) / MAX_SPEC_CPU + 0.5 * (sum(left) - res.total_milli) / MAX_SPEC_GPU
         return float(int((1.0 - waste) * MAX_SCORE))
+
+
+class DotProdScorer(Scorer):
+    """DotProd (Tetris-like alignment), as the reference runs it (`-dimext merge -norm max`): 1 - the mean of the
+    pod's and the node's free (CPU, total GPU) vectors multiplied, each divided by the largest node spec."""
+
+    name = "dotprod"
+
+    def score(self, state: NodeKey, res: PodRes) -> float:
+        _model, cpu, _mem, left, _tags = state
+        dot = (cpu / MAX_SPEC_CPU) * (res.cpu / MAX_SPEC_CPU) + (sum(left) / MAX_SPEC_GPU) * (
+            res.total_milli / MAX_SPEC_GPU
+        )
+        return float(int(MAX_SCORE * (1.0 - dot / 2)))
+
+
+class GpuClusteringScorer(Scorer):
+    """GpuClustering: pods go where pods of the same GPU shape (share, 1-GPU, 2-GPU, ...) already are; each of four
+    bands (only that shape / that shape among others / an idle node / other shapes) is ordered by GPU already used."""
+
+    name = "gpuclustering"
+    uses_tags = True
+
+    def score(self, state: NodeKey, res: PodRes) -> float:
+        _model, _cpu, _mem, left, tags = state
+        tag = affinity_tag(res)
+        if tag is None:
+            return 0.0
+        quarter = MAX_SCORE // 4
+        used = quarter * (MAX_SPEC_GPU - sum(left)) // MAX_SPEC_GPU  # Go's integer arithmetic, left to right
+        if tag in tags:
+            return float(used + (3 * quarter if len(tags) == 1 else 2 * quarter))
+        return float(used + (quarter if not tags else 0))
+
+
+class GpuPackingScorer(Scorer):
+    """GpuPacking: first a pod that fits on partly used GPUs (the fuller, the better), then one that takes idle
+    GPUs of a node already in use (fewer, better), and an idle node last (a smaller node first)."""
+
+    name = "gpupacking"
+
+    def score(self, state: NodeKey, res: PodRes) -> float:
+        left = state[3]
+        if res.milli <= 0:
+            return 0.0
+        idle = sum(1 for x in left if x == MILLI)
+        if idle == len(left):
+            return float(max(MAX_SCORE // 3 - idle, idle))
+        need, idle_used, fill = res.n_gpu, 0, 0
+        for x in sorted(left):  # the least GPU left first
+            if need == 0:
+                break
+            if res.milli <= x:
+                need -= 1
+                idle_used += x == MILLI
+                fill += x * 100 // MILLI
+        if idle_used:
+            return float(max(MAX_SCORE // 2 - idle_used, MAX_SCORE // 3))
+        return float(max(MAX_SCORE - fill // 10, MAX_SCORE // 2))
+
+
+def affinity_tag(res: PodRes) -> str | None:
+    """The reference's GPU affinity of a pod: `share`, `N-gpu` for N whole GPUs, None without GPUs."""
+    if not res.milli or not res.n_gpu:
+        return None
+    return "share" if res.is_share else f"{res.n_gpu}-gpu"
 
 
 class RandomScorer(Scorer):
@@ -305,7 +378,7 @@ class RandomScorer(Scorer):
     name = "random"
     uniform = True
 
-    def score(self, state: tuple[str, int, int, GpuState], res: PodRes) -> float:
+    def score(self, state: NodeKey, res: PodRes) -> float:
         return 0.0
 
     def pick_share_gpu(self, ns: NodeState, res: PodRes) -> int:
@@ -321,13 +394,24 @@ class OnePlusScorer(FgdScorer):
     name = "oneplus"
     _IDLE_NODE_PENALTY = 1e-3  # below the integer score step: it only orders ties
 
-    def score(self, state: tuple[str, int, int, GpuState], res: PodRes) -> float:
+    def score(self, state: NodeKey, res: PodRes) -> float:
         left = state[3]
         whole = bool(left) and all(x == MILLI for x in left)
         return super().score(state, res) - (self._IDLE_NODE_PENALTY if whole else 0.0)
 
 
-SCORERS: dict[str, type[Scorer]] = {c.name: c for c in (FgdScorer, BestFitScorer, RandomScorer, OnePlusScorer)}
+SCORERS: dict[str, type[Scorer]] = {
+    c.name: c
+    for c in (
+        FgdScorer,
+        BestFitScorer,
+        RandomScorer,
+        DotProdScorer,
+        GpuClusteringScorer,
+        GpuPackingScorer,
+        OnePlusScorer,
+    )
+}
 
 
 # ---- the protocol -----------------------------------------------------------------------------------------
@@ -394,6 +478,8 @@ def run_fgd(
         raise FgdInputError(f"unknown FGD policy {policy!r}; choose from {', '.join(SCORERS)}")
     if demand <= 0:
         raise FgdInputError(f"--demand must be > 0, got {demand}")
+    if not pods:
+        raise FgdInputError("no pods to replay: the pod list has no rows")
     rng = random.Random(seed)
     capacity = sum(n.n_gpu for n in nodes) * MILLI
     # The reference names nodes "<random permutation index>-<name>" and breaks score ties by the smallest name.
@@ -402,9 +488,9 @@ def run_fgd(
     arrivals = workload(pods, capacity, demand, rng)
     meter = FragMeter(typical_pods(pods))
     scorer = SCORERS[policy](meter, random.Random(f"{seed}/gpu"))
-    states = [NodeState(n, n.cpu, n.memory, [MILLI] * n.n_gpu) for n in nodes]
+    states = [NodeState(n, n.cpu, n.memory, [MILLI] * n.n_gpu, keep_tags=scorer.uses_tags) for n in nodes]
     by_rank = [0] * len(nodes)
-    groups: dict[tuple[str, int, int, GpuState], list[int]] = {}  # state -> ranks of its nodes, ascending
+    groups: dict[NodeKey, list[int]] = {}  # state -> ranks of its nodes, ascending
     for i, st in enumerate(states):
         by_rank[rank_of[i]] = i
         bisect.insort(groups.setdefault(st.key(), []), rank_of[i])
@@ -412,10 +498,10 @@ def run_fgd(
     cluster_frag = sum(meter.frag(k[0], k[1], k[3]) * len(v) for k, v in groups.items())
     idle = capacity
     arrived = 0
-    score_cache: dict[tuple[tuple[str, int, int, GpuState], PodRes], float] = {}
+    score_cache: dict[tuple[NodeKey, PodRes], float] = {}
     for n_pod, pod in enumerate(arrivals):
         arrived += pod.res.total_milli
-        scored: list[tuple[float, tuple[str, int, int, GpuState]]] = []
+        scored: list[tuple[float, NodeKey]] = []
         for key in groups:
             if fits(key, pod):
                 ck = (key, pod.res)
@@ -448,8 +534,8 @@ def run_fgd(
 
 
 def _select(
-    scored: list[tuple[float, tuple[str, int, int, GpuState]]],
-    groups: dict[tuple[str, int, int, GpuState], list[int]],
+    scored: list[tuple[float, NodeKey]],
+    groups: dict[NodeKey, list[int]],
     scorer: Scorer,
     rng: random.Random,
 ) -> int:
@@ -475,6 +561,9 @@ def _bind(ns: NodeState, pod: Pod, scorer: Scorer) -> None:
     ns.mem_left -= pod.memory
     if not res.milli:
         return
+    tag = affinity_tag(res)
+    if tag is not None:
+        ns.tags.add(tag)
     if res.is_share:
         ns.left[scorer.pick_share_gpu(ns, res)] -= res.milli
         return
