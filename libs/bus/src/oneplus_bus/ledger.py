@@ -78,6 +78,7 @@ class JobLedger:
 
 
 _DELETED = {"DEL", "PURGE"}
+_MARKERS = {"MaxAge", "Purge", "Remove"}
 _FETCH_BATCH = 512
 
 
@@ -89,16 +90,18 @@ async def latest_values(js: JetStreamContext, bucket: str, timeout: float = 10.0
     then a reader sees an empty bucket. A pull consumer delivers nothing until asked, so the pending
     count it reports at creation is exactly what the read has to collect.
     """
+    stream = f"KV_{bucket}"
     config = ConsumerConfig(
+        filter_subject=f"$KV.{bucket}.>",
         deliver_policy=DeliverPolicy.LAST_PER_SUBJECT,
         ack_policy=AckPolicy.NONE,
         inactive_threshold=5.0,  # a reader that dies leaves no consumer behind for long
         mem_storage=True,
     )
-    sub = await js.pull_subscribe(f"$KV.{bucket}.>", stream=f"KV_{bucket}", config=config)
+    info = await js.add_consumer(stream, config=config)  # its reply carries the pending count: no second request
+    sub = await js.pull_subscribe_bind(consumer=info.name, stream=stream)
     prefix = len(f"$KV.{bucket}.")
     values: dict[str, bytes] = {}
-    info = await sub.consumer_info()
     try:
         # Read what was there when the consumer was made, and no further: on a busy bucket new writes
         # would keep the pending count above zero forever.
@@ -115,7 +118,7 @@ async def latest_values(js: JetStreamContext, bucket: str, timeout: float = 10.0
                 continue
             for msg in msgs:
                 key = msg.subject[prefix:]
-                if (msg.headers or {}).get("KV-Operation") in _DELETED or _expired(msg.headers):
+                if _removed(msg.headers or {}):
                     values.pop(key, None)
                 else:
                     values[key] = msg.data
@@ -124,10 +127,10 @@ async def latest_values(js: JetStreamContext, bucket: str, timeout: float = 10.0
     finally:
         await sub.unsubscribe()
         with contextlib.suppress(Exception):  # best effort: the inactivity threshold removes it anyway
-            await js.delete_consumer(f"KV_{bucket}", info.name)
+            await js.delete_consumer(stream, info.name)
     return [values[k] for k in sorted(values)]
 
 
-def _expired(headers: dict[str, str] | None) -> bool:
-    """nats-server 2.11+ marks a TTL expiry or purge with a marker instead of a KV-Operation header."""
-    return bool(headers) and (headers or {}).get("Nats-Marker-Reason") in {"MaxAge", "Purge", "Remove"}
+def _removed(headers: dict[str, str]) -> bool:
+    """A delete or purge marker; nats-server 2.11+ marks a TTL expiry or purge with Nats-Marker-Reason instead."""
+    return headers.get("KV-Operation") in _DELETED or headers.get("Nats-Marker-Reason") in _MARKERS
