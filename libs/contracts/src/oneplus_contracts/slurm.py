@@ -44,9 +44,9 @@ def format_elapsed(seconds: float | None, *, unlimited: str = "UNLIMITED") -> st
     return f"{minutes}:{s:02d}"
 
 
-def _digits(text: str) -> bool:
+def digits(text: str, max_len: int = 9) -> bool:
     """A short run of ASCII digits: `str.isdigit` also accepts superscripts that `int` refuses."""
-    return 0 < len(text) <= 18 and text.isascii() and text.isdigit()
+    return 0 < len(text) <= max_len and text.isascii() and text.isdigit()
 
 
 _NUMBERED = re.compile(r"(.*?)(\d{1,18})", re.ASCII | re.DOTALL)
@@ -110,7 +110,7 @@ def expand_hostlist(text: str) -> list[str]:
         prefix, body, suffix = m.groups()
         for span in body.split(","):
             lo, dash, hi = span.partition("-")
-            if not _digits(lo) or (dash and not _digits(hi)):
+            if not digits(lo, 18) or (dash and not digits(hi, 18)):
                 raise ValueError(f"bad range {span!r} in {text!r}")
             width = len(lo) if lo.startswith("0") and len(lo) > 1 else 0
             end = int(hi) if dash else int(lo)

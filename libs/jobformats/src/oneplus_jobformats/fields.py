@@ -10,8 +10,9 @@ import re
 from collections.abc import Iterator
 from typing import Any
 
+from oneplus_contracts.slurm import digits
+
 from .errors import JobFormatError
-from .quantities import digits
 
 _PLAIN_KEY = re.compile(r"[A-Za-z_][A-Za-z0-9_-]*")
 MAX_NODES = 20_000  # YAML aliases can make a small file a huge tree; refuse before walking it

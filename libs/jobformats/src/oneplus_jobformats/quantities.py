@@ -9,6 +9,8 @@ import math
 import re
 from decimal import Decimal, InvalidOperation
 
+from oneplus_contracts.slurm import digits
+
 _K8S_QUANTITY = re.compile(
     r"([+-]?(?:\d{1,40}(?:\.\d{0,40})?|\.\d{1,40}))(?:([eE][+-]?\d{1,4})|(Ki|Mi|Gi|Ti|Pi|Ei|n|u|m|k|M|G|T|P|E))?",
     re.ASCII,
@@ -31,11 +33,6 @@ _K8S_SUFFIX = {
     "E": Decimal("1e18"),
 }
 MIB = 1024 * 1024
-
-
-def digits(text: str, max_len: int = 9) -> bool:
-    """A short run of ASCII digits: `str.isdigit` also accepts superscripts that `int` refuses."""
-    return 0 < len(text) <= max_len and text.isascii() and text.isdigit()
 
 
 def k8s_quantity(value: object) -> Decimal:

@@ -12,9 +12,11 @@ from collections.abc import Sequence
 from pathlib import PurePath
 from typing import Any
 
+from oneplus_contracts.slurm import digits
+
 from .errors import JobFormatError, Translation, spec_from_fields
 from .priorities import priority_of
-from .quantities import digits, slurm_time_s
+from .quantities import slurm_time_s
 from .sbatch_gang import gang_fields
 from .sbatch_options import UNUSED, Option, SbatchJob, parse_tokens, script_directives
 

@@ -9,9 +9,11 @@ from __future__ import annotations
 import re
 from typing import Any
 
+from oneplus_contracts.slurm import digits
+
 from .errors import JobFormatError
 from .gang import CPU_ONLY_GPU_SHARE, cpu_only_remark
-from .quantities import digits, slurm_memory_mb
+from .quantities import slurm_memory_mb
 from .sbatch_options import SbatchJob
 
 _GPU_SPEC = re.compile(r"(?:([A-Za-z][\w.-]{0,63}):)?(\d{1,6})", re.ASCII)

@@ -10,8 +10,9 @@ import shlex
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
+from oneplus_contracts.slurm import digits
+
 from .errors import JobFormatError
-from .quantities import digits
 
 VALUE, FLAG, OPTIONAL = "value", "flag", "optional"
 
