@@ -48,6 +48,23 @@ class JobLedger:
             stream=subjects.JOBS_STREAM,
         )
 
+    async def report(self, event: JobEvent, traceparent: str | None = None) -> int:
+        """Report a fact about a job to its owner (the placement-solver), which folds it in order and publishes the
+        job event, or refuses it. Every service but the owner changes job state this way. Returns the fact's
+        sequence in the facts stream."""
+        headers = {"Nats-Msg-Id": event.event_id}
+        if traceparent:
+            headers["traceparent"] = traceparent
+        else:
+            inject(headers)
+        ack = await self.js.publish(
+            subjects.job_fact(event.job_id, event.type),
+            event.model_dump_json().encode(),
+            headers=headers,
+            stream=subjects.FACTS_STREAM,
+        )
+        return int(ack.seq)
+
     async def record(self, event: JobEvent, *, traceparent: str | None = None) -> JobRecord:
         """Publish `event` and fold it into the job's record; raises IllegalTransition if it does not apply."""
         for attempt in range(_CAS_RETRIES):

@@ -15,11 +15,18 @@ JOBS_STREAM = "ONEPLUS_JOBS"
 NODES_STREAM = "ONEPLUS_NODES"
 COMMANDS_STREAM = "ONEPLUS_COMMANDS"
 DEAD_LETTER_STREAM = "ONEPLUS_DLQ"
+# Facts about a job reported by services that do not own job state (intake, executors, preemption); the job owner
+# (the placement-solver) folds them in order and publishes the resulting job event, or refuses them.
+FACTS_STREAM = "ONEPLUS_FACTS"
+# Finished jobs after they leave the hot view (`jobs` KV), kept for ONEPLUS_ARCHIVE_RETENTION_S (sacct's database).
+ARCHIVE_STREAM = "ONEPLUS_ARCHIVE"
 
 JOB_EVENTS_ALL = f"{PREFIX}.job.>"
 NODE_EVENTS_ALL = f"{PREFIX}.node.>"
 COMMANDS_ALL = f"{PREFIX}.cmd.>"
 DEAD_LETTER_ALL = f"{PREFIX}.dlq.>"
+JOB_FACTS_ALL = f"{PREFIX}.fact.job.>"
+ARCHIVE_ALL = f"{PREFIX}.archive.>"
 TOPOLOGY_CHANGED = f"{PREFIX}.topology.changed"
 
 STREAMS: dict[str, list[str]] = {
@@ -27,6 +34,8 @@ STREAMS: dict[str, list[str]] = {
     NODES_STREAM: [NODE_EVENTS_ALL, TOPOLOGY_CHANGED],
     COMMANDS_STREAM: [COMMANDS_ALL],
     DEAD_LETTER_STREAM: [DEAD_LETTER_ALL],
+    FACTS_STREAM: [JOB_FACTS_ALL],
+    ARCHIVE_STREAM: [ARCHIVE_ALL],
 }
 
 # KV buckets.
@@ -50,6 +59,11 @@ OPS_NODE_UNCORDON = f"{PREFIX}.ops.node.uncordon"
 
 def job_event(job_id: str, event_type: str) -> str:
     return f"{PREFIX}.job.{job_id}.{event_type}"
+
+
+def job_fact(job_id: str, event_type: str) -> str:
+    """Where a non-owner reports a fact about a job (`JobLedger.report`); only the owner publishes `job_event`."""
+    return f"{PREFIX}.fact.job.{job_id}.{event_type}"
 
 
 def job_events_of(job_id: str) -> str:
