@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass
+
 from nats.js import JetStreamContext
 from nats.js.api import StorageType, StreamConfig
 from nats.js.errors import BadRequestError, NotFoundError
@@ -10,6 +14,65 @@ from oneplus_contracts import subjects
 
 # Dedupe window for Nats-Msg-Id: a retried submission within it is not a second job.
 DUPLICATE_WINDOW_S = 600.0
+
+DAY_S = 86400.0
+ARCHIVE_RETENTION_S = 30 * DAY_S  # ONEPLUS_ARCHIVE_RETENTION_S: how long a finished job stays findable
+ARCHIVE_MAX_BYTES = 10 * 1024**3  # ONEPLUS_ARCHIVE_MAX_BYTES: the archive's disk budget; the oldest go first
+JOBS_STREAM_MAX_MSGS = 10_000_000  # ONEPLUS_JOBS_STREAM_MAX_MSGS: job events kept, whatever their age
+
+
+@dataclass(frozen=True)
+class StreamLimits:
+    """What a stream keeps (NATS' own units; 0 or -1: no limit). The oldest messages go first (DiscardPolicy.OLD)."""
+
+    max_age: float = 0.0  # seconds
+    max_bytes: int = -1
+    max_msgs: int = -1
+    max_msgs_per_subject: int = -1
+
+
+def stream_limits(name: str, env: Mapping[str, str] | None = None) -> StreamLimits:
+    """The limits of one of `subjects.STREAMS`, from the environment's knobs; every stream is bounded."""
+    env = os.environ if env is None else env
+    retention = _knob(env, "ONEPLUS_ARCHIVE_RETENTION_S", ARCHIVE_RETENTION_S)
+    limits = {
+        # The event log is kept as long as the archive, so a job's history outlives its record no longer.
+        subjects.JOBS_STREAM: StreamLimits(
+            max_age=retention, max_msgs=int(_knob(env, "ONEPLUS_JOBS_STREAM_MAX_MSGS", JOBS_STREAM_MAX_MSGS))
+        ),
+        # Heartbeats are only news while fresh: keep a short tail per node, not a history.
+        subjects.NODES_STREAM: StreamLimits(max_msgs_per_subject=50),
+        subjects.COMMANDS_STREAM: StreamLimits(max_age=DAY_S),
+        subjects.FACTS_STREAM: StreamLimits(max_age=DAY_S),
+        subjects.DEAD_LETTER_STREAM: StreamLimits(max_age=7 * DAY_S),
+        # One message per archived job (its subject names the job), kept for the retention, within a disk budget.
+        subjects.ARCHIVE_STREAM: StreamLimits(
+            max_age=retention,
+            max_bytes=int(_knob(env, "ONEPLUS_ARCHIVE_MAX_BYTES", ARCHIVE_MAX_BYTES)),
+            max_msgs_per_subject=1,
+        ),
+    }
+    return limits.get(name, StreamLimits())
+
+
+def _knob(env: Mapping[str, str], name: str, default: float) -> float:
+    raw = env.get(name, "").strip()
+    if not raw:
+        return default
+    try:
+        value = float(raw)
+    except ValueError:
+        raise ValueError(f"{name}={raw!r} is not a number") from None
+    if value <= 0:
+        raise ValueError(f"{name}={raw!r} must be positive")
+    return value
+
+
+def _limits_of(cfg: StreamConfig) -> list[int]:
+    """Comparable limits of a stream's config: ages in whole nanoseconds, any unlimited value as -1."""
+    values = [round((cfg.max_age or 0) * 1e9), cfg.max_bytes, cfg.max_msgs, cfg.max_msgs_per_subject]
+    return [v if v is not None and v > 0 else -1 for v in values]
+
 
 KV_HISTORY = {
     subjects.JOBS_KV: 5,
@@ -24,13 +87,17 @@ KV_TTL = {subjects.WEBHOOK_DELIVERIES_KV: subjects.WEBHOOK_DELIVERIES_TTL_S}
 
 async def ensure_streams(js: JetStreamContext) -> None:
     for name, subs in subjects.STREAMS.items():
+        limits = stream_limits(name)
         cfg = StreamConfig(
             name=name,
             subjects=subs,
             storage=StorageType.FILE,
-            duplicate_window=DUPLICATE_WINDOW_S,
-            # Heartbeats are only news while fresh: keep a short tail per node, not a history.
-            max_msgs_per_subject=50 if name == subjects.NODES_STREAM else -1,
+            # NATS refuses a dedupe window longer than the stream keeps messages.
+            duplicate_window=min(DUPLICATE_WINDOW_S, limits.max_age or DUPLICATE_WINDOW_S),
+            max_age=limits.max_age,
+            max_bytes=limits.max_bytes,
+            max_msgs=limits.max_msgs,
+            max_msgs_per_subject=limits.max_msgs_per_subject,
         )
         try:
             info = await js.stream_info(name)
@@ -41,7 +108,8 @@ async def ensure_streams(js: JetStreamContext) -> None:
                 # Another service declared it between our look and our add.
                 await js.stream_info(name)
             continue
-        if sorted(info.config.subjects or []) != sorted(subs):
+        # A stream made before its limits were set, or under other knobs, takes the current ones.
+        if sorted(info.config.subjects or []) != sorted(subs) or _limits_of(info.config) != _limits_of(cfg):
             await js.update_stream(cfg)
 
 

@@ -1,0 +1,269 @@
+"""The archive of finished jobs: what `sacct` reads in Slurm, on the ONEPLUS_ARCHIVE stream.
+
+The job owner keeps live and recently finished jobs in the `jobs` KV bucket (the hot view); when a finished job
+has been there ONEPLUS_MIN_JOB_AGE_S it is `put` here and its key deleted. One message per job, on
+
+    oneplus.archive.<job_id>.<STATE>.<team>.<user>
+
+so `get(job_id)` is one last-by-subject lookup, and `page` lets the server filter on state, team and user before
+a single record is read. The job id's token is one-to-one (`job_token`); team and user are made subject-safe
+(`token`), so two names may share a token, and every reader checks the decoded record against the exact values.
+The stream's limits (streams.stream_limits) decide how long a job stays: ONEPLUS_ARCHIVE_RETENTION_S (30 days)
+and ONEPLUS_ARCHIVE_MAX_BYTES (10 GiB), the oldest first.
+
+Pages follow the stream's order, which is the order jobs were archived (their finish, plus the hot view's delay).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import re
+from collections.abc import AsyncGenerator, Iterable
+from datetime import UTC, datetime
+from typing import get_args
+
+from nats.errors import TimeoutError as FetchTimeout
+from nats.js import JetStreamContext
+from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy
+from nats.js.errors import NotFoundError
+from oneplus_contracts import JobRecord, JobState, subjects
+
+ARCHIVE_PREFIX = f"{subjects.PREFIX}.archive"
+JOB_STATES: tuple[str, ...] = get_args(JobState)
+# How far before `since` a time-based read starts: a job is archived after it finished, by the clock of the NATS
+# server; this margin covers a server clock behind the job owner's.
+CLOCK_MARGIN_S = 300.0
+_FETCH_BATCH = 256
+_UNSAFE = re.compile(r"[^A-Za-z0-9_-]")
+
+
+def token(value: str) -> str:
+    """`value` as one subject token: characters outside [A-Za-z0-9_-] become `_`; the empty string is `_`."""
+    return _UNSAFE.sub("_", value) or "_"
+
+
+def job_token(job_id: str) -> str:
+    """`job_id` as one subject token, one-to-one (a job's subject is its own): a safe id as it is, any other as `=`
+    and the hex of its UTF-8 (`=` is never in a safe id)."""
+    if job_id and not _UNSAFE.search(job_id):
+        return job_id
+    return "=" + job_id.encode("utf-8", "surrogatepass").hex()
+
+
+def archive_subject(rec: JobRecord) -> str:
+    return f"{ARCHIVE_PREFIX}.{job_token(rec.job_id)}.{rec.state}.{token(rec.spec.team)}.{token(rec.spec.user)}"
+
+
+def reply_size(rec: JobRecord) -> int:
+    """Bytes `rec` takes in an ops reply (the ops adapter encodes with json.dumps), with its separator."""
+    return len(json.dumps(rec.model_dump(mode="json")).encode()) + 2
+
+
+def ended_since(rec: JobRecord, since: float) -> bool:
+    """sacct's --starttime: the job had not ended by `since` (it is live, or it ended at or after `since`)."""
+    if not rec.terminal:
+        return True
+    end = rec.finished_ts if rec.finished_ts is not None else rec.updated_ts
+    return end >= since
+
+
+def matches(
+    rec: JobRecord,
+    *,
+    states: Iterable[str] | None = None,
+    since: float | None = None,
+    user: str | None = None,
+    team: str | None = None,
+) -> bool:
+    """The one filter, applied to the hot view and to every record read from the archive."""
+    return (
+        (states is None or rec.state in states)
+        and (team is None or rec.spec.team == team)
+        and (user is None or rec.spec.user == user)
+        and (since is None or ended_since(rec, since))
+    )
+
+
+def parse_states(raw: object) -> set[str] | None:
+    """`RUNNING,FAILED`, a list of names, or Slurm's codes (`R`, `PD`, `CD`...): a set of JobState names; None for
+    every state. Raises ValueError naming the value that is not a state."""
+    from oneplus_contracts.slurm import STATE_CODES
+
+    if raw is None or raw == "" or raw == []:
+        return None
+    if isinstance(raw, str):
+        items = raw.split(",")
+    elif isinstance(raw, list) and all(isinstance(i, str) for i in raw):
+        items = list(raw)
+    else:
+        raise ValueError(f"must be a comma-separated string or a list of job states, not {type(raw).__name__}")
+    wanted: set[str] = set()
+    for item in (i.strip().upper() for i in items):
+        if not item:
+            continue
+        if item == "ALL":
+            return None
+        if item in JOB_STATES:
+            wanted.add(item)
+            continue
+        by_code = {s for s, code in STATE_CODES.items() if code == item}
+        if not by_code:
+            raise ValueError(f"{item!r} is not a job state; use one of {', '.join(JOB_STATES)} (or a Slurm code)")
+        wanted |= by_code
+    return wanted or None
+
+
+def parse_since(raw: object) -> float | None:
+    """Epoch seconds (a number or a numeric string) or an ISO-8601 time (without a zone: UTC). Raises ValueError."""
+    if raw is None or raw == "":
+        return None
+    if isinstance(raw, bool):
+        raise ValueError("must be epoch seconds or an ISO-8601 time, not a boolean")
+    if isinstance(raw, int | float):
+        value = float(raw)
+    elif isinstance(raw, str):
+        try:
+            value = float(raw)
+        except ValueError:
+            try:
+                when = datetime.fromisoformat(raw.strip())
+            except ValueError:
+                raise ValueError(f"{raw!r} is neither epoch seconds nor an ISO-8601 time") from None
+            value = (when if when.tzinfo else when.replace(tzinfo=UTC)).timestamp()
+    else:
+        raise ValueError(f"must be epoch seconds or an ISO-8601 time, not {type(raw).__name__}")
+    if value != value or value in (float("inf"), float("-inf")) or value < 0:
+        raise ValueError(f"{raw!r} is not a time")
+    return value
+
+
+class JobArchive:
+    """Finished jobs on the ONEPLUS_ARCHIVE stream: `put` by the job owner, `get` and `page` by everybody."""
+
+    def __init__(self, js: JetStreamContext, *, stream: str = subjects.ARCHIVE_STREAM, timeout: float = 5.0) -> None:
+        self.js = js
+        self.stream = stream
+        self.timeout = timeout
+
+    async def put(self, rec: JobRecord) -> int:
+        """Archive `rec`; the same record (job and sequence) put again within the dedupe window is not stored
+        twice. Returns its sequence in the archive stream."""
+        ack = await self.js.publish(
+            archive_subject(rec),
+            rec.model_dump_json().encode(),
+            headers={"Nats-Msg-Id": f"archive-{rec.job_id}-{rec.seq}"},
+            stream=self.stream,
+        )
+        return int(ack.seq)
+
+    async def get(self, job_id: str) -> JobRecord | None:
+        """The archived record of `job_id`, or None: one last-by-subject lookup on the job's subject prefix."""
+        try:
+            msg = await self.js.get_last_msg(self.stream, f"{ARCHIVE_PREFIX}.{job_token(job_id)}.>")
+        except NotFoundError:
+            return None
+        rec = JobRecord.model_validate_json(msg.data or b"null")
+        return rec if rec.job_id == job_id else None
+
+    async def page(
+        self,
+        *,
+        states: set[str] | None = None,
+        since: float | None = None,
+        user: str | None = None,
+        team: str | None = None,
+        limit: int = 100,
+        cursor: str | None = None,
+        max_bytes: int | None = None,
+        at_least_one: bool = True,
+    ) -> tuple[list[JobRecord], str | None]:
+        """At most `limit` archived jobs matching every filter given, in archive order, and the cursor of the next
+        page (None at the end). `since` (epoch seconds) keeps the jobs that ended at or after it. `max_bytes` caps
+        the sum of their `reply_size`; with `at_least_one` the first record comes whatever its size, so that a
+        reader always gets on."""
+        if limit < 1:
+            raise ValueError("limit must be at least 1")
+        if states is not None and not states:
+            return [], None
+        start_seq = _cursor_seq(cursor) if cursor is not None else None
+        out: list[JobRecord] = []
+        used = 0
+        scan = self._scan(_filters(states, team, user), since=since, start_seq=start_seq)
+        async with contextlib.aclosing(scan):
+            async for rec, seq in scan:
+                if not matches(rec, states=states, since=since, user=user, team=team):
+                    continue
+                size = reply_size(rec) if max_bytes is not None else 0
+                full = max_bytes is not None and used + size > max_bytes and (out or not at_least_one)
+                if len(out) >= limit or full:
+                    return out, str(seq)  # this record starts the next page
+                out.append(rec)
+                used += size
+        return out, None
+
+    async def _scan(
+        self, filters: list[str], *, since: float | None = None, start_seq: int | None = None
+    ) -> AsyncGenerator[tuple[JobRecord, int], None]:
+        """Records under `filters`, with their stream sequences, read by a short-lived pull consumer that delivers
+        nothing until asked; it reads what was there when it was made, and no further. Use it inside
+        `contextlib.aclosing`, so that a reader that stops early removes its consumer at once."""
+        config = ConsumerConfig(
+            ack_policy=AckPolicy.NONE,
+            inactive_threshold=5.0,  # a reader that dies leaves no consumer behind for long
+            mem_storage=True,
+        )
+        if len(filters) == 1:
+            config.filter_subject = filters[0]
+        else:
+            config.filter_subjects = filters
+        if start_seq is not None:
+            config.deliver_policy = DeliverPolicy.BY_START_SEQUENCE
+            config.opt_start_seq = start_seq
+        elif since is not None:
+            config.deliver_policy = DeliverPolicy.BY_START_TIME
+            config.opt_start_time = datetime.fromtimestamp(max(0.0, since - CLOCK_MARGIN_S), UTC)
+        info = await self.js.add_consumer(self.stream, config=config)
+        sub = await self.js.pull_subscribe_bind(consumer=info.name, stream=self.stream)
+        try:
+            remaining = info.num_pending or 0
+            deadline = asyncio.get_running_loop().time() + self.timeout
+            while remaining > 0:
+                try:
+                    msgs = await sub.fetch(batch=min(remaining, _FETCH_BATCH), timeout=1.0)
+                except FetchTimeout:
+                    if asyncio.get_running_loop().time() > deadline:
+                        raise TimeoutError(f"reading {self.stream}: no records for {self.timeout:g}s") from None
+                    # Records aged out after the consumer was made: ask what is left.
+                    remaining = (await sub.consumer_info()).num_pending or 0
+                    continue
+                for msg in msgs:
+                    remaining = msg.metadata.num_pending or 0
+                    if msg.data:
+                        yield JobRecord.model_validate_json(msg.data), msg.metadata.sequence.stream
+                    if remaining == 0:
+                        break
+        finally:
+            await sub.unsubscribe()
+            with contextlib.suppress(Exception):  # best effort: the inactivity threshold removes it anyway
+                await self.js.delete_consumer(self.stream, info.name)
+
+
+def _filters(states: set[str] | None, team: str | None, user: str | None) -> list[str]:
+    """Filter subjects that let the server skip what cannot match; the exact check is on the record."""
+    team_tok = token(team) if team is not None else "*"
+    user_tok = token(user) if user is not None else "*"
+    if states is None and team is None and user is None:
+        return [f"{ARCHIVE_PREFIX}.>"]
+    return [f"{ARCHIVE_PREFIX}.*.{s}.{team_tok}.{user_tok}" for s in sorted(states or ["*"])]
+
+
+def _cursor_seq(cursor: str) -> int:
+    try:
+        seq = int(cursor)
+    except (TypeError, ValueError):
+        raise ValueError(f"{cursor!r} is not an archive cursor") from None
+    if seq < 1:
+        raise ValueError(f"{cursor!r} is not an archive cursor")
+    return seq
