@@ -7,10 +7,11 @@ import time
 from pathlib import Path
 
 import pytest
-from oneplus_bus.ledger import JobLedger
+from oneplus_bus.archive import JobArchive
 from oneplus_contracts import Allocation, JobPlaced, RankPlacement, subjects
 from oneplus_placement_solver.launch import launch_commands
 from oneplus_placement_solver.memory import USAGE_SAVE_EVERY_S
+from oneplus_placement_solver.owner import JobOwner
 from oneplus_reservations import check_history
 from oneplus_testing import Servers
 from platform_fixture import fresh_platform, wait_terminal
@@ -87,10 +88,14 @@ async def test_a_gang_whose_solver_died_between_its_launch_commands_still_runs_o
             token = await store.reserve(job_id, alloc)
             assert isinstance(token, int)
             js = nc.jetstream()
-            ledger = JobLedger(js, await js.key_value(subjects.JOBS_KV))
-            rec = await ledger.record(
+            # What the dead solver did as the job's owner: fold `placed`, publish it, write the hot view.
+            owner = JobOwner(js, JobArchive(js), min_age_s=300)
+            await owner.bootstrap()
+            await owner.drain_facts()  # the submission's acceptance, which nobody folded while the solver was dead
+            (rec,) = await owner.commit(
                 JobPlaced(event_id=f"placed-{job_id}-{token}", job_id=job_id, allocation=alloc, token=token, attempt=1)
             )
+            assert rec is not None
             first = launch_commands(rec, alloc, token)[0]  # the solver died before the second
             await js.publish(
                 subjects.node_command(first.node, "launch"),

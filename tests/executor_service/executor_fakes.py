@@ -8,6 +8,7 @@ from typing import Any
 
 from oneplus_contracts import (
     Allocation,
+    IllegalTransition,
     JobAccepted,
     JobEvent,
     JobPlaced,
@@ -33,12 +34,21 @@ class Ledger:
     def __init__(self) -> None:
         self.records: dict[str, JobRecord] = {}
         self.events: list[JobEvent] = []
+        self.refused: list[JobEvent] = []
 
     async def record(self, event: JobEvent) -> JobRecord:
         new = apply_event(self.records.get(event.job_id), event)  # raises IllegalTransition as the real one does
         self.records[event.job_id] = new
         self.events.append(event)
         return new
+
+    async def report(self, event: JobEvent, traceparent: str | None = None) -> int:
+        """A fact for the job's owner, folded as the owner folds it: one that does not apply is refused, not kept."""
+        try:
+            await self.record(event)
+        except IllegalTransition:
+            self.refused.append(event)
+        return len(self.events)
 
     async def get(self, job_id: str) -> tuple[JobRecord | None, int]:
         return self.records.get(job_id), 0

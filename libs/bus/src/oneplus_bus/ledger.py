@@ -100,7 +100,12 @@ _FETCH_BATCH = 512
 
 
 async def latest_values(js: JetStreamContext, bucket: str, timeout: float = 10.0) -> list[bytes]:
-    """The latest value of every key of a KV bucket (deleted keys left out), in key order.
+    """The latest value of every key of a KV bucket (deleted keys left out), in key order."""
+    return [value for _, value in await latest_items(js, bucket, timeout)]
+
+
+async def latest_items(js: JetStreamContext, bucket: str, timeout: float = 10.0) -> list[tuple[str, bytes]]:
+    """(key, latest value) of every key of a KV bucket (deleted keys left out), in key order.
 
     An ephemeral pull consumer, not `kv.watchall()`: the push watcher signals "all current values
     delivered" from consumer info, which can answer before the pushed values reach the client, and
@@ -145,9 +150,53 @@ async def latest_values(js: JetStreamContext, bucket: str, timeout: float = 10.0
         await sub.unsubscribe()
         with contextlib.suppress(Exception):  # best effort: the inactivity threshold removes it anyway
             await js.delete_consumer(stream, info.name)
-    return [values[k] for k in sorted(values)]
+    return [(k, values[k]) for k in sorted(values)]
 
 
 def _removed(headers: dict[str, str]) -> bool:
     """A delete or purge marker; nats-server 2.11+ marks a TTL expiry or purge with Nats-Marker-Reason instead."""
     return headers.get("KV-Operation") in _DELETED or headers.get("Nats-Marker-Reason") in _MARKERS
+
+
+async def read_stream(
+    js: JetStreamContext, stream: str, start_seq: int, filter_subject: str | None = None, timeout: float = 10.0
+) -> list[tuple[int, bytes, dict[str, str]]]:
+    """Every message of `stream` from `start_seq` up to its end when the read began: (sequence, data, headers).
+
+    A restarted service replays what it has not folded yet this way; like `latest_values`, a pull consumer's
+    pending count at creation says where the end is, so writes during the replay cannot keep it going.
+    """
+    config = ConsumerConfig(
+        deliver_policy=DeliverPolicy.BY_START_SEQUENCE,
+        opt_start_seq=max(1, start_seq),
+        ack_policy=AckPolicy.NONE,
+        inactive_threshold=5.0,
+        mem_storage=True,
+        filter_subject=filter_subject,
+    )
+    info = await js.add_consumer(stream, config=config)
+    sub = await js.pull_subscribe_bind(consumer=info.name, stream=stream)
+    out: list[tuple[int, bytes, dict[str, str]]] = []
+    try:
+        todo = info.num_pending or 0
+        deadline = asyncio.get_running_loop().time() + timeout
+        while todo > 0:
+            try:
+                msgs = await sub.fetch(batch=min(todo, _FETCH_BATCH), timeout=1.0)
+            except FetchTimeout:
+                if asyncio.get_running_loop().time() > deadline:
+                    raise TimeoutError(f"replaying stream {stream!r}: no messages for {timeout:g}s") from None
+                todo = min(todo, (await sub.consumer_info()).num_pending or 0)
+                continue
+            for msg in msgs:
+                out.append((msg.metadata.sequence.stream, msg.data, dict(msg.headers or {})))
+            todo -= len(msgs)
+    finally:
+        await sub.unsubscribe()
+        with contextlib.suppress(Exception):
+            await js.delete_consumer(stream, info.name)
+    return out
+
+
+async def stream_last_seq(js: JetStreamContext, stream: str) -> int:
+    return int((await js.stream_info(stream)).state.last_seq or 0)

@@ -5,7 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Literal
 
-from oneplus_contracts import ACTIVE_STATES, Allocation, Domain, JobRecord, JobSpec
+from oneplus_contracts import Allocation, Domain, JobRecord, JobSpec
+from oneplus_contracts.jobindex import HOLDING_STATES
 
 ReasonCode = Literal[
     "Priority",  # jobs ahead of it (or the protected reservation) come first
@@ -55,7 +56,7 @@ class RunningJob:
 
     @classmethod
     def from_record(cls, rec: JobRecord) -> RunningJob:
-        if rec.state not in ACTIVE_STATES or rec.allocation is None:
+        if rec.state not in HOLDING_STATES or rec.allocation is None:
             raise ValueError(f"job {rec.job_id} is {rec.state} without an allocation; it holds no GPUs")
         started = rec.started_ts if rec.started_ts is not None else rec.updated_ts
         return cls(
@@ -65,7 +66,7 @@ class RunningJob:
             started,
             rec.checkpoint_ts,
             rec.preemptions,
-            rec.state == "PREEMPTING",
+            rec.state in ("PREEMPTING", "CHECKPOINTED"),  # a checkpointed victim's ranks are stopping: vacating
         )
 
     @property

@@ -8,18 +8,22 @@ reply naming the problem; nothing already accepted is touched.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import logging
+import os
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from oneplus_bus.clusterview import live_queue_config
+from nats.errors import TimeoutError as NatsTimeout
+from oneplus_bus.archive import JobArchive
+from oneplus_bus.clusterview import QUEUES_KEY, live_queue_config
+from oneplus_bus.informer import StreamTail, kv_list_and_watch
 from oneplus_bus.ledger import latest_values
 from oneplus_bus.service import OneplusService
 from oneplus_bus.telemetry import traceparent_of_current
 from oneplus_bus.tenancy import Caller, TenancyError, bind_team
 from oneplus_contracts import (
-    IllegalTransition,
     JobAccepted,
     JobRejected,
     JobSpec,
@@ -63,13 +67,49 @@ class Outcome:
 class Intake:
     """The submission pipeline of one intake process, over its service's ledger and KV buckets."""
 
-    def __init__(self, svc: OneplusService) -> None:
+    def __init__(self, svc: OneplusService, accept_wait_s: float | None = None) -> None:
         self.svc = svc
+        # How long a submission waits for the owner to fold its `accepted` fact, so that a `jobs show` right after
+        # the reply finds the job; past it the reply goes out anyway (the fact is stored and will be folded).
+        self.accept_wait_s = (
+            float(os.environ.get("ONEPLUS_ACCEPT_WAIT_S", "2")) if accept_wait_s is None else accept_wait_s
+        )
+        self._nodes: dict[str, NodeRecord] | None = None
+        self._config: QueueConfig | None = None
+        self._tails: list[StreamTail] = []
+
+    async def start(self) -> None:
+        """Keep the cluster's nodes and the queue config in memory, fed by their buckets' changes."""
+        self._nodes = {}
+        self._tails.append(await kv_list_and_watch(self.svc.js, subjects.TOPOLOGY_KV, self._on_node, "intake-topology"))
+        self._tails.append(await kv_list_and_watch(self.svc.js, subjects.QUEUES_KV, self._on_queues, "intake-queues"))
+
+    async def stop(self) -> None:
+        for tail in self._tails:
+            await tail.stop()
+
+    async def _on_node(self, node: str, value: bytes | None) -> None:
+        assert self._nodes is not None
+        if value is None:
+            self._nodes.pop(node, None)
+        else:
+            self._nodes[node] = NodeRecord.model_validate_json(value)
+
+    async def _on_queues(self, key: str, value: bytes | None) -> None:
+        if key == QUEUES_KEY:
+            self._config = None  # read again on the next submission (a refused config is reported there)
 
     async def queue_config(self) -> QueueConfig:
-        return await live_queue_config(self.svc.kv[subjects.QUEUES_KV])
+        if self._config is None:
+            config = await live_queue_config(self.svc.kv[subjects.QUEUES_KV])
+            if self._tails:
+                self._config = config
+            return config
+        return self._config
 
     async def nodes(self) -> list[NodeRecord]:
+        if self._nodes is not None:
+            return list(self._nodes.values())
         return [NodeRecord.model_validate_json(v) for v in await latest_values(self.svc.js, subjects.TOPOLOGY_KV)]
 
     async def reject(self, job_id: str, reason: str, source: str, team: str | None, status: int) -> Outcome:
@@ -102,6 +142,8 @@ class Intake:
         scoped = submission_id if caller.team is None else f"{caller.team}/{submission_id}"
         job_id = job_id_for(scoped)
         rec, _ = await self.svc.ledger.get(job_id)
+        if rec is None:
+            rec = await JobArchive(self.svc.js).get(job_id)  # a retry of a job long finished is no new job either
         if rec is not None:  # a retry: answer as the first time, even if the cluster or the body changed since
             return Outcome(SubmitReply(ok=True, job_id=job_id, duplicate=True, warnings=rec.warnings), DUPLICATE)
         try:
@@ -113,9 +155,15 @@ class Intake:
         except (Inadmissible, QueueConfigError, ValidationError) as exc:
             return await self.reject(job_id, str(exc), source, spec.team, CANNOT_RUN)
         event = JobAccepted(event_id=f"accepted-{job_id}", job_id=job_id, spec=spec, source=source, warnings=warnings)
+        folded = await self.svc.nc.subscribe(subjects.job_event(job_id, "accepted"), max_msgs=1)
         try:
-            await self.svc.ledger.record(event, traceparent=traceparent_of_current())
-        except IllegalTransition:
-            return Outcome(SubmitReply(ok=True, job_id=job_id, duplicate=True, warnings=warnings), DUPLICATE)
+            await self.svc.ledger.report(event, traceparent=traceparent_of_current())
+            try:
+                await folded.next_msg(timeout=self.accept_wait_s)
+            except (TimeoutError, NatsTimeout):
+                log.warning("%s: the job owner has not folded its acceptance within %.1f s", job_id, self.accept_wait_s)
+        finally:
+            with contextlib.suppress(Exception):
+                await folded.unsubscribe()
         log.info("accepted %s (%s, team %s) from %s", job_id, spec.name, spec.team, source)
         return Outcome(SubmitReply(ok=True, job_id=job_id, warnings=warnings), ACCEPTED)

@@ -15,7 +15,6 @@ from typing import Any
 from oneplus_bus.service import OneplusService, OpsError
 from oneplus_contracts import (
     CancelRanks,
-    IllegalTransition,
     JobCheckpointed,
     JobEvent,
     JobNodeFinished,
@@ -86,10 +85,8 @@ class NodeExecutor:
         return self.store
 
     async def record(self, event: JobEvent) -> None:
-        try:
-            await self.svc.ledger.record(event)
-        except IllegalTransition as exc:
-            log.info("%s: ignored %s for %s: %s", self.node, event.type, event.job_id, exc)
+        """Report what happened to the job's ranks here; the job's owner folds it (or refuses a stale one)."""
+        await self.svc.ledger.report(event)
 
     async def node_finished(self, job_id: str, token: int, exit_code: int, reason: str) -> None:
         await self.record(

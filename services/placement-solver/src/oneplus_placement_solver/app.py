@@ -1,38 +1,47 @@
-"""placement-solver: owns the queue order and every placement decision.
+"""placement-solver: owns job state, the queue order and every placement decision.
 
-Consumes job events, places pending gangs on a snapshot of the topology and the Redis reservations,
-commits each gang with one Lua script, then records `job.placed` and sends launch commands.
+It is the one writer of job records (owner.py): other services report facts, which it folds in order. Its working
+set is in memory: the live jobs (owner.index), per-node free capacity (LiveCapacity, fed by the topology bucket's
+changes and its own reservations) and the queue config (fed by the queues bucket's changes). A cycle reads only
+that memory, places pending gangs, commits each with one Lua script in Redis, records `job.placed` and sends the
+launch commands. Capacity freed, a node back, a new or requeued job and a config change wake it.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import logging
+import os
 import time
-from collections.abc import Collection
+from collections.abc import Collection, Sequence
+from dataclasses import dataclass
 from typing import Any
 
-from faststream.nats import NatsMessage
-from oneplus_bus.clusterview import SnapshotSource, live_queue_config
+from oneplus_bus.archive import JobArchive
+from oneplus_bus.clusterview import QUEUES_KEY, LiveSnapshot
+from oneplus_bus.informer import StreamTail, kv_list_and_watch
 from oneplus_bus.service import OneplusService, OpsError
+from oneplus_bus.settings import BusSettings
 from oneplus_bus.streams import DUPLICATE_WINDOW_S
 from oneplus_bus.telemetry import inject, job_span
 from oneplus_contracts import (
-    ACTIVE_STATES,
     Allocation,
     CancelRanks,
-    IllegalTransition,
     JobEvent,
     JobFinished,
+    JobNodeFinished,
     JobPlaced,
     JobRecord,
     JobRequeued,
+    NodeRecord,
     PreemptionRequest,
-    parse_job_event,
     subjects,
 )
-from oneplus_queueing.config import QueueConfig
+from oneplus_contracts.jobindex import HOLDING_STATES
+from oneplus_placement.live import LiveCapacity
+from oneplus_queueing.config import QueueConfig, QueueConfigError, default_config, load_queue_config
 from oneplus_queueing.cycle import schedule_cycle
 from oneplus_queueing.fairshare import UsageHistory
 from oneplus_queueing.model import CycleDecision, PendingJob, RunningJob, VictimChoice
@@ -41,383 +50,546 @@ from oneplus_reservations import Conflict, ReservationStore
 
 from .launch import launch_commands, silent_nodes
 from .memory import SolverMemory
-from .outcome import attempt_outcome
+from .outcome import NODE_LOST, attempt_outcome
+from .owner import Applied, JobOwner
 
 log = logging.getLogger("oneplus.solver")
 
-svc = OneplusService("placement-solver", "Places gangs atomically in the tightest topology domain")
-broker = svc.broker
-app = svc.app
-
-SCHEDULE_INTERVAL_S = 1.0
-RECONCILE_INTERVAL_S = 3.0
-LOST_RESERVATION_GRACE_S = 5.0
-RELAUNCH_AFTER_S = 10.0  # a node silent this long after its gang was placed gets its launch command again
-SETTLE_RETRIES = 40
-# States in which a job holds its reservation: the active ones, and checkpointed while its ranks stop.
-HOLDING_STATES = ACTIVE_STATES | {"CHECKPOINTED"}
-_wake = asyncio.Event()
-_state: dict[str, Any] = {}
+LOST_EXIT = 137
 
 
-def store() -> ReservationStore:
-    return _state["store"]  # type: ignore[no-any-return]
+@dataclass(frozen=True)
+class SolverSettings:
+    schedule_interval_s: float = 1.0  # a cycle at least this often (fair share accrues), sooner when woken
+    reconcile_interval_s: float = 3.0
+    lost_reservation_grace_s: float = 5.0
+    relaunch_after_s: float = 10.0  # a node silent this long after its gang was placed gets its launch command again
+    min_job_age_s: float = 300.0  # Slurm's MinJobAge: how long a finished job stays in the hot view
+    expire_interval_s: float = 5.0
+    preemption_request_every_s: float = 10.0
+    nic_gbps_per_gpu: float = 400.0
+    oversubscription: float = 1.0
 
-
-def source() -> SnapshotSource:
-    return _state["source"]  # type: ignore[no-any-return]
-
-
-def memory() -> SolverMemory:
-    return _state["memory"]  # type: ignore[no-any-return]
-
-
-@svc.on_start
-async def _connect() -> None:
-    _state["store"] = ReservationStore.from_url(svc.settings.redis_url, svc.settings.cluster)
-    _state["source"] = SnapshotSource(svc.js, _state["store"])
-    _state["memory"] = SolverMemory(svc.kv[subjects.SOLVER_STATE_KV])
-    _state["nominations"] = await memory().load_nominations()
-    await reconcile()
-
-
-@svc.on_stop
-async def _disconnect() -> None:
-    if "store" in _state:
-        await store().close()
-
-
-@svc.durable_subscriber(
-    subjects.JOB_EVENTS_ALL,
-    stream=subjects.JOBS_STREAM,
-    consumer="placement-solver",
-    title="placement-solver job events",
-)
-async def on_job_event(msg: NatsMessage) -> None:
-    event = parse_job_event(msg.body)
-    match event.type:
-        case "accepted" | "requeued":
-            _wake.set()
-        case "node_finished":
-            await settle(event.job_id, event.node)
-        case "cancel_requested":
-            await cancel(event.job_id)
-        case "finished":
-            rec, _ = await svc.ledger.get(event.job_id)
-            if rec is not None and rec.token is not None:
-                await store().release(event.job_id, rec.token, reason=f"job {rec.state}")
-            _wake.set()
-
-
-async def record(event: JobEvent) -> JobRecord | None:
-    """Record an event; an event that no longer applies (a replay, a race) is ignored, not retried."""
-    try:
-        return await svc.ledger.record(event)
-    except IllegalTransition as exc:
-        log.info("ignored %s for %s: %s", event.type, event.job_id, exc)
-        return None
-
-
-async def settle(job_id: str, node: str | None = None) -> None:
-    rec, _ = await svc.ledger.get(job_id)
-    # The ledger publishes an event before it folds it into the record: give the fold a moment to land.
-    for _ in range(SETTLE_RETRIES):
-        if rec is None or node is None or node in rec.nodes_done or rec.terminal:
-            break
-        await asyncio.sleep(0.05)
-        rec, _ = await svc.ledger.get(job_id)
-    if rec is None or rec.terminal or rec.token is None:
-        return
-    out = attempt_outcome(rec)
-    token = rec.token
-    if out.action == "finish" and out.state is not None:
-        # Record first: a crash before the release leaves a reservation of an ended job, which reconcile frees.
-        await record(
-            JobFinished(
-                event_id=f"finished-{job_id}-{token}",
-                job_id=job_id,
-                state=out.state,
-                reason=out.reason,
-                token=token,
-                exit_code=out.exit_code,
-            )
+    @classmethod
+    def from_env(cls) -> SolverSettings:
+        return cls(
+            min_job_age_s=float(os.environ.get("ONEPLUS_MIN_JOB_AGE_S", "300")),
+            nic_gbps_per_gpu=float(os.environ.get("ONEPLUS_NIC_GBPS_PER_GPU", "400")),
+            oversubscription=float(os.environ.get("ONEPLUS_OVERSUBSCRIPTION", "1.0")),
         )
-        await store().release(job_id, token, reason=out.reason)
-        _wake.set()
-    elif out.action == "requeue":
-        await record(
-            JobRequeued(
-                event_id=f"requeued-{job_id}-{token}", job_id=job_id, reason=out.reason, checkpoint_ts=rec.checkpoint_ts
-            )
-        )
-        await store().release(job_id, token, reason="preempted")
-        _wake.set()
-    elif out.action == "stop_others":
-        for node in out.stop_nodes:
-            await send_cancel(rec, node, out.reason)
 
 
-async def send_cancel(rec: JobRecord, node: str, reason: str) -> None:
-    assert rec.token is not None
-    cmd = CancelRanks(
-        command_id=f"cancel-{rec.job_id}-{rec.token}-{node}",
-        job_id=rec.job_id,
-        node=node,
-        token=rec.token,
-        reason=reason,
-    )
-    headers = inject({"Nats-Msg-Id": cmd.command_id})
-    await svc.js.publish(
-        subjects.node_command(node, "cancel"),
-        cmd.model_dump_json().encode(),
-        headers=headers,
-        stream=subjects.COMMANDS_STREAM,
-    )
+class Solver:
+    """The solver's state and behaviour, over its service's bus connection and a reservation store."""
 
+    def __init__(self, svc: OneplusService, settings: SolverSettings, store: ReservationStore | None = None) -> None:
+        self.svc = svc
+        self.settings = settings
+        self._store = store
+        self.wake = asyncio.Event()
+        self.capacity = LiveCapacity("live", settings.nic_gbps_per_gpu, settings.oversubscription)
+        self.config: QueueConfig = default_config()
+        self.config_from_kv = False
+        self.decision: CycleDecision | None = None
+        self.nominations: dict[str, Allocation] = {}
+        self.usage: UsageHistory | None = None
+        self.usage_queues: tuple[str, ...] = ()
+        self._owner: JobOwner | None = None
+        self._memory: SolverMemory | None = None
+        self._tails: list[StreamTail] = []
+        self.cycles = 0
 
-async def cancel(job_id: str) -> None:
-    rec, _ = await svc.ledger.get(job_id)
-    if rec is None or rec.terminal:
-        return
-    if rec.state == "ACCEPTED":
-        await record(
-            JobFinished(
-                event_id=f"cancelled-{job_id}", job_id=job_id, state="CANCELLED", reason=rec.reason or "cancelled"
-            )
-        )
-        return
-    if rec.allocation is None:
-        return
-    pending = [n for n in rec.allocation.nodes if n not in rec.nodes_done]
-    if not pending:
-        await settle(job_id)
-    for node in pending:
-        await send_cancel(rec, node, rec.reason or "cancelled")
+    # -- wiring ----------------------------------------------------------------------------------------------------
+    @property
+    def store(self) -> ReservationStore:
+        assert self._store is not None, "solver not started"
+        return self._store
 
+    @property
+    def owner(self) -> JobOwner:
+        assert self._owner is not None, "solver not started"
+        return self._owner
 
-async def commit_placed(rec: JobRecord, alloc: Allocation, token: int) -> None:
-    placed = JobPlaced(
-        event_id=f"placed-{rec.job_id}-{token}",
-        job_id=rec.job_id,
-        allocation=alloc,
-        token=token,
-        attempt=rec.attempt + 1,
-    )
-    new = await record(placed)
-    if new is None:
-        new, _ = await svc.ledger.get(rec.job_id)
-        if new is None or new.token != token:
+    @property
+    def memory(self) -> SolverMemory:
+        assert self._memory is not None, "solver not started"
+        return self._memory
+
+    async def start(self) -> None:
+        svc = self.svc
+        if self._store is None:
+            self._store = ReservationStore.from_url(svc.settings.redis_url, svc.settings.cluster)
+        self._memory = SolverMemory(svc.kv[subjects.SOLVER_STATE_KV])
+        self.nominations = await self.memory.load_nominations()
+        self._owner = JobOwner(svc.js, JobArchive(svc.js), min_age_s=self.settings.min_job_age_s, metrics=svc.metrics)
+        self.owner.on_applied(self.react)
+        await self.owner.bootstrap()
+        self.load_file_config()
+        self._tails.append(await kv_list_and_watch(svc.js, subjects.TOPOLOGY_KV, self.on_node, "solver-topology"))
+        self._tails.append(await kv_list_and_watch(svc.js, subjects.QUEUES_KV, self.on_queues, "solver-queues"))
+        for res in await self.store.all():
+            self.capacity.hold(res.job_id, res.token, res.allocation)
+        await svc.nc.subscribe(subjects.node_lost("*"), cb=self._on_lost_msg)
+        await self.reconcile()
+        self.wake.set()
+
+    async def stop(self) -> None:
+        for tail in self._tails:
+            await tail.stop()
+        if self._store is not None:
+            await self._store.close()
+
+    # -- the working set's feeds -----------------------------------------------------------------------------------
+    async def on_node(self, node: str, value: bytes | None) -> None:
+        if value is None:
+            self.capacity.remove_node(node)
             return
-    await send_launches(new, alloc, token)
+        if self.capacity.set_node(NodeRecord.model_validate_json(value)):
+            self.wake.set()  # a node (back), uncordoned or healed: pending jobs may fit now
 
+    async def on_queues(self, key: str, value: bytes | None) -> None:
+        if key != QUEUES_KEY:
+            return
+        if value is None:
+            self.config_from_kv = False
+            self.load_file_config()
+        else:
+            try:
+                self.config = load_queue_config(value.decode())
+                self.config_from_kv = True
+            except QueueConfigError as exc:
+                log.error("the stored queue config is refused, keeping the previous one: %s", exc)
+        self.wake.set()
 
-async def send_launches(rec: JobRecord, alloc: Allocation, token: int, nodes: Collection[str] | None = None) -> None:
-    """The launch commands of an attempt (of `nodes` only, when given). Each has a fixed id, so JetStream drops a
-    command sent again within its duplicate window: resending after a crash reaches only the nodes that missed it."""
-    for cmd in launch_commands(rec, alloc, token):
-        if nodes is not None and cmd.node not in nodes:
-            continue
-        headers = {"Nats-Msg-Id": cmd.command_id}
-        if rec.traceparent:
-            headers["traceparent"] = rec.traceparent
-        inject(headers)
-        await svc.js.publish(
-            subjects.node_command(cmd.node, "launch"),
+    def load_file_config(self) -> None:
+        if self.config_from_kv:
+            return
+        path = os.environ.get("ONEPLUS_QUEUES_FILE")
+        if path:
+            with open(path, encoding="utf-8") as f:
+                self.config = load_queue_config(f.read())
+        else:
+            self.config = default_config()
+
+    async def _on_lost_msg(self, msg: Any) -> None:
+        try:
+            node = str(json.loads(msg.data)["node"])
+        except (ValueError, KeyError, TypeError):
+            return
+        await self.node_lost(node)
+
+    async def node_lost(self, node: str) -> None:
+        """The registry declared `node` lost: its ranks are over; the gangs that had ranks there are requeued."""
+        events: list[JobEvent] = []
+        for rec in list(self.owner.index.holders.values()):
+            if rec.allocation is None or rec.token is None or node not in rec.allocation.nodes:
+                continue
+            if node in rec.nodes_done:
+                continue
+            events.append(
+                JobNodeFinished(
+                    event_id=f"nodefin-{rec.job_id}-{rec.token}-{node}",
+                    job_id=rec.job_id,
+                    node=node,
+                    token=rec.token,
+                    exit_code=LOST_EXIT,
+                    reason=f"{NODE_LOST}: {node} stopped reporting",
+                )
+            )
+        if events:
+            log.warning("node %s lost: ending the ranks of %d gang(s) there", node, len(events))
+            await self.owner.commit(*events)
+
+    # -- reactions to committed events -----------------------------------------------------------------------------
+    async def react(self, applied: Sequence[Applied]) -> None:
+        for a in applied:
+            match a.event.type:
+                case "accepted" | "requeued":
+                    self.wake.set()
+                case "node_finished":
+                    await self.settle(a.record)
+                case "cancel_requested":
+                    await self.cancel(a.record)
+                case "finished":
+                    self.wake.set()
+
+    async def settle(self, rec: JobRecord) -> None:
+        if rec.terminal or rec.token is None:
+            return
+        out = attempt_outcome(rec)
+        token = rec.token
+        job_id = rec.job_id
+        if out.action == "finish" and out.state is not None:
+            # Record first: a crash before the release leaves a reservation of an ended job, which reconcile frees.
+            await self.owner.commit(
+                JobFinished(
+                    event_id=f"finished-{job_id}-{token}",
+                    job_id=job_id,
+                    state=out.state,
+                    reason=out.reason,
+                    token=token,
+                    exit_code=out.exit_code,
+                )
+            )
+            await self.release(job_id, token, out.reason)
+        elif out.action == "requeue":
+            await self.owner.commit(
+                JobRequeued(
+                    event_id=f"requeued-{job_id}-{token}",
+                    job_id=job_id,
+                    reason=out.reason,
+                    checkpoint_ts=rec.checkpoint_ts,
+                )
+            )
+            await self.release(job_id, token, "requeued")
+        elif out.action == "stop_others":
+            for node in out.stop_nodes:
+                await self.send_cancel(rec, node, out.reason)
+
+    async def release(self, job_id: str, token: int | None, reason: str) -> None:
+        # Memory first, with no wait since the record changed: a cycle must never see GPUs held by a job that holds
+        # none (it would call a nomination stale). A cycle that runs before Redis lets go meets a Conflict and retries.
+        if token is None or self.capacity.token_of(job_id) == token:
+            self.capacity.release(job_id)
+        await self.store.release(job_id, token, reason=reason)
+        self.wake.set()
+
+    async def send_cancel(self, rec: JobRecord, node: str, reason: str) -> None:
+        assert rec.token is not None
+        cmd = CancelRanks(
+            command_id=f"cancel-{rec.job_id}-{rec.token}-{node}",
+            job_id=rec.job_id,
+            node=node,
+            token=rec.token,
+            reason=reason,
+        )
+        headers = inject({"Nats-Msg-Id": cmd.command_id})
+        await self.svc.js.publish(
+            subjects.node_command(node, "cancel"),
             cmd.model_dump_json().encode(),
             headers=headers,
             stream=subjects.COMMANDS_STREAM,
         )
 
-
-async def usage_for(config: QueueConfig, now: float) -> UsageHistory:
-    """Fair-share usage: carried on from the stored history after a restart; a new queue tree starts a new one."""
-    usage: UsageHistory | None = _state.get("usage")
-    names = tuple(q.name for q in config.queues)
-    if usage is None or _state.get("usage_queues") != names:
-        stored = await memory().load_usage(names)
-        usage = stored if stored is not None and stored.as_of <= now else UsageHistory.for_config(config, now)
-        _state["usage"], _state["usage_queues"] = usage, names
-    return usage
-
-
-async def schedule_once() -> int:
-    """One scheduling cycle of the queueing policy over a fresh snapshot; returns how many gangs were committed."""
-    now = time.time()
-    jobs = await svc.ledger.all()
-    config = await live_queue_config(svc.kv[subjects.QUEUES_KV])
-    usage = await usage_for(config, now)
-    # Fair share accrues whether or not anyone waits: charge every cycle.
-    usage.charge(now, [RunningJob.from_record(r) for r in jobs if r.state in ACTIVE_STATES and r.allocation])
-    await memory().save_usage(usage, _state["usage_queues"])
-    pending_recs = {r.job_id: r for r in jobs if r.state == "ACCEPTED" and not r.cancel_requested}
-    if not pending_recs:
-        _state["decision"] = None
-        return 0
-    view = await source().snapshot()
-    # The cycle must see exactly what the snapshot holds: records and Redis can disagree for a moment
-    # (a commit between reserve and `placed`, a lease that just ran out); reconcile settles those.
-    running = [
-        RunningJob.from_record(r)
-        for r in jobs
-        if r.state in ACTIVE_STATES and r.allocation is not None and view.reservations.get(r.job_id) == r.token
-    ]
-    pending_recs = {k: r for k, r in pending_recs.items() if k not in view.reservations}
-    if not pending_recs:
-        return 0
-    decision = schedule_cycle(
-        now,
-        view.state,
-        [PendingJob.from_record(r) for r in pending_recs.values()],
-        running,
-        config,
-        usage,
-        nominations=_state.get("nominations"),
-    )
-    _state["decision"] = decision
-    _state["nominations"] = decision.nominations
-    await memory().save_nominations(decision.nominations)
-    placed = 0
-    for job_id, alloc in decision.placements.items():
-        rec = pending_recs[job_id]
-        with job_span(svc.tracer, "placement-solver place", rec.traceparent, {"oneplus.job_id": job_id}) as span:
-            res = await store().reserve(job_id, alloc)
-            if isinstance(res, Conflict):
-                # Another replica took part of it since our snapshot: the next cycle decides on a fresh one.
-                span.set_attribute("oneplus.placed", False)
-                _wake.set()
-                continue
-            span.set_attribute("oneplus.placed", True)
-            span.set_attribute("oneplus.token", res)
-            span.set_attribute("oneplus.domain", alloc.domain)
-            await commit_placed(rec, alloc, res)
-            placed += 1
-    for choice in decision.preemptions:
-        rec = pending_recs[choice.preemptor]
-        with job_span(svc.tracer, "placement-solver preempt", rec.traceparent, {"oneplus.job_id": rec.job_id}):
-            await request_preemption(rec, choice)
-        for victim in choice.victims:
-            usage.record_preemption(now, victim, choice.preemptor, rec.spec.total_gpus)
-    if decision.preemptions:
-        await memory().save_usage(usage, _state["usage_queues"], force=True)  # the rate limit must survive a crash
-    return placed
-
-
-PREEMPTION_REQUEST_EVERY_S = 10.0
-
-
-async def request_preemption(rec: JobRecord, choice: VictimChoice) -> None:
-    window = int(time.time() // PREEMPTION_REQUEST_EVERY_S)
-    req = PreemptionRequest(
-        request_id=f"prq-{rec.job_id}-{window}",
-        job_id=rec.job_id,
-        priority=rec.spec.priority,
-        gpus=rec.spec.total_gpus,
-        reason=f"{choice.kind}: {len(choice.victims)} gang(s) stand aside for {rec.job_id}",
-        victims=list(choice.victims),
-        nominated=choice.nominated,
-        lost_work_gpu_s=choice.lost_work_gpu_s,
-    )
-    # The id dedupes: at most one request per job per window, however many cycles run.
-    headers = inject({"Nats-Msg-Id": req.request_id})
-    await svc.js.publish(
-        subjects.PREEMPTION_REQUEST, req.model_dump_json().encode(), headers=headers, stream=subjects.COMMANDS_STREAM
-    )
-
-
-@svc.background
-async def scheduler_loop() -> None:
-    while True:
-        with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(_wake.wait(), timeout=SCHEDULE_INTERVAL_S)
-        _wake.clear()
-        await schedule_once()
-
-
-async def reconcile() -> None:
-    """Make the job records and the reservations agree after any crash (ours or another replica's)."""
-    now = time.time()
-    reservations = {r.job_id: r for r in await store().all()}
-    jobs = {r.job_id: r for r in await svc.ledger.all()}
-    for job_id, res in reservations.items():
-        rec = jobs.get(job_id)
-        if rec is None:
-            if now - res.ts_ms / 1000 > LOST_RESERVATION_GRACE_S:
-                await store().release(job_id, res.token, reason="orphan: no such job")
-        elif rec.state == "ACCEPTED" and not rec.cancel_requested:
-            await commit_placed(rec, res.allocation, res.token)
-        elif rec.terminal:
-            await store().release(job_id, res.token, reason=f"job already {rec.state}")
-        elif silent := silent_nodes(rec, res.token, now, RELAUNCH_AFTER_S, DUPLICATE_WINDOW_S - RELAUNCH_AFTER_S):
-            # A solver that died between the launch commands of one gang left some nodes without theirs.
-            log.warning("resending the launch of %s to %s: no report since it was placed", job_id, ", ".join(silent))
-            await send_launches(rec, res.allocation, res.token, silent)
-    for rec in jobs.values():
-        if (
-            rec.state in HOLDING_STATES
-            and rec.job_id not in reservations
-            and now - rec.updated_ts > LOST_RESERVATION_GRACE_S
-        ):
-            await record(
-                JobRequeued(
-                    event_id=f"lost-{rec.job_id}-{rec.token}",
+    async def cancel(self, rec: JobRecord) -> None:
+        if rec.terminal:
+            return
+        if rec.state == "ACCEPTED":
+            await self.owner.commit(
+                JobFinished(
+                    event_id=f"cancelled-{rec.job_id}",
                     job_id=rec.job_id,
-                    reason="reservation lease expired (node lost?); requeued",
+                    state="CANCELLED",
+                    reason=rec.reason or "cancelled",
                 )
             )
-            _wake.set()
-        elif rec.state in HOLDING_STATES and rec.allocation and set(rec.nodes_done) >= set(rec.allocation.nodes):
-            await settle(rec.job_id)
+            return
+        if rec.allocation is None:
+            return
+        pending = [n for n in rec.allocation.nodes if n not in rec.nodes_done]
+        if not pending:
+            await self.settle(rec)
+        for node in pending:
+            await self.send_cancel(rec, node, rec.reason or "cancelled")
+
+    # -- placing ---------------------------------------------------------------------------------------------------
+    async def send_launches(
+        self, rec: JobRecord, alloc: Allocation, token: int, nodes: Collection[str] | None = None
+    ) -> None:
+        """The launch commands of an attempt (of `nodes` only, when given). Each has a fixed id, so JetStream drops a
+        command sent again within its duplicate window: resending after a crash reaches only the nodes that missed
+        it."""
+        futures = []
+        for cmd in launch_commands(rec, alloc, token):
+            if nodes is not None and cmd.node not in nodes:
+                continue
+            headers = {"Nats-Msg-Id": cmd.command_id}
+            if rec.traceparent:
+                headers["traceparent"] = rec.traceparent
+            inject(headers)
+            futures.append(
+                await self.svc.js.publish_async(
+                    subjects.node_command(cmd.node, "launch"),
+                    cmd.model_dump_json().encode(),
+                    headers=headers,
+                    stream=subjects.COMMANDS_STREAM,
+                )
+            )
+        for fut in futures:
+            await fut
+
+    async def usage_for(self, now: float) -> UsageHistory:
+        """Fair-share usage: carried on from the stored history after a restart; a new queue tree starts a new one."""
+        names = tuple(q.name for q in self.config.queues)
+        if self.usage is None or self.usage_queues != names:
+            stored = await self.memory.load_usage(names)
+            usable = stored is not None and stored.as_of <= now
+            self.usage = stored if usable and stored is not None else UsageHistory.for_config(self.config, now)
+            self.usage_queues = names
+        return self.usage
+
+    def running(self) -> list[RunningJob]:
+        """Holders whose reservation the working set holds under the same token."""
+        held = self.capacity.held
+        return [
+            RunningJob.from_record(r)
+            for r in self.owner.index.holders.values()
+            if r.allocation is not None and held.get(r.job_id, (None,))[0] == r.token
+        ]
+
+    async def schedule_once(self) -> int:
+        """One scheduling cycle over the working set; returns how many gangs were committed."""
+        self.cycles += 1
+        now = time.time()
+        index = self.owner.index
+        usage = await self.usage_for(now)
+        running = self.running()
+        # Fair share accrues whether or not anyone waits: charge every cycle.
+        usage.charge(now, running)
+        await self.memory.save_usage(usage, self.usage_queues)
+        pending_recs = {
+            k: r for k, r in index.pending.items() if not r.cancel_requested and k not in self.capacity.held
+        }
+        if not pending_recs:
+            self.decision = None
+            return 0
+        decision = schedule_cycle(
+            now,
+            self.capacity.copy(),
+            [PendingJob.from_record(r) for r in pending_recs.values()],
+            running,
+            self.config,
+            usage,
+            nominations=self.nominations,
+        )
+        self.decision = decision
+        self.nominations = dict(decision.nominations)
+        await self.memory.save_nominations(decision.nominations)
+        placed: list[tuple[JobRecord, Allocation, int]] = []
+        for job_id, alloc in decision.placements.items():
+            rec = pending_recs[job_id]
+            with job_span(self.svc.tracer, "placement-solver place", rec.traceparent, {"oneplus.job_id": job_id}) as sp:
+                res = await self.store.reserve(job_id, alloc)
+                if isinstance(res, Conflict):
+                    # Another replica took part of it since our snapshot: the next cycle decides on a fresh one.
+                    sp.set_attribute("oneplus.placed", False)
+                    log.warning("reservation of %s refused: %s", job_id, res.reason)
+                    self.wake.set()
+                    continue
+                sp.set_attribute("oneplus.placed", True)
+                sp.set_attribute("oneplus.token", res)
+                sp.set_attribute("oneplus.domain", alloc.domain)
+                self.capacity.hold(job_id, res, alloc)
+                placed.append((rec, alloc, res))
+        await self.commit_placed(placed)
+        for choice in decision.preemptions:
+            rec = pending_recs[choice.preemptor]
+            with job_span(self.svc.tracer, "placement-solver preempt", rec.traceparent, {"oneplus.job_id": rec.job_id}):
+                await self.request_preemption(rec, choice)
+            for victim in choice.victims:
+                usage.record_preemption(now, victim, choice.preemptor, rec.spec.total_gpus)
+        if decision.preemptions:
+            await self.memory.save_usage(usage, self.usage_queues, force=True)  # the rate limit must survive a crash
+        return len(placed)
+
+    async def commit_placed(self, placed: Sequence[tuple[JobRecord, Allocation, int]]) -> None:
+        """Record `placed` for every gang of the cycle in one commit, then send their launch commands."""
+        if not placed:
+            return
+        events = [
+            JobPlaced(
+                event_id=f"placed-{rec.job_id}-{token}",
+                job_id=rec.job_id,
+                allocation=alloc,
+                token=token,
+                attempt=rec.attempt + 1,
+            )
+            for rec, alloc, token in placed
+        ]
+        records = await self.owner.commit(*events)
+        for (rec, alloc, token), new in zip(placed, records, strict=True):
+            if new is None:
+                current = self.owner.index.get(rec.job_id)
+                if current is None or current.token != token:
+                    continue  # cancelled between the decision and the commit: reconcile frees the reservation
+                new = current
+            await self.send_launches(new, alloc, token)
+
+    async def request_preemption(self, rec: JobRecord, choice: VictimChoice) -> None:
+        window = int(time.time() // self.settings.preemption_request_every_s)
+        req = PreemptionRequest(
+            request_id=f"prq-{rec.job_id}-{window}",
+            job_id=rec.job_id,
+            priority=rec.spec.priority,
+            gpus=rec.spec.total_gpus,
+            reason=f"{choice.kind}: {len(choice.victims)} gang(s) stand aside for {rec.job_id}",
+            victims=list(choice.victims),
+            nominated=choice.nominated,
+            lost_work_gpu_s=choice.lost_work_gpu_s,
+        )
+        # The id dedupes: at most one request per job per window, however many cycles run.
+        headers = inject({"Nats-Msg-Id": req.request_id})
+        await self.svc.js.publish(
+            subjects.PREEMPTION_REQUEST,
+            req.model_dump_json().encode(),
+            headers=headers,
+            stream=subjects.COMMANDS_STREAM,
+        )
+
+    async def owner_loop(self) -> None:
+        await self.owner.run_facts()
+
+    async def scheduler_loop(self) -> None:
+        while True:
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self.wake.wait(), timeout=self.settings.schedule_interval_s)
+            self.wake.clear()
+            await self.schedule_once()
+
+    # -- reconcile -------------------------------------------------------------------------------------------------
+    async def reconcile(self) -> None:
+        """Make the job records and the reservations agree after any crash (ours or another replica's).
+
+        Reads the live reservations only (a cost that follows the holders) and the working set.
+        """
+        now = time.time()
+        s = self.settings
+        index = self.owner.index
+        reservations = {r.job_id: r for r in await self.store.all()}
+        for job_id in list(self.capacity.held):
+            if job_id not in reservations:
+                self.capacity.release(job_id)  # its lease ran out
+        for job_id, res in reservations.items():
+            if self.capacity.token_of(job_id) != res.token:
+                self.capacity.hold(job_id, res.token, res.allocation)
+            rec = index.get(job_id)
+            if rec is None:
+                if now - res.ts_ms / 1000 > s.lost_reservation_grace_s:
+                    await self.release(job_id, res.token, "orphan: no live job")
+            elif rec.state == "ACCEPTED" and not rec.cancel_requested:
+                await self.commit_placed([(rec, res.allocation, res.token)])
+            elif rec.terminal or (rec.state == "ACCEPTED" and rec.cancel_requested):
+                await self.release(job_id, res.token, f"job already {rec.state}")
+            elif silent := silent_nodes(
+                rec, res.token, now, s.relaunch_after_s, DUPLICATE_WINDOW_S - s.relaunch_after_s
+            ):
+                # A solver that died between the launch commands of one gang left some nodes without theirs.
+                log.warning(
+                    "resending the launch of %s to %s: no report since it was placed", job_id, ", ".join(silent)
+                )
+                await self.send_launches(rec, res.allocation, res.token, silent)
+        for rec in list(index.holders.values()):
+            if rec.job_id not in reservations and now - rec.updated_ts > s.lost_reservation_grace_s:
+                await self.owner.commit(
+                    JobRequeued(
+                        event_id=f"lost-{rec.job_id}-{rec.token}",
+                        job_id=rec.job_id,
+                        reason="reservation lease expired (node lost?); requeued",
+                    )
+                )
+                self.wake.set()
+            elif rec.state in HOLDING_STATES and rec.allocation and set(rec.nodes_done) >= set(rec.allocation.nodes):
+                await self.settle(rec)
+
+    async def reconcile_loop(self) -> None:
+        while True:
+            await asyncio.sleep(self.settings.reconcile_interval_s)
+            await self.reconcile()
+
+    async def expire_loop(self) -> None:
+        while True:
+            await asyncio.sleep(self.settings.expire_interval_s)
+            await self.owner.expire()
+
+    # -- ops -------------------------------------------------------------------------------------------------------
+    async def explain(self, payload: dict[str, Any], headers: dict[str, str]) -> dict[str, Any]:
+        job_id = str(payload.get("job_id") or "")
+        rec = self.owner.index.get(job_id) or await self.owner.archive.get(job_id)
+        if rec is None:
+            raise OpsError(f"no job {job_id!r}", 404)
+        team = payload.get("team")
+        if team and rec.spec.team != team:
+            raise OpsError(f"no job {job_id!r} in team {team!r}", 404)
+        if rec.state != "ACCEPTED":
+            return {
+                "job_id": job_id,
+                "state": rec.state,
+                "pending": False,
+                "message": f"job is {rec.state}, not pending",
+            }
+        jobs = [*self.owner.index.pending.values(), *self.owner.index.holders.values()]
+        snap = LiveSnapshot(self.capacity.copy(), list(self.capacity.records.values()), self.capacity.held_tokens())
+        out: dict[str, Any] = {"job_id": job_id, "state": rec.state, "pending": True, **snap.explain(rec, jobs)}
+        why = self.decision.reasons.get(job_id) if self.decision else None
+        if why is not None:
+            out["reason"] = why.code
+            msg = out["message"]
+            out["message"] = f"{why.code}: {why.message}" + ("" if why.message in msg else f"; {msg}")
+        return out
+
+    async def queue_list(self, payload: dict[str, Any], headers: dict[str, str]) -> dict[str, Any]:
+        """squeue-like rows (holders by start time, then pending jobs in serving order with their reason), paged."""
+        team = payload.get("team")
+        limit, offset = _page_args(payload)
+        index = self.owner.index
+        live = [*index.holders.values(), *index.pending.values()]
+        records = [r for r in live if team is None or r.spec.team == team]
+        d = self.decision
+        rows = queue_rows(time.time(), records, d.reasons if d else {}, d.order if d else ())
+        keys = ("job_id", "queue", "name", "user", "st", "time", "gpus", "where")
+        page = rows[offset : offset + limit]
+        out = [{**dict(zip(keys, r.cells(), strict=True)), "reason": r.reason, "message": r.message} for r in page]
+        nxt = str(offset + limit) if offset + limit < len(rows) else None
+        return {"rows": out, "next": nxt}
+
+    async def queues_list(self, payload: dict[str, Any], headers: dict[str, str]) -> list[dict[str, Any]]:
+        """Per queue: guarantee, limit, used, borrowed, pending and the fair-share factor."""
+        now = time.time()
+        index = self.owner.index
+        live = [r for r in [*index.holders.values(), *index.pending.values()] if not r.cancel_requested]
+        pending, running = split_records(live)
+        usage = await self.usage_for(now)
+        return [row.to_dict() for row in queues_rows(now, self.config, pending, running, usage)]
 
 
-@svc.background
-async def reconcile_loop() -> None:
-    while True:
-        await asyncio.sleep(RECONCILE_INTERVAL_S)
-        await reconcile()
+QUEUE_PAGE_MAX = 2000
 
 
-@svc.ops("job-explain", subjects.OPS_JOB_EXPLAIN)
-async def explain(payload: dict[str, Any], headers: dict[str, str]) -> dict[str, Any]:
-    job_id = str(payload.get("job_id") or "")
-    rec, _ = await svc.ledger.get(job_id)
-    if rec is None:
-        raise OpsError(f"no job {job_id!r}", 404)
-    team = payload.get("team")
-    if team and rec.spec.team != team:
-        raise OpsError(f"no job {job_id!r} in team {team!r}", 404)
-    if rec.state != "ACCEPTED":
-        return {"job_id": job_id, "state": rec.state, "pending": False, "message": f"job is {rec.state}, not pending"}
-    jobs = await svc.ledger.all()
-    snap = await source().snapshot()
-    out: dict[str, Any] = {"job_id": job_id, "state": rec.state, "pending": True, **snap.explain(rec, jobs)}
-    decision: CycleDecision | None = _state.get("decision")
-    why = decision.reasons.get(job_id) if decision else None
-    if why is not None:
-        out["reason"] = why.code
-        out["message"] = f"{why.code}: {why.message}" + ("" if why.message in out["message"] else f"; {out['message']}")
-    return out
+def _page_args(payload: dict[str, Any]) -> tuple[int, int]:
+    try:
+        limit = int(payload.get("limit") or 500)
+        offset = int(payload.get("cursor") or 0)
+    except (TypeError, ValueError) as exc:
+        raise OpsError(f"'limit' and 'cursor' must be whole numbers: {exc}") from exc
+    if not 1 <= limit <= QUEUE_PAGE_MAX:
+        raise OpsError(f"'limit' must be between 1 and {QUEUE_PAGE_MAX}, not {limit}")
+    if offset < 0:
+        raise OpsError(f"'cursor' must not be negative, not {offset}")
+    return limit, offset
 
 
-@svc.ops("queue-list", subjects.OPS_QUEUE_LIST)
-async def queue_list(payload: dict[str, Any], headers: dict[str, str]) -> list[dict[str, Any]]:
-    """squeue-like rows: holders by start time, then pending jobs in serving order with their reason."""
-    team = payload.get("team")
-    decision: CycleDecision | None = _state.get("decision")
-    records = [r for r in await svc.ledger.all() if team is None or r.spec.team == team]
-    rows = queue_rows(time.time(), records, decision.reasons if decision else {}, decision.order if decision else ())
-    keys = ("job_id", "queue", "name", "user", "st", "time", "gpus", "where")
-    return [{**dict(zip(keys, row.cells(), strict=True)), "reason": row.reason, "message": row.message} for row in rows]
-
-
-@svc.ops("queues-list", f"{subjects.PREFIX}.ops.queues.list")
-async def queues_list(payload: dict[str, Any], headers: dict[str, str]) -> list[dict[str, Any]]:
-    """Per queue: guarantee, limit, used, borrowed, pending and the fair-share factor."""
-    now = time.time()
-    config = await live_queue_config(svc.kv[subjects.QUEUES_KV])
-    pending, running = split_records([r for r in await svc.ledger.all() if not r.cancel_requested])
-    usage = await usage_for(config, now)
-    return [row.to_dict() for row in queues_rows(now, config, pending, running, usage)]
+def build_solver(
+    settings: BusSettings | None = None,
+    solver_settings: SolverSettings | None = None,
+    store: ReservationStore | None = None,
+) -> tuple[OneplusService, Solver]:
+    """The placement-solver service, built from its settings and ports (the reservation store may be given)."""
+    svc = OneplusService(
+        "placement-solver", "Owns job state; places gangs atomically in the tightest topology domain", settings
+    )
+    solver = Solver(svc, solver_settings or SolverSettings.from_env(), store)
+    svc.on_start(solver.start)
+    svc.on_stop(solver.stop)
+    svc.background(solver.owner_loop)
+    svc.background(solver.scheduler_loop)
+    svc.background(solver.reconcile_loop)
+    svc.background(solver.expire_loop)
+    svc.ops("job-explain", subjects.OPS_JOB_EXPLAIN)(solver.explain)
+    svc.ops("queue-list", subjects.OPS_QUEUE_LIST)(solver.queue_list)
+    svc.ops("queues-list", f"{subjects.PREFIX}.ops.queues.list")(solver.queues_list)
+    return svc, solver
 
 
 def main() -> None:
+    svc, _ = build_solver()
     svc.run()

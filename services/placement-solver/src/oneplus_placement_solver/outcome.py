@@ -23,6 +23,9 @@ def _node_failed(rec: JobRecord, node: str, code: int) -> str:
     return f"rank on {node} exited with code {code}" + (f": {why}" if why else "")
 
 
+NODE_LOST = "node lost"  # how the solver words the end of ranks on a node the registry declared lost
+
+
 def attempt_outcome(rec: JobRecord) -> AttemptOutcome:
     """Decide what the nodes' reports so far mean for the job."""
     cancel_requested = rec.cancel_requested
@@ -48,6 +51,10 @@ def attempt_outcome(rec: JobRecord) -> AttemptOutcome:
         return AttemptOutcome("wait")
     if cancel_requested:
         return AttemptOutcome("finish", "CANCELLED", rec.reason or "cancelled", exit_code=None)
+    lost = sorted(n for n in failed if rec.node_reasons.get(n, "").startswith(NODE_LOST))
+    if lost:
+        # The work did not fail, its node did (Slurm requeues on NODE_FAIL): run it again elsewhere.
+        return AttemptOutcome("requeue", reason=f"{NODE_LOST}: {', '.join(lost)}; requeued")
     if failed:
         node, code = sorted(failed.items())[0]
         return AttemptOutcome("finish", "FAILED", _node_failed(rec, node, code), exit_code=code)

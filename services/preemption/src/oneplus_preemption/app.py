@@ -1,94 +1,199 @@
 """preemption: chooses victims for a high-priority gang that cannot be placed, and runs the handshake.
 
 The victim set is the cheapest (work since last checkpoint) whose eviction frees a domain the preemptor
-can really be placed in — decided by the queueing library on the same live view as the solver. Each
-victim gets `job.preempting` and a preempt command carrying its checkpoint signal and grace period;
-the solver requeues it once its nodes have stopped.
+can really be placed in — decided by the queueing library on the same kind of view as the solver. The view is a
+working set: live jobs folded from the job-event stream (listed once from the hot view, then watched), per-node
+capacity from the topology bucket's changes and the holders' allocations. Each victim gets `job.preempting`
+(reported to the job's owner) and a preempt command carrying its checkpoint signal and grace period; the solver
+requeues it once its nodes have stopped.
 """
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import logging
 import time
-from typing import Any
 
 from faststream.nats import NatsMessage
-from oneplus_bus.clusterview import SnapshotSource, live_queue_config
+from oneplus_bus.clusterview import QUEUES_KEY
+from oneplus_bus.informer import StreamTail, kv_list_and_watch
+from oneplus_bus.ledger import latest_values, stream_last_seq
 from oneplus_bus.service import OneplusService
+from oneplus_bus.settings import BusSettings
 from oneplus_bus.telemetry import inject, job_span
 from oneplus_contracts import (
     ACTIVE_STATES,
-    IllegalTransition,
     JobPreempting,
     JobRecord,
+    NodeRecord,
     PreemptionRequest,
     PreemptRanks,
+    parse_job_event,
     subjects,
 )
+from oneplus_contracts.jobindex import JobIndex
+from oneplus_placement.live import LiveCapacity
 from oneplus_placement.snapshot import AllocationConflict, ClusterState
+from oneplus_queueing.config import QueueConfig, QueueConfigError, default_config, load_queue_config
 from oneplus_queueing.model import PendingJob, RunningJob
 from oneplus_queueing.victims import choose_victims
-from oneplus_reservations import ReservationStore
+from pydantic import ValidationError
 
 log = logging.getLogger("oneplus.preemption")
 
-svc = OneplusService("preemption", "Chooses victims by least lost work and runs the checkpoint handshake")
-broker = svc.broker
-app = svc.app
-_state: dict[str, Any] = {}
 
+class Preemption:
+    """The preemption service's working set and behaviour."""
 
-@svc.on_start
-async def _connect() -> None:
-    store = ReservationStore.from_url(svc.settings.redis_url, svc.settings.cluster)
-    _state["store"] = store
-    _state["source"] = SnapshotSource(svc.js, store)
+    def __init__(self, svc: OneplusService) -> None:
+        self.svc = svc
+        self.index = JobIndex()
+        self.capacity = LiveCapacity("live")
+        self.config: QueueConfig = default_config()
+        self.tails: list[StreamTail] = []
+        self.folded = asyncio.Condition()  # notified after each job event is folded
 
+    async def start(self) -> None:
+        js = self.svc.js
+        self.tails.append(await kv_list_and_watch(js, subjects.TOPOLOGY_KV, self.on_node, "preemption-topology"))
+        self.tails.append(await kv_list_and_watch(js, subjects.QUEUES_KV, self.on_queues, "preemption-queues"))
+        jobs = StreamTail(
+            js,
+            subjects.JOBS_STREAM,
+            subjects.JOB_EVENTS_ALL,
+            self.on_job_event,
+            relist=self.relist,
+            whole=True,
+            name="preemption-jobs",
+        )
+        jobs.start(await self.relist())
+        self.tails.append(jobs)
 
-@svc.on_stop
-async def _disconnect() -> None:
-    if "store" in _state:
-        await _state["store"].close()
+    async def stop(self) -> None:
+        for tail in self.tails:
+            await tail.stop()
 
+    async def relist(self) -> int:
+        """List the hot view once; returns the job-stream sequence to follow from."""
+        records = [JobRecord.model_validate_json(v) for v in await latest_values(self.svc.js, subjects.JOBS_KV)]
+        self.index = JobIndex.of(records)
+        for job_id in list(self.capacity.held):
+            self.capacity.release(job_id)
+        for rec in self.index.holders.values():
+            if rec.allocation is not None and rec.token is not None:
+                self.capacity.hold(rec.job_id, rec.token, rec.allocation)
+        return self.index.last_seq
 
-@svc.durable_subscriber(
-    subjects.PREEMPTION_REQUEST, stream=subjects.COMMANDS_STREAM, consumer="preemption", title="preemption requests"
-)
-async def on_request(msg: NatsMessage) -> None:
-    req = PreemptionRequest.model_validate_json(msg.body)
-    await handle(req)
-
-
-async def handle(req: PreemptionRequest) -> list[str]:
-    rec, _ = await svc.ledger.get(req.job_id)
-    if rec is None or rec.state != "ACCEPTED":
-        return []
-    with job_span(svc.tracer, "preemption choose-victims", rec.traceparent, {"oneplus.job_id": rec.job_id}) as span:
-        jobs = {j.job_id: j for j in await svc.ledger.all()}
-        view = await _state["source"].snapshot()
-        victims = list(req.victims)
-        if victims:
-            # The scheduling cycle chose them on an earlier view: evict only if that choice still holds.
-            if not still_valid(victims, req, jobs, view.state):
-                span.set_attribute("oneplus.victims", 0)
-                return []
+    async def on_job_event(self, seq: int, subject: str, data: bytes, headers: dict[str, str]) -> None:
+        try:
+            event = parse_job_event(data)
+        except ValidationError:
+            return
+        rec = self.index.apply(event, seq, headers.get("traceparent"))
+        async with self.folded:
+            self.folded.notify_all()
+        if rec is None:
+            return
+        if rec.job_id in self.index.holders and rec.allocation is not None and rec.token is not None:
+            if self.capacity.token_of(rec.job_id) != rec.token:
+                self.capacity.hold(rec.job_id, rec.token, rec.allocation)
         else:
-            already = {j.job_id for j in jobs.values() if j.state in ("PREEMPTING", "CHECKPOINTED")}
-            running = [RunningJob.from_record(j) for j in jobs.values() if j.state in ACTIVE_STATES and j.allocation]
-            config = await live_queue_config(svc.kv[subjects.QUEUES_KV])
-            choice = choose_victims(
-                time.time(), view.state, PendingJob.from_record(rec), running, config, exclude=already
+            self.capacity.release(rec.job_id)
+        self.index.expire(time.time(), 0.0)  # finished jobs are of no use to victim choice
+
+    async def on_node(self, node: str, value: bytes | None) -> None:
+        if value is None:
+            self.capacity.remove_node(node)
+        else:
+            self.capacity.set_node(NodeRecord.model_validate_json(value))
+
+    async def on_queues(self, key: str, value: bytes | None) -> None:
+        if key != QUEUES_KEY:
+            return
+        try:
+            self.config = load_queue_config(value.decode()) if value else default_config()
+        except QueueConfigError as exc:
+            log.error("the stored queue config is refused, keeping the previous one: %s", exc)
+
+    async def caught_up(self, timeout: float = 5.0) -> None:
+        """Wait until the working set holds every job event published so far (a request can outrun the watch)."""
+        target = await stream_last_seq(self.svc.js, subjects.JOBS_STREAM)
+        async with self.folded:
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self.folded.wait_for(lambda: self.index.last_seq >= target), timeout)
+
+    async def handle(self, req: PreemptionRequest) -> list[str]:
+        rec = self.index.get(req.job_id)
+        if rec is None or rec.state != "ACCEPTED":
+            await self.caught_up()
+            rec = self.index.get(req.job_id)
+        if rec is None or rec.state != "ACCEPTED":
+            return []
+        svc = self.svc
+        with job_span(svc.tracer, "preemption choose-victims", rec.traceparent, {"oneplus.job_id": rec.job_id}) as span:
+            jobs = self.index.jobs
+            state = self.capacity.copy()
+            victims = list(req.victims)
+            if victims:
+                # The scheduling cycle chose them on an earlier view: evict only if that choice still holds.
+                if not still_valid(victims, req, jobs, state):
+                    span.set_attribute("oneplus.victims", 0)
+                    return []
+            else:
+                holders = self.index.holders.values()
+                already = {j.job_id for j in holders if j.state in ("PREEMPTING", "CHECKPOINTED")}
+                running = [RunningJob.from_record(j) for j in holders if j.state in ACTIVE_STATES and j.allocation]
+                choice = choose_victims(
+                    time.time(), state, PendingJob.from_record(rec), running, self.config, exclude=already
+                )
+                if choice is None:
+                    span.set_attribute("oneplus.victims", 0)
+                    return []
+                victims = list(choice.victims)
+            span.set_attribute("oneplus.victims", len(victims))
+            reason = f"preempted for {rec.job_id} (priority {rec.spec.priority})"
+            for victim_id in victims:
+                await self.preempt(jobs[victim_id], rec.job_id, reason)
+            log.info("%s: preempting %s (lost work %.0f GPU·s)", rec.job_id, victims, req.lost_work_gpu_s)
+            return victims
+
+    async def preempt(self, victim: JobRecord, preemptor: str, reason: str) -> None:
+        if victim.token is None or victim.allocation is None:
+            return
+        # A fact for the job's owner: it refuses it if the victim has moved on since this view.
+        await self.svc.ledger.report(
+            JobPreempting(
+                event_id=f"preempting-{victim.job_id}-{victim.token}",
+                job_id=victim.job_id,
+                token=victim.token,
+                preemptor=preemptor,
+                reason=reason,
+            ),
+            traceparent=victim.traceparent,
+        )
+        for node in victim.allocation.nodes:
+            cmd = PreemptRanks(
+                command_id=f"preempt-{victim.job_id}-{victim.token}-{node}",
+                job_id=victim.job_id,
+                node=node,
+                token=victim.token,
+                signal=victim.spec.checkpoint.signal,
+                grace_s=float(victim.spec.checkpoint.grace_s),
+                reason=reason,
             )
-            if choice is None:
-                span.set_attribute("oneplus.victims", 0)
-                return []
-            victims = list(choice.victims)
-        span.set_attribute("oneplus.victims", len(victims))
-        reason = f"preempted for {rec.job_id} (priority {rec.spec.priority})"
-        for victim_id in victims:
-            await preempt(jobs[victim_id], rec.job_id, reason)
-        log.info("%s: preempting %s (lost work %.0f GPU·s)", rec.job_id, victims, req.lost_work_gpu_s)
-        return victims
+            # The victim's own trace, not the preemptor's: one job, one trace.
+            headers = {"Nats-Msg-Id": cmd.command_id}
+            if victim.traceparent:
+                headers["traceparent"] = victim.traceparent
+            else:
+                inject(headers)
+            await self.svc.js.publish(
+                subjects.node_command(node, "preempt"),
+                cmd.model_dump_json().encode(),
+                headers=headers,
+                stream=subjects.COMMANDS_STREAM,
+            )
 
 
 def still_valid(victims: list[str], req: PreemptionRequest, jobs: dict[str, JobRecord], state: ClusterState) -> bool:
@@ -111,45 +216,21 @@ def still_valid(victims: list[str], req: PreemptionRequest, jobs: dict[str, JobR
     return True
 
 
-async def preempt(victim: JobRecord, preemptor: str, reason: str) -> None:
-    if victim.token is None or victim.allocation is None:
-        return
-    try:
-        await svc.ledger.record(
-            JobPreempting(
-                event_id=f"preempting-{victim.job_id}-{victim.token}",
-                job_id=victim.job_id,
-                token=victim.token,
-                preemptor=preemptor,
-                reason=reason,
-            )
-        )
-    except IllegalTransition as exc:
-        log.info("victim %s no longer preemptible: %s", victim.job_id, exc)
-        return
-    for node in victim.allocation.nodes:
-        cmd = PreemptRanks(
-            command_id=f"preempt-{victim.job_id}-{victim.token}-{node}",
-            job_id=victim.job_id,
-            node=node,
-            token=victim.token,
-            signal=victim.spec.checkpoint.signal,
-            grace_s=float(victim.spec.checkpoint.grace_s),
-            reason=reason,
-        )
-        # The victim's own trace, not the preemptor's: one job, one trace.
-        headers = {"Nats-Msg-Id": cmd.command_id}
-        if victim.traceparent:
-            headers["traceparent"] = victim.traceparent
-        else:
-            inject(headers)
-        await svc.js.publish(
-            subjects.node_command(node, "preempt"),
-            cmd.model_dump_json().encode(),
-            headers=headers,
-            stream=subjects.COMMANDS_STREAM,
-        )
+def build_preemption(settings: BusSettings | None = None) -> tuple[OneplusService, Preemption]:
+    svc = OneplusService("preemption", "Chooses victims by least lost work and runs the checkpoint handshake", settings)
+    p = Preemption(svc)
+    svc.on_start(p.start)
+    svc.on_stop(p.stop)
+
+    @svc.durable_subscriber(
+        subjects.PREEMPTION_REQUEST, stream=subjects.COMMANDS_STREAM, consumer="preemption", title="preemption requests"
+    )
+    async def on_request(msg: NatsMessage) -> None:
+        await p.handle(PreemptionRequest.model_validate_json(msg.body))
+
+    return svc, p
 
 
 def main() -> None:
+    svc, _ = build_preemption()
     svc.run()

@@ -1,0 +1,130 @@
+"""Watching a stream from a sequence, the JetStream way to keep a working set (a Kubernetes informer's watch).
+
+A service lists once (a KV projection or a snapshot), then follows the stream from the next sequence with an
+ordered consumer. The stream sequence plays `resourceVersion`: a restarted service resumes from the last one it
+folded, and a jump in the sequences of a stream it follows whole (messages removed before it read them) is a gap
+that makes it list again.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import Awaitable, Callable
+
+from nats.errors import TimeoutError as NatsTimeout
+from nats.js import JetStreamContext
+from nats.js.api import ConsumerConfig, DeliverPolicy
+
+from .ledger import latest_items
+
+log = logging.getLogger("oneplus.informer")
+
+Handler = Callable[[int, str, bytes, dict[str, str]], Awaitable[None]]
+Relist = Callable[[], Awaitable[int]]
+_REMOVED_OPS = ("DEL", "PURGE")
+_REMOVED_MARKERS = ("MaxAge", "Purge", "Remove")
+
+
+class StreamTail:
+    """Follows `subject` on `stream` from a sequence, calling `handler(seq, subject, data, headers)` in stream order.
+
+    With `whole=True` the subject covers every message of the stream, so sequences must follow on one another; a
+    jump calls `relist`, which rebuilds the working set and returns the sequence to follow from.
+    """
+
+    def __init__(
+        self,
+        js: JetStreamContext,
+        stream: str,
+        subject: str,
+        handler: Handler,
+        *,
+        relist: Relist | None = None,
+        whole: bool = False,
+        name: str = "tail",
+    ) -> None:
+        self.js = js
+        self.stream = stream
+        self.subject = subject
+        self.handler = handler
+        self.relist = relist
+        self.whole = whole
+        self.name = name
+        self.last_seq = 0
+        self.gaps = 0
+        self._task: asyncio.Task[None] | None = None
+
+    def start(self, after_seq: int) -> None:
+        """Follow from the message after `after_seq` (0: from the first)."""
+        self.last_seq = after_seq
+        self._task = asyncio.create_task(self._run(), name=f"{self.name}:{self.stream}")
+
+    async def stop(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await self._task
+            self._task = None
+
+    async def _run(self) -> None:
+        while True:
+            try:
+                await self._follow()
+            except asyncio.CancelledError:
+                raise
+            except Exception:
+                log.exception(
+                    "%s: following %s failed; resuming after %d in 1 s", self.name, self.stream, self.last_seq
+                )
+                await asyncio.sleep(1.0)
+
+    async def _follow(self) -> None:
+        sub = await self.js.subscribe(
+            self.subject,
+            stream=self.stream,
+            ordered_consumer=True,
+            config=ConsumerConfig(deliver_policy=DeliverPolicy.BY_START_SEQUENCE, opt_start_seq=self.last_seq + 1),
+            pending_msgs_limit=-1,
+        )
+        try:
+            while True:
+                try:
+                    msg = await sub.next_msg(timeout=30.0)
+                except (TimeoutError, NatsTimeout):
+                    continue
+                seq = msg.metadata.sequence.stream
+                if seq <= self.last_seq:
+                    continue  # a redelivery after the ordered consumer reset itself
+                if self.whole and self.last_seq and seq != self.last_seq + 1 and self.relist is not None:
+                    self.gaps += 1
+                    log.warning(
+                        "%s: gap in %s (%d after %d): listing again", self.name, self.stream, seq, self.last_seq
+                    )
+                    self.last_seq = await self.relist()
+                    return  # follow again from the relisted sequence
+                await self.handler(seq, msg.subject, msg.data, dict(msg.headers or {}))
+                self.last_seq = seq
+        finally:
+            with contextlib.suppress(Exception):
+                await sub.unsubscribe()
+
+
+async def kv_list_and_watch(
+    js: JetStreamContext, bucket: str, on_change: Callable[[str, bytes | None], Awaitable[None]], name: str
+) -> StreamTail:
+    """List a KV bucket once, then follow its changes: `on_change(key, value)`, value None for a delete or purge."""
+    stream = f"KV_{bucket}"
+    start = int((await js.stream_info(stream)).state.last_seq or 0)
+    for key, value in await latest_items(js, bucket):
+        await on_change(key, value)
+    prefix = len(f"$KV.{bucket}.")
+
+    async def handle(seq: int, subject: str, data: bytes, headers: dict[str, str]) -> None:
+        removed = headers.get("KV-Operation") in _REMOVED_OPS or headers.get("Nats-Marker-Reason") in _REMOVED_MARKERS
+        await on_change(subject[prefix:], None if removed else data)
+
+    tail = StreamTail(js, stream, f"$KV.{bucket}.>", handle, name=name)
+    tail.start(start)
+    return tail

@@ -1,0 +1,229 @@
+"""The one writer of job records: folds facts and the solver's own decisions, in order, into the job working set.
+
+Other services report facts (`JobLedger.report`, on `oneplus.fact.job.<job>.<type>`); the owner drains them in
+batches, folds each with `apply_event`, and publishes only what applied on the job-event stream, then writes the
+record to the `jobs` KV bucket (the hot view that other services and a restarted owner read). A fact that does
+not apply is refused and counted, never half-applied. Finished jobs leave the hot view after `min_age_s` for the
+archive. Commits are serialised, so the KV projection always holds every event up to the last committed sequence
+but (after a crash) the last one: a restarted owner lists the projection and replays the stream after it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass
+
+from nats.errors import TimeoutError as FetchTimeout
+from nats.js import JetStreamContext
+from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy, PubAck
+from oneplus_bus.archive import JobArchive
+from oneplus_bus.ledger import latest_values, read_stream
+from oneplus_bus.telemetry import inject
+from oneplus_contracts import IllegalTransition, JobEvent, JobRecord, apply_event, parse_job_event, subjects
+from oneplus_contracts.jobindex import JobIndex
+from prometheus_client import CollectorRegistry, Counter
+from pydantic import ValidationError
+
+log = logging.getLogger("oneplus.owner")
+
+FACTS_CONSUMER = "job-owner"
+FACT_BATCH = 256
+
+
+@dataclass(frozen=True)
+class Applied:
+    event: JobEvent
+    before: JobRecord | None
+    record: JobRecord
+
+
+OnApplied = Callable[[Sequence[Applied]], Awaitable[None]]
+
+
+class JobOwner:
+    def __init__(
+        self,
+        js: JetStreamContext,
+        archive: JobArchive,
+        *,
+        min_age_s: float,
+        metrics: CollectorRegistry | None = None,
+    ) -> None:
+        self.js = js
+        self.archive = archive
+        self.min_age_s = min_age_s
+        self.index = JobIndex()
+        self._lock = asyncio.Lock()
+        self._listeners: list[OnApplied] = []
+        self.refused = Counter(
+            "oneplus_job_facts_refused", "Facts that did not apply to the job's record", ["type"], registry=metrics
+        )
+        self.applied = Counter(
+            "oneplus_job_events_applied", "Events folded into job records", ["type"], registry=metrics
+        )
+
+    def on_applied(self, fn: OnApplied) -> None:
+        """`fn(applied)` runs after each commit, outside the commit (it may commit more)."""
+        self._listeners.append(fn)
+
+    # -- bootstrap -------------------------------------------------------------------------------------------------
+    async def bootstrap(self) -> int:
+        """List the hot view once, then replay the job stream after it; returns how many events were replayed."""
+        records = [JobRecord.model_validate_json(v) for v in await latest_values(self.js, subjects.JOBS_KV)]
+        self.index = JobIndex.of(records)
+        replayed = 0
+        for seq, data, headers in await read_stream(self.js, subjects.JOBS_STREAM, self.index.last_seq + 1):
+            try:
+                event = parse_job_event(data)
+            except ValidationError:
+                log.error("job stream message %d is not a job event; skipped", seq)
+                continue
+            rec = self.index.apply(event, seq, headers.get("traceparent"))
+            if rec is not None:
+                replayed += 1
+                await self._project([rec])
+        log.info(
+            "job owner: %d records, %d events replayed, at sequence %d", len(records), replayed, self.index.last_seq
+        )
+        return replayed
+
+    # -- commits ---------------------------------------------------------------------------------------------------
+    async def commit(self, *events: JobEvent, traceparents: Sequence[str | None] = ()) -> list[JobRecord | None]:
+        """Fold, publish and project `events` in order; the record of each, or None where it did not apply."""
+        async with self._lock:
+            applied, out = await self._commit_locked(events, traceparents)
+        await self._notify(applied)
+        return out
+
+    async def _commit_locked(
+        self, events: Sequence[JobEvent], traceparents: Sequence[str | None]
+    ) -> tuple[list[Applied], list[JobRecord | None]]:
+        staged: list[tuple[int, JobEvent, JobRecord | None, JobRecord, asyncio.Future[PubAck]]] = []
+        out: list[JobRecord | None] = [None] * len(events)
+        # Records folded in this batch, so two events of one job in one batch see each other.
+        folded: dict[str, JobRecord | None] = {}
+        for i, event in enumerate(events):
+            before = folded[event.job_id] if event.job_id in folded else self.index.get(event.job_id)
+            try:
+                new = apply_event(before, event)
+            except IllegalTransition as exc:
+                self.refused.labels(event.type).inc()
+                log.info("refused %s of %s: %s", event.type, event.job_id, exc)
+                continue
+            tp = (traceparents[i] if i < len(traceparents) else None) or new.traceparent
+            if tp and new.traceparent is None:
+                new = new.model_copy(update={"traceparent": tp})
+            headers = {"Nats-Msg-Id": event.event_id}
+            if new.traceparent:
+                headers["traceparent"] = new.traceparent
+            else:
+                inject(headers)
+            fut = await self.js.publish_async(
+                subjects.job_event(event.job_id, event.type),
+                event.model_dump_json().encode(),
+                headers=headers,
+                stream=subjects.JOBS_STREAM,
+            )
+            folded[event.job_id] = new
+            staged.append((i, event, before, new, fut))
+        applied: list[Applied] = []
+        records: list[JobRecord] = []
+        for i, event, before, new, fut in staged:
+            ack = await fut
+            rec = new.model_copy(update={"seq": int(ack.seq)})
+            out[i] = rec
+            self.index.put(rec)
+            self.applied.labels(event.type).inc()
+            records.append(rec)
+            applied.append(Applied(event, before, rec))
+        await self._project(records)
+        return applied, out
+
+    async def _project(self, records: Sequence[JobRecord]) -> None:
+        """Write records to the `jobs` KV bucket (pipelined: one round trip for the batch)."""
+        futures = [
+            await self.js.publish_async(f"$KV.{subjects.JOBS_KV}.{rec.job_id}", rec.model_dump_json().encode())
+            for rec in records
+        ]
+        for fut in futures:
+            await fut
+
+    async def _notify(self, applied: Sequence[Applied]) -> None:
+        if not applied:
+            return
+        for fn in self._listeners:
+            try:
+                await fn(applied)
+            except Exception:
+                log.exception("job owner: a listener failed on %d events", len(applied))
+
+    # -- facts -----------------------------------------------------------------------------------------------------
+    async def run_facts(self) -> None:
+        """Drain the facts stream in order, in batches, for ever: fold, publish, project, then acknowledge."""
+        await self._consume_facts(until_idle=False)
+
+    async def drain_facts(self) -> int:
+        """Fold every fact waiting now (a tool for tests and for taking over from a dead owner); returns how many."""
+        return await self._consume_facts(until_idle=True)
+
+    async def _consume_facts(self, *, until_idle: bool) -> int:
+        config = ConsumerConfig(
+            durable_name=FACTS_CONSUMER,
+            deliver_policy=DeliverPolicy.ALL,
+            ack_policy=AckPolicy.EXPLICIT,
+            ack_wait=30,
+            max_ack_pending=FACT_BATCH * 4,
+            filter_subject=subjects.JOB_FACTS_ALL,
+        )
+        sub = await self.js.pull_subscribe(
+            subjects.JOB_FACTS_ALL, durable=FACTS_CONSUMER, stream=subjects.FACTS_STREAM, config=config
+        )
+        done = 0
+        try:
+            while True:
+                try:
+                    msgs = await sub.fetch(batch=FACT_BATCH, timeout=0.5 if until_idle else 5.0)
+                except FetchTimeout:
+                    if until_idle:
+                        return done
+                    continue
+                events: list[JobEvent] = []
+                tps: list[str | None] = []
+                for msg in msgs:
+                    try:
+                        events.append(parse_job_event(msg.data))
+                    except ValidationError as exc:
+                        self.refused.labels("unreadable").inc()
+                        log.error("refused an unreadable fact on %s: %s", msg.subject, str(exc)[:300])
+                        continue
+                    tps.append((msg.headers or {}).get("traceparent"))
+                await self.commit(*events, traceparents=tps)
+                for msg in msgs:
+                    await msg.ack()
+                done += len(msgs)
+        finally:
+            with contextlib.suppress(Exception):
+                await sub.unsubscribe()
+
+    # -- bounded history -------------------------------------------------------------------------------------------
+    async def expire(self, now: float | None = None) -> list[JobRecord]:
+        """Move finished jobs older than `min_age_s` from the hot view to the archive."""
+        async with self._lock:
+            gone = self.index.expire(time.time() if now is None else now, self.min_age_s)
+            deletes = []
+            for rec in gone:
+                await self.archive.put(rec)  # archived first: a crash in between leaves it in both, never neither
+                deletes.append(
+                    await self.js.publish_async(
+                        f"$KV.{subjects.JOBS_KV}.{rec.job_id}", b"", headers={"KV-Operation": "DEL"}
+                    )
+                )
+            for fut in deletes:
+                await fut
+        if gone:
+            log.info("%d finished job(s) moved to the archive", len(gone))
+        return gone
