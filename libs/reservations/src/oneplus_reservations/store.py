@@ -68,6 +68,11 @@ class ReservationStore:
     def from_url(cls, url: str, cluster: str = "default") -> ReservationStore:
         return cls(aioredis.Redis.from_url(url), cluster)
 
+    async def load_scripts(self) -> None:
+        """Load the Lua scripts once at start: the first commit then costs one EVALSHA like every other."""
+        for script in (self._reserve, self._release, self._renew):
+            await self.r.script_load(script.script)
+
     async def close(self) -> None:
         await self.r.aclose()
 

@@ -119,6 +119,7 @@ class Solver:
         svc = self.svc
         if self._store is None:
             self._store = ReservationStore.from_url(svc.settings.redis_url, svc.settings.cluster)
+        await self.store.load_scripts()
         self._memory = SolverMemory(svc.kv[subjects.SOLVER_STATE_KV])
         self.nominations = await self.memory.load_nominations()
         self._owner = JobOwner(svc.js, JobArchive(svc.js), min_age_s=self.settings.min_job_age_s, metrics=svc.metrics)
@@ -572,18 +573,23 @@ def build_solver(
     settings: BusSettings | None = None,
     solver_settings: SolverSettings | None = None,
     store: ReservationStore | None = None,
+    *,
+    loops: bool = True,
 ) -> tuple[OneplusService, Solver]:
-    """The placement-solver service, built from its settings and ports (the reservation store may be given)."""
+    """The placement-solver service, built from its settings and ports (the reservation store may be given).
+
+    Without `loops` nothing runs by itself (no fact consumer, cycle, reconcile or expiry): a test drives it."""
     svc = OneplusService(
         "placement-solver", "Owns job state; places gangs atomically in the tightest topology domain", settings
     )
     solver = Solver(svc, solver_settings or SolverSettings.from_env(), store)
     svc.on_start(solver.start)
     svc.on_stop(solver.stop)
-    svc.background(solver.owner_loop)
-    svc.background(solver.scheduler_loop)
-    svc.background(solver.reconcile_loop)
-    svc.background(solver.expire_loop)
+    if loops:
+        svc.background(solver.owner_loop)
+        svc.background(solver.scheduler_loop)
+        svc.background(solver.reconcile_loop)
+        svc.background(solver.expire_loop)
     svc.ops("job-explain", subjects.OPS_JOB_EXPLAIN)(solver.explain)
     svc.ops("queue-list", subjects.OPS_QUEUE_LIST)(solver.queue_list)
     svc.ops("queues-list", f"{subjects.PREFIX}.ops.queues.list")(solver.queues_list)
