@@ -8,13 +8,13 @@ from pathlib import Path
 
 import pytest
 from oneplus_bus.archive import JobArchive
-from oneplus_contracts import Allocation, JobPlaced, RankPlacement, subjects
+from oneplus_contracts import Allocation, JobPlaced, JobSpec, RankPlacement, subjects
 from oneplus_placement_solver.launch import launch_commands
 from oneplus_placement_solver.memory import USAGE_SAVE_EVERY_S
 from oneplus_placement_solver.owner import JobOwner
 from oneplus_reservations import check_history
 from oneplus_testing import Servers
-from platform_fixture import fresh_platform, wait_terminal
+from platform_fixture import fresh_platform, job_history, wait_terminal
 
 from oneplus.client import OnePlusClient
 from oneplus.workload import demo_workload
@@ -110,3 +110,40 @@ async def test_a_gang_whose_solver_died_between_its_launch_commands_still_runs_o
         assert "resending the launch of" in p.logs("placement-solver")
         assert check_history(await store.history()) == []
         assert await store.held_slots() == {}
+
+
+async def test_a_solver_killed_mid_burst_resumes_from_its_sequence_placing_no_job_twice(
+    servers: Servers, tmp_path: Path
+) -> None:
+    """A burst of small gangs, the solver SIGKILLed while it places them, then restarted: it lists the hot view,
+    replays the job stream after it, and goes on. Every job runs once per attempt, no GPU is held twice."""
+    async with fresh_platform(servers.nats_url, servers.redis_url, tmp_path) as (p, nc, store):
+        async with OnePlusClient.connect(servers.nats_url) as c:
+            specs = [
+                JobSpec(name=f"burst-{i}", resources={"gpus": 1 + i % 4}, simulate={"duration_s": 0.5})  # type: ignore[arg-type]
+                for i in range(80)
+            ]
+            replies = await asyncio.gather(*(c.submit(s, msg_id=f"burst-{i}") for i, s in enumerate(specs)))
+            ids = [r.job_id for r in replies if r.ok and r.job_id]
+            assert len(ids) == len(specs)
+            js = nc.jetstream()
+            deadline = time.monotonic() + 60
+            while (await js.stream_info(subjects.JOBS_STREAM)).state.last_seq < 150:
+                assert time.monotonic() < deadline, "the burst never got going"
+                await asyncio.sleep(0.05)
+            p.kill("placement-solver")
+            killed_at = (await js.stream_info(subjects.JOBS_STREAM)).state.last_seq
+            p.start_service("placement-solver")
+            jobs = await wait_terminal(c, ids, timeout=240, platform=p)
+        assert {j.state for j in jobs.values()} == {"SUCCEEDED"}, {j.job_id: (j.state, j.reason) for j in jobs.values()}
+        for job_id in ids:
+            events = await job_history(nc, job_id)
+            placed = [e for e in events if e.type == "placed"]
+            assert len(placed) == jobs[job_id].attempt == 1 + jobs[job_id].preemptions, [e.type for e in events]
+            assert len({e.token for e in placed}) == len(placed), "one token per attempt"
+        assert check_history(await store.history()) == [], "a GPU was held twice"
+        assert await store.held_slots() == {}
+        log = p.logs("placement-solver")
+        assert "events replayed, at sequence" in log
+        resumed = [line for line in log.splitlines() if "events replayed, at sequence" in line][-1]
+        assert int(resumed.rsplit(" ", 1)[-1]) >= killed_at - 5, resumed  # it resumed where the stream was, not at 0
