@@ -32,11 +32,19 @@ async def wipe_all(nc: Client) -> None:
 
 @dataclass
 class IntakeProcess:
+    """The intake, and (given `redis_url`) the job owner beside it: without an owner no accepted job gets a record.
+
+    `owner_url` is where the owner connects (another NATS user on a secured server); the intake's URL by default.
+    """
+
     nats_url: str
     workdir: Path
     env: dict[str, str] = field(default_factory=dict)
     http_port: int = 0
     proc: Any = None
+    redis_url: str | None = None
+    owner_url: str | None = None
+    owner: Any = None
 
     @property
     def base_url(self) -> str:
@@ -64,16 +72,32 @@ class IntakeProcess:
             }
         )
         env.update(self.env)
+        if self.redis_url is not None:
+            owner_env = {
+                **env,
+                "NATS_URL": self.owner_url or self.nats_url,
+                "REDIS_URL": self.redis_url,
+                "ONEPLUS_CLUSTER": f"intake{self.http_port}",  # its own reservations: nothing to share with others
+            }
+            self.owner = spawn([sys.executable, "-m", "oneplus_placement_solver"], self.owner_log, owner_env)
         self.proc = spawn([sys.executable, "-m", "oneplus_intake"], self.log, env)
         await self._wait_ready(timeout)
         return self
+
+    @property
+    def owner_log(self) -> Path:
+        return self.workdir / "placement-solver.log"
 
     async def _wait_ready(self, timeout: float) -> None:
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
                 raise RuntimeError(f"intake exited with {self.proc.returncode}:\n{self.logs()[-3000:]}")
-            if "intake started" in self.logs():
+            if self.owner is not None and self.owner.poll() is not None:
+                log = self.owner_log.read_text(errors="replace")[-3000:]
+                raise RuntimeError(f"the job owner exited with {self.owner.returncode}:\n{log}")
+            owner_up = self.owner is None or "placement-solver started" in self.owner_log.read_text(errors="replace")
+            if owner_up and "intake started" in self.logs():
                 status, _ = await asyncio.to_thread(self.get, "/healthz")
                 if status == 200:
                     return
@@ -84,8 +108,7 @@ class IntakeProcess:
         return self.proc is not None and self.proc.poll() is None
 
     def stop(self) -> None:
-        if self.proc is not None:
-            stop([self.proc])
+        stop([p for p in (self.proc, self.owner) if p is not None])
 
     # --- HTTP, blocking (call through asyncio.to_thread from async tests) ---------------------
     def request(
@@ -126,12 +149,14 @@ async def fresh_bus(nats_url: str) -> None:
 
 
 @contextlib.asynccontextmanager
-async def webhook_intake(nats_url: str, workdir: Path, templates: str, secret: str) -> AsyncIterator[IntakeProcess]:
+async def webhook_intake(
+    nats_url: str, redis_url: str, workdir: Path, templates: str, secret: str
+) -> AsyncIterator[IntakeProcess]:
     """An intake on a fresh bus that accepts MLflow webhooks signed with `secret` and turns them by `templates`."""
     await fresh_bus(nats_url)
     (workdir / "templates.yaml").write_text(templates)
     env = {"ONEPLUS_MLFLOW_SECRET": secret, "ONEPLUS_MLFLOW_TEMPLATES": str(workdir / "templates.yaml")}
-    proc = await IntakeProcess(nats_url, workdir, env=env).start()
+    proc = await IntakeProcess(nats_url, workdir, env=env, redis_url=redis_url).start()
     try:
         yield proc
     finally:

@@ -95,7 +95,9 @@ def harness(servers, tmp_path_factory) -> Iterator[Harness]:  # type: ignore[no-
     env = {"ONEPLUS_MLFLOW_SECRET": SECRET, "ONEPLUS_MLFLOW_TEMPLATES": str(workdir / "templates.yaml")}
     runner = LoopThread()
     runner.run(fresh_bus(servers.nats_url))
-    intake = runner.run(IntakeProcess(servers.nats_url, workdir, env=env).start(), timeout=90)
+    intake = runner.run(
+        IntakeProcess(servers.nats_url, workdir, env=env, redis_url=servers.redis_url).start(), timeout=90
+    )
     nc = runner.run(nats.connect(servers.nats_url))
     try:
         yield Harness(intake, runner, nc)

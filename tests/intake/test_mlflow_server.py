@@ -139,7 +139,7 @@ def mlflow(tmp_path_factory: pytest.TempPathFactory) -> Iterator[MlflowServer]:
 @pytest.fixture(scope="module")
 async def intake(mlflow: MlflowServer, servers, tmp_path_factory) -> AsyncIterator[IntakeProcess]:  # type: ignore[no-untyped-def]
     workdir = Path(tmp_path_factory.mktemp("mlflow-intake"))
-    async with webhook_intake(servers.nats_url, workdir, TEMPLATES, SECRET) as proc:
+    async with webhook_intake(servers.nats_url, servers.redis_url, workdir, TEMPLATES, SECRET) as proc:
         yield proc
 
 

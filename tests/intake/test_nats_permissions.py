@@ -74,8 +74,16 @@ def secured(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SecuredNats]:
 
 
 @pytest.fixture(scope="module")
-async def intake(secured: SecuredNats, tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[IntakeProcess]:
-    proc = await IntakeProcess(secured.url("intake"), Path(tmp_path_factory.mktemp("secured-intake"))).start()
+async def intake(
+    secured: SecuredNats, servers: Servers, tmp_path_factory: pytest.TempPathFactory
+) -> AsyncIterator[IntakeProcess]:
+    proc = IntakeProcess(
+        secured.url("intake"),
+        Path(tmp_path_factory.mktemp("secured-intake")),
+        redis_url=servers.redis_url,
+        owner_url=secured.url("placement-solver"),
+    )
+    await proc.start()
     try:
         yield proc
     finally:
@@ -98,23 +106,35 @@ def test_every_team_import_shares_the_caller_so_the_server_stamps_it() -> None:
 # --- service users ------------------------------------------------------------------------------------
 
 SERVICE_SUBJECTS = [
-    ("intake", "oneplus.job.j-1.accepted", True),
+    # Only the job owner (placement-solver) publishes job events and writes the hot view; the others report facts.
+    ("intake", "oneplus.fact.job.j-1.accepted", True),
+    ("intake", "oneplus.job.j-1.accepted", False),
+    ("intake", "oneplus.job.j-1.rejected", True),
     ("intake", "oneplus.job.j-1.placed", False),
+    ("intake", "$KV.jobs.j-1", False),
     ("intake", "oneplus.cmd.node.h100-0.launch", False),
     ("intake", "$KV.topology.h100-0", False),
     ("intake", "$JS.API.STREAM.DELETE.ONEPLUS_JOBS", False),
     ("placement-solver", "oneplus.cmd.node.h100-0.launch", True),
+    ("placement-solver", "oneplus.job.j-1.running", True),
+    ("placement-solver", "$KV.jobs.j-1", True),
+    ("placement-solver", "oneplus.archive.j-1.SUCCEEDED.nlp.alice", True),
     ("placement-solver", "oneplus.cmd.node.h100-0.preempt", False),
     ("placement-solver", "oneplus.node.h100-0.heartbeat", False),
     ("preemption", "oneplus.cmd.node.h100-0.preempt", True),
+    ("preemption", "oneplus.fact.job.j-1.preempting", True),
+    ("preemption", "oneplus.job.j-1.preempting", False),
     ("preemption", "oneplus.job.j-1.accepted", False),
+    ("preemption", "$KV.jobs.j-1", False),
     ("topology-registry", "$KV.topology.h100-0", True),
     ("topology-registry", "oneplus.job.j-1.accepted", False),
     ("executor-h100-0", "oneplus.node.h100-0.heartbeat", True),
     ("executor-h100-0", "oneplus.node.h100-1.heartbeat", False),
     ("executor-h100-0", "oneplus.cmd.node.h100-1.launch", False),
     ("executor-h100-0", "oneplus.job.j-1.placed", False),
-    ("executor-h100-1", "oneplus.job.j-1.running", True),
+    ("executor-h100-0", "$KV.jobs.j-1", False),
+    ("executor-h100-1", "oneplus.fact.job.j-1.running", True),
+    ("executor-h100-1", "oneplus.job.j-1.running", False),
 ]
 
 

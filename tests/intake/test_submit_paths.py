@@ -24,7 +24,9 @@ def spec(name: str = "train", **kw: object) -> JobSpec:
 @pytest.fixture(scope="module")
 async def intake(servers, tmp_path_factory) -> AsyncIterator[IntakeProcess]:  # type: ignore[no-untyped-def]
     await fresh_bus(servers.nats_url)
-    proc = await IntakeProcess(servers.nats_url, Path(tmp_path_factory.mktemp("intake"))).start()
+    proc = await IntakeProcess(
+        servers.nats_url, Path(tmp_path_factory.mktemp("intake")), redis_url=servers.redis_url
+    ).start()
     try:
         yield proc
     finally:

@@ -49,7 +49,7 @@ broken:
 @pytest.fixture(scope="module")
 async def intake(servers, tmp_path_factory) -> AsyncIterator[IntakeProcess]:  # type: ignore[no-untyped-def]
     workdir = Path(tmp_path_factory.mktemp("intake-webhooks"))
-    async with webhook_intake(servers.nats_url, workdir, TEMPLATES, SECRET) as proc:
+    async with webhook_intake(servers.nats_url, servers.redis_url, workdir, TEMPLATES, SECRET) as proc:
         yield proc
 
 
@@ -208,7 +208,7 @@ async def test_a_body_over_the_limit_is_413_before_anything_reads_it(intake: Int
 async def test_an_intake_with_a_broken_templates_file_does_not_start_and_says_why(servers, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
     (tmp_path / "templates.yaml").write_text("resnet50:\n  model_version.created:\n    name: eval-{nme}\n")
     env = {"ONEPLUS_MLFLOW_SECRET": SECRET, "ONEPLUS_MLFLOW_TEMPLATES": str(tmp_path / "templates.yaml")}
-    proc = IntakeProcess(servers.nats_url, tmp_path, env=env)
+    proc = IntakeProcess(servers.nats_url, tmp_path, env=env, redis_url=servers.redis_url)
     with pytest.raises(RuntimeError, match="intake exited") as err:
         await proc.start(timeout=60)
     assert "templates.yaml: resnet50.model_version.created[0]: placeholder(s) {nme}" in str(err.value)

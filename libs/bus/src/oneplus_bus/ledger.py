@@ -1,30 +1,34 @@
-"""The `jobs` KV bucket as a cache of the job event stream.
+"""The job ledger as every service sees it: facts reported to the job's owner, and the hot view read back.
 
-Every state change is first published to the stream (deduplicated by its event id), then folded into
-the record with a compare-and-set on the KV revision, so concurrent writers never lose an update.
+The placement-solver owns job state (oneplus_placement_solver.owner): it alone folds events into records, publishes
+them on the job-event stream and writes the `jobs` KV bucket (the hot view: live jobs and recently finished ones).
+Every other service reports what it saw as a fact (`report`) and reads records with `get` / `all`.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 
+from nats.aio.client import Client
 from nats.errors import TimeoutError as FetchTimeout
 from nats.js import JetStreamContext
 from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy
-from nats.js.errors import KeyNotFoundError, KeyWrongLastSequenceError
+from nats.js.errors import KeyNotFoundError
 from nats.js.kv import KeyValue
-from oneplus_contracts import JobEvent, JobRecord, apply_event, subjects
+from oneplus_contracts import JobEvent, JobRecord, subjects
 
 from .telemetry import inject
 
-_CAS_RETRIES = 20
+log = logging.getLogger("oneplus.ledger")
 
 
 class JobLedger:
-    def __init__(self, js: JetStreamContext, kv: KeyValue) -> None:
+    def __init__(self, js: JetStreamContext, kv: KeyValue, nc: Client | None = None) -> None:
         self.js = js
         self.kv = kv
+        self.nc = nc
 
     async def get(self, job_id: str) -> tuple[JobRecord | None, int]:
         try:
@@ -48,46 +52,40 @@ class JobLedger:
             stream=subjects.JOBS_STREAM,
         )
 
-    async def report(self, event: JobEvent, traceparent: str | None = None) -> int:
+    async def report(self, event: JobEvent, traceparent: str | None = None, *, wait_s: float = 0.0) -> bool:
         """Report a fact about a job to its owner (the placement-solver), which folds it in order and publishes the
-        job event, or refuses it. Every service but the owner changes job state this way. Returns the fact's
-        sequence in the facts stream."""
+        job event, or refuses it. Every service but the owner changes job state this way.
+
+        With `wait_s`, wait (no polling: a subscription on the job's event subject) up to that long for the owner to
+        publish the folded event, so that a read right after sees it; returns whether it did. The fact is stored
+        either way and folded when the owner gets to it."""
         headers = {"Nats-Msg-Id": event.event_id}
         if traceparent:
             headers["traceparent"] = traceparent
         else:
             inject(headers)
-        ack = await self.js.publish(
-            subjects.job_fact(event.job_id, event.type),
-            event.model_dump_json().encode(),
-            headers=headers,
-            stream=subjects.FACTS_STREAM,
-        )
-        return int(ack.seq)
-
-    async def record(self, event: JobEvent, *, traceparent: str | None = None) -> JobRecord:
-        """Publish `event` and fold it into the job's record; raises IllegalTransition if it does not apply."""
-        for attempt in range(_CAS_RETRIES):
-            rec, rev = await self.get(event.job_id)
-            new = apply_event(rec, event)
-            tp = traceparent or (rec.traceparent if rec else None)
-            if tp and new.traceparent is None:
-                new = new.model_copy(update={"traceparent": tp})
-            await self.publish(event, traceparent=new.traceparent)
-            data = new.model_dump_json().encode()
+        folded = None
+        if wait_s > 0 and self.nc is not None:
+            folded = await self.nc.subscribe(subjects.job_event(event.job_id, event.type), max_msgs=1)
+        try:
+            await self.js.publish(
+                subjects.job_fact(event.job_id, event.type),
+                event.model_dump_json().encode(),
+                headers=headers,
+                stream=subjects.FACTS_STREAM,
+            )
+            if folded is None:
+                return False
             try:
-                if rev == 0:
-                    await self.kv.create(event.job_id, data)
-                else:
-                    await self.kv.update(event.job_id, data, last=rev)
-                return new
-            except KeyWrongLastSequenceError:
-                await asyncio.sleep(0.005 * (attempt + 1))
-            except Exception as exc:  # nats-py raises BadRequestError for create() on an existing key
-                if "wrong last sequence" not in str(exc):
-                    raise
-                await asyncio.sleep(0.005 * (attempt + 1))
-        raise RuntimeError(f"could not update job {event.job_id}: too many concurrent writers")
+                await folded.next_msg(timeout=wait_s)
+                return True
+            except (TimeoutError, FetchTimeout):
+                log.warning("%s of %s: not folded by the job owner within %.1f s", event.type, event.job_id, wait_s)
+                return False
+        finally:
+            if folded is not None:
+                with contextlib.suppress(Exception):
+                    await folded.unsubscribe()
 
     async def all(self) -> list[JobRecord]:
         """Every job's current record, read with one consumer rather than one request per key."""

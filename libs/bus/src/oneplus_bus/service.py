@@ -174,7 +174,7 @@ class OneplusService:
     async def _after_startup(self) -> None:
         self._js = self.nc.jetstream()
         self.kv = await ensure_kv(self._js)
-        self._ledger = JobLedger(self._js, self.kv[subjects.JOBS_KV])
+        self._ledger = JobLedger(self._js, self.kv[subjects.JOBS_KV], self.nc)
         self.micro = await nats.micro.add_service(
             self.nc,
             name=f"oneplus-{self.name}",

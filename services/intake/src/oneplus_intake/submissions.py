@@ -8,14 +8,12 @@ reply naming the problem; nothing already accepted is touched.
 
 from __future__ import annotations
 
-import contextlib
 import hashlib
 import logging
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from nats.errors import TimeoutError as NatsTimeout
 from oneplus_bus.archive import JobArchive
 from oneplus_bus.clusterview import QUEUES_KEY, live_queue_config
 from oneplus_bus.informer import StreamTail, kv_list_and_watch
@@ -155,15 +153,6 @@ class Intake:
         except (Inadmissible, QueueConfigError, ValidationError) as exc:
             return await self.reject(job_id, str(exc), source, spec.team, CANNOT_RUN)
         event = JobAccepted(event_id=f"accepted-{job_id}", job_id=job_id, spec=spec, source=source, warnings=warnings)
-        folded = await self.svc.nc.subscribe(subjects.job_event(job_id, "accepted"), max_msgs=1)
-        try:
-            await self.svc.ledger.report(event, traceparent=traceparent_of_current())
-            try:
-                await folded.next_msg(timeout=self.accept_wait_s)
-            except (TimeoutError, NatsTimeout):
-                log.warning("%s: the job owner has not folded its acceptance within %.1f s", job_id, self.accept_wait_s)
-        finally:
-            with contextlib.suppress(Exception):
-                await folded.unsubscribe()
+        await self.svc.ledger.report(event, traceparent=traceparent_of_current(), wait_s=self.accept_wait_s)
         log.info("accepted %s (%s, team %s) from %s", job_id, spec.name, spec.team, source)
         return Outcome(SubmitReply(ok=True, job_id=job_id, warnings=warnings), ACCEPTED)
