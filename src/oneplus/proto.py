@@ -49,9 +49,23 @@ CHANNELS: dict[str, tuple[str, str, str, str, str]] = {
     "jobEvents": (
         "oneplus.job.{job_id}.{event}",
         "JobEvent",
-        "Every lifecycle event of a job, in stream ONEPLUS_JOBS",
-        "intake, placement-solver, preemption, node-executor",
+        "Every lifecycle event of a job as folded by its owner, in stream ONEPLUS_JOBS (`rejected`: the intake)",
+        "placement-solver (the job owner); intake for `rejected`",
+        "preemption, operators (`nats sub`)",
+    ),
+    "jobFacts": (
+        "oneplus.fact.job.{job_id}.{event}",
+        "JobEvent",
+        "A fact about a job for its owner to fold or refuse, in stream ONEPLUS_FACTS",
+        "intake, preemption, node-executor",
         "placement-solver",
+    ),
+    "jobArchive": (
+        "oneplus.archive.{job_id}.{state}.{team}.{user}",
+        "JobRecord",
+        "A finished job's last record, once it left the hot view; stream ONEPLUS_ARCHIVE (30 days)",
+        "placement-solver",
+        "intake (jobs show/list)",
     ),
     "nodeCommands": (
         "oneplus.cmd.node.{node}.{kind}",
