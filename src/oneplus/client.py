@@ -9,8 +9,9 @@ from __future__ import annotations
 import asyncio
 import json
 import os
-from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Mapping
 from contextlib import asynccontextmanager
+from datetime import datetime
 from typing import Any, Literal, TypeVar
 
 import nats
@@ -21,6 +22,7 @@ from oneplus_contracts import JobRecord, JobSpec, NodeRecord, SubmitReply, subje
 from oneplus_jobformats.cloudevents import SUBMIT_EVENT_TYPE, encode_binary, encode_structured
 
 TEAM_HEADER = "Oneplus-Team"
+JOB_PAGE_MAX = 1000  # the most jobs the intake puts in one page of `oneplus.ops.job.list`
 
 
 T = TypeVar("T")
@@ -108,10 +110,60 @@ class OnePlusClient:
     async def get_job(self, job_id: str) -> JobRecord:
         return JobRecord.model_validate(await self.ops(subjects.OPS_JOB_SHOW, {"job_id": job_id}))
 
-    async def list_jobs(self, team: str | None = None) -> list[JobRecord]:
-        payload = {"team": team} if team else {}
-        rows = await self.ops(f"{subjects.PREFIX}.ops.job.list", payload)
-        return [JobRecord.model_validate(r) for r in rows]
+    async def list_jobs(
+        self,
+        team: str | None = None,
+        *,
+        state: str | Iterable[str] | None = None,
+        since: float | str | datetime | None = None,
+        user: str | None = None,
+        limit: int | None = None,
+    ) -> list[JobRecord]:
+        """Jobs of `team` (the client's, or every team for an operator), live ones first, then the archive; every
+        page followed. `state`: names or Slurm codes (`"RUNNING,FAILED"`, `["R", "PD"]`); `since`: jobs that had
+        not ended by then (epoch seconds, ISO-8601, or a datetime); `limit`: at most this many in all."""
+        return [r async for r in self.iter_jobs(team, state=state, since=since, user=user, limit=limit)]
+
+    async def iter_jobs(
+        self,
+        team: str | None = None,
+        *,
+        state: str | Iterable[str] | None = None,
+        since: float | str | datetime | None = None,
+        user: str | None = None,
+        limit: int | None = None,
+        page_size: int = JOB_PAGE_MAX,
+    ) -> AsyncIterator[JobRecord]:
+        """`list_jobs` one record at a time, a page (at most `page_size`, and never past NATS' max_payload) per
+        request. A job that moved to the archive between two pages comes once, as first seen."""
+        payload: dict[str, Any] = {}
+        if team:
+            payload["team"] = team
+        if state is not None:
+            payload["state"] = state if isinstance(state, str) else list(state)
+        if since is not None:
+            payload["since"] = since.timestamp() if isinstance(since, datetime) else since
+        if user:
+            payload["user"] = user
+        seen: set[str] = set()
+        cursor: str | None = None
+        while limit is None or len(seen) < limit:
+            want = page_size if limit is None else min(page_size, limit - len(seen))
+            result = await self.ops(f"{subjects.PREFIX}.ops.job.list", {**payload, "limit": want, "cursor": cursor})
+            if isinstance(result, list):  # an intake from before paging answers with every job at once
+                rows, cursor = result, None
+            else:
+                rows, cursor = result["jobs"], result.get("next")
+            for row in rows:
+                rec = JobRecord.model_validate(row)
+                if rec.job_id in seen:
+                    continue
+                seen.add(rec.job_id)
+                yield rec
+                if limit is not None and len(seen) >= limit:
+                    return
+            if cursor is None:
+                return
 
     async def cancel(self, job_id: str, team: str | None = None) -> dict[str, Any]:
         payload: dict[str, Any] = {"job_id": job_id, "by": os.environ.get("USER", "cli")}

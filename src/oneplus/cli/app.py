@@ -151,9 +151,58 @@ def _fmt(v: Any) -> str:
 
 
 @jobs_app.command("list")
-def jobs_list(nats: NatsOpt = None, team: TeamOpt = None, as_json: JsonOpt = False) -> None:
-    """Every job (of your team, with --team)."""
-    jobs = call(nats, team, lambda c: c.list_jobs(team))
+def jobs_list(
+    nats: NatsOpt = None,
+    team: TeamOpt = None,
+    as_json: JsonOpt = False,
+    state: Annotated[
+        str | None,
+        typer.Option("--state", "-s", help="Only these states, comma-separated: names or Slurm codes (FAILED,R,PD)"),
+    ] = None,
+    since: Annotated[
+        str | None,
+        typer.Option(
+            "--since",
+            "-S",
+            help="Only jobs that had not ended by then: a time ago (90m, 6h, 2d), epoch seconds, or ISO-8601 "
+            "(local time unless it names a zone)",
+        ),
+    ] = None,
+    user: Annotated[str | None, typer.Option("--user", "-u", help="Only this user's jobs")] = None,
+    limit: Annotated[int | None, typer.Option("--limit", "-n", min=1, help="At most this many jobs")] = None,
+) -> None:
+    """Jobs (of your team, with --team), like sacct: live and recently finished ones first, then the archive."""
+    import re
+    from datetime import datetime
+
+    from oneplus_bus.archive import parse_states
+
+    try:
+        states = parse_states(state)
+    except ValueError as exc:
+        raise fail(f"--state: {exc}") from None
+    when: float | None = None
+    if since is not None:
+        text = since.strip()
+        ago = re.fullmatch(r"(\d+(?:\.\d+)?)\s*([smhdw])", text, re.IGNORECASE)
+        try:
+            if ago:
+                unit = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 7 * 86400}[ago.group(2).lower()]
+                when = time.time() - float(ago.group(1)) * unit
+            elif re.fullmatch(r"\d+(?:\.\d+)?", text):
+                when = float(text)
+            else:
+                when = datetime.fromisoformat(text).timestamp()  # a naive time is the local one, as sacct reads it
+        except ValueError:
+            raise fail(
+                f"--since: {since!r} is not a time; give a time ago (90m, 6h, 2d), epoch seconds or ISO-8601 "
+                "(2025-06-01T08:00)"
+            ) from None
+    jobs = call(
+        nats,
+        team,
+        lambda c: c.list_jobs(team, state=sorted(states) if states else None, since=when, user=user, limit=limit),
+    )
     if as_json:
         dump([j.model_dump(mode="json") for j in jobs])
     else:

@@ -12,10 +12,12 @@ import logging
 from typing import Any
 
 from faststream.nats import NatsMessage
+from oneplus_bus.archive import JobArchive
 from oneplus_bus.service import OneplusService, OpsError
 from oneplus_bus.tenancy import Caller, TenancyError, caller_of
 from oneplus_contracts import JobCancelRequested, JobRecord, subjects
 
+from . import joblist
 from .deliveries import NatsDeliveryLedger
 from .settings import IntakeSettings
 from .submissions import Intake, job_id_for
@@ -104,14 +106,14 @@ def _tenant(headers: dict[str, str], payload: dict[str, Any]) -> Caller:
 
 @svc.ops("job-show", subjects.OPS_JOB_SHOW)
 async def job_show(payload: dict[str, Any], headers: dict[str, str]) -> JobRecord:
-    rec, _ = await _visible_job(payload, headers)
-    return rec
+    """A job from the hot view, else from the archive."""
+    return await joblist.job_show(svc.ledger, JobArchive(svc.js), payload, _tenant(headers, payload))
 
 
 @svc.ops("job-list", f"{subjects.PREFIX}.ops.job.list")
-async def job_list(payload: dict[str, Any], headers: dict[str, str]) -> list[dict[str, Any]]:
-    caller = _tenant(headers, payload)
-    return [r.model_dump(mode="json") for r in await svc.ledger.all() if caller.sees(r.spec.team)]
+async def job_list(payload: dict[str, Any], headers: dict[str, str]) -> dict[str, Any]:
+    """One page of jobs: `limit`, `cursor`, `state`, `since`, `user` (joblist.py); `{"jobs": [...], "next": ...}`."""
+    return await joblist.job_list(svc.ledger, JobArchive(svc.js), payload, _tenant(headers, payload))
 
 
 @svc.ops("job-cancel", subjects.OPS_JOB_CANCEL)
