@@ -14,6 +14,7 @@ from typing import Any
 import pytest
 from intake_process import IntakeProcess, fresh_bus
 from nats.aio.client import Client
+from nats.js.errors import KeyNotFoundError
 from nats.js.kv import KeyValue
 from oneplus_bus.archive import JobArchive, archive_subject, job_token, parse_since, parse_states, reply_size, token
 from oneplus_bus.streams import ARCHIVE_MAX_BYTES, ARCHIVE_RETENTION_S, ensure_streams, stream_limits
@@ -22,6 +23,8 @@ from typer.testing import CliRunner
 
 from oneplus.cli.app import app as cli
 from oneplus.client import OnePlusClient, PlatformError
+from oneplus.demo import wait_for_platform
+from oneplus.devstack import DEMO_NODES, EmbeddedServers, Platform
 
 LIST = f"{subjects.PREFIX}.ops.job.list"
 MAX_PAYLOAD = 1024 * 1024
@@ -388,3 +391,41 @@ def test_the_cli_says_what_is_wrong_with_since_and_state() -> None:
     assert bad_since.exit_code == 2 and "--since: 'last tuesday' is not a time" in bad_since.stderr
     bad_state = CliRunner().invoke(cli, ["jobs", "list", "--state", "R,DONE", "--nats", "nats://127.0.0.1:1"])
     assert bad_state.exit_code == 2 and "--state: 'DONE' is not a job state" in bad_state.stderr
+
+
+# --- the whole platform: the job owner moves a finished job to the archive ------------------------------------------
+@pytest.mark.e2e
+async def test_the_job_owner_moves_a_finished_job_to_the_archive_where_show_and_list_find_it(tmp_path: Path) -> None:
+    servers = EmbeddedServers(workdir=tmp_path / "servers").start()  # its own: the intake above keeps its bus
+    env = {"ONEPLUS_MIN_JOB_AGE_S": "1", "ONEPLUS_HTTP_PORT": "off", "ONEPLUS_HEARTBEAT_S": "0.5"}
+    platform = Platform(
+        servers.nats_url, servers.redis_url, nodes=DEMO_NODES[:1], logdir=tmp_path / "logs", extra_env=env
+    ).start()
+    try:
+        async with OnePlusClient.connect(servers.nats_url, team="nlp", timeout=10) as c:
+            await wait_for_platform(c, 1, timeout=120)
+            spec = JobSpec.model_validate({"name": "short", "resources": {"gpus": 1}, "simulate": {"duration_s": 0.2}})
+            reply = await c.submit(spec, msg_id=uuid.uuid4().hex)
+            assert reply.ok and reply.job_id, reply.error
+            job_id = reply.job_id
+            kv = await c.nc.jetstream().key_value(subjects.JOBS_KV)
+            deadline = time.monotonic() + 90
+            while True:  # finished, then 1 s in the hot view, then the owner's next expiry pass (every 5 s)
+                try:
+                    await kv.get(job_id)
+                except KeyNotFoundError:
+                    break
+                assert time.monotonic() < deadline, f"{job_id} never left the hot view: {await c.get_job(job_id)}"
+                await asyncio.sleep(0.5)
+            archived = await JobArchive(c.nc.jetstream()).get(job_id)
+            assert archived is not None and archived.state == "SUCCEEDED"
+            assert await c.get_job(job_id) == archived, "jobs show finds it in the archive"
+            assert [r.job_id for r in await c.list_jobs(state="SUCCEEDED")] == [job_id]
+            assert [r.job_id for r in await c.list_jobs(state="CD", since=time.time() - 300)] == [job_id]
+            assert await c.list_jobs(state="RUNNING,PD") == []
+        async with OnePlusClient.connect(servers.nats_url, team="vision") as other:
+            with pytest.raises(PlatformError, match="no job"):
+                await other.get_job(job_id)
+    finally:
+        platform.stop()
+        servers.stop()
