@@ -132,6 +132,7 @@ async def test_pages_filter_by_state_team_user_and_since_and_resume_at_their_cur
     assert pages == 9
     failed, _ = await all_pages(archive, 4, team=team, states={"FAILED"})
     assert [r.job_id for r in failed] == [r.job_id for r in recs if r.state == "FAILED"]
+    assert (await all_pages(archive, 4, team=team, states={"FAILED", "RUNNING"}))[0] == failed
     bob_done, _ = await all_pages(archive, 5, team=team, user="bob", states={"SUCCEEDED", "CANCELLED"})
     assert {r.job_id for r in bob_done} == {
         r.job_id for r in recs if r.spec.user == "bob" and r.state in {"SUCCEEDED", "CANCELLED"}

@@ -28,7 +28,7 @@ from nats.errors import TimeoutError as FetchTimeout
 from nats.js import JetStreamContext
 from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy
 from nats.js.errors import NotFoundError
-from oneplus_contracts import JobRecord, JobState, subjects
+from oneplus_contracts import TERMINAL_STATES, JobRecord, JobState, subjects
 
 ARCHIVE_PREFIX = f"{subjects.PREFIX}.archive"
 JOB_STATES: tuple[str, ...] = get_args(JobState)
@@ -190,9 +190,19 @@ class JobArchive:
         start_seq = _cursor_seq(cursor) if cursor is not None else None
         out: list[JobRecord] = []
         used = 0
-        scan = self._scan(_filters(states, team, user), since=since, start_seq=start_seq)
+        team_tok, user_tok = token(team or ""), token(user or "")
+        scan = self._scan(_filter(states, team, user), since=since, start_seq=start_seq, first_batch=limit + 1)
         async with contextlib.aclosing(scan):
-            async for rec, seq in scan:
+            async for subject, data, seq in scan:
+                # The subject says state, team and user (as tokens): what cannot match is never decoded.
+                parts = subject.split(".")
+                if len(parts) == 6 and (
+                    (states is not None and parts[3] not in states)
+                    or (team is not None and parts[4] != team_tok)
+                    or (user is not None and parts[5] != user_tok)
+                ):
+                    continue
+                rec = JobRecord.model_validate_json(data)
                 if not matches(rec, states=states, since=since, user=user, team=team):
                     continue
                 size = reply_size(rec) if max_bytes is not None else 0
@@ -204,20 +214,23 @@ class JobArchive:
         return out, None
 
     async def _scan(
-        self, filters: list[str], *, since: float | None = None, start_seq: int | None = None
-    ) -> AsyncGenerator[tuple[JobRecord, int], None]:
-        """Records under `filters`, with their stream sequences, read by a short-lived pull consumer that delivers
-        nothing until asked; it reads what was there when it was made, and no further. Use it inside
-        `contextlib.aclosing`, so that a reader that stops early removes its consumer at once."""
+        self,
+        filter_subject: str,
+        *,
+        since: float | None = None,
+        start_seq: int | None = None,
+        first_batch: int = _FETCH_BATCH,
+    ) -> AsyncGenerator[tuple[str, bytes, int], None]:
+        """(subject, record, stream sequence) of the messages under `filter_subject`, read by a short-lived pull
+        consumer that delivers nothing until asked; it reads what was there when it was made, and no further. Use it
+        inside `contextlib.aclosing`, so that a reader that stops early removes its consumer at once. The first
+        fetch asks for `first_batch` messages (what a page needs when nothing is filtered out), later ones for more."""
         config = ConsumerConfig(
+            filter_subject=filter_subject,
             ack_policy=AckPolicy.NONE,
             inactive_threshold=5.0,  # a reader that dies leaves no consumer behind for long
             mem_storage=True,
         )
-        if len(filters) == 1:
-            config.filter_subject = filters[0]
-        else:
-            config.filter_subjects = filters
         if start_seq is not None:
             config.deliver_policy = DeliverPolicy.BY_START_SEQUENCE
             config.opt_start_seq = start_seq
@@ -228,10 +241,13 @@ class JobArchive:
         sub = await self.js.pull_subscribe_bind(consumer=info.name, stream=self.stream)
         try:
             remaining = info.num_pending or 0
+            batch = max(1, min(first_batch, _FETCH_BATCH))
             deadline = asyncio.get_running_loop().time() + self.timeout
             while remaining > 0:
                 try:
-                    msgs = await sub.fetch(batch=min(remaining, _FETCH_BATCH), timeout=1.0)
+                    msgs = await sub.fetch(batch=min(remaining, batch), timeout=1.0)
+                    batch = _FETCH_BATCH
+                    deadline = asyncio.get_running_loop().time() + self.timeout
                 except FetchTimeout:
                     if asyncio.get_running_loop().time() > deadline:
                         raise TimeoutError(f"reading {self.stream}: no records for {self.timeout:g}s") from None
@@ -241,7 +257,7 @@ class JobArchive:
                 for msg in msgs:
                     remaining = msg.metadata.num_pending or 0
                     if msg.data:
-                        yield JobRecord.model_validate_json(msg.data), msg.metadata.sequence.stream
+                        yield msg.subject, msg.data, msg.metadata.sequence.stream
                     if remaining == 0:
                         break
         finally:
@@ -250,13 +266,18 @@ class JobArchive:
                 await self.js.delete_consumer(self.stream, info.name)
 
 
-def _filters(states: set[str] | None, team: str | None, user: str | None) -> list[str]:
-    """Filter subjects that let the server skip what cannot match; the exact check is on the record."""
+def _filter(states: set[str] | None, team: str | None, user: str | None) -> str:
+    """One filter subject that lets the server skip what cannot match; the exact check is on the record. Several
+    states are one `*` (a consumer with several filter subjects reads many times slower), and only finished jobs
+    are archived: `RUNNING,FAILED` reads the FAILED subjects alone."""
+    if states is not None:
+        states = (states & TERMINAL_STATES) or states
+    state_tok = next(iter(states)) if states is not None and len(states) == 1 else "*"
     team_tok = token(team) if team is not None else "*"
     user_tok = token(user) if user is not None else "*"
-    if states is None and team is None and user is None:
-        return [f"{ARCHIVE_PREFIX}.>"]
-    return [f"{ARCHIVE_PREFIX}.*.{s}.{team_tok}.{user_tok}" for s in sorted(states or ["*"])]
+    if state_tok == team_tok == user_tok == "*":
+        return f"{ARCHIVE_PREFIX}.>"
+    return f"{ARCHIVE_PREFIX}.*.{state_tok}.{team_tok}.{user_tok}"
 
 
 def _cursor_seq(cursor: str) -> int:
