@@ -1,9 +1,14 @@
-"""topology-registry against real NATS: reports, heartbeats, loss and recovery, degraded NVLink, drain/cordon."""
+"""topology-registry against real NATS: reports, heartbeats, loss and recovery, degraded NVLink, drain/cordon.
+
+The registry runs in this process, built by `build(settings)`; one test runs it as `python -m
+oneplus_topology_registry` to keep the entry point honest.
+"""
 
 from __future__ import annotations
 
 import asyncio
 import json
+import os
 import sys
 import time
 from collections.abc import AsyncIterator
@@ -12,9 +17,11 @@ from pathlib import Path
 import pytest
 from nats.aio.client import Client
 from nats.aio.msg import Msg
+from oneplus_bus.settings import BusSettings
 from oneplus_contracts import GpuHealth, NodeHeartbeat, NodeRecord, subjects
 from oneplus_testing import Servers
 from oneplus_topology.presets import load_preset
+from oneplus_topology_registry.app import Registry, RegistrySettings, build
 
 from oneplus.client import OnePlusClient
 from oneplus.devstack import spawn, stop
@@ -22,24 +29,28 @@ from oneplus.devstack import spawn, stop
 LOST_AFTER = 1.5
 
 
+async def until_registry_answers(c: OnePlusClient, timeout: float = 60.0, why: str = "") -> None:
+    deadline = time.monotonic() + timeout
+    while not [s for s in await c.services(kind="PING") if s.get("name") == "oneplus-topology-registry"]:
+        assert time.monotonic() < deadline, why or "the registry did not answer"
+        await asyncio.sleep(0.2)
+
+
 @pytest.fixture
-async def registry(nc: Client, servers: Servers, tmp_path: Path) -> AsyncIterator[OnePlusClient]:
-    env = {
-        **dict(__import__("os").environ),
-        "NATS_URL": servers.nats_url,
-        "REDIS_URL": servers.redis_url,
-        "ONEPLUS_NODE_LOST_AFTER_S": str(LOST_AFTER),
-    }
-    proc = spawn([sys.executable, "-m", "oneplus_topology_registry"], tmp_path / "registry.log", env)
+async def started(nc: Client, servers: Servers) -> AsyncIterator[Registry]:
+    svc, reg = build(BusSettings(servers.nats_url, servers.redis_url), RegistrySettings(lost_after_s=LOST_AFTER))
+    await svc.app.start()
     try:
-        async with OnePlusClient.connect(servers.nats_url) as c:
-            deadline = time.monotonic() + 60
-            while not [s for s in await c.services(kind="PING") if s.get("name") == "oneplus-topology-registry"]:
-                assert time.monotonic() < deadline, (tmp_path / "registry.log").read_text()
-                await asyncio.sleep(0.2)
-            yield c
+        yield reg
     finally:
-        stop([proc])
+        await svc.app.stop()
+
+
+@pytest.fixture
+async def registry(started: Registry, servers: Servers) -> AsyncIterator[OnePlusClient]:
+    async with OnePlusClient.connect(servers.nats_url) as c:
+        await until_registry_answers(c)
+        yield c
 
 
 async def report(nc: Client, node: str, preset: str = "dgx1_v100") -> None:
@@ -57,7 +68,7 @@ async def beat(nc: Client, node: str, gpus: list[GpuHealth] | None = None) -> No
 async def node_record(c: OnePlusClient, node: str, until: str | None = None, timeout: float = 15.0) -> NodeRecord:
     deadline = time.monotonic() + timeout
     while True:
-        recs = {r.topology.node: r for r in await c.nodes()}
+        recs: dict[str, NodeRecord] = {r.topology.node: r for r in await c.nodes()}
         rec = recs.get(node)
         if rec is not None and (until is None or rec.status == until):
             return rec
@@ -150,3 +161,113 @@ async def test_a_malformed_report_is_dead_lettered_and_the_registry_keeps_going(
     await report(nc, "n4")
     await beat(nc, "n4")
     await node_record(registry, "n4", "ready")
+
+
+async def kv_writes(nc: Client) -> int:
+    """Every put into the `topology` bucket, counted by the stream under it (nothing else writes there)."""
+    info = await nc.jetstream().stream_info(f"KV_{subjects.TOPOLOGY_KV}")
+    return int(info.state.last_seq or 0)
+
+
+async def test_heartbeats_that_change_nothing_write_nothing_and_a_change_writes_once(
+    registry: OnePlusClient, nc: Client
+) -> None:
+    await report(nc, "w1")
+    await node_record(registry, "w1", "ready")
+    await asyncio.sleep(0.2)
+    assert await kv_writes(nc) == 1, "the report is written once"
+    for _ in range(5):
+        await beat(nc, "w1")
+        await asyncio.sleep(0.05)
+    rec = await node_record(registry, "w1", "ready")
+    assert time.time() - rec.last_heartbeat < 1.0, "the registry's memory has the newest heartbeat"
+    assert await kv_writes(nc) == 1, "heartbeats that change nothing stay in memory"
+    await beat(nc, "w1", [GpuHealth(index=3, healthy=False, reason="Xid 79")])
+    deadline = time.monotonic() + 10
+    while (await node_record(registry, "w1")).unhealthy_gpus != [3]:
+        assert time.monotonic() < deadline
+        await asyncio.sleep(0.05)
+    await asyncio.sleep(0.2)
+    assert await kv_writes(nc) == 2, "a GPU going bad is written once"
+    await registry.node_op(subjects.OPS_NODE_CORDON, "w1")
+    assert await kv_writes(nc) == 3
+
+
+async def test_a_restarted_registry_reads_the_bucket_once_and_counts_every_node_as_seen_at_its_start(
+    started: Registry, nc: Client, servers: Servers
+) -> None:
+    async with OnePlusClient.connect(servers.nats_url) as c:
+        await until_registry_answers(c)
+        await report(nc, "r1")
+        await beat(nc, "r1")
+        await node_record(c, "r1", "ready")
+    # The bucket holds a heartbeat older than the loss threshold, as a registry persisting every 30 s leaves it.
+    kv = await nc.jetstream().key_value(subjects.TOPOLOGY_KV)
+    stale = started.records["r1"].model_copy(update={"last_heartbeat": time.time() - 60})
+    await kv.put("r1", stale.model_dump_json().encode())
+    svc2, reg2 = build(BusSettings(servers.nats_url, servers.redis_url), RegistrySettings(lost_after_s=LOST_AFTER))
+    await svc2.app.start()
+    try:
+        await reg2.ready.wait()
+        assert reg2.records["r1"].status == "ready"
+        assert time.time() - reg2.records["r1"].last_heartbeat < 5, "seen at the registry's start, not 60 s ago"
+        await reg2.check_lost()
+        assert reg2.records["r1"].status == "ready"
+    finally:
+        await svc2.app.stop()
+
+
+async def test_the_node_list_pages_by_limit_and_cursor(registry: OnePlusClient, nc: Client) -> None:
+    names = [f"p{i:02d}" for i in range(25)]
+    for n in names:
+        await report(nc, n)
+    deadline = time.monotonic() + 15
+    while len((await registry.ops(subjects.OPS_NODE_LIST, {"limit": 1000}))["nodes"]) < len(names):
+        assert time.monotonic() < deadline
+        await asyncio.sleep(0.1)
+    seen: list[str] = []
+    cursor = None
+    pages = 0
+    while True:
+        page = await registry.ops(subjects.OPS_NODE_LIST, {"limit": 10, "cursor": cursor})
+        seen += [r["topology"]["node"] for r in page["nodes"]]
+        pages += 1
+        cursor = page["next"]
+        if cursor is None:
+            break
+    assert seen == names and pages == 3
+
+
+def test_a_page_never_outgrows_the_reply_and_an_unpaged_list_too_big_says_to_page() -> None:
+    from oneplus_bus.service import OpsError
+
+    reg = Registry(max_payload=lambda: 4096 + 3 * 5000)  # room for about three records of a DGX-1
+    for i in range(10):
+        topo = load_preset("dgx1_v100", f"n{i}")
+        reg.records[topo.node] = NodeRecord(topology=topo)
+    page = reg.node_list({"limit": 100})
+    assert 1 <= len(page["nodes"]) <= 3 and page["next"] == page["nodes"][-1]["topology"]["node"]
+    assert len(json.dumps(page)) < 4096 + 3 * 5000
+    with pytest.raises(OpsError, match="ask for pages"):
+        reg.node_list({})
+
+
+async def test_the_registry_runs_as_a_module(nc: Client, servers: Servers, tmp_path: Path) -> None:
+    env = {**os.environ, "NATS_URL": servers.nats_url, "REDIS_URL": servers.redis_url}
+    proc = spawn([sys.executable, "-m", "oneplus_topology_registry"], tmp_path / "registry.log", env)
+    try:
+        async with OnePlusClient.connect(servers.nats_url) as c:
+            await until_registry_answers(c, why=(tmp_path / "registry.log").read_text())
+            await report(nc, "m1")
+            await node_record(c, "m1", "ready")
+    finally:
+        stop([proc])
+
+
+async def test_a_malformed_heartbeat_is_dead_lettered(registry: OnePlusClient, nc: Client) -> None:
+    js = nc.jetstream()
+    dlq = await js.subscribe(subjects.dead_letter("oneplus.node.bad.heartbeat"), ordered_consumer=True)
+    await nc.publish("oneplus.node.bad.heartbeat", b'{"node": "bad", "ts": "yesterday"}')
+    msg = await dlq.next_msg(timeout=15)
+    assert "ts" in json.loads(msg.data)["reason"]
+    await dlq.unsubscribe()

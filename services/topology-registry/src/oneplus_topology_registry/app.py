@@ -2,152 +2,355 @@
 
 Consumes node topology reports and heartbeats, marks nodes lost after missed heartbeats and back
 when they return, serves drain/cordon, and emits `topology.changed` whenever placement must know.
+
+The working set is in memory: every node's record, read once from the `topology` bucket at start and kept current
+from the reports and heartbeats this service consumes itself. The bucket is written only when a record changes in
+a way others can see (status, health, flags, topology); a heartbeat that changes nothing but its time updates
+memory, and the time is persisted at most every `persist_heartbeat_s` per node. A restarted registry counts every
+node it reads (but a lost one) as seen at its start, so nobody is declared lost for a heartbeat time the bucket had
+not caught up with. The loss detector and `oneplus nodes` read memory; the bucket is for the solver and the intake.
+
+`build(settings)` makes the service; `python -m oneplus_topology_registry` runs one.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import logging
 import os
 import time
-from typing import Any
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from typing import Any, Protocol
 
 from faststream.nats import NatsMessage
-from nats.js.api import DeliverPolicy
-from nats.js.errors import KeyNotFoundError
+from nats.aio.msg import Msg
+from nats.js import JetStreamContext
+from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy
+from nats.js.kv import KeyValue
+from oneplus_bus.deadletter import _is_poison, _publish_dead_letter
 from oneplus_bus.ledger import latest_values
 from oneplus_bus.service import OneplusService, OpsError
+from oneplus_bus.settings import BusSettings
 from oneplus_contracts import NodeHeartbeat, NodeRecord, NodeTopology, subjects
 
-from .health import apply_heartbeat, status_of, summary_changed
+from .health import apply_heartbeat, heartbeat_due, record_changed, status_of, summary_changed
 
 log = logging.getLogger("oneplus.registry")
 
-svc = OneplusService("topology-registry", "Keeps the cluster topology model and node health")
-broker = svc.broker
-app = svc.app
-LOST_AFTER_S = float(os.environ.get("ONEPLUS_NODE_LOST_AFTER_S", "10"))
-_locks: dict[str, asyncio.Lock] = {}
+DEFAULT_LOST_AFTER_S = 10.0  # ONEPLUS_NODE_LOST_AFTER_S
+DEFAULT_PERSIST_HEARTBEAT_S = 30.0  # ONEPLUS_REGISTRY_PERSIST_HEARTBEAT_S
+DEFAULT_PAGE = 100  # nodes per `node-list` page when the request names no limit
+MAX_PAGE = 1000
+REPLY_MARGIN = 4096  # bytes kept free in a reply for its envelope
+HEARTBEAT_CONSUMER = "topology-registry-heartbeats"
+HEARTBEAT_MAX_DELIVER = 2
 
 
-def _lock(node: str) -> asyncio.Lock:
-    return _locks.setdefault(node, asyncio.Lock())
+@dataclass(frozen=True)
+class RegistrySettings:
+    lost_after_s: float = DEFAULT_LOST_AFTER_S
+    persist_heartbeat_s: float = DEFAULT_PERSIST_HEARTBEAT_S
+
+    @classmethod
+    def from_env(cls) -> RegistrySettings:
+        return cls(
+            lost_after_s=float(os.environ.get("ONEPLUS_NODE_LOST_AFTER_S", str(DEFAULT_LOST_AFTER_S))),
+            persist_heartbeat_s=float(
+                os.environ.get("ONEPLUS_REGISTRY_PERSIST_HEARTBEAT_S", str(DEFAULT_PERSIST_HEARTBEAT_S))
+            ),
+        )
 
 
-async def get_node(node: str) -> tuple[NodeRecord | None, int]:
-    try:
-        entry = await svc.kv[subjects.TOPOLOGY_KV].get(node)
-    except KeyNotFoundError:
-        return None, 0
-    if entry.value is None:
-        return None, 0
-    return NodeRecord.model_validate_json(entry.value), entry.revision or 0
+class NodeStore(Protocol):
+    """Where node records are kept for the rest of the platform (the `topology` KV bucket)."""
+
+    async def load(self) -> list[NodeRecord]: ...
+
+    async def put(self, rec: NodeRecord) -> None: ...
 
 
-async def put_node(rec: NodeRecord, before: NodeRecord | None, reason: str) -> None:
-    await svc.kv[subjects.TOPOLOGY_KV].put(rec.topology.node, rec.model_dump_json().encode())
-    if before is None or summary_changed(before, rec):
-        body = {"node": rec.topology.node, "status": rec.status, "reason": reason, "ts": time.time()}
-        await svc.js.publish(subjects.TOPOLOGY_CHANGED, json.dumps(body).encode(), stream=subjects.NODES_STREAM)
+Publish = Callable[[str, bytes], Awaitable[None]]
+
+
+class KvNodeStore:
+    def __init__(self, js: JetStreamContext, kv: KeyValue) -> None:
+        self.js = js
+        self.kv = kv
+        self.writes = 0
+
+    async def load(self) -> list[NodeRecord]:
+        return [NodeRecord.model_validate_json(v) for v in await latest_values(self.js, subjects.TOPOLOGY_KV)]
+
+    async def put(self, rec: NodeRecord) -> None:
+        await self.kv.put(rec.topology.node, rec.model_dump_json().encode())
+        self.writes += 1
+
+
+class Registry:
+    """The registry's behaviour over its working set; the bus is reached through `store` and `publish` only."""
+
+    def __init__(
+        self,
+        store: NodeStore | None = None,
+        publish: Publish | None = None,
+        settings: RegistrySettings | None = None,
+        *,
+        clock: Callable[[], float] = time.time,
+        max_payload: Callable[[], int] = lambda: 1024 * 1024,
+    ) -> None:
+        self.store = store
+        self.publish = publish
+        self.settings = settings or RegistrySettings()
+        self.clock = clock
+        self.max_payload = max_payload
+        self.records: dict[str, NodeRecord] = {}  # the working set: every node as the registry knows it now
+        self.stored: dict[str, NodeRecord] = {}  # what the bucket holds, as last written or read
+        self.ready = asyncio.Event()
+        self._locks: dict[str, asyncio.Lock] = {}
+
+    def _store(self) -> NodeStore:
+        assert self.store is not None, "the registry's store is attached on start"
+        return self.store
+
+    async def bootstrap(self) -> None:
+        """Read the bucket once. Every node but a lost one counts as seen now: the stored heartbeat can be
+        `persist_heartbeat_s` old, and a restart must not declare anyone lost for that."""
+        now = self.clock()
+        for rec in await self._store().load():
+            node = rec.topology.node
+            self.stored[node] = rec
+            if rec.status != "lost":
+                rec = rec.model_copy(update={"last_heartbeat": max(rec.last_heartbeat, now)})
+            self.records.setdefault(node, rec)
+        self.ready.set()
+        log.info("registry: %d nodes read from the %s bucket", len(self.records), subjects.TOPOLOGY_KV)
+
+    async def commit(self, rec: NodeRecord, before: NodeRecord | None, reason: str) -> None:
+        """Take `rec` into memory; write the bucket if it changed (or its heartbeat is due); say so if it matters."""
+        node = rec.topology.node
+        self.records[node] = rec
+        if self._must_write(node):
+            async with self._locks.setdefault(node, asyncio.Lock()):
+                if self._must_write(node):  # a write of this node may have landed while this one waited
+                    latest = self.records[node]  # writes of one node land in order, the newest last
+                    await self._store().put(latest)
+                    self.stored[node] = latest
+        if before is None or summary_changed(before, rec):
+            await self.announce(rec, before, reason)
+
+    def _must_write(self, node: str) -> bool:
+        rec, stored = self.records[node], self.stored.get(node)
+        return (
+            stored is None
+            or record_changed(stored, rec)
+            or heartbeat_due(stored, rec, self.settings.persist_heartbeat_s)
+        )
+
+    async def announce(self, rec: NodeRecord, before: NodeRecord | None, reason: str) -> None:
+        if self.publish is None:
+            return
+        body = json.dumps({"node": rec.topology.node, "status": rec.status, "reason": reason, "ts": self.clock()})
+        await self.publish(subjects.TOPOLOGY_CHANGED, body.encode())
         if rec.status == "lost" and (before is None or before.status != "lost"):
-            await svc.js.publish(
-                subjects.node_lost(rec.topology.node), json.dumps(body).encode(), stream=subjects.NODES_STREAM
-            )
+            await self.publish(subjects.node_lost(rec.topology.node), body.encode())
 
+    def status(self, rec: NodeRecord) -> NodeRecord:
+        return rec.model_copy(update={"status": status_of(rec, self.clock(), self.settings.lost_after_s)})
 
-@svc.durable_subscriber(
-    "oneplus.node.*.topology",
-    stream=subjects.NODES_STREAM,
-    consumer="topology-registry-reports",
-    title="node topology reports",
-)
-async def on_topology(msg: NatsMessage) -> None:
-    topo = NodeTopology.model_validate_json(msg.body)
-    async with _lock(topo.node):
-        before, _ = await get_node(topo.node)
-        rec = NodeRecord(topology=topo, last_heartbeat=time.time())
+    async def on_topology(self, topo: NodeTopology) -> None:
+        await self.ready.wait()
+        before = self.records.get(topo.node)
+        rec = NodeRecord(topology=topo, last_heartbeat=self.clock())
         if before is not None:
             rec = rec.model_copy(update={"cordoned": before.cordoned, "draining": before.draining})
-        rec = rec.model_copy(update={"status": status_of(rec, time.time(), LOST_AFTER_S)})
-        await put_node(rec, before, "topology reported")
+        await self.commit(self.status(rec), before, "topology reported")
 
-
-@svc.durable_subscriber(
-    "oneplus.node.*.heartbeat",
-    stream=subjects.NODES_STREAM,
-    consumer="topology-registry-heartbeats",
-    title="node heartbeats",
-    deliver_policy=DeliverPolicy.NEW,
-    max_deliver=2,
-    ack_wait=10,
-)
-async def on_heartbeat(msg: NatsMessage) -> None:
-    hb = NodeHeartbeat.model_validate_json(msg.body)
-    async with _lock(hb.node):
-        before, _ = await get_node(hb.node)
+    async def on_heartbeat(self, hb: NodeHeartbeat) -> None:
+        await self.ready.wait()
+        before = self.records.get(hb.node)
         if before is None:
             return  # a heartbeat before the topology report: the report will follow
-        rec = apply_heartbeat(before, hb)
-        rec = rec.model_copy(update={"status": status_of(rec, time.time(), LOST_AFTER_S)})
-        await put_node(rec, before, "heartbeat")
+        await self.commit(self.status(apply_heartbeat(before, hb)), before, "heartbeat")
 
-
-async def all_nodes() -> list[NodeRecord]:
-    return [NodeRecord.model_validate_json(v) for v in await latest_values(svc.js, subjects.TOPOLOGY_KV)]
-
-
-@svc.background
-async def loss_detector() -> None:
-    while True:
-        await asyncio.sleep(min(1.0, LOST_AFTER_S / 4))
-        now = time.time()
-        for rec in await all_nodes():
-            status = status_of(rec, now, LOST_AFTER_S)
+    async def check_lost(self) -> None:
+        """One pass of the loss detector, over memory."""
+        now = self.clock()
+        for rec in list(self.records.values()):
+            status = status_of(rec, now, self.settings.lost_after_s)
             if status != rec.status:
-                async with _lock(rec.topology.node):
-                    fresh, _ = await get_node(rec.topology.node)
-                    if fresh is None:
-                        continue
-                    status = status_of(fresh, time.time(), LOST_AFTER_S)
-                    if status != fresh.status:
-                        log.warning("node %s: %s -> %s", fresh.topology.node, fresh.status, status)
-                        await put_node(fresh.model_copy(update={"status": status}), fresh, f"status {status}")
+                log.warning("node %s: %s -> %s", rec.topology.node, rec.status, status)
+                await self.commit(rec.model_copy(update={"status": status}), rec, f"status {status}")
 
+    async def loss_detector(self) -> None:
+        await self.ready.wait()
+        while True:
+            await asyncio.sleep(min(1.0, self.settings.lost_after_s / 4))
+            await self.check_lost()
 
-async def _set_flag(payload: dict[str, Any], **flags: bool) -> dict[str, Any]:
-    node = str(payload.get("node") or "")
-    if not node:
-        raise OpsError("the request needs a 'node'")
-    async with _lock(node):
-        before, _ = await get_node(node)
+    async def set_flags(self, node: str, **flags: bool) -> NodeRecord:
+        await self.ready.wait()
+        before = self.records.get(node)
         if before is None:
             raise OpsError(f"no node {node!r}", 404)
-        rec = before.model_copy(update=flags)
-        rec = rec.model_copy(update={"status": status_of(rec, time.time(), LOST_AFTER_S)})
-        await put_node(rec, before, ", ".join(f"{k}={v}" for k, v in flags.items()))
-    return {"node": node, "status": rec.status, "cordoned": rec.cordoned, "draining": rec.draining}
+        rec = self.status(before.model_copy(update=flags))
+        await self.commit(rec, before, ", ".join(f"{k}={v}" for k, v in flags.items()))
+        return rec
+
+    def nodes(self) -> list[NodeRecord]:
+        return [self.records[n] for n in sorted(self.records)]
+
+    def node_list(self, payload: dict[str, Any]) -> Any:
+        """Without `limit` or `cursor`: every node, as before, when they fit in one reply (an error saying to page
+        when they do not). With them: `{"nodes": [...], "next": cursor or null}`, nodes named after `cursor` in name
+        order, at most `limit` and never more than one reply holds."""
+        budget = self.max_payload() - REPLY_MARGIN
+        if "limit" not in payload and "cursor" not in payload:
+            rows = [r.model_dump(mode="json") for r in self.nodes()]
+            size = len(json.dumps(rows))
+            if size > budget:
+                raise OpsError(
+                    f"{len(rows)} nodes ({size} bytes) do not fit in one reply of at most {budget} bytes: "
+                    "ask for pages with 'limit' and 'cursor'",
+                    413,
+                )
+            return rows
+        try:
+            limit = int(payload.get("limit") or DEFAULT_PAGE)
+        except (TypeError, ValueError) as exc:
+            raise OpsError(f"limit must be a whole number: {exc}") from exc
+        if limit < 1:
+            raise OpsError(f"limit must be at least 1, got {limit}")
+        limit = min(limit, MAX_PAGE)
+        cursor = payload.get("cursor")
+        if cursor is not None and not isinstance(cursor, str):
+            raise OpsError("cursor must be the 'next' of the previous page (a string)")
+        names = sorted(n for n in self.records if cursor is None or n > cursor)
+        items: list[dict[str, Any]] = []
+        size = 0
+        for name in names[:limit]:
+            row = self.records[name].model_dump(mode="json")
+            row_size = len(json.dumps(row)) + 2
+            if items and size + row_size > budget:
+                break
+            items.append(row)
+            size += row_size
+        more = len(items) < len(names)
+        return {"nodes": items, "next": items[-1]["topology"]["node"] if more and items else None}
 
 
-@svc.ops("node-list", subjects.OPS_NODE_LIST)
-async def node_list(payload: dict[str, Any], headers: dict[str, str]) -> list[dict[str, Any]]:
-    return [r.model_dump(mode="json") for r in await all_nodes()]
+def build(
+    settings: BusSettings | None = None, registry_settings: RegistrySettings | None = None
+) -> tuple[OneplusService, Registry]:
+    """The registry service (consumers, ops endpoints, loss detector) around a `Registry` over the bus."""
+    svc = OneplusService("topology-registry", "Keeps the cluster topology model and node health", settings)
+    reg = Registry(settings=registry_settings or RegistrySettings.from_env(), max_payload=lambda: svc.nc.max_payload)
+
+    async def publish(subject: str, body: bytes) -> None:
+        await svc.js.publish(subject, body, stream=subjects.NODES_STREAM)
+
+    async def start() -> None:
+        reg.store = KvNodeStore(svc.js, svc.kv[subjects.TOPOLOGY_KV])
+        reg.publish = publish
+        await reg.bootstrap()
+
+    svc.on_start(start)
+    svc.background(reg.loss_detector)
+
+    @svc.durable_subscriber(
+        "oneplus.node.*.topology",
+        stream=subjects.NODES_STREAM,
+        consumer="topology-registry-reports",
+        title="node topology reports",
+    )
+    async def on_topology(msg: NatsMessage) -> None:
+        await reg.on_topology(NodeTopology.model_validate_json(msg.body))
+
+    async def on_heartbeat(msg: Msg) -> None:
+        try:
+            await reg.on_heartbeat(NodeHeartbeat.model_validate_json(msg.data))
+        except Exception as exc:
+            delivered = int(msg.metadata.num_delivered or 1)
+            if _is_poison(exc) or delivered >= HEARTBEAT_MAX_DELIVER:
+                await _publish_dead_letter({"broker": svc.broker}, msg, exc, delivered)
+            else:
+                log.warning("heartbeat on %s failed (delivery %d): %s", msg.subject, delivered, exc)
+                await msg.nak()
+                return
+        await msg.ack()
+
+    async def subscribe_heartbeats() -> None:
+        # The hot path at scale (a fleet of 512 nodes sends ~100 a second): a plain JetStream subscription on the
+        # durable consumer, without a span, metrics and two log lines per heartbeat as the FastStream handlers have.
+        # Same consumer, same policy as `durable_subscriber`: named, deliver group, new heartbeats only, NAK then
+        # dead letter.
+        sub = await svc.js.subscribe(
+            "oneplus.node.*.heartbeat",
+            queue=HEARTBEAT_CONSUMER,
+            durable=HEARTBEAT_CONSUMER,
+            stream=subjects.NODES_STREAM,
+            cb=on_heartbeat,
+            manual_ack=True,
+            config=ConsumerConfig(
+                name=HEARTBEAT_CONSUMER,
+                deliver_policy=DeliverPolicy.NEW,
+                max_deliver=HEARTBEAT_MAX_DELIVER,
+                ack_wait=10,
+                ack_policy=AckPolicy.EXPLICIT,
+            ),
+        )
+        subs.append(sub)
+
+    async def stop() -> None:
+        for sub in subs:
+            with contextlib.suppress(Exception):
+                await sub.unsubscribe()
+
+    subs: list[Any] = []
+    svc.on_start(subscribe_heartbeats)
+    svc.on_stop(stop)
+
+    async def set_flags(payload: dict[str, Any], **flags: bool) -> dict[str, Any]:
+        node = str(payload.get("node") or "")
+        if not node:
+            raise OpsError("the request needs a 'node'")
+        rec = await reg.set_flags(node, **flags)
+        return {"node": node, "status": rec.status, "cordoned": rec.cordoned, "draining": rec.draining}
+
+    @svc.ops("node-list", subjects.OPS_NODE_LIST)
+    async def node_list(payload: dict[str, Any], headers: dict[str, str]) -> Any:
+        await reg.ready.wait()
+        return reg.node_list(payload)
+
+    @svc.ops("node-drain", subjects.OPS_NODE_DRAIN)
+    async def node_drain(payload: dict[str, Any], headers: dict[str, str]) -> dict[str, Any]:
+        return await set_flags(payload, draining=bool(payload.get("drain", True)))
+
+    @svc.ops("node-cordon", subjects.OPS_NODE_CORDON)
+    async def node_cordon(payload: dict[str, Any], headers: dict[str, str]) -> dict[str, Any]:
+        return await set_flags(payload, cordoned=bool(payload.get("cordon", True)))
+
+    @svc.ops("node-uncordon", subjects.OPS_NODE_UNCORDON)
+    async def node_uncordon(payload: dict[str, Any], headers: dict[str, str]) -> dict[str, Any]:
+        return await set_flags(payload, cordoned=False, draining=False)
+
+    return svc, reg
 
 
-@svc.ops("node-drain", subjects.OPS_NODE_DRAIN)
-async def node_drain(payload: dict[str, Any], headers: dict[str, str]) -> dict[str, Any]:
-    return await _set_flag(payload, draining=bool(payload.get("drain", True)))
+def build_registry(
+    settings: BusSettings | None = None, registry_settings: RegistrySettings | None = None
+) -> OneplusService:
+    return build(settings, registry_settings)[0]
 
 
-@svc.ops("node-cordon", subjects.OPS_NODE_CORDON)
-async def node_cordon(payload: dict[str, Any], headers: dict[str, str]) -> dict[str, Any]:
-    return await _set_flag(payload, cordoned=bool(payload.get("cordon", True)))
-
-
-@svc.ops("node-uncordon", subjects.OPS_NODE_UNCORDON)
-async def node_uncordon(payload: dict[str, Any], headers: dict[str, str]) -> dict[str, Any]:
-    return await _set_flag(payload, cordoned=False, draining=False)
+def __getattr__(name: str) -> Any:
+    # Kept for callers of the old module-level service (`oneplus_topology_registry.app.app`): a new one per access.
+    if name == "app":
+        return build_registry().app
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 def main() -> None:
-    svc.run()
+    build_registry().run()

@@ -53,3 +53,15 @@ def summary_changed(a: NodeRecord, b: NodeRecord) -> bool:
         or a.cordoned != b.cordoned
         or a.draining != b.draining
     )
+
+
+def record_changed(a: NodeRecord, b: NodeRecord) -> bool:
+    """Whether the stored record must be rewritten: anything but the heartbeat's time (status, health, flags,
+    topology). A heartbeat that changes nothing else updates the registry's memory only."""
+    return a.model_copy(update={"last_heartbeat": 0.0}) != b.model_copy(update={"last_heartbeat": 0.0})
+
+
+def heartbeat_due(stored: NodeRecord, rec: NodeRecord, every_s: float) -> bool:
+    """Whether a node's last heartbeat is old enough in the store to persist again (so a restarted registry, which
+    counts every node as seen at its start, is never far behind)."""
+    return rec.last_heartbeat - stored.last_heartbeat >= every_s
