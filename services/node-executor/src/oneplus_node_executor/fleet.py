@@ -1,0 +1,434 @@
+"""A simulated fleet: many simulated node-executors in one process, as KWOK does for Kubernetes.
+
+Each node is a real `NodeExecutor` (node.py) around its own `SimulatedRuntime`, so a fleet node launches, watches,
+cancels, preempts, reconciles and reports job facts exactly as a one-node executor does. What the fleet shares is
+the plumbing: one service (one NATS connection, one micro service), one Redis client, and
+
+- one durable push consumer, `fleet-<name>`, on ONEPLUS_COMMANDS whose `filter_subjects` list the command subjects
+  of its nodes (`oneplus.cmd.node.<node>.*`, nats-server 2.10+); a node's commands run one at a time, in stream
+  order, while different nodes' commands run side by side;
+- one heartbeat loop: every node still publishes its own `oneplus.node.<node>.heartbeat`, spread over the interval
+  (a slice of the nodes every half second) rather than in one burst;
+- one Redis pipeline per interval that renews the leases of every job running on the fleet;
+- one reservation read at start, which every node's reconcile filters (instead of one read per node);
+- one subscription that answers `oneplus.ops.node.<node>.logs` for the fleet's nodes and stays silent for others.
+
+Start one: `python -m oneplus_node_executor.fleet --nodes 512 --topology h100_sxm_8gpu_nvswitch_nv18
+--nodes-per-leaf 16` (nodes sim-0000 … sim-0511), or `--cluster cluster.yaml` (the cluster YAML of
+docs/topology.md: node groups with a prefix, a count and a topology, leaf/spine from its fabric). `oneplus dev up
+--nodes 512` runs the platform around one.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import dataclasses
+import logging
+import os
+import re
+import time
+from collections.abc import Iterable, Sequence
+from pathlib import Path
+from typing import Any
+
+import redis.asyncio as aioredis
+from nats.aio.msg import Msg
+from nats.aio.subscription import Subscription
+from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy
+from nats.micro.request import Request
+from oneplus_bus.deadletter import _is_poison, _publish_dead_letter
+from oneplus_bus.service import OneplusService
+from oneplus_bus.settings import BusSettings
+from oneplus_contracts import NODE_COMMAND_ADAPTER, CancelRanks, LaunchRanks, NodeTopology, subjects
+from oneplus_reservations import Reservation, ReservationStore
+from opentelemetry import propagate
+
+from .app import DEFAULT_INBOX, make_runtime
+from .node import KEEP_FINISHED, LEASE_S, NodeExecutor
+from .runtime.base import EngineUnavailable
+
+log = logging.getLogger("oneplus.fleet")
+
+DEFAULT_HEARTBEAT_S = 5.0  # per node; 512 nodes at 5 s is ~100 heartbeats a second for the registry
+DEFAULT_PRESET = "h100_sxm_8gpu_nvswitch_nv18"
+DEFAULT_NODES_PER_LEAF = 16
+DEFAULT_LEAVES_PER_SPINE = 8
+TICK_S = 0.5  # the heartbeat loop publishes one slice of the nodes per tick
+MAX_ACK_PENDING = 4096  # commands in flight at once across the fleet
+_BAD_NAME = re.compile(r"[.*>\s]")
+
+
+def fleet_consumer(name: str) -> str:
+    return f"fleet-{name}"
+
+
+def fleet_inbox(name: str) -> str:
+    return f"{DEFAULT_INBOX}.fleet-{name}"
+
+
+def synthetic_nodes(
+    count: int,
+    preset: str = DEFAULT_PRESET,
+    *,
+    nodes_per_leaf: int = DEFAULT_NODES_PER_LEAF,
+    leaves_per_spine: int = DEFAULT_LEAVES_PER_SPINE,
+    prefix: str = "sim",
+) -> list[NodeTopology]:
+    """`count` copies of a preset named `<prefix>-0000`…, `nodes_per_leaf` to a leaf, `leaves_per_spine` to a spine."""
+    from oneplus_topology.cluster import synthetic_cluster
+
+    cluster = synthetic_cluster(
+        count, preset, nodes_per_leaf=nodes_per_leaf, leaves_per_spine=leaves_per_spine, name=prefix, prefix=prefix
+    )
+    width = max(4, len(str(count - 1)))
+    return [t.model_copy(update={"node": f"{prefix}-{i:0{width}d}"}) for i, t in enumerate(cluster.nodes)]
+
+
+def cluster_nodes(path: str | Path) -> tuple[str, list[NodeTopology]]:
+    """The cluster YAML's name and nodes (docs/topology.md: `name`, `fabric`, `node_groups`, `nodes`)."""
+    from oneplus_topology.cluster import load_cluster
+
+    cluster = load_cluster(path)
+    return cluster.name, list(cluster.nodes)
+
+
+class FleetStore(ReservationStore):
+    """One Redis client for the whole fleet, with the two things a fleet does in bulk."""
+
+    def __init__(self, client: aioredis.Redis, cluster: str = "default") -> None:
+        super().__init__(client, cluster)
+        self.snapshot: list[Reservation] | None = None
+
+    async def all(self) -> list[Reservation]:
+        """While `snapshot` is set (the fleet's start), every node's reconcile reads that one list."""
+        if self.snapshot is not None:
+            return list(self.snapshot)
+        return await super().all()
+
+    async def renew_many(self, held: Iterable[tuple[str, int]], lease_s: float) -> dict[tuple[str, int], bool]:
+        """Renew many (job, token) leases in one round trip; True where the token is still current."""
+        pairs = sorted(set(held))
+        if not pairs:
+            return {}
+        async with self.r.pipeline(transaction=False) as pipe:
+            for job_id, token in pairs:
+                await self._renew(keys=[self.ks.gang(job_id)], args=[job_id, token, int(lease_s * 1000)], client=pipe)
+            replies = await pipe.execute()
+        return {pair: int(reply[0]) == 1 for pair, reply in zip(pairs, replies, strict=True)}
+
+
+class SimulatedFleet:
+    """N simulated nodes behind one service; `svc.app` starts and stops them (`svc.run()` from a command line)."""
+
+    def __init__(
+        self,
+        nodes: Sequence[NodeTopology],
+        settings: BusSettings | None = None,
+        *,
+        name: str = "sim",
+        heartbeat_s: float = DEFAULT_HEARTBEAT_S,
+        keep_finished: int = KEEP_FINISHED,
+    ) -> None:
+        if not nodes:
+            raise ValueError("a fleet needs at least one node")
+        if not name or _BAD_NAME.search(name):
+            raise ValueError(f"fleet name {name!r}: no dots, wildcards or spaces (it names a NATS consumer)")
+        names = [t.node for t in nodes]
+        bad = [n for n in names if not n or _BAD_NAME.search(n)]
+        if bad:
+            raise ValueError(f"node name {bad[0]!r}: no dots, wildcards or spaces (it is a NATS subject token)")
+        if len(set(names)) != len(names):
+            dup = next(n for n in names if names.count(n) > 1)
+            raise ValueError(f"node {dup!r} appears twice in the fleet")
+        if heartbeat_s <= 0:
+            raise ValueError(f"heartbeat_s must be positive, got {heartbeat_s}")
+        settings = settings or BusSettings.from_env()
+        if settings.inbox_prefix == DEFAULT_INBOX:
+            settings = dataclasses.replace(settings, inbox_prefix=fleet_inbox(name))
+        self.name = name
+        self.heartbeat_s = heartbeat_s
+        gpus = sum(len(t.gpus) for t in nodes)
+        self.svc = OneplusService("node-executor", f"Simulated fleet {name}: {len(nodes)} nodes, {gpus} GPUs", settings)
+        self.executors: dict[str, NodeExecutor] = {
+            t.node: NodeExecutor(
+                self.svc, t, make_runtime("simulated", t), heartbeat_s=heartbeat_s, keep_finished=keep_finished
+            )
+            for t in nodes
+        }
+        self._order = list(self.executors.values())
+        self._locks: dict[str, asyncio.Lock] = {}
+        self._inflight: set[asyncio.Task[None]] = set()
+        self._subs: list[Subscription] = []
+        self.store: FleetStore | None = None
+        self.svc.on_start(self.start)
+        self.svc.background(self.heartbeat_loop)
+        self.svc.on_stop(self.stop)
+
+    @property
+    def app(self) -> Any:
+        return self.svc.app
+
+    @property
+    def consumer(self) -> str:
+        return fleet_consumer(self.name)
+
+    @property
+    def nodes(self) -> list[str]:
+        return list(self.executors)
+
+    # -- start and stop ----------------------------------------------------------------------------------------
+
+    async def start(self) -> None:
+        t0 = time.monotonic()
+        self.store = FleetStore(aioredis.Redis.from_url(self.svc.settings.redis_url), self.svc.settings.cluster)
+        for ex in self._order:
+            ex.store = self.store
+        await self.publish_topologies()
+        await self.reconcile()
+        await self.subscribe_commands()
+        self._subs.append(await self.svc.nc.subscribe(f"{subjects.PREFIX}.ops.node.*.logs", cb=self.on_logs))
+        log.info(
+            "fleet %s: %d nodes up in %.1f s (consumer %s, heartbeat every %g s)",
+            self.name,
+            len(self._order),
+            time.monotonic() - t0,
+            self.consumer,
+            self.heartbeat_s,
+        )
+
+    async def publish_topologies(self, chunk: int = 64) -> None:
+        """What NodeExecutor.start publishes, for every node, `chunk` acknowledged publishes at a time."""
+        stamp = int(time.time())
+
+        async def one(ex: NodeExecutor) -> None:
+            await self.svc.js.publish(
+                subjects.node_topology(ex.node),
+                ex.topology.model_dump_json().encode(),
+                headers={"Nats-Msg-Id": f"topology-{ex.node}-{stamp}"},
+                stream=subjects.NODES_STREAM,
+            )
+
+        for i in range(0, len(self._order), chunk):
+            await asyncio.gather(*(one(ex) for ex in self._order[i : i + chunk]))
+
+    async def reconcile(self) -> None:
+        """Every node's NodeExecutor.reconcile over one reservation read. Simulated ranks do not outlive the process:
+        a restarted fleet reports the ranks of its running jobs lost, as a restarted executor would."""
+        store = self.rstore()
+        store.snapshot = await ReservationStore.all(store)
+        try:
+            for ex in self._order:
+                try:
+                    await ex.reconcile()
+                except Exception:
+                    log.exception("%s: reconcile failed; retried with the heartbeats", ex.node)
+        finally:
+            store.snapshot = None
+
+    async def subscribe_commands(self) -> None:
+        """Create (or update, when the fleet's nodes changed) the fleet's durable consumer and bind to it."""
+        config = ConsumerConfig(
+            name=self.consumer,
+            durable_name=self.consumer,
+            deliver_subject=f"{self.svc.settings.inbox_prefix}.commands",
+            deliver_group=self.consumer,
+            deliver_policy=DeliverPolicy.ALL,
+            filter_subjects=[subjects.node_commands_of(n) for n in self.executors],
+            ack_policy=AckPolicy.EXPLICIT,
+            ack_wait=30,
+            max_deliver=self.svc.settings.max_deliver,
+            max_ack_pending=MAX_ACK_PENDING,
+        )
+        info = await self.svc.js.add_consumer(subjects.COMMANDS_STREAM, config=config)
+        sub = await self.svc.js.subscribe_bind(
+            subjects.COMMANDS_STREAM, info.config, info.name, cb=self.on_command, manual_ack=True
+        )
+        self._subs.append(sub)
+
+    async def stop(self) -> None:
+        for sub in self._subs:
+            with contextlib.suppress(Exception):
+                await sub.unsubscribe()
+        self._subs.clear()
+        for task in list(self._inflight):
+            task.cancel()
+        for ex in self._order:
+            ex.store = None  # shared: closed once below, not by every node
+            with contextlib.suppress(Exception):
+                await ex.stop()
+        if self.store is not None:
+            await self.store.close()
+            self.store = None
+
+    def rstore(self) -> FleetStore:
+        assert self.store is not None, "the fleet's reservation store is opened on start"
+        return self.store
+
+    # -- commands ----------------------------------------------------------------------------------------------
+
+    async def on_command(self, msg: Msg) -> None:
+        # Called in delivery order; each command runs in a task of its own, behind its node's lock, so one node's
+        # commands keep their order (asyncio locks are FIFO) while other nodes' commands proceed.
+        task = asyncio.create_task(self.handle(msg))
+        self._inflight.add(task)
+        task.add_done_callback(self._inflight.discard)
+
+    async def handle(self, msg: Msg) -> None:
+        parts = msg.subject.split(".")  # oneplus.cmd.node.<node>.<kind>
+        node = parts[3] if len(parts) == 5 else ""
+        async with self._locks.setdefault(node, asyncio.Lock()):
+            try:
+                await self.dispatch(node, msg)
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:
+                await self.failed(msg, exc)
+                return
+            await msg.ack()
+
+    async def dispatch(self, node: str, msg: Msg) -> None:
+        ex = self.executors.get(node)
+        if ex is None:
+            raise ValueError(f"{msg.subject} delivered to fleet {self.name}, which has no node {node!r}")
+        cmd = NODE_COMMAND_ADAPTER.validate_json(msg.data)
+        if cmd.node != node:
+            raise ValueError(f"command for node {cmd.node} delivered to {node}")
+        context = propagate.extract(dict(msg.headers or {}))  # the job's trace goes on through the fleet
+        with self.svc.tracer.start_as_current_span(
+            f"node-executor {cmd.kind}",
+            context=context,
+            attributes={"oneplus.job_id": cmd.job_id, "oneplus.node": node},
+        ):
+            if isinstance(cmd, LaunchRanks):
+                await ex.launch(cmd)
+            elif isinstance(cmd, CancelRanks):
+                await ex.cancel(cmd)
+            else:
+                ex.start_preempt(cmd)
+
+    async def failed(self, msg: Msg, exc: Exception) -> None:
+        """The platform's redelivery policy (oneplus_bus.deadletter): NAK with a growing delay, then dead-letter."""
+        try:
+            delivered = int(msg.metadata.num_delivered or 1)
+        except Exception:
+            delivered = 1
+        if _is_poison(exc) or delivered >= self.svc.settings.max_deliver:
+            await _publish_dead_letter({"broker": self.svc.broker}, msg, exc, delivered)
+            await msg.ack()
+        else:
+            log.warning("%s failed (delivery %d): %s", msg.subject, delivered, exc)
+            await msg.nak(delay=min(0.2 * 2 ** (delivered - 1), 5.0))
+
+    # -- logs --------------------------------------------------------------------------------------------------
+
+    async def on_logs(self, msg: Msg) -> None:
+        """`oneplus logs` for a fleet node; a request for another node is left to that node's executor."""
+        ex = self.executors.get(msg.subject.split(".")[3])
+        if ex is None or not msg.reply:
+            return
+
+        async def logs(payload: dict[str, Any], headers: dict[str, str]) -> dict[str, Any]:
+            return await ex.logs(payload)
+
+        # The same reply envelope (and tenancy check) as every ops endpoint of the platform.
+        await self.svc._ops_adapter(logs)(Request(msg))
+
+    # -- heartbeats and leases ---------------------------------------------------------------------------------
+
+    async def heartbeat_loop(self) -> None:
+        """Each node heartbeats every `heartbeat_s`, a slice per tick; the leases are renewed once per round."""
+        loop = asyncio.get_running_loop()
+        tick = min(TICK_S, self.heartbeat_s)
+        slices = max(1, round(self.heartbeat_s / tick))
+        i = 0
+        while True:
+            started = loop.time()
+            for ex in self._order[i::slices]:
+                await ex.publish_heartbeat()
+            i = (i + 1) % slices
+            if i == 0:
+                await self.renew_leases()
+            await asyncio.sleep(max(0.0, tick - (loop.time() - started)))
+
+    async def renew_leases(self) -> None:
+        """NodeExecutor.heartbeat_once's renewals for the whole fleet in one pipeline; a fenced-out job is stopped."""
+        holders: dict[tuple[str, int], list[NodeExecutor]] = {}
+        for ex in self._order:
+            if not ex.reconciled:
+                with contextlib.suppress(Exception):
+                    await ex.check_engine()  # a reconcile that failed at start runs again
+            for pair in ex.tokens.items():
+                holders.setdefault(pair, []).append(ex)
+        if not holders:
+            return
+        renewed = await self.rstore().renew_many(holders, LEASE_S)
+        for (job_id, token), ok in renewed.items():
+            if ok:
+                continue
+            for ex in holders[(job_id, token)]:
+                if ex.tokens.get(job_id) != token:
+                    continue
+                log.warning("%s: %s lost its reservation (token %s): stopping it", ex.node, job_id, token)
+                ex.stop_reasons[job_id] = "reservation lost (fenced out)"
+                with contextlib.suppress(EngineUnavailable):
+                    await ex.runtime.stop(job_id, grace_s=5.0)
+
+
+def build_fleet(args: argparse.Namespace, settings: BusSettings | None = None) -> SimulatedFleet:
+    if args.cluster:
+        cluster_name, nodes = cluster_nodes(args.cluster)
+        name = args.name or re.sub(r"[^A-Za-z0-9_-]", "-", cluster_name)
+    else:
+        nodes = synthetic_nodes(
+            args.nodes,
+            args.topology,
+            nodes_per_leaf=args.nodes_per_leaf,
+            leaves_per_spine=args.leaves_per_spine,
+            prefix=args.prefix,
+        )
+        name = args.name or args.prefix
+    return SimulatedFleet(nodes, settings, name=name, heartbeat_s=args.heartbeat, keep_finished=args.keep_finished)
+
+
+def parser() -> argparse.ArgumentParser:
+    env = os.environ.get
+    p = argparse.ArgumentParser(
+        prog="python -m oneplus_node_executor.fleet",
+        description="Many simulated node-executors in one process, speaking the subjects real executors speak.",
+    )
+    p.add_argument("--nodes", type=int, default=int(env("ONEPLUS_FLEET_NODES", "64")), help="how many nodes")
+    p.add_argument("--topology", default=env("ONEPLUS_TOPOLOGY", DEFAULT_PRESET), help="a topology preset")
+    p.add_argument("--nodes-per-leaf", type=int, default=DEFAULT_NODES_PER_LEAF)
+    p.add_argument("--leaves-per-spine", type=int, default=DEFAULT_LEAVES_PER_SPINE)
+    p.add_argument("--prefix", default="sim", help="node names: <prefix>-0000, <prefix>-0001, …")
+    p.add_argument("--cluster", help="a cluster YAML (docs/topology.md) instead of --nodes/--topology")
+    p.add_argument("--name", help="the fleet's name (its consumer is fleet-<name>); default the prefix or cluster")
+    p.add_argument(
+        "--heartbeat",
+        type=float,
+        default=float(env("ONEPLUS_FLEET_HEARTBEAT_S", str(DEFAULT_HEARTBEAT_S))),
+        help="seconds between two heartbeats of one node",
+    )
+    p.add_argument("--keep-finished", type=int, default=KEEP_FINISHED)
+    return p
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    p = parser()
+    a = p.parse_args(argv)
+    if not a.cluster and a.nodes < 1:
+        p.error(f"--nodes {a.nodes}: a fleet needs at least one node")
+    if a.heartbeat <= 0:
+        p.error(f"--heartbeat {a.heartbeat}: must be positive")
+    try:
+        fleet = build_fleet(a)
+    except (ValueError, KeyError) as exc:
+        p.error(str(exc))
+    with contextlib.suppress(KeyboardInterrupt):
+        fleet.svc.run()
+
+
+if __name__ == "__main__":
+    main()

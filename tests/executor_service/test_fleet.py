@@ -1,0 +1,222 @@
+"""A simulated fleet of 64 nodes in this process against real NATS and Redis, with the topology registry beside it.
+
+The fleet speaks what 64 executors would: every node registers, a launch on one node's subject reaches that node
+and its facts carry the reservation's token, a stale token starts nothing, and 64 nodes heartbeating write the
+registry's KV bucket once per node (the reports), not once per heartbeat.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from nats.aio.client import Client
+from nats.aio.msg import Msg
+from oneplus_bus.settings import BusSettings
+from oneplus_contracts import Allocation, JobSpec, LaunchRanks, RankPlacement, RankResources, subjects
+from oneplus_node_executor.fleet import SimulatedFleet, build_fleet, parser, synthetic_nodes
+from oneplus_reservations import ReservationStore
+from oneplus_testing import Servers
+from oneplus_topology_registry.app import Registry, RegistrySettings, build
+
+from oneplus.client import OnePlusClient
+
+N = 64
+HEARTBEAT_S = 0.5
+
+
+class Fleet:
+    def __init__(self, fleet: SimulatedFleet, registry: Registry, client: OnePlusClient) -> None:
+        self.fleet = fleet
+        self.registry = registry
+        self.client = client
+
+
+async def listed(c: OnePlusClient) -> list[dict[str, Any]]:
+    rows: list[dict[str, Any]] = []
+    cursor = None
+    while True:
+        page = await c.ops(subjects.OPS_NODE_LIST, {"limit": 50, "cursor": cursor})
+        rows += page["nodes"]
+        cursor = page["next"]
+        if cursor is None:
+            return rows
+
+
+@pytest.fixture
+async def fleet(nc: Client, servers: Servers, store: ReservationStore) -> AsyncIterator[Fleet]:
+    settings = BusSettings(servers.nats_url, servers.redis_url, cluster=store.ks.cluster)
+    reg_svc, reg = build(settings, RegistrySettings(lost_after_s=10))
+    nodes = synthetic_nodes(N, "h100_sxm_8gpu_nvswitch_nv18", nodes_per_leaf=16, prefix="sim")
+    fl = SimulatedFleet(nodes, settings, name="test", heartbeat_s=HEARTBEAT_S)
+    await reg_svc.app.start()
+    await fl.app.start()
+    try:
+        async with OnePlusClient.connect(servers.nats_url) as c:
+            deadline = time.monotonic() + 60
+            while len([r for r in await listed(c) if r["status"] == "ready"]) < N:
+                assert time.monotonic() < deadline, "the fleet's nodes did not all register"
+                await asyncio.sleep(0.2)
+            yield Fleet(fl, reg, c)
+    finally:
+        await fl.app.stop()
+        await reg_svc.app.stop()
+
+
+def launch(job_id: str, node: str, token: int, duration_s: float = 0.3) -> LaunchRanks:
+    spec = JobSpec.model_validate(
+        {
+            "name": "fleet",
+            "resources": RankResources(gpus=2, cpus=1, memory_mb=64),
+            "simulate": {"duration_s": duration_s},
+        }
+    )
+    ranks = [RankPlacement(rank=0, node=node, gpus=[0, 1], cpus=1, memory_mb=64)]
+    return LaunchRanks(
+        job_id=job_id,
+        node=node,
+        token=token,
+        spec=spec,
+        ranks=ranks,
+        world_size=1,
+        node_rank=0,
+        nodes=[node],
+        master_addr=node,
+    )
+
+
+async def send(nc: Client, cmd: LaunchRanks) -> None:
+    await nc.jetstream().publish(
+        subjects.node_command(cmd.node, cmd.kind), cmd.model_dump_json().encode(), stream=subjects.COMMANDS_STREAM
+    )
+
+
+async def facts_of(nc: Client, job_id: str) -> tuple[list[dict[str, object]], object]:
+    got: list[dict[str, object]] = []
+
+    async def on_fact(m: Msg) -> None:
+        got.append({"subject": m.subject, **json.loads(m.data)})
+
+    sub = await nc.subscribe(subjects.job_fact(job_id, "*"), cb=on_fact)
+    return got, sub
+
+
+async def until(check, timeout: float = 15.0) -> None:  # type: ignore[no-untyped-def]
+    deadline = time.monotonic() + timeout
+    while not check():
+        assert time.monotonic() < deadline, "condition not reached in time"
+        await asyncio.sleep(0.05)
+
+
+async def test_every_node_of_the_fleet_registers_with_its_leaf_and_spine(fleet: Fleet) -> None:
+    rows = await listed(fleet.client)
+    names = [r["topology"]["node"] for r in rows]
+    assert names == [f"sim-{i:04d}" for i in range(N)]
+    leaves = {r["topology"]["leaf"] for r in rows}
+    assert len(leaves) == N // 16
+    assert sum(len(r["topology"]["gpus"]) for r in rows) == 8 * N
+    info = await fleet.client.nc.jetstream().consumer_info(subjects.COMMANDS_STREAM, "fleet-test")
+    assert len(info.config.filter_subjects or []) == N
+
+
+async def test_a_launch_reaches_its_node_and_reports_facts_with_the_token(
+    fleet: Fleet, nc: Client, store: ReservationStore
+) -> None:
+    node = "sim-0037"
+    alloc = Allocation(ranks=[RankPlacement(rank=0, node=node, gpus=[0, 1], cpus=1, memory_mb=64)])
+    token = await store.reserve("fj-1", alloc, lease_s=10)
+    assert isinstance(token, int)
+    got, sub = await facts_of(nc, "fj-1")
+    await send(nc, launch("fj-1", node, token))
+    await until(lambda: any(f["type"] == "node_finished" for f in got))
+    await sub.unsubscribe()  # type: ignore[attr-defined]
+    assert [f["type"] for f in got] == ["starting", "running", "node_finished"]
+    assert all(f["token"] == token and f["node"] == node for f in got)
+    assert got[-1]["exit_code"] == 0
+    assert await fleet.fleet.executors[node].runtime.logs("fj-1", None, follow=False)
+    others = [ex for n, ex in fleet.fleet.executors.items() if n != node]
+    assert not [ex.node for ex in others if await ex.runtime.logs("fj-1", None, follow=False)]
+
+
+async def test_a_launch_with_a_stale_token_starts_nothing(fleet: Fleet, nc: Client, store: ReservationStore) -> None:
+    node = "sim-0005"
+    alloc = Allocation(ranks=[RankPlacement(rank=0, node=node, gpus=[3], cpus=1, memory_mb=64)])
+    old = await store.reserve("fj-2", alloc, lease_s=10)
+    assert isinstance(old, int)
+    assert await store.release("fj-2", old)
+    new = await store.reserve("fj-2", alloc, lease_s=10)
+    assert isinstance(new, int) and new > old
+    got, sub = await facts_of(nc, "fj-2")
+    await send(nc, launch("fj-2", node, old))
+    js = nc.jetstream()
+
+    async def settled() -> bool:
+        info = await js.consumer_info(subjects.COMMANDS_STREAM, "fleet-test")
+        return bool(info.num_ack_pending == 0 and info.num_pending == 0)
+
+    deadline = time.monotonic() + 10
+    while not await settled():
+        assert time.monotonic() < deadline
+        await asyncio.sleep(0.05)
+    await asyncio.sleep(0.3)
+    assert got == [], "the stale launch was acknowledged and refused"
+    assert "fj-2" not in fleet.fleet.executors[node].tokens
+    await send(nc, launch("fj-2", node, new, duration_s=30))
+    await until(lambda: any(f["type"] == "running" for f in got))
+    await sub.unsubscribe()  # type: ignore[attr-defined]
+    assert [(f["type"], f["token"]) for f in got] == [("starting", new), ("running", new)]
+
+
+async def test_the_fleet_renews_the_leases_of_its_running_jobs(
+    fleet: Fleet, nc: Client, store: ReservationStore
+) -> None:
+    alloc = Allocation(ranks=[RankPlacement(rank=0, node="sim-0063", gpus=[7], cpus=1, memory_mb=64)])
+    token = await store.reserve("fj-3", alloc, lease_s=2)
+    assert isinstance(token, int)
+    got, sub = await facts_of(nc, "fj-3")
+    await send(nc, launch("fj-3", "sim-0063", token, duration_s=60))
+    await until(lambda: any(f["type"] == "running" for f in got))
+    await asyncio.sleep(3 * HEARTBEAT_S * 2)  # well past the 2 s lease: only renewals keep it
+    assert await store.current_token("fj-3") == token
+    # Fenced out: the reservation goes, the next renewal round stops the ranks and the node reports why.
+    assert await store.release("fj-3", token)
+    await until(lambda: any(f["type"] == "node_finished" for f in got))
+    await sub.unsubscribe()  # type: ignore[attr-defined]
+    assert got[-1]["reason"] == "reservation lost (fenced out)"
+
+
+async def test_64_heartbeating_nodes_write_the_registry_bucket_once_each(fleet: Fleet, nc: Client) -> None:
+    info = await nc.jetstream().stream_info(f"KV_{subjects.TOPOLOGY_KV}")
+    before = int(info.state.last_seq or 0)
+    assert before == N, "one write per node: its topology report"
+    await asyncio.sleep(4 * HEARTBEAT_S + 0.5)  # four rounds: 256 heartbeats
+    newest = min(r.last_heartbeat for r in fleet.registry.records.values())
+    assert time.time() - newest < 3 * HEARTBEAT_S, "the registry's memory follows every node's heartbeats"
+    info = await nc.jetstream().stream_info(f"KV_{subjects.TOPOLOGY_KV}")
+    assert int(info.state.last_seq or 0) == before, "heartbeats that change nothing write nothing"
+    rows = await listed(fleet.client)
+    assert len(rows) == N and all(r["status"] == "ready" for r in rows)
+
+
+def test_a_cluster_file_names_the_fleet_and_its_nodes(tmp_path: Path) -> None:
+    path = tmp_path / "lab.yaml"
+    path.write_text(
+        "name: lab\n"
+        "fabric: {nodes_per_leaf: 4, leaves_per_spine: 2}\n"
+        "node_groups:\n"
+        "  - {prefix: h100, count: 6, topology: h100_sxm_8gpu_nvswitch_nv18}\n"
+        "  - {prefix: l40s, count: 3, topology: l40s_8gpu_pcie_node_sys}\n"
+    )
+    fl = build_fleet(parser().parse_args(["--cluster", str(path)]), BusSettings("nats://x", "redis://x"))
+    assert fl.name == "lab" and fl.consumer == "fleet-lab"
+    assert fl.nodes[:2] == ["h100-00", "h100-01"] and fl.nodes[-1] == "l40s-02"
+    assert len({ex.topology.leaf for ex in fl.executors.values()}) == 3
+    fl = build_fleet(parser().parse_args(["--nodes", "3", "--prefix", "gpu"]), BusSettings("nats://x", "redis://x"))
+    assert fl.nodes == ["gpu-0000", "gpu-0001", "gpu-0002"]
+    with pytest.raises(ValueError, match="appears twice"):
+        SimulatedFleet([*synthetic_nodes(2), *synthetic_nodes(1)], BusSettings("nats://x", "redis://x"))
