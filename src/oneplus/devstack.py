@@ -6,6 +6,7 @@ Children get PR_SET_PDEATHSIG so that even a SIGKILLed parent leaves no server b
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import ctypes
 import os
@@ -17,6 +18,7 @@ import sys
 import sysconfig
 import tempfile
 import time
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -181,9 +183,89 @@ DEMO_NODES: tuple[SimNode, ...] = (
 )
 
 
+@dataclass(frozen=True)
+class FleetSpec:
+    """Simulated nodes hosted by one process (`python -m oneplus_node_executor.fleet`) instead of one per node.
+
+    `nodes` copies of the `topology` preset named `<prefix>-0000`…, `nodes_per_leaf` to a leaf switch and
+    `leaves_per_spine` to a spine; or, with `cluster`, the nodes of a cluster YAML (docs/topology.md).
+    """
+
+    nodes: int = 0
+    topology: str = "h100_sxm_8gpu_nvswitch_nv18"
+    nodes_per_leaf: int = 16
+    leaves_per_spine: int = 8
+    prefix: str = "sim"
+    cluster: str | Path | None = None
+    heartbeat_s: float = 5.0
+    name: str | None = None
+
+    def argv(self) -> list[str]:
+        argv = [sys.executable, "-m", "oneplus_node_executor.fleet", "--heartbeat", str(self.heartbeat_s)]
+        if self.cluster is not None:
+            argv += ["--cluster", str(self.cluster)]
+        else:
+            argv += ["--nodes", str(self.nodes), "--topology", self.topology, "--prefix", self.prefix]
+            argv += ["--nodes-per-leaf", str(self.nodes_per_leaf), "--leaves-per-spine", str(self.leaves_per_spine)]
+        if self.name:
+            argv += ["--name", self.name]
+        return argv
+
+    def node_count(self) -> int:
+        return self.size()[0]
+
+    def size(self) -> tuple[int, int]:
+        """(nodes, GPUs) of the fleet."""
+        if self.cluster is None:
+            from oneplus_topology.presets import shared_preset
+
+            return self.nodes, self.nodes * len(shared_preset(self.topology).gpus)
+        from oneplus_topology.cluster import load_cluster
+
+        nodes = load_cluster(self.cluster).nodes
+        return len(nodes), sum(len(n.gpus) for n in nodes)
+
+
+async def count_nodes(nats_url: str, page: int = 500) -> tuple[int, int]:
+    """(listed, ready) nodes in the topology registry, every page of its node list read."""
+    import json
+
+    import nats
+    from oneplus_contracts import subjects
+
+    async def quiet(exc: Exception) -> None:
+        return None  # a platform still starting refuses connections: the caller asks again
+
+    nc = await nats.connect(nats_url, connect_timeout=3, allow_reconnect=False, error_cb=quiet)
+    listed = ready = 0
+    try:
+        cursor: str | None = None
+        while True:
+            msg = await nc.request(
+                subjects.OPS_NODE_LIST, json.dumps({"limit": page, "cursor": cursor}).encode(), timeout=5
+            )
+            reply = json.loads(msg.data)
+            if not reply.get("ok"):
+                raise RuntimeError(f"node list: {reply.get('error')}")
+            rows = reply["result"]["nodes"]
+            listed += len(rows)
+            ready += sum(1 for r in rows if r.get("status") == "ready")
+            cursor = reply["result"].get("next")
+            if not cursor:
+                return listed, ready
+    finally:
+        with contextlib.suppress(Exception):
+            await asyncio.wait_for(nc.close(), 2)
+
+
+def _count_nodes(nats_url: str) -> tuple[int, int]:
+    return asyncio.run(asyncio.wait_for(count_nodes(nats_url), 15))
+
+
 @dataclass
 class Platform:
-    """The five services as separate processes: intake, registry, solver, preemption, one executor per node."""
+    """The five services as separate processes: intake, registry, solver, preemption, one executor per node, or with
+    `fleet` one process hosting every simulated node (`nodes` is then not used)."""
 
     nats_url: str
     redis_url: str
@@ -192,12 +274,20 @@ class Platform:
     runtime: str = "simulated"
     extra_env: dict[str, str] = field(default_factory=dict)
     procs: dict[str, subprocess.Popen[bytes]] = field(default_factory=dict)
+    fleet: FleetSpec | None = None
 
     def env(self) -> dict[str, str]:
         env = dict(os.environ)
         env.update({"NATS_URL": self.nats_url, "REDIS_URL": self.redis_url, "PYTHONUNBUFFERED": "1"})
+        if self.fleet is not None and "ONEPLUS_NODE_LOST_AFTER_S" not in {**env, **self.extra_env}:
+            # A fleet heartbeats less often than a lone executor: lost after three missed heartbeats, not two.
+            env["ONEPLUS_NODE_LOST_AFTER_S"] = str(max(10.0, 3 * self.fleet.heartbeat_s))
         env.update(self.extra_env)
         return env
+
+    @property
+    def node_count(self) -> int:
+        return self.fleet.node_count() if self.fleet is not None else len(self.nodes)
 
     def start_service(self, name: str) -> subprocess.Popen[bytes]:
         self.logdir.mkdir(parents=True, exist_ok=True)
@@ -216,12 +306,42 @@ class Platform:
         self.procs[f"executor-{node.name}"] = proc
         return proc
 
+    def start_fleet(self, spec: FleetSpec) -> subprocess.Popen[bytes]:
+        self.logdir.mkdir(parents=True, exist_ok=True)
+        proc = spawn(spec.argv(), self.logdir / "fleet.log", self.env())
+        self.procs["fleet"] = proc
+        return proc
+
     def start(self) -> Platform:
         for name in SERVICE_MODULES:
             self.start_service(name)
-        for node in self.nodes:
-            self.start_executor(node)
+        if self.fleet is not None:
+            self.start_fleet(self.fleet)
+        else:
+            for node in self.nodes:
+                self.start_executor(node)
         return self
+
+    def wait_nodes(self, timeout: float = 300.0, ready: bool = True) -> float:
+        """Seconds until the registry lists every node (ready, by default); raises if a process dies or time runs
+        out. The asking runs in a thread of its own, so Ctrl-C always lands in the caller."""
+        want = self.node_count
+        t0 = time.monotonic()
+        seen = (0, 0)
+        pool = ThreadPoolExecutor(1, thread_name_prefix="oneplus-wait-nodes")
+        try:
+            while time.monotonic() - t0 < timeout:
+                dead = self.dead()
+                if dead:
+                    raise RuntimeError(f"process exited: {dead} (see {self.logdir})")
+                with contextlib.suppress(Exception):
+                    seen = pool.submit(_count_nodes, self.nats_url).result()
+                if seen[1 if ready else 0] >= want:
+                    return time.monotonic() - t0
+                time.sleep(0.5)
+        finally:
+            pool.shutdown(wait=False, cancel_futures=True)
+        raise TimeoutError(f"{seen[0]} nodes listed, {seen[1]} ready, of {want}, after {timeout:.0f}s")
 
     def kill(self, name: str) -> None:
         """SIGKILL one process (crash tests)."""

@@ -344,25 +344,63 @@ def nodes_uncordon(node: str, nats: NatsOpt = None) -> None:
 @dev_app.command("up")
 def dev_up(
     runtime: Annotated[str, typer.Option(help="simulated or docker")] = "simulated",
+    nodes: Annotated[
+        int, typer.Option("--nodes", min=0, help="Simulated nodes hosted by one fleet process (0: the four demo nodes)")
+    ] = 0,
+    cluster: Annotated[
+        Path | None, typer.Option("--cluster", help="A cluster YAML (docs/topology.md) for the simulated fleet")
+    ] = None,
+    topology: Annotated[str, typer.Option(help="The preset of every --nodes node")] = "h100_sxm_8gpu_nvswitch_nv18",
+    nodes_per_leaf: Annotated[int, typer.Option(min=1, help="--nodes per leaf switch")] = 16,
+    heartbeat: Annotated[float, typer.Option(min=0.1, help="Seconds between two heartbeats of a fleet node")] = 5.0,
 ) -> None:
-    """Start the embedded stack (NATS, Redis, five services, four simulated nodes) until Ctrl-C."""
-    from ..devstack import EmbeddedServers, Platform, urls_from_env
+    """Start the embedded stack (NATS, Redis, five services, four simulated nodes) until Ctrl-C.
 
+    With --nodes N or --cluster FILE one process hosts every simulated node instead (docs/fleet.md):
+    `oneplus dev up --nodes 512` is 4,096 H100 GPUs.
+    """
+    from ..devstack import EmbeddedServers, FleetSpec, Platform, urls_from_env
+
+    fleet = None
+    if nodes or cluster is not None:
+        if nodes and cluster is not None:
+            raise fail("give --nodes or --cluster, not both")
+        if runtime != "simulated":
+            raise fail("a fleet's nodes are simulated: --nodes and --cluster take --runtime simulated")
+        fleet = FleetSpec(
+            nodes=nodes, topology=topology, nodes_per_leaf=nodes_per_leaf, cluster=cluster, heartbeat_s=heartbeat
+        )
+        try:
+            want, gpus = fleet.size()
+        except (ValueError, KeyError, OSError) as exc:
+            raise fail(str(exc)) from None
     nats_url, redis_url = urls_from_env()
     servers = None if nats_url and redis_url else EmbeddedServers().start()
     nats_url = nats_url or (servers.nats_url if servers else "")
     redis_url = redis_url or (servers.redis_url if servers else "")
-    platform = Platform(nats_url, redis_url, runtime=runtime).start()
+    platform = Platform(nats_url, redis_url, runtime=runtime, fleet=fleet).start()
     console.print(f"NATS_URL={nats_url}\nREDIS_URL={redis_url}\nlogs: {platform.logdir}")
     console.print("export those two variables in another shell to use the CLI; Ctrl-C stops everything")
-    stopping = False
+    stopping = waiting = False
 
     def _stop(*_: object) -> None:
         nonlocal stopping
         stopping = True
+        if waiting:
+            raise KeyboardInterrupt  # out of the wait for the fleet; the loop below is left by the flag
 
     signal.signal(signal.SIGTERM, _stop)
     try:
+        if fleet is not None:
+            waiting = True
+            try:
+                took = platform.wait_nodes(timeout=600)
+                console.print(f"{want} simulated nodes ({gpus} GPUs) ready after {took:.1f}s")
+            except (RuntimeError, TimeoutError) as exc:
+                err.print(f"[red]the fleet did not come up:[/] {exc}")
+                stopping = True
+            finally:
+                waiting = False
         while not stopping:
             dead = platform.dead()
             if dead:
