@@ -176,9 +176,17 @@ class OnePlusClient:
         result: dict[str, Any] = await self.ops(subjects.OPS_JOB_EXPLAIN, {"job_id": job_id})
         return result
 
-    async def queue(self) -> list[dict[str, Any]]:
-        result: list[dict[str, Any]] = await self.ops(subjects.OPS_QUEUE_LIST, {})
-        return result
+    async def queue(self, page_size: int = 500) -> list[dict[str, Any]]:
+        """squeue's rows, every page of them (the solver answers at most `page_size` rows per request)."""
+        rows: list[dict[str, Any]] = []
+        cursor: str | None = None
+        while True:
+            payload: dict[str, Any] = {"limit": page_size} | ({"cursor": cursor} if cursor else {})
+            page = await self.ops(subjects.OPS_QUEUE_LIST, payload)
+            rows.extend(page["rows"])
+            cursor = page.get("next")
+            if not cursor:
+                return rows
 
     async def services(self, quiet_s: float = 0.3, kind: str = "INFO") -> list[dict[str, Any]]:
         """Discover NATS micro services the way `nats micro ls` does: collect replies until `quiet_s` of quiet."""
@@ -202,9 +210,17 @@ class OnePlusClient:
         finally:
             await sub.unsubscribe()
 
-    async def nodes(self) -> list[NodeRecord]:
-        rows = await self.ops(subjects.OPS_NODE_LIST, {})
-        return [NodeRecord.model_validate(r) for r in rows]
+    async def nodes(self, page_size: int = 100) -> list[NodeRecord]:
+        """Every node the registry knows, a page at a time (512 node records are well over NATS' max_payload)."""
+        out: list[NodeRecord] = []
+        cursor: str | None = None
+        while True:
+            payload: dict[str, Any] = {"limit": page_size} | ({"cursor": cursor} if cursor else {})
+            page = await self.ops(subjects.OPS_NODE_LIST, payload)
+            out.extend(NodeRecord.model_validate(r) for r in page["nodes"])
+            cursor = page.get("next")
+            if not cursor:
+                return out
 
     async def node_op(self, subject: str, node: str, **extra: Any) -> dict[str, Any]:
         result: dict[str, Any] = await self.ops(subject, {"node": node, **extra})

@@ -1,31 +1,29 @@
 """One job is one trace across intake, placement-solver and node-executor, read from an in-memory exporter.
 
-The services run in this process (their FastStream apps started side by side) so a single
-InMemorySpanExporter sees every span; the separate-process run is checked in test_platform_e2e.
+The services run in this process, each built by its bootstrap function from its settings and started side by side,
+so a single InMemorySpanExporter sees every span; the separate-process run is checked in test_platform_e2e.
 """
 
 from __future__ import annotations
-
-import importlib
-from types import ModuleType
 
 import pytest
 from nats.aio.client import Client
 from oneplus_bus import telemetry
 from oneplus_bus.settings import BusSettings
 from oneplus_contracts import JobSpec
+from oneplus_intake.app import build_intake
 from oneplus_node_executor.app import create_executor
 from oneplus_node_executor.runtime.simulated import SimulatedRuntime
+from oneplus_placement_solver.app import build_solver
 from oneplus_reservations import ReservationStore
 from oneplus_testing import Servers
 from oneplus_topology.presets import load_preset
+from oneplus_topology_registry.app import build_registry
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from platform_fixture import wait_terminal
 
 from oneplus.client import OnePlusClient
 from oneplus.demo import wait_for_platform
-
-SERVICES = ("oneplus_intake.app", "oneplus_topology_registry.app", "oneplus_placement_solver.app")
 
 
 async def test_spans_of_one_job_in_three_services_share_one_trace_id(
@@ -39,15 +37,13 @@ async def test_spans_of_one_job_in_three_services_share_one_trace_id(
     telemetry.EXTRA_EXPORTERS.append(exporter)
     apps = []
     try:
-        # Fresh modules: each builds its service (and its tracer provider) from the environment at import.
-        mods: list[ModuleType] = [importlib.reload(importlib.import_module(m)) for m in SERVICES]
+        settings = BusSettings(servers.nats_url, servers.redis_url)
+        # Each service builds its own tracer provider, which now also exports to `exporter`.
+        services = [build_intake(settings)[0], build_registry(settings), build_solver(settings)[0]]
         executor, _ = create_executor(
-            load_preset("h100_sxm_8gpu_nvswitch_nv18", "mem-0"),
-            SimulatedRuntime(),
-            BusSettings(servers.nats_url, servers.redis_url),
-            heartbeat_s=0.5,
+            load_preset("h100_sxm_8gpu_nvswitch_nv18", "mem-0"), SimulatedRuntime(), settings, heartbeat_s=0.5
         )
-        apps = [m.app for m in mods] + [executor.app]
+        apps = [s.app for s in services] + [executor.app]
         for app in apps:
             await app.start()
         async with OnePlusClient.connect(servers.nats_url) as c:

@@ -13,6 +13,7 @@ from typing import Annotated, Any, TypeVar
 
 import typer
 from oneplus_contracts import subjects
+from oneplus_contracts.jobindex import HOLDING_STATES
 from rich.console import Console
 from rich.markup import escape
 
@@ -294,7 +295,8 @@ def nodes(ctx: typer.Context, nats: NatsOpt = None, as_json: JsonOpt = False) ->
         return
 
     async def go(c: OnePlusClient) -> tuple[list[Any], list[Any]]:
-        return await c.nodes(), await c.list_jobs()
+        # Only the jobs holding GPUs now: the archive has nothing to say about what is used.
+        return await c.nodes(), await c.list_jobs(state=sorted(HOLDING_STATES))
 
     node_list, jobs = call(nats, None, go)
     used: dict[str, int] = {}

@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any, TypeVar
 
 import typer
+from oneplus_contracts.jobindex import HOLDING_STATES
 from oneplus_jobformats.errors import JobFormatError
 from oneplus_jobformats.sbatch import parse_sbatch
 from oneplus_jobformats.sbatch_options import split_command_line
@@ -178,7 +179,8 @@ def sinfo(
     _no_extras("sinfo", ctx)
 
     async def fetch(c: OnePlusClient) -> tuple[list[Any], list[Any]]:
-        return await c.nodes(), await c.list_jobs()
+        # Only the jobs holding GPUs say which nodes are allocated; the archive has nothing to add.
+        return await c.nodes(), await c.list_jobs(state=sorted(HOLDING_STATES))
 
     nodes, jobs = _call("sinfo", nats, None, fetch)
     if as_json:

@@ -14,6 +14,7 @@ from typing import Any
 from faststream.nats import NatsMessage
 from oneplus_bus.archive import JobArchive
 from oneplus_bus.service import OneplusService, OpsError
+from oneplus_bus.settings import BusSettings
 from oneplus_bus.tenancy import Caller, TenancyError, caller_of
 from oneplus_contracts import JobCancelRequested, JobRecord, subjects
 
@@ -24,107 +25,132 @@ from .submissions import Intake, job_id_for
 from .web import HttpServer, IntakeHttp
 from .webhooks import MlflowWebhook, load_templates
 
-__all__ = ["app", "broker", "intake", "job_id_for", "main", "svc"]
+__all__ = ["IntakeService", "build_intake", "job_id_for", "main"]
 
 log = logging.getLogger("oneplus.intake")
 
-svc = OneplusService("intake", "Accepts jobs from the CLI, CI/CD CloudEvents, HTTP and MLflow webhooks")
-broker = svc.broker
-app = svc.app
-intake = Intake(svc)
-_state: dict[str, Any] = {"settings": IntakeSettings()}
+# Submissions are answered concurrently: each waits a few ms for the job owner's fold, and CI/CD bursts are wide.
+SUBMIT_WORKERS = 32
 
 
-def _caller(headers: dict[str, str], claimed: Any = None) -> Caller:
-    settings: IntakeSettings = _state["settings"]
-    return caller_of(headers, claimed, platform_accounts=settings.platform_accounts)
+class IntakeService:
+    """The intake's handlers over its service, its submission pipeline and its settings (read at start)."""
 
+    def __init__(self, svc: OneplusService, settings: IntakeSettings | None = None) -> None:
+        self.svc = svc
+        self.settings = settings
+        self.intake = Intake(svc)
+        self.http: HttpServer | None = None
 
-@broker.subscriber(subjects.SUBMIT, queue="intake", title="job submissions (request/reply)")
-async def on_submit(msg: NatsMessage) -> dict[str, Any]:
-    headers = dict(msg.headers or {})
-    try:
-        caller = _caller(headers)
-    except TenancyError as exc:
-        outcome = await intake.reject(job_id_for(f"refused/{msg.correlation_id}"), str(exc), "nats", None, exc.code)
-    else:
-        outcome = await intake.submit(headers, msg.body, caller)
-    return outcome.reply.model_dump(mode="json")
+    @property
+    def platform_accounts(self) -> frozenset[str]:
+        return (self.settings or IntakeSettings()).platform_accounts
 
+    def caller(self, headers: dict[str, str], claimed: Any = None) -> Caller:
+        return caller_of(headers, claimed, platform_accounts=self.platform_accounts)
 
-@svc.on_start
-async def start_http() -> None:
-    settings = IntakeSettings.from_env()
-    _state["settings"] = settings
-    if settings.http_port is None:
-        log.info("HTTP intake disabled (ONEPLUS_HTTP_PORT=off)")
-        return
-    webhook = None
-    if settings.mlflow_secret:
-        webhook = MlflowWebhook(
-            secret=settings.mlflow_secret,
-            templates=load_templates(settings.mlflow_templates),
-            ledger=NatsDeliveryLedger(svc.kv[subjects.WEBHOOK_DELIVERIES_KV]),
-            intake=intake,
-            replay_window_s=settings.replay_window_s,
+    def tenant(self, headers: dict[str, str], payload: dict[str, Any]) -> Caller:
+        try:
+            return self.caller(headers, payload.get("team"))
+        except TenancyError as exc:
+            raise OpsError(str(exc), exc.code) from exc
+
+    async def on_submit(self, msg: NatsMessage) -> dict[str, Any]:
+        headers = dict(msg.headers or {})
+        intake = self.intake
+        try:
+            caller = self.caller(headers)
+        except TenancyError as exc:
+            job_id = job_id_for(f"refused/{msg.correlation_id}")
+            outcome = await intake.reject(job_id, str(exc), "nats", None, exc.code)
+        else:
+            outcome = await intake.submit(headers, msg.body, caller)
+        return outcome.reply.model_dump(mode="json")
+
+    async def start(self) -> None:
+        if self.settings is None:
+            self.settings = IntakeSettings.from_env()
+        await self.intake.start()
+        await self.start_http(self.settings)
+
+    async def stop(self) -> None:
+        if self.http is not None:
+            await self.http.stop()
+            self.http = None
+        await self.intake.stop()
+
+    async def start_http(self, settings: IntakeSettings) -> None:
+        if settings.http_port is None:
+            log.info("HTTP intake disabled (ONEPLUS_HTTP_PORT=off)")
+            return
+        webhook = None
+        if settings.mlflow_secret:
+            webhook = MlflowWebhook(
+                secret=settings.mlflow_secret,
+                templates=load_templates(settings.mlflow_templates),
+                ledger=NatsDeliveryLedger(self.svc.kv[subjects.WEBHOOK_DELIVERIES_KV]),
+                intake=self.intake,
+                replay_window_s=settings.replay_window_s,
+            )
+            log.info("MLflow webhooks on, %d job template(s)", len(webhook.templates.templates))
+        app = IntakeHttp(self.intake, webhook, self.svc.tracer).app()
+        server = HttpServer(app, settings.http_host, settings.http_port)
+        try:
+            await server.start()
+        except OSError as exc:
+            if settings.http_port_explicit:
+                raise
+            # The default port may be taken on a developer's machine; NATS intake works without HTTP.
+            log.warning("HTTP intake not started: %s:%d: %s", settings.http_host, settings.http_port, exc.strerror)
+            return
+        self.http = server
+
+    async def visible_job(self, payload: dict[str, Any], headers: dict[str, str]) -> tuple[JobRecord, Caller]:
+        caller = self.tenant(headers, payload)
+        job_id = str(payload.get("job_id") or "")
+        rec, _ = await self.svc.ledger.get(job_id)
+        if rec is None or not caller.sees(rec.spec.team):
+            raise OpsError(f"no job {job_id!r}", 404)  # another team's job does not exist, as far as this caller knows
+        return rec, caller
+
+    async def job_show(self, payload: dict[str, Any], headers: dict[str, str]) -> JobRecord:
+        """A job from the hot view, else from the archive."""
+        svc = self.svc
+        return await joblist.job_show(svc.ledger, JobArchive(svc.js), payload, self.tenant(headers, payload))
+
+    async def job_list(self, payload: dict[str, Any], headers: dict[str, str]) -> dict[str, Any]:
+        """One page of jobs (joblist.py): limit, cursor, state, since, user; `{"jobs": [...], "next": ...}`."""
+        svc = self.svc
+        return await joblist.job_list(svc.ledger, JobArchive(svc.js), payload, self.tenant(headers, payload))
+
+    async def job_cancel(self, payload: dict[str, Any], headers: dict[str, str]) -> dict[str, Any]:
+        rec, caller = await self.visible_job(payload, headers)
+        if rec.terminal:
+            raise OpsError(f"job {rec.job_id} already {rec.state}", 409)
+        by = caller.user if caller.bound and caller.user else str(payload.get("by") or "unknown")
+        await self.svc.ledger.report(
+            JobCancelRequested(job_id=rec.job_id, reason=f"cancelled by {by}", by=by), wait_s=self.intake.accept_wait_s
         )
-        log.info("MLflow webhooks on, %d job template(s)", len(webhook.templates.templates))
-    server = HttpServer(IntakeHttp(intake, webhook, svc.tracer).app(), settings.http_host, settings.http_port)
-    try:
-        await server.start()
-    except OSError as exc:
-        if settings.http_port_explicit:
-            raise
-        # The default port may be taken on a developer's machine; NATS intake works without HTTP.
-        log.warning("HTTP intake not started: %s:%d: %s", settings.http_host, settings.http_port, exc.strerror)
-        return
-    _state["http"] = server
+        return {"job_id": rec.job_id, "state": rec.state, "cancel_requested": True}
 
 
-@svc.on_stop
-async def stop_http() -> None:
-    server = _state.pop("http", None)
-    if server is not None:
-        await server.stop()
-
-
-async def _visible_job(payload: dict[str, Any], headers: dict[str, str]) -> tuple[JobRecord, Caller]:
-    caller = _tenant(headers, payload)
-    job_id = str(payload.get("job_id") or "")
-    rec, _ = await svc.ledger.get(job_id)
-    if rec is None or not caller.sees(rec.spec.team):
-        raise OpsError(f"no job {job_id!r}", 404)  # another team's job does not exist, as far as this caller knows
-    return rec, caller
-
-
-def _tenant(headers: dict[str, str], payload: dict[str, Any]) -> Caller:
-    try:
-        return _caller(headers, payload.get("team"))
-    except TenancyError as exc:
-        raise OpsError(str(exc), exc.code) from exc
-
-
-@svc.ops("job-show", subjects.OPS_JOB_SHOW)
-async def job_show(payload: dict[str, Any], headers: dict[str, str]) -> JobRecord:
-    """A job from the hot view, else from the archive."""
-    return await joblist.job_show(svc.ledger, JobArchive(svc.js), payload, _tenant(headers, payload))
-
-
-@svc.ops("job-list", f"{subjects.PREFIX}.ops.job.list")
-async def job_list(payload: dict[str, Any], headers: dict[str, str]) -> dict[str, Any]:
-    """One page of jobs: `limit`, `cursor`, `state`, `since`, `user` (joblist.py); `{"jobs": [...], "next": ...}`."""
-    return await joblist.job_list(svc.ledger, JobArchive(svc.js), payload, _tenant(headers, payload))
-
-
-@svc.ops("job-cancel", subjects.OPS_JOB_CANCEL)
-async def job_cancel(payload: dict[str, Any], headers: dict[str, str]) -> dict[str, Any]:
-    rec, caller = await _visible_job(payload, headers)
-    if rec.terminal:
-        raise OpsError(f"job {rec.job_id} already {rec.state}", 409)
-    by = caller.user if caller.bound and caller.user else str(payload.get("by") or "unknown")
-    await svc.ledger.record(JobCancelRequested(job_id=rec.job_id, reason=f"cancelled by {by}", by=by))
-    return {"job_id": rec.job_id, "state": rec.state, "cancel_requested": True}
+def build_intake(
+    settings: BusSettings | None = None, intake_settings: IntakeSettings | None = None
+) -> tuple[OneplusService, IntakeService]:
+    """The intake service: its submission subscriber, ops endpoints and HTTP server, from settings (env if None)."""
+    svc = OneplusService("intake", "Accepts jobs from the CLI, CI/CD CloudEvents, HTTP and MLflow webhooks", settings)
+    it = IntakeService(svc, intake_settings)
+    svc.broker.subscriber(
+        subjects.SUBMIT, queue="intake", title="job submissions (request/reply)", max_workers=SUBMIT_WORKERS
+    )(it.on_submit)
+    svc.on_start(it.start)
+    svc.on_stop(it.stop)
+    svc.ops("job-show", subjects.OPS_JOB_SHOW)(it.job_show)
+    svc.ops("job-list", f"{subjects.PREFIX}.ops.job.list")(it.job_list)
+    svc.ops("job-cancel", subjects.OPS_JOB_CANCEL)(it.job_cancel)
+    return svc, it
 
 
 def main() -> None:
+    svc, _ = build_intake()
     svc.run()

@@ -345,12 +345,5 @@ def build_registry(
     return build(settings, registry_settings)[0]
 
 
-def __getattr__(name: str) -> Any:
-    # Kept for callers of the old module-level service (`oneplus_topology_registry.app.app`): a new one per access.
-    if name == "app":
-        return build_registry().app
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-
-
 def main() -> None:
     build_registry().run()
