@@ -210,9 +210,7 @@ class JobRecord(Strict):
     source: str = "cli"
     warnings: list[str] = Field(default_factory=list)
     cancel_requested: bool = False
-    seq: int = Field(
-        default=0, ge=0, description="Job-event stream sequence of the last event folded into this record"
-    )
+    seq: int = Field(default=0, ge=0, description="Job-event stream sequence of the last event folded into this record")
 
     @property
     def terminal(self) -> bool:
