@@ -80,12 +80,14 @@ class FakeClient:
     def __init__(self) -> None:
         self.submitted: list[JobSpec] = []
         self.cancelled: list[str] = []
+        self.listed: list[dict[str, Any]] = []
 
     async def submit(self, spec: JobSpec, *, msg_id: str | None = None, source: str = "cli") -> SubmitReply:
         self.submitted.append(spec)
         return SubmitReply(ok=True, job_id="j-0001")
 
-    async def list_jobs(self, team: str | None = None) -> list[JobRecord]:
+    async def list_jobs(self, team: str | None = None, **filters: Any) -> list[JobRecord]:
+        self.listed.append(filters)
         spec = JobSpec.model_validate({"name": "wait", "user": "ann", "queue": "train", "resources": {"gpus": 1}})
         return [
             JobRecord(job_id="j-0001", spec=spec, state="ACCEPTED", submitted_ts=0, updated_ts=0, reason="Priority")
@@ -127,6 +129,10 @@ def test_squeue_scancel_sinfo_through_the_client(fake: FakeClient):
     assert out[0].split() == ["JOBID", "PARTITION", "NAME", "USER", "ST", "TIME", "NODES", "NODELIST(REASON)"]
     assert out[1].split() == ["j-0001", "train", "wait", "ann", "PD", "0:00", "1", "(Priority)"]
     assert run("squeue", "-u", "someone-else").stdout.count("\n") == 1
+    # squeue asks for the live jobs only (like Slurm's, it does not read the accounting archive) unless -t says more.
+    assert "RUNNING" in fake.listed[0]["state"] and "SUCCEEDED" not in fake.listed[0]["state"]
+    run("squeue", "-t", "all")
+    assert fake.listed[-1]["state"] is None
     result = run("scancel", "j-0001", "nope")
     assert result.exit_code == 1
     assert fake.cancelled == ["j-0001"]

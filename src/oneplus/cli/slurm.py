@@ -123,7 +123,9 @@ def squeue(
     from oneplus_contracts.slurm import STATE_CODES
 
     _no_extras("squeue", ctx)
-    records = _call("squeue", nats, team, lambda c: c.list_jobs(team))
+    # Like Slurm's squeue: by default the live jobs only, not the accounting archive (sacct's); `-t` asks for more.
+    live = None if states else sorted(HOLDING_STATES | {"SUBMITTED", "ACCEPTED"})
+    records = _call("squeue", nats, team, lambda c: c.list_jobs(team, state=live))
     wanted = {s.strip().upper() for s in states.split(",")} if states and states.lower() != "all" else None
     ids = set(jobs.split(",")) if jobs else None
     shown = [
