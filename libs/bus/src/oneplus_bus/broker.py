@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import logging
+
 from faststream.nats import NatsBroker
 from faststream.nats.opentelemetry import NatsTelemetryMiddleware
 from faststream.nats.prometheus import NatsPrometheusMiddleware
@@ -32,4 +34,6 @@ def make_broker(
         reconnect_time_wait=1,
         graceful_timeout=5.0,
         inbox_prefix=settings.inbox_prefix,
+        # "Received" and "Processed" for every message are two log lines per job event at INFO: debug detail at scale.
+        log_level=logging.DEBUG,
     )

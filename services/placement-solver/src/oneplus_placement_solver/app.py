@@ -87,6 +87,8 @@ class Solver:
         self.settings = settings
         self._store = store
         self.wake = asyncio.Event()
+        # Held by a cycle, and by a job's end from its record to its release: a cycle sees one or the other, whole.
+        self.transition = asyncio.Lock()
         self.capacity = LiveCapacity("live", settings.nic_gbps_per_gpu, settings.oversubscription)
         self.config: QueueConfig = default_config()
         self.config_from_kv = False
@@ -222,37 +224,38 @@ class Solver:
         job_id = rec.job_id
         if out.action == "finish" and out.state is not None:
             # Record first: a crash before the release leaves a reservation of an ended job, which reconcile frees.
-            await self.owner.commit(
-                JobFinished(
-                    event_id=f"finished-{job_id}-{token}",
-                    job_id=job_id,
-                    state=out.state,
-                    reason=out.reason,
-                    token=token,
-                    exit_code=out.exit_code,
+            # No cycle in between: it would see GPUs held by a job that holds none (and call a nomination stale).
+            async with self.transition:
+                await self.owner.commit(
+                    JobFinished(
+                        event_id=f"finished-{job_id}-{token}",
+                        job_id=job_id,
+                        state=out.state,
+                        reason=out.reason,
+                        token=token,
+                        exit_code=out.exit_code,
+                    )
                 )
-            )
-            await self.release(job_id, token, out.reason)
+                await self.release(job_id, token, out.reason)
         elif out.action == "requeue":
-            await self.owner.commit(
-                JobRequeued(
-                    event_id=f"requeued-{job_id}-{token}",
-                    job_id=job_id,
-                    reason=out.reason,
-                    checkpoint_ts=rec.checkpoint_ts,
+            async with self.transition:
+                await self.owner.commit(
+                    JobRequeued(
+                        event_id=f"requeued-{job_id}-{token}",
+                        job_id=job_id,
+                        reason=out.reason,
+                        checkpoint_ts=rec.checkpoint_ts,
+                    )
                 )
-            )
-            await self.release(job_id, token, "requeued")
+                await self.release(job_id, token, "requeued")
         elif out.action == "stop_others":
             for node in out.stop_nodes:
                 await self.send_cancel(rec, node, out.reason)
 
     async def release(self, job_id: str, token: int | None, reason: str) -> None:
-        # Memory first, with no wait since the record changed: a cycle must never see GPUs held by a job that holds
-        # none (it would call a nomination stale). A cycle that runs before Redis lets go meets a Conflict and retries.
-        if token is None or self.capacity.token_of(job_id) == token:
-            self.capacity.release(job_id)
         await self.store.release(job_id, token, reason=reason)
+        if token is None or self.capacity.token_of(job_id) == token:
+            self.capacity.release(job_id)  # after Redis: a cycle never offers GPUs that Redis would refuse
         self.wake.set()
 
     async def send_cancel(self, rec: JobRecord, node: str, reason: str) -> None:
@@ -340,6 +343,10 @@ class Solver:
 
     async def schedule_once(self) -> int:
         """One scheduling cycle over the working set; returns how many gangs were committed."""
+        async with self.transition:
+            return await self._cycle()
+
+    async def _cycle(self) -> int:
         self.cycles += 1
         now = time.time()
         index = self.owner.index

@@ -32,6 +32,7 @@ log = logging.getLogger("oneplus.owner")
 
 FACTS_CONSUMER = "job-owner"
 FACT_BATCH = 256
+PURGE_BATCH = 128  # hot-view keys purged side by side when finished jobs move to the archive
 
 
 @dataclass(frozen=True)
@@ -214,16 +215,15 @@ class JobOwner:
         """Move finished jobs older than `min_age_s` from the hot view to the archive."""
         async with self._lock:
             gone = self.index.expire(time.time() if now is None else now, self.min_age_s)
-            deletes = []
             for rec in gone:
                 await self.archive.put(rec)  # archived first: a crash in between leaves it in both, never neither
-                deletes.append(
-                    await self.js.publish_async(
-                        f"$KV.{subjects.JOBS_KV}.{rec.job_id}", b"", headers={"KV-Operation": "DEL"}
-                    )
-                )
-            for fut in deletes:
-                await fut
+            # Purged, not deleted: a delete leaves a marker per key, which every read of the hot view would still walk
+            # through (20,000 markers after 20,000 jobs); a purge of the key's subject leaves nothing.
+            for start in range(0, len(gone), PURGE_BATCH):
+                await asyncio.gather(*(self._purge(rec.job_id) for rec in gone[start : start + PURGE_BATCH]))
         if gone:
             log.info("%d finished job(s) moved to the archive", len(gone))
         return gone
+
+    async def _purge(self, job_id: str) -> None:
+        await self.js.purge_stream(f"KV_{subjects.JOBS_KV}", subject=f"$KV.{subjects.JOBS_KV}.{job_id}")
