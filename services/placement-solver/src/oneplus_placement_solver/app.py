@@ -560,13 +560,15 @@ class Solver:
         return [row.to_dict() for row in queues_rows(now, self.config, pending, running, usage)]
 
 
+QUEUE_PAGE_DEFAULT = 500
 QUEUE_PAGE_MAX = 2000
 
 
 def _page_args(payload: dict[str, Any]) -> tuple[int, int]:
     try:
-        limit = int(payload.get("limit") or 500)
-        offset = int(payload.get("cursor") or 0)
+        raw_limit, raw_cursor = payload.get("limit"), payload.get("cursor")
+        limit = QUEUE_PAGE_DEFAULT if raw_limit is None else int(raw_limit)
+        offset = 0 if raw_cursor in (None, "") else int(raw_cursor)
     except (TypeError, ValueError) as exc:
         raise OpsError(f"'limit' and 'cursor' must be whole numbers: {exc}") from exc
     if not 1 <= limit <= QUEUE_PAGE_MAX:
