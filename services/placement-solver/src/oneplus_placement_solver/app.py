@@ -217,40 +217,46 @@ class Solver:
                     self.wake.set()
 
     async def settle(self, rec: JobRecord) -> None:
+        """Decide what the nodes' reports mean for the attempt: finish it, requeue it, or stop its other nodes."""
         if rec.terminal or rec.token is None:
             return
-        out = attempt_outcome(rec)
-        token = rec.token
-        job_id = rec.job_id
-        if out.action == "finish" and out.state is not None:
-            # Record first: a crash before the release leaves a reservation of an ended job, which reconcile frees.
-            # No cycle in between: it would see GPUs held by a job that holds none (and call a nomination stale).
-            async with self.transition:
-                await self.owner.commit(
-                    JobFinished(
-                        event_id=f"finished-{job_id}-{token}",
-                        job_id=job_id,
-                        state=out.state,
-                        reason=out.reason,
-                        token=token,
-                        exit_code=out.exit_code,
-                    )
+        first = attempt_outcome(rec)
+        if first.action == "stop_others":
+            for node in first.stop_nodes:
+                await self.send_cancel(rec, node, first.reason)
+            return
+        if first.action == "wait":
+            return
+        # Record first: a crash before the release leaves a reservation of an ended job, which reconcile frees.
+        # No cycle in between: it would see GPUs held by a job that holds none (and call a nomination stale).
+        async with self.transition:
+            # The record as it is now: two callers (a report, reconcile) may have come for the same attempt.
+            current = self.owner.index.get(rec.job_id)
+            if current is None or current.terminal or current.token != rec.token:
+                return
+            out = attempt_outcome(current)
+            job_id, token = current.job_id, rec.token
+            event: JobEvent
+            if out.action == "finish" and out.state is not None:
+                event = JobFinished(
+                    event_id=f"finished-{job_id}-{token}",
+                    job_id=job_id,
+                    state=out.state,
+                    reason=out.reason,
+                    token=token,
+                    exit_code=out.exit_code,
                 )
-                await self.release(job_id, token, out.reason)
-        elif out.action == "requeue":
-            async with self.transition:
-                await self.owner.commit(
-                    JobRequeued(
-                        event_id=f"requeued-{job_id}-{token}",
-                        job_id=job_id,
-                        reason=out.reason,
-                        checkpoint_ts=rec.checkpoint_ts,
-                    )
+            elif out.action == "requeue":
+                event = JobRequeued(
+                    event_id=f"requeued-{job_id}-{token}",
+                    job_id=job_id,
+                    reason=out.reason,
+                    checkpoint_ts=current.checkpoint_ts,
                 )
-                await self.release(job_id, token, "requeued")
-        elif out.action == "stop_others":
-            for node in out.stop_nodes:
-                await self.send_cancel(rec, node, out.reason)
+            else:
+                return
+            await self.owner.commit(event)
+            await self.release(job_id, token, out.reason if event.type == "finished" else "requeued")
 
     async def release(self, job_id: str, token: int | None, reason: str) -> None:
         await self.store.release(job_id, token, reason=reason)
@@ -463,13 +469,16 @@ class Solver:
         now = time.time()
         s = self.settings
         index = self.owner.index
-        reservations = {r.job_id: r for r in await self.store.all()}
-        for job_id in list(self.capacity.held):
-            if job_id not in reservations:
-                self.capacity.release(job_id)  # its lease ran out
+        async with self.transition:
+            # Not beside a cycle: a gang it reserves after this read would look like a lease that ran out.
+            reservations = {r.job_id: r for r in await self.store.all()}
+            for job_id in list(self.capacity.held):
+                if job_id not in reservations:
+                    self.capacity.release(job_id)  # its lease ran out
+            for job_id, res in reservations.items():
+                if self.capacity.token_of(job_id) != res.token:
+                    self.capacity.hold(job_id, res.token, res.allocation)
         for job_id, res in reservations.items():
-            if self.capacity.token_of(job_id) != res.token:
-                self.capacity.hold(job_id, res.token, res.allocation)
             rec = index.get(job_id)
             if rec is None:
                 if now - res.ts_ms / 1000 > s.lost_reservation_grace_s:
