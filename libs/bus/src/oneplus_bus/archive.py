@@ -226,7 +226,9 @@ class JobArchive:
         inside `contextlib.aclosing`, so that a reader that stops early removes its consumer at once. The first
         fetch asks for `first_batch` messages (what a page needs when nothing is filtered out), later ones for more."""
         config = ConsumerConfig(
-            filter_subject=filter_subject,
+            # No filter for the whole archive: with one subject per job, the server counts a filtered consumer's
+            # pending messages subject by subject (50-90 ms at 100,000 jobs, against under 1 ms unfiltered).
+            filter_subject=None if filter_subject == f"{ARCHIVE_PREFIX}.>" else filter_subject,
             ack_policy=AckPolicy.NONE,
             inactive_threshold=5.0,  # a reader that dies leaves no consumer behind for long
             mem_storage=True,
