@@ -250,7 +250,7 @@ class JobArchive:
                     msgs = await sub.fetch(batch=min(remaining, batch), timeout=1.0)
                     batch = _FETCH_BATCH
                     deadline = asyncio.get_running_loop().time() + self.timeout
-                except FetchTimeout:
+                except (FetchTimeout, TimeoutError):  # nats-py's fetch raises either
                     if asyncio.get_running_loop().time() > deadline:
                         raise TimeoutError(f"reading {self.stream}: no records for {self.timeout:g}s") from None
                     # Records aged out after the consumer was made: ask what is left.

@@ -130,7 +130,7 @@ async def latest_items(js: JetStreamContext, bucket: str, timeout: float = 10.0)
         while todo > 0 and remaining > 0:
             try:
                 msgs = await sub.fetch(batch=min(todo, _FETCH_BATCH), timeout=1.0)
-            except FetchTimeout:
+            except (FetchTimeout, TimeoutError):  # nats-py's fetch raises either
                 if asyncio.get_running_loop().time() > deadline:
                     raise TimeoutError(f"reading KV bucket {bucket!r}: no values for {timeout:g}s") from None
                 # A value overwritten after the consumer was made is gone from the stream; ask what is left.
@@ -181,7 +181,7 @@ async def read_stream(
         while todo > 0:
             try:
                 msgs = await sub.fetch(batch=min(todo, _FETCH_BATCH), timeout=1.0)
-            except FetchTimeout:
+            except (FetchTimeout, TimeoutError):  # nats-py's fetch raises either
                 if asyncio.get_running_loop().time() > deadline:
                     raise TimeoutError(f"replaying stream {stream!r}: no messages for {timeout:g}s") from None
                 todo = min(todo, (await sub.consumer_info()).num_pending or 0)

@@ -188,7 +188,7 @@ class JobOwner:
             while True:
                 try:
                     msgs = await sub.fetch(batch=FACT_BATCH, timeout=0.5 if until_idle else 5.0)
-                except FetchTimeout:
+                except (FetchTimeout, TimeoutError):  # nats-py's fetch raises either
                     if until_idle:
                         return done
                     continue
