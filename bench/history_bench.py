@@ -38,6 +38,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from benchkit import fmt, git_commit, job_of, pct, probe, settle
 from nats.errors import TimeoutError as FetchTimeout
 from nats.js import JetStreamContext
 from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy
@@ -49,14 +50,8 @@ from oneplus.devstack import DEMO_NODES, EmbeddedServers, Platform
 
 ROOT = Path(__file__).resolve().parent.parent
 TERMINAL = {"SUCCEEDED", "FAILED", "CANCELLED", "REJECTED"}
-JOB_SUBJECT_PREFIX = f"{subjects.PREFIX}.job."
 Row = dict[str, Any]
 Events = list[tuple[str, dict[str, Any]]]
-
-
-def pct(values: list[float], q: float) -> float:
-    s = sorted(values)
-    return s[min(len(s) - 1, round(q / 100 * (len(s) - 1)))]
 
 
 def spec(name: str, duration: float) -> JobSpec:
@@ -65,11 +60,6 @@ def spec(name: str, duration: float) -> JobSpec:
         resources=RankResources(gpus=1, cpus=1, memory_mb=1024),
         simulate=SimulatedRun(duration_s=duration),
     )
-
-
-def job_of(subject: str) -> str:
-    """`oneplus.job.<id>.<type>` → `<id>`."""
-    return subject[len(JOB_SUBJECT_PREFIX) :].rsplit(".", 1)[0]
 
 
 def history_id(i: int) -> str:
@@ -206,33 +196,7 @@ async def write_history(
     return time.monotonic() - t0
 
 
-async def settle(js: JetStreamContext, timeout: float = 180.0) -> float:
-    """Until no consumer of the job-event (or facts) stream has anything pending or unacknowledged."""
-    t0 = time.monotonic()
-    streams = [subjects.JOBS_STREAM] + [s for s in [getattr(subjects, "FACTS_STREAM", None)] if s]
-    while time.monotonic() - t0 < timeout:
-        busy = 0
-        for stream in streams:
-            with contextlib.suppress(Exception):
-                for ci in await js.consumers_info(stream):
-                    busy += (ci.num_pending or 0) + (ci.num_ack_pending or 0)
-        if busy == 0:
-            break
-        await asyncio.sleep(0.25)
-    return time.monotonic() - t0
-
-
 # ---------------------------------------------------------------------------------------------------- measure
-
-
-async def probe(c: OnePlusClient, watch: Watch, tag: str, timeout: float = 300) -> float:
-    """One job through, to be sure the platform works on the current stream before timing anything."""
-    t = time.monotonic()
-    reply = await c.submit(spec("history-probe", 0.05), msg_id=f"{tag}-probe", source="bench")
-    assert reply.ok and reply.job_id, reply.error
-    if not await watch.wait(watch.finished, {reply.job_id}, timeout):
-        raise TimeoutError(f"the probe job {reply.job_id} did not finish within {timeout:.0f}s")
-    return time.monotonic() - t
 
 
 async def paced(c: OnePlusClient, watch: Watch, n: int, interval: float, tag: str, timeout: float) -> Row:
@@ -351,7 +315,7 @@ async def measure(nats_url: str, args: argparse.Namespace, tag: str) -> Row:
         await watch.start(c.nc)
         js = c.nc.jetstream()
         res["settle_s"] = round(await settle(js), 2)
-        res["probe_s"] = round(await probe(c, watch, tag), 2)
+        res["probe_s"] = round(await probe(c, watch, spec("history-probe", 0.05), tag), 2)
         res |= await paced(c, watch, args.jobs, args.interval_ms / 1000, tag, args.timeout)
         res |= await burst(c, watch, args.jobs, tag, args.timeout)
     res |= cli_list(nats_url)
@@ -389,16 +353,6 @@ def one_size(n: int, args: argparse.Namespace) -> Row:
 # ---------------------------------------------------------------------------------------------------- report
 
 
-def fmt(v: Any, digits: int = 0) -> str:
-    if v is None:
-        return "-"
-    if isinstance(v, float):
-        return f"{v:,.{digits}f}"
-    if isinstance(v, int):
-        return f"{v:,}"
-    return str(v)
-
-
 def table(rows: list[Row]) -> str:
     head = "| finished jobs | submit→placed p50 | p99 | burst placements/s | `oneplus jobs list --json` | list_jobs() |"
     out = [head, "|---|---|---|---|---|---|"]
@@ -422,14 +376,6 @@ def table(rows: list[Row]) -> str:
             f"| {fmt(r.get('burst_placements_per_s'), 1)}{late} | {cli} | {cl} |"
         )
     return "\n".join(out)
-
-
-def git_commit() -> str | None:
-    done = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True)
-    if done.returncode != 0:
-        return None
-    dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=ROOT, capture_output=True)
-    return done.stdout.strip() + ("+dirty" if dirty.stdout.strip() else "")
 
 
 def main() -> None:

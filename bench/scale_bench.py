@@ -51,6 +51,7 @@ import time
 from pathlib import Path
 from typing import Any, ClassVar
 
+from benchkit import fmt, git_commit, job_of, pct, probe, settle
 from nats.errors import TimeoutError as FetchTimeout
 from nats.js import JetStreamContext
 from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy
@@ -60,19 +61,8 @@ from oneplus.client import OnePlusClient, PlatformError
 from oneplus.devstack import SERVICE_MODULES, EmbeddedServers, FleetSpec, Platform
 
 ROOT = Path(__file__).resolve().parent.parent
-JOB_SUBJECT_PREFIX = f"{subjects.PREFIX}.job."
 TARGETS = {"p50_ms": 10.0, "p99_ms": 50.0, "placements_per_s": 500.0, "ratio": 1.2}
 Row = dict[str, Any]
-
-
-def pct(values: list[float], q: float) -> float:
-    s = sorted(values)
-    return s[min(len(s) - 1, round(q / 100 * (len(s) - 1)))]
-
-
-def job_of(subject: str) -> str:
-    """`oneplus.job.<id>.<type>` → `<id>`."""
-    return subject[len(JOB_SUBJECT_PREFIX) :].rsplit(".", 1)[0]
 
 
 def one_gpu(name: str, duration: float) -> JobSpec:
@@ -323,21 +313,6 @@ async def hot_keys(js: JetStreamContext, timeout: float = 120.0) -> tuple[int, i
     return live, read
 
 
-async def settle(js: JetStreamContext, timeout: float = 180.0) -> float:
-    """Until no consumer of the job-event or facts stream has anything pending or unacknowledged."""
-    t0 = time.monotonic()
-    while time.monotonic() - t0 < timeout:
-        busy = 0
-        for stream in (subjects.JOBS_STREAM, subjects.FACTS_STREAM):
-            with contextlib.suppress(Exception):
-                for ci in await js.consumers_info(stream):
-                    busy += (ci.num_pending or 0) + (ci.num_ack_pending or 0)
-        if busy == 0:
-            break
-        await asyncio.sleep(0.25)
-    return time.monotonic() - t0
-
-
 async def drain(js: JetStreamContext, finished: int, timeout: float) -> Row:
     """Until every finished job is in the archive and the hot view has no live key left."""
     t0 = time.monotonic()
@@ -449,15 +424,6 @@ async def wait_services(c: OnePlusClient, timeout: float = 300.0) -> float:
                 return time.monotonic() - t0
         await asyncio.sleep(0.5)
     raise TimeoutError(f"services not answering after {timeout:.0f} s: {sorted(missing)}")
-
-
-async def probe(c: OnePlusClient, watch: Watch, tag: str, timeout: float = 300) -> float:
-    t = time.monotonic()
-    reply = await c.submit(one_gpu("scale-probe", 0.05), msg_id=f"{tag}-probe", source="bench")
-    assert reply.ok and reply.job_id, reply.error
-    if not await watch.wait(watch.finished, {reply.job_id}, timeout):
-        raise TimeoutError(f"the probe job {reply.job_id} did not finish within {timeout:.0f}s")
-    return time.monotonic() - t
 
 
 async def paced(c: OnePlusClient, watch: Watch, args: argparse.Namespace, tag: str) -> tuple[Row, set[str]]:
@@ -647,7 +613,7 @@ async def run(servers: EmbeddedServers, plat: Platform, args: argparse.Namespace
         await watch.start(c.nc)
         js = c.nc.jetstream()
         report["services_ready_s"] = round(await wait_services(c), 1)
-        probe_s = await probe(c, watch, tag)
+        probe_s = await probe(c, watch, one_gpu("scale-probe", 0.05), tag)
         report["probe_s"] = round(probe_s, 2)
         print(f"probe job through in {probe_s:.2f} s", flush=True)
         for target in args.levels:
@@ -708,16 +674,6 @@ async def run(servers: EmbeddedServers, plat: Platform, args: argparse.Namespace
 
 
 # ---------------------------------------------------------------------------------------------------- report
-
-
-def fmt(v: Any, digits: int = 0) -> str:
-    if v is None:
-        return "-"
-    if isinstance(v, float):
-        return f"{v:,.{digits}f}"
-    if isinstance(v, int):
-        return f"{v:,}"
-    return str(v)
 
 
 def figures(r: Row) -> Row:
@@ -834,14 +790,6 @@ def write(report: Row, out: Path) -> None:
     report["verdict"] = verdict(report["levels"], int(report.get("params", {}).get("list_limit", 100)))
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(report, indent=2) + "\n")
-
-
-def git_commit() -> str | None:
-    done = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True)
-    if done.returncode != 0:
-        return None
-    dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=ROOT, capture_output=True)
-    return done.stdout.strip() + ("+dirty" if dirty.stdout.strip() else "")
 
 
 def parse_levels(text: str) -> list[int]:
