@@ -198,3 +198,17 @@ async def read_stream(
 
 async def stream_last_seq(js: JetStreamContext, stream: str) -> int:
     return int((await js.stream_info(stream)).state.last_seq or 0)
+
+
+# In the `solver_state` bucket: a job-stream sequence up to which every event is in the hot view or the archive.
+PROJECTED_SEQ_KEY = "jobs_projected_seq"
+
+
+async def projected_seq(state_kv: KeyValue) -> int:
+    """Where a reader of the hot view resumes the job stream when the view no longer holds the latest sequence (its
+    jobs were archived): without it an emptied hot view would mean replaying the stream from its first event."""
+    try:
+        entry = await state_kv.get(PROJECTED_SEQ_KEY)
+    except KeyNotFoundError:
+        return 0
+    return int(entry.value or b"0")

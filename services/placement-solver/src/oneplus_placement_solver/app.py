@@ -124,7 +124,13 @@ class Solver:
         await self.store.load_scripts()
         self._memory = SolverMemory(svc.kv[subjects.SOLVER_STATE_KV])
         self.nominations = await self.memory.load_nominations()
-        self._owner = JobOwner(svc.js, JobArchive(svc.js), min_age_s=self.settings.min_job_age_s, metrics=svc.metrics)
+        self._owner = JobOwner(
+            svc.js,
+            JobArchive(svc.js),
+            min_age_s=self.settings.min_job_age_s,
+            metrics=svc.metrics,
+            state_kv=svc.kv[subjects.SOLVER_STATE_KV],
+        )
         self.owner.on_applied(self.react)
         await self.owner.bootstrap()
         self.load_file_config()

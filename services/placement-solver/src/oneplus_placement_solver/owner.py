@@ -20,8 +20,9 @@ from dataclasses import dataclass
 from nats.errors import TimeoutError as FetchTimeout
 from nats.js import JetStreamContext
 from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy, PubAck
+from nats.js.kv import KeyValue
 from oneplus_bus.archive import JobArchive
-from oneplus_bus.ledger import latest_values, read_stream
+from oneplus_bus.ledger import PROJECTED_SEQ_KEY, latest_values, projected_seq, read_stream
 from oneplus_bus.telemetry import inject
 from oneplus_contracts import IllegalTransition, JobEvent, JobRecord, apply_event, parse_job_event, subjects
 from oneplus_contracts.jobindex import JobIndex
@@ -53,9 +54,12 @@ class JobOwner:
         *,
         min_age_s: float,
         metrics: CollectorRegistry | None = None,
+        state_kv: KeyValue | None = None,
     ) -> None:
         self.js = js
         self.archive = archive
+        self.state_kv = state_kv  # where the projected sequence is kept (PROJECTED_SEQ_KEY)
+        self.saved_seq = 0
         self.min_age_s = min_age_s
         self.index = JobIndex()
         self._lock = asyncio.Lock()
@@ -76,6 +80,9 @@ class JobOwner:
         """List the hot view once, then replay the job stream after it; returns how many events were replayed."""
         records = [JobRecord.model_validate_json(v) for v in await latest_values(self.js, subjects.JOBS_KV)]
         self.index = JobIndex.of(records)
+        if self.state_kv is not None:
+            self.saved_seq = await projected_seq(self.state_kv)
+            self.index.last_seq = max(self.index.last_seq, self.saved_seq)
         replayed = 0
         for seq, data, headers in await read_stream(self.js, subjects.JOBS_STREAM, self.index.last_seq + 1):
             try:
@@ -221,6 +228,12 @@ class JobOwner:
             # through (20,000 markers after 20,000 jobs); a purge of the key's subject leaves nothing.
             for start in range(0, len(gone), PURGE_BATCH):
                 await asyncio.gather(*(self._purge(rec.job_id) for rec in gone[start : start + PURGE_BATCH]))
+            # Under the commit lock every event up to last_seq is in the hot view or the archive: a restart, or an
+            # informer listing an emptied view, resumes after it rather than at the stream's first event.
+            seq = self.index.last_seq
+            if self.state_kv is not None and seq > self.saved_seq:
+                await self.state_kv.put(PROJECTED_SEQ_KEY, str(seq).encode())
+                self.saved_seq = seq
         if gone:
             log.info("%d finished job(s) moved to the archive", len(gone))
         return gone

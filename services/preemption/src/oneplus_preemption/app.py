@@ -18,7 +18,7 @@ import time
 from faststream.nats import NatsMessage
 from oneplus_bus.clusterview import QUEUES_KEY
 from oneplus_bus.informer import StreamTail, kv_list_and_watch
-from oneplus_bus.ledger import latest_values, stream_last_seq
+from oneplus_bus.ledger import latest_values, projected_seq, stream_last_seq
 from oneplus_bus.service import OneplusService
 from oneplus_bus.settings import BusSettings
 from oneplus_bus.telemetry import inject, job_span
@@ -83,6 +83,7 @@ class Preemption:
         for rec in self.index.holders.values():
             if rec.allocation is not None and rec.token is not None:
                 self.capacity.hold(rec.job_id, rec.token, rec.allocation)
+        self.index.last_seq = max(self.index.last_seq, await projected_seq(self.svc.kv[subjects.SOLVER_STATE_KV]))
         return self.index.last_seq
 
     async def on_job_event(self, seq: int, subject: str, data: bytes, headers: dict[str, str]) -> None:
