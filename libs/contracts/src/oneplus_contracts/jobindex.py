@@ -39,10 +39,6 @@ class JobIndex:
     def get(self, job_id: str) -> JobRecord | None:
         return self.jobs.get(job_id)
 
-    def fold(self, event: JobEvent) -> JobRecord:
-        """The record after `event`, not yet stored; raises IllegalTransition when it does not apply."""
-        return apply_event(self.jobs.get(event.job_id), event)
-
     def put(self, rec: JobRecord) -> None:
         """Store a record (the owner's commit, a replayed event, a bootstrap entry) and keep the indexes right."""
         job_id = rec.job_id

@@ -24,7 +24,6 @@ class LiveCapacity:
         self.records: dict[str, NodeRecord] = {}
         self.held: dict[str, tuple[int, Allocation]] = {}  # job → (fencing token, allocation) of every holder
         self._state: ClusterState | None = None
-        self.rebuilds = 0
 
     # -- nodes ---------------------------------------------------------------------------------------------------
     def set_node(self, rec: NodeRecord) -> bool:
@@ -80,11 +79,7 @@ class LiveCapacity:
     def copy(self) -> ClusterState:
         return self.state().mutable_copy()
 
-    def held_tokens(self) -> dict[str, int]:
-        return {job: token for job, (token, _) in self.held.items()}
-
     def _build(self) -> ClusterState:
-        self.rebuilds += 1
         records = sorted(self.records.values(), key=lambda r: r.topology.node)
         state = ClusterSnapshot.from_records(self.name, records, self.nic_gbps, self.oversubscription).thaw()
         for job_id, (_, alloc) in self.held.items():

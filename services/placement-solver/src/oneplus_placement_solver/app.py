@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from oneplus_bus.archive import JobArchive
-from oneplus_bus.clusterview import QUEUES_KEY, LiveSnapshot
+from oneplus_bus.clusterview import QUEUES_KEY, explain_job
 from oneplus_bus.informer import StreamTail, kv_list_and_watch
 from oneplus_bus.service import OneplusService, OpsError
 from oneplus_bus.settings import BusSettings
@@ -541,8 +541,12 @@ class Solver:
                 "message": f"job is {rec.state}, not pending",
             }
         jobs = [*self.owner.index.pending.values(), *self.owner.index.holders.values()]
-        snap = LiveSnapshot(self.capacity.copy(), list(self.capacity.records.values()), self.capacity.held_tokens())
-        out: dict[str, Any] = {"job_id": job_id, "state": rec.state, "pending": True, **snap.explain(rec, jobs)}
+        out: dict[str, Any] = {
+            "job_id": job_id,
+            "state": rec.state,
+            "pending": True,
+            **explain_job(self.capacity.copy(), rec, jobs),
+        }
         why = self.decision.reasons.get(job_id) if self.decision else None
         if why is not None:
             out["reason"] = why.code
