@@ -15,9 +15,10 @@ from nats.aio.client import Client
 from nats.errors import TimeoutError as FetchTimeout
 from nats.js import JetStreamContext
 from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy
-from nats.js.errors import KeyNotFoundError
+from nats.js.errors import BadRequestError, KeyNotFoundError, NotFoundError
 from nats.js.kv import KeyValue
-from oneplus_contracts import JobEvent, JobRecord, subjects
+from oneplus_contracts import IllegalTransition, JobEvent, JobRecord, apply_event, parse_job_event, subjects
+from pydantic import ValidationError
 
 from .telemetry import inject
 
@@ -86,6 +87,15 @@ class JobLedger:
             if folded is not None:
                 with contextlib.suppress(Exception):
                     await folded.unsubscribe()
+
+    async def unfolded(self, job_id: str) -> JobRecord | None:
+        """The record a job will have once the owner folds its acceptance, while that fact still waits (an owner that
+        is behind or down): a show or a cancel right after a submission finds the job either way."""
+        try:
+            msg = await self.js.get_last_msg(subjects.FACTS_STREAM, subjects.job_fact(job_id, "accepted"))
+            return apply_event(None, parse_job_event(msg.data or b""))
+        except (NotFoundError, BadRequestError, ValidationError, IllegalTransition):
+            return None
 
     async def all(self) -> list[JobRecord]:
         """Every job's current record, read with one consumer rather than one request per key."""

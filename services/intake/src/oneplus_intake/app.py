@@ -109,6 +109,8 @@ class IntakeService:
         caller = self.tenant(headers, payload)
         job_id = str(payload.get("job_id") or "")
         rec, _ = await self.svc.ledger.get(job_id)
+        if rec is None:
+            rec = await self.svc.ledger.unfolded(job_id)  # submitted a moment ago, its acceptance not folded yet
         if rec is None or not caller.sees(rec.spec.team):
             raise OpsError(f"no job {job_id!r}", 404)  # another team's job does not exist, as far as this caller knows
         return rec, caller

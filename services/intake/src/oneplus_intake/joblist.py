@@ -180,7 +180,7 @@ async def job_show(ledger: JobLedger, archive: JobArchive, payload: dict[str, An
     except InvalidKeyError:  # no job is named that way
         rec = None
     if rec is None:
-        rec = await archive.get(job_id)
+        rec = await archive.get(job_id) or await ledger.unfolded(job_id)
     if rec is None or not caller.sees(rec.spec.team):
         raise OpsError(f"no job {job_id!r}", 404)
     return rec
