@@ -57,6 +57,7 @@ from .topology import (
     NodeRecord,
     NodeStatus,
     NodeTopology,
+    RankReport,
 )
 
 __all__ = [
@@ -101,6 +102,7 @@ __all__ = [
     "PreemptRanks",
     "PreemptionRequest",
     "RankPlacement",
+    "RankReport",
     "RankResources",
     "SimulatedRun",
     "SubmitReply",

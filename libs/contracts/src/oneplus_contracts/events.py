@@ -25,6 +25,8 @@ JobState = Literal[
 ]
 TERMINAL_STATES: frozenset[str] = frozenset({"REJECTED", "SUCCEEDED", "FAILED", "CANCELLED"})
 ACTIVE_STATES: frozenset[str] = frozenset({"PLACED", "STARTING", "RUNNING", "PREEMPTING"})
+# Who is to blame for an end: the job's own exit, or the platform (a node, executor, engine or reservation lost).
+Fault = Literal["job", "infrastructure"]
 
 
 def new_id(prefix: str = "") -> str:
@@ -108,6 +110,10 @@ class JobNodeFinished(_Event):
     token: int
     exit_code: int
     reason: str
+    fault: Fault = Field(
+        default="job",
+        description="'infrastructure' when the platform ended the ranks, not the job (requeued, within a budget)",
+    )
 
 
 class JobFinished(_Event):
@@ -143,6 +149,9 @@ class JobRequeued(_Event):
     type: Literal["requeued"] = "requeued"
     reason: str
     checkpoint_ts: float | None = None
+    fault: Fault | None = Field(
+        default=None, description="'infrastructure' for a requeue after a platform fault (counted in infra_requeues)"
+    )
 
 
 JobEvent = Annotated[
@@ -207,6 +216,10 @@ class JobRecord(Strict):
     node_reasons: dict[str, str] = Field(
         default_factory=dict, description="node → why its ranks ended (the executor's words), for this attempt"
     )
+    infra_nodes: list[str] = Field(
+        default_factory=list, description="nodes whose ranks the platform ended (not the job), for this attempt"
+    )
+    infra_requeues: int = Field(default=0, ge=0, description="requeues after infrastructure faults, all attempts")
     source: str = "cli"
     warnings: list[str] = Field(default_factory=list)
     cancel_requested: bool = False

@@ -77,6 +77,7 @@ def apply_event(rec: JobRecord | None, event: JobEvent) -> JobRecord:
                     "nodes_started": [],
                     "nodes_done": {},
                     "node_reasons": {},
+                    "infra_nodes": [],
                     "reason": None,
                     "placed_ts": event.ts,
                     "updated_ts": event.ts,
@@ -107,11 +108,15 @@ def apply_event(rec: JobRecord | None, event: JobEvent) -> JobRecord:
             done = dict(r.nodes_done)
             done[event.node] = event.exit_code
             why = {**r.node_reasons, event.node: event.reason}
+            infra = [n for n in r.infra_nodes if n != event.node]
+            if event.fault == "infrastructure":
+                infra.append(event.node)
             return r.model_copy(
                 update={
                     "nodes_started": _with(r, event.node),
                     "nodes_done": done,
                     "node_reasons": why,
+                    "infra_nodes": infra,
                     "updated_ts": event.ts,
                 }
             )
@@ -155,9 +160,12 @@ def apply_event(rec: JobRecord | None, event: JobEvent) -> JobRecord:
                     "nodes_started": [],
                     "nodes_done": {},
                     "node_reasons": {},
+                    "infra_nodes": [],
                     "reason": event.reason,
                     "checkpoint_ts": ck,
-                    "preemptions": r.preemptions + 1,
+                    # A platform fault is not a preemption: it spends the job's infrastructure retry budget.
+                    "preemptions": r.preemptions + (event.fault != "infrastructure"),
+                    "infra_requeues": r.infra_requeues + (event.fault == "infrastructure"),
                     "updated_ts": event.ts,
                 }
             )

@@ -74,6 +74,14 @@ class GpuHealth(Strict):
     nvlinks_active: int | None = None
 
 
+class RankReport(Strict):
+    """One job's ranks as the node itself sees them: which attempt (token) holds which of its GPUs."""
+
+    job_id: str
+    token: int
+    gpus: list[int] = Field(default_factory=list)
+
+
 class NodeHeartbeat(Strict):
     node: str
     ts: float
@@ -81,6 +89,9 @@ class NodeHeartbeat(Strict):
     engine_ok: bool = True
     engine_reason: str | None = None
     running: list[str] = Field(default_factory=list, description="Job ids with ranks running here")
+    ranks: list[RankReport] = Field(
+        default_factory=list, description="The ranks alive here with their token and GPUs (the node's own account)"
+    )
 
 
 NodeStatus = Literal["ready", "lost", "draining", "cordoned", "unhealthy"]

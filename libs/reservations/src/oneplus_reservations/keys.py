@@ -18,6 +18,11 @@ class KeySpace:
         return f"{self.tag}:fence"
 
     @property
+    def epoch(self) -> str:
+        """The store's epoch marker: absent means the store lost its state (or was never set up)."""
+        return f"{self.tag}:epoch"
+
+    @property
     def history(self) -> str:
         return f"{self.tag}:history"
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Literal
 
 import redis.asyncio as aioredis
 from oneplus_contracts import Allocation
@@ -12,6 +13,10 @@ from . import scripts
 from .keys import KeySpace
 
 DEFAULT_LEASE_S = 60.0
+STORE_RESET = "store reset"  # the Conflict reason (prefix) of a commit refused by a store that lost its state
+
+# What a lease renewal found: renewed, another attempt's token, no reservation, or a store that lost its state.
+RenewStatus = Literal["ok", "stale", "gone", "reset"]
 
 
 @dataclass(frozen=True)
@@ -29,6 +34,10 @@ class Conflict:
     reason: str
     key: str | None = None
     holder: str | None = None
+
+    @property
+    def store_reset(self) -> bool:
+        return self.reason.startswith(STORE_RESET)
 
 
 @dataclass(frozen=True)
@@ -63,6 +72,7 @@ class ReservationStore:
         self._reserve = client.register_script(scripts.RESERVE)
         self._release = client.register_script(scripts.RELEASE)
         self._renew = client.register_script(scripts.RENEW)
+        self._restore = client.register_script(scripts.RESTORE)
 
     @classmethod
     def from_url(cls, url: str, cluster: str = "default") -> ReservationStore:
@@ -70,18 +80,28 @@ class ReservationStore:
 
     async def load_scripts(self) -> None:
         """Load the Lua scripts once at start: the first commit then costs one EVALSHA like every other."""
-        for script in (self._reserve, self._release, self._renew):
+        for script in (self._reserve, self._release, self._renew, self._restore):
             await self.r.script_load(script.script)
 
     async def close(self) -> None:
         await self.r.aclose()
 
     async def reserve(self, job_id: str, alloc: Allocation, lease_s: float = DEFAULT_LEASE_S) -> int | Conflict:
-        """Take every GPU (and share) of every rank, or nothing. Returns the fencing token."""
+        """Take every GPU (and share) of every rank, or nothing. Returns the fencing token.
+
+        A store without its epoch marker (reset, or never set up by a solver) refuses: `Conflict.store_reset`."""
         gpu_keys, share_keys, milli = _slots(self.ks, alloc)
         if len(set(gpu_keys)) != len(gpu_keys):
             return Conflict("the allocation names one GPU twice")
-        keys = [self.ks.fence, self.ks.gang(job_id), self.ks.history, self.ks.gangs, *gpu_keys, *share_keys]
+        keys = [
+            self.ks.fence,
+            self.ks.gang(job_id),
+            self.ks.history,
+            self.ks.gangs,
+            *gpu_keys,
+            *share_keys,
+            self.ks.epoch,
+        ]
         args: list[str | int] = [job_id, alloc.model_dump_json(), int(lease_s * 1000), len(gpu_keys), *milli]
         res = await self._reserve(keys=keys, args=args)
         if int(res[0]) == 1:
@@ -94,9 +114,49 @@ class ReservationStore:
         res = await self._release(keys=keys, args=[job_id, token or 0, reason])
         return int(res[0]) == 1
 
+    async def restore(
+        self, job_id: str, token: int, alloc: Allocation, lease_s: float = DEFAULT_LEASE_S
+    ) -> bool | Conflict:
+        """Put back a reservation a store reset erased, under the token its ranks hold; True if it is held now."""
+        gpu_keys, share_keys, milli = _slots(self.ks, alloc)
+        keys = [self.ks.gang(job_id), self.ks.history, self.ks.gangs, *gpu_keys, *share_keys]
+        args: list[str | int] = [job_id, token, alloc.model_dump_json(), int(lease_s * 1000), len(gpu_keys), *milli]
+        res = await self._restore(keys=keys, args=args)
+        if int(res[0]) == 1:
+            return True
+        return Conflict(_s(res[1]), _s(res[2]) if len(res) > 2 else None, _s(res[3]) if len(res) > 3 else None)
+
+    def _renew_call(self, job_id: str, token: int, lease_s: float) -> tuple[list[str], list[str | int]]:
+        return [self.ks.gang(job_id), self.ks.epoch], [job_id, token, int(lease_s * 1000)]
+
     async def renew(self, job_id: str, token: int, lease_s: float = DEFAULT_LEASE_S) -> bool:
-        res = await self._renew(keys=[self.ks.gang(job_id)], args=[job_id, token, int(lease_s * 1000)])
-        return int(res[0]) == 1
+        return await self.renew_status(job_id, token, lease_s) == "ok"
+
+    async def renew_status(self, job_id: str, token: int, lease_s: float = DEFAULT_LEASE_S) -> RenewStatus:
+        """Renew the lease; say why not: another attempt holds it, it is gone, or the store lost its state."""
+        keys, args = self._renew_call(job_id, token, lease_s)
+        return renew_status(await self._renew(keys=keys, args=args))
+
+    async def renew_many(self, held: Sequence[tuple[str, int]], lease_s: float) -> dict[tuple[str, int], RenewStatus]:
+        """Renew many (job, token) leases in one round trip."""
+        pairs = sorted(set(held))
+        if not pairs:
+            return {}
+        async with self.r.pipeline(transaction=False) as pipe:
+            for job_id, token in pairs:
+                keys, args = self._renew_call(job_id, token, lease_s)
+                await self._renew(keys=keys, args=args, client=pipe)
+            replies = await pipe.execute()
+        return {pair: renew_status(reply) for pair, reply in zip(pairs, replies, strict=True)}
+
+    async def epoch(self) -> int | None:
+        """The store's epoch marker; None when the store lost its state (or no solver has set it up yet)."""
+        raw = await self.r.get(self.ks.epoch)
+        return None if raw is None else int(raw)
+
+    async def set_epoch(self, epoch: int) -> None:
+        """Mark the store as rebuilt for `epoch`: commits are taken again, with tokens above epoch * 2^32."""
+        await self.r.set(self.ks.epoch, epoch)
 
     async def get(self, job_id: str) -> Reservation | None:
         data = await self.r.hgetall(self.ks.gang(job_id))
@@ -148,6 +208,13 @@ class ReservationStore:
             await self.r.delete(key)
 
 
+def renew_status(reply: Sequence[object]) -> RenewStatus:
+    if int(str(reply[0])) == 1:
+        return "ok"
+    why = _s(reply[1])
+    return "reset" if why == STORE_RESET else "stale" if why == "stale token" else "gone"
+
+
 def check_history(entries: Sequence[HistoryEntry]) -> list[str]:
     """Replay the reservation history; return every moment a GPU was held twice (empty: the invariant held)."""
     whole: dict[str, str] = {}
@@ -156,7 +223,7 @@ def check_history(entries: Sequence[HistoryEntry]) -> list[str]:
     for e in entries:
         holder = f"{e.job_id}|{e.token}"
         for key, milli in e.slots:
-            if e.op == "reserve":
+            if e.op in ("reserve", "restore"):
                 used = sum(shares.get(key, {}).values())
                 if milli == 0:
                     if key in whole or used:

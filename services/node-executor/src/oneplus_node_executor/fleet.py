@@ -29,7 +29,7 @@ import logging
 import os
 import re
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -106,17 +106,6 @@ class FleetStore(ReservationStore):
         if self.snapshot is not None:
             return list(self.snapshot)
         return await super().all()
-
-    async def renew_many(self, held: Iterable[tuple[str, int]], lease_s: float) -> dict[tuple[str, int], bool]:
-        """Renew many (job, token) leases in one round trip; True where the token is still current."""
-        pairs = sorted(set(held))
-        if not pairs:
-            return {}
-        async with self.r.pipeline(transaction=False) as pipe:
-            for job_id, token in pairs:
-                await self._renew(keys=[self.ks.gang(job_id)], args=[job_id, token, int(lease_s * 1000)], client=pipe)
-            replies = await pipe.execute()
-        return {pair: int(reply[0]) == 1 for pair, reply in zip(pairs, replies, strict=True)}
 
 
 class SimulatedFleet:
@@ -364,8 +353,8 @@ class SimulatedFleet:
         if not holders:
             return
         renewed = await self.rstore().renew_many(holders, LEASE_S)
-        for (job_id, token), ok in renewed.items():
-            if ok:
+        for (job_id, token), status in renewed.items():
+            if status == "ok":
                 continue
             for ex in holders[(job_id, token)]:
                 if ex.tokens.get(job_id) != token:

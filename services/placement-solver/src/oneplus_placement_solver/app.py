@@ -47,7 +47,9 @@ from oneplus_queueing.fairshare import UsageHistory
 from oneplus_queueing.model import CycleDecision, PendingJob, RunningJob, VictimChoice
 from oneplus_queueing.report import queue_rows, queues_rows, split_records
 from oneplus_reservations import Conflict, ReservationStore
+from prometheus_client import Counter
 
+from .fence import StoreCheck, StoreFence
 from .launch import launch_commands, silent_nodes
 from .memory import SolverMemory
 from .outcome import NODE_LOST, attempt_outcome
@@ -56,6 +58,7 @@ from .owner import Applied, JobOwner
 log = logging.getLogger("oneplus.solver")
 
 LOST_EXIT = 137
+STORE_REBUILD_LEASE_S = 60.0  # a rebuilt reservation lives this long unless its node renews it
 
 
 @dataclass(frozen=True)
@@ -100,6 +103,14 @@ class Solver:
         self._memory: SolverMemory | None = None
         self._tails: list[StreamTail] = []
         self.cycles = 0
+        self._fence: StoreFence | None = None
+        self.store_ok = False  # False while the reservation store is being rebuilt: nothing is placed
+        self.store_resets = 0
+        self.resets_metric = Counter(
+            "oneplus_reservation_store_resets",
+            "Reservation stores found reset or rolled back, and rebuilt",
+            registry=svc.metrics,
+        )
 
     # -- wiring ----------------------------------------------------------------------------------------------------
     @property
@@ -136,8 +147,9 @@ class Solver:
         self.load_file_config()
         self._tails.append(await kv_list_and_watch(svc.js, subjects.TOPOLOGY_KV, self.on_node, "solver-topology"))
         self._tails.append(await kv_list_and_watch(svc.js, subjects.QUEUES_KV, self.on_queues, "solver-queues"))
-        for res in await self.store.all():
-            self.capacity.hold(res.job_id, res.token, res.allocation)
+        self._fence = StoreFence(svc.kv[subjects.SOLVER_STATE_KV], self.store)
+        async with self.transition:
+            await self.guard_store(await self._fence.check())
         await svc.nc.subscribe(subjects.node_lost("*"), cb=self._on_lost_msg)
         await self.reconcile()
         self.wake.set()
@@ -147,6 +159,56 @@ class Solver:
             await tail.stop()
         if self._store is not None:
             await self._store.close()
+
+    @property
+    def fence(self) -> StoreFence:
+        assert self._fence is not None, "solver not started"
+        return self._fence
+
+    # -- the reservation store's epoch -----------------------------------------------------------------------------
+    async def guard_store(self, check: StoreCheck) -> None:
+        """With the transition lock held: trust the store, set up a new one, or rebuild one that lost its state.
+
+        The capacity model then holds exactly what the store holds."""
+        if check.intact:
+            self.store_ok = True
+        elif check.fresh and not self.owner.index.holders:
+            self.fence.epoch = await self.fence.bump(0)
+            await self.store.set_epoch(self.fence.epoch)
+            log.info("reservation store set up at epoch %d", self.fence.epoch)
+            self.store_ok = True
+        else:
+            self.store_ok = False
+            self.store_resets += 1
+            log.error("%s; placing stops until the running jobs' reservations are rebuilt", check.describe())
+            t0 = time.monotonic()
+            out = await self.fence.rebuild(check, list(self.owner.index.holders.values()), STORE_REBUILD_LEASE_S)
+            for job_id, why in out.refused.items():
+                log.error("the reservation of %s could not be put back: %s", job_id, why)
+            log.warning(
+                "reservation store rebuilt at epoch %d in %.2f s: %d reservation(s) put back under their tokens",
+                out.epoch,
+                time.monotonic() - t0,
+                len(out.restored),
+            )
+            self.resets_metric.inc()
+            self.store_ok = True
+        held = {r.job_id: r for r in await self.store.all()}
+        for job_id in list(self.capacity.held):
+            if job_id not in held:
+                self.capacity.release(job_id)
+        for job_id, res in held.items():
+            if self.capacity.token_of(job_id) != res.token:
+                self.capacity.hold(job_id, res.token, res.allocation)
+        self.wake.set()
+
+    async def check_store(self) -> None:
+        """Reconcile's and a refused commit's check: one GET of the marker (JetStream only when it disagrees)."""
+        marker = await self.store.epoch()
+        if marker is not None and marker >= self.fence.epoch:
+            return
+        async with self.transition:
+            await self.guard_store(await self.fence.check())
 
     # -- the working set's feeds -----------------------------------------------------------------------------------
     async def on_node(self, node: str, value: bytes | None) -> None:
@@ -355,7 +417,11 @@ class Solver:
 
     async def schedule_once(self) -> int:
         """One scheduling cycle over the working set; returns how many gangs were committed."""
+        if not self.store_ok:
+            await self.check_store()
         async with self.transition:
+            if not self.store_ok:
+                return 0
             return await self._cycle()
 
     async def _cycle(self) -> int:
@@ -390,6 +456,12 @@ class Solver:
             rec = pending_recs[job_id]
             with job_span(self.svc.tracer, "placement-solver place", rec.traceparent, {"oneplus.job_id": job_id}) as sp:
                 res = await self.store.reserve(job_id, alloc)
+                if isinstance(res, Conflict) and res.store_reset:
+                    # The store lost its state: nothing more is placed until reconcile rebuilds it.
+                    sp.set_attribute("oneplus.placed", False)
+                    log.error("reservation of %s refused: %s", job_id, res.reason)
+                    self.store_ok = False
+                    break
                 if isinstance(res, Conflict):
                     # Another replica took part of it since our snapshot: the next cycle decides on a fresh one.
                     sp.set_attribute("oneplus.placed", False)
@@ -475,9 +547,15 @@ class Solver:
         now = time.time()
         s = self.settings
         index = self.owner.index
+        await self.check_store()
         async with self.transition:
             # Not beside a cycle: a gang it reserves after this read would look like a lease that ran out.
             reservations = {r.job_id: r for r in await self.store.all()}
+            marker = await self.store.epoch()
+            if marker is None or marker < self.fence.epoch:
+                # Reset between the check and the read: what was read is not the truth; rebuild first.
+                await self.guard_store(await self.fence.check())
+                return
             for job_id in list(self.capacity.held):
                 if job_id not in reservations:
                     self.capacity.release(job_id)  # its lease ran out
