@@ -102,12 +102,23 @@ def stop(procs: list[subprocess.Popen[bytes]], timeout: float = 10.0) -> None:
 
 @dataclass
 class EmbeddedServers:
-    """NATS (JetStream on disk in `workdir`) and Redis (memory only) on free loopback ports."""
+    """NATS (JetStream on disk in `workdir`) and Redis (memory only) on free loopback ports.
+
+    Redis keeps nothing on disk here, by choice: the embedded default is a development and test stack, and a Redis
+    that comes back empty is a fault the platform handles (the reservation store's epoch marker tells the solver it
+    was reset, and it rebuilds it from the job records before placing again; docs/reliability.md). Deployments
+    (compose.yaml, deploy/redis/redis.conf) run Redis with an append-only file.
+
+    Chaos tests take either server down and bring it back on the same port: `kill_nats()` / `start_nats()` (same
+    JetStream store directory, so streams and KV survive), `kill_redis()` / `start_redis()` (empty again).
+    """
 
     workdir: Path = field(default_factory=lambda: Path(tempfile.mkdtemp(prefix="oneplus-")))
     nats_port: int = 0
     redis_port: int = 0
     procs: list[subprocess.Popen[bytes]] = field(default_factory=list)
+    nats_proc: subprocess.Popen[bytes] | None = field(default=None, repr=False)
+    redis_proc: subprocess.Popen[bytes] | None = field(default=None, repr=False)
 
     @property
     def nats_url(self) -> str:
@@ -121,11 +132,22 @@ class EmbeddedServers:
         self.workdir.mkdir(parents=True, exist_ok=True)
         self.nats_port = self.nats_port or free_port()
         self.redis_port = self.redis_port or free_port()
+        nats = self._spawn_nats()
+        redis = self._spawn_redis()
+        wait_port(self.nats_port, proc=nats)
+        wait_port(self.redis_port, proc=redis)
+        return self
+
+    def _spawn_nats(self) -> subprocess.Popen[bytes]:
         nats = spawn(
             [find_nats_server(), "-a", "127.0.0.1", "-p", str(self.nats_port), "-js", "-sd", str(self.workdir / "js")],
             self.workdir / "nats-server.log",
         )
         self.procs.append(nats)
+        self.nats_proc = nats
+        return nats
+
+    def _spawn_redis(self) -> subprocess.Popen[bytes]:
         redis = spawn(
             [
                 find_redis_server(),
@@ -138,13 +160,45 @@ class EmbeddedServers:
             self.workdir / "redis-server.log",
         )  # fmt: skip
         self.procs.append(redis)
-        wait_port(self.nats_port, proc=nats)
-        wait_port(self.redis_port, proc=redis)
-        return self
+        self.redis_proc = redis
+        return redis
+
+    def _kill(self, proc: subprocess.Popen[bytes] | None) -> None:
+        if proc is None:
+            return
+        if proc.poll() is None:
+            with contextlib.suppress(ProcessLookupError):
+                proc.kill()
+        proc.wait()
+        with contextlib.suppress(ValueError):
+            self.procs.remove(proc)
+
+    def kill_nats(self) -> None:
+        """SIGKILL nats-server (chaos tests); its JetStream store stays in `workdir` for `start_nats()`."""
+        self._kill(self.nats_proc)
+        self.nats_proc = None
+
+    def start_nats(self, timeout: float = 30.0) -> None:
+        """Start nats-server again on the same port and store (after `kill_nats()`); returns once it listens."""
+        if self.nats_proc is not None and self.nats_proc.poll() is None:
+            raise RuntimeError("nats-server is still running")
+        wait_port(self.nats_port, timeout=timeout, proc=self._spawn_nats())
+
+    def kill_redis(self) -> None:
+        """SIGKILL redis-server (chaos tests): with nothing on disk, everything it held is gone."""
+        self._kill(self.redis_proc)
+        self.redis_proc = None
+
+    def start_redis(self, timeout: float = 30.0) -> None:
+        """Start redis-server again, empty, on the same port (after `kill_redis()`); returns once it listens."""
+        if self.redis_proc is not None and self.redis_proc.poll() is None:
+            raise RuntimeError("redis-server is still running")
+        wait_port(self.redis_port, timeout=timeout, proc=self._spawn_redis())
 
     def stop(self) -> None:
         stop(self.procs)
         self.procs.clear()
+        self.nats_proc = self.redis_proc = None
 
     def __enter__(self) -> EmbeddedServers:
         return self.start()
