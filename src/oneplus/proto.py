@@ -20,6 +20,7 @@ from oneplus_contracts import (
     NodeRecord,
     NodeTopology,
     PreemptionRequest,
+    ReservationAudit,
     SubmitReply,
     subjects,
 )
@@ -34,6 +35,7 @@ MODELS: dict[str, type[BaseModel] | TypeAdapter[Any]] = {
     "SubmitReply": SubmitReply,
     "NodeTopology": NodeTopology,
     "NodeHeartbeat": NodeHeartbeat,
+    "ReservationAudit": ReservationAudit,
     "NodeRecord": NodeRecord,
 }
 
@@ -66,6 +68,13 @@ CHANNELS: dict[str, tuple[str, str, str, str, str]] = {
         "A finished job's last record, once it left the hot view; stream ONEPLUS_ARCHIVE (30 days)",
         "placement-solver",
         "intake (jobs show/list)",
+    ),
+    "reservationAudit": (
+        subjects.RESERVATION_AUDIT,
+        "ReservationAudit",
+        "Every reservation taken, put back after a store reset, or freed; stream ONEPLUS_AUDIT (30 days)",
+        "placement-solver",
+        "auditors (`oneplus audit reservations`)",
     ),
     "nodeCommands": (
         "oneplus.cmd.node.{node}.{kind}",

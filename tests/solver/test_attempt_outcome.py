@@ -77,3 +77,37 @@ def test_only_nodes_silent_since_the_placement_get_their_launch_again_and_only_w
     finished_b = rec("RUNNING", done={"b": 0}, placed_ts=100.0, nodes_started=["a"])
     assert silent_nodes(finished_b, 4, now=120.0, after_s=10, until_s=500) == []
     assert silent_nodes(rec("PREEMPTING", placed_ts=100.0), 4, now=120.0, after_s=10, until_s=500) == []
+
+
+def test_ranks_the_platform_ended_requeue_the_job_within_its_retry_budget() -> None:
+    lost = rec(done={"a": 137, "b": 0}, infra_nodes=["a"], node_reasons={"a": "ranks lost after executor restart"})
+    out = attempt_outcome(lost, infra_retries=2)
+    assert out.action == "requeue" and "infrastructure fault" in out.reason and "executor restart" in out.reason
+    spent = lost.model_copy(update={"infra_requeues": 2})
+    out = attempt_outcome(spent, infra_retries=2)
+    assert (out.action, out.state) == ("finish", "FAILED") and "2 retries are spent" in out.reason
+    assert attempt_outcome(lost, infra_retries=0).state == "FAILED"
+
+
+def test_the_gang_stopped_after_a_platform_fault_is_not_blamed_on_the_job() -> None:
+    """Node a was fenced out; the solver stopped b (143, "cancelled: …"): the cause is a's, so the job requeues."""
+    out = attempt_outcome(
+        rec(
+            done={"a": 137, "b": 143},
+            infra_nodes=["a"],
+            node_reasons={"a": "reservation lost (fenced out)", "b": "cancelled: rank on a exited with code 137"},
+        )
+    )
+    assert out.action == "requeue"
+
+
+def test_the_jobs_own_failure_is_the_reason_even_when_the_stopped_node_sorts_first() -> None:
+    out = attempt_outcome(
+        rec(done={"a": 143, "b": 3}, node_reasons={"a": "cancelled: rank on b exited with code 3", "b": "boom"})
+    )
+    assert (out.state, out.exit_code) == ("FAILED", 3) and "boom" in out.reason
+
+
+def test_a_job_failure_beside_a_platform_fault_fails_the_job() -> None:
+    out = attempt_outcome(rec(done={"a": 137, "b": 2}, infra_nodes=["a"]))
+    assert (out.state, out.exit_code) == ("FAILED", 2)

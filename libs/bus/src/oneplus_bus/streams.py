@@ -18,6 +18,7 @@ DUPLICATE_WINDOW_S = 600.0
 DAY_S = 86400.0
 ARCHIVE_RETENTION_S = 30 * DAY_S  # ONEPLUS_ARCHIVE_RETENTION_S: how long a finished job stays findable
 ARCHIVE_MAX_BYTES = 10 * 1024**3  # ONEPLUS_ARCHIVE_MAX_BYTES: the archive's disk budget; the oldest go first
+AUDIT_MAX_BYTES = 2 * 1024**3  # the reservation audit's disk budget
 JOBS_STREAM_MAX_MSGS = 10_000_000  # ONEPLUS_JOBS_STREAM_MAX_MSGS: job events kept, whatever their age
 
 
@@ -52,6 +53,8 @@ def stream_limits(name: str, env: Mapping[str, str] | None = None) -> StreamLimi
             max_msgs_per_subject=1,
         ),
     }
+    # The reservation audit is kept as long as job history: double use is looked for over the same span.
+    limits[subjects.AUDIT_STREAM] = StreamLimits(max_age=retention, max_bytes=AUDIT_MAX_BYTES)
     return limits.get(name, StreamLimits())
 
 

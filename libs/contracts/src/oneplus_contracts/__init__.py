@@ -3,6 +3,7 @@
 This package is the only place a wire field is defined; `proto/` is generated from it (`task proto`).
 """
 
+from .audit import ReservationAudit
 from .commands import (
     NODE_COMMAND_ADAPTER,
     CancelRanks,
@@ -104,6 +105,7 @@ __all__ = [
     "RankPlacement",
     "RankReport",
     "RankResources",
+    "ReservationAudit",
     "SimulatedRun",
     "SubmitReply",
     "TopologyConstraint",

@@ -20,6 +20,9 @@ DEAD_LETTER_STREAM = "ONEPLUS_DLQ"
 FACTS_STREAM = "ONEPLUS_FACTS"
 # Finished jobs after they leave the hot view (`jobs` KV), kept for ONEPLUS_ARCHIVE_RETENTION_S (sacct's database).
 ARCHIVE_STREAM = "ONEPLUS_ARCHIVE"
+# Every reservation taken, put back and freed, as the solver did it: the audit a reset of Redis cannot erase.
+AUDIT_STREAM = "ONEPLUS_AUDIT"
+RESERVATION_AUDIT = "oneplus.audit.reservation"
 
 JOB_EVENTS_ALL = f"{PREFIX}.job.>"
 NODE_EVENTS_ALL = f"{PREFIX}.node.>"
@@ -27,6 +30,7 @@ COMMANDS_ALL = f"{PREFIX}.cmd.>"
 DEAD_LETTER_ALL = f"{PREFIX}.dlq.>"
 JOB_FACTS_ALL = f"{PREFIX}.fact.job.>"
 ARCHIVE_ALL = f"{PREFIX}.archive.>"
+AUDIT_ALL = f"{PREFIX}.audit.>"
 TOPOLOGY_CHANGED = f"{PREFIX}.topology.changed"
 
 STREAMS: dict[str, list[str]] = {
@@ -36,6 +40,7 @@ STREAMS: dict[str, list[str]] = {
     DEAD_LETTER_STREAM: [DEAD_LETTER_ALL],
     FACTS_STREAM: [JOB_FACTS_ALL],
     ARCHIVE_STREAM: [ARCHIVE_ALL],
+    AUDIT_STREAM: [AUDIT_ALL],
 }
 
 # KV buckets.

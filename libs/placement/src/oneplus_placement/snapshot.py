@@ -153,6 +153,15 @@ class ClusterState(Holdings):
         self.blocked[i] = self.layout.slots[i].shape.mask_of(list(gpus))
         self._refresh(i)
 
+    def block(self, node: str, gpus: Iterable[int]) -> None:
+        """Offer none of `gpus` (on top of the unhealthy ones): ranks the node still reports run there."""
+        i = self.layout.by_name.get(node)
+        if i is None:
+            return
+        shape = self.layout.slots[i].shape
+        self.blocked[i] |= shape.mask_of([g for g in gpus if g in shape.indexes])
+        self._refresh(i)
+
     def apply(self, alloc: Allocation) -> None:
         """Take every GPU share, CPU and byte of memory of `alloc`, or raise and take nothing."""
         plan = self._plan(alloc, sign=1)

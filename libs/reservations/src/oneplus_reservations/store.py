@@ -108,11 +108,13 @@ class ReservationStore:
             return int(res[1])
         return Conflict(_s(res[1]), _s(res[2]) if len(res) > 2 else None, _s(res[3]) if len(res) > 3 else None)
 
-    async def release(self, job_id: str, token: int | None = None, reason: str = "finished") -> bool:
-        """Free the gang's GPUs; with a token, only if it is still current (a stale actor frees nothing)."""
+    async def release(self, job_id: str, token: int | None = None, reason: str = "finished") -> int | None:
+        """Free the gang's GPUs; with a token, only if it is still current (a stale actor frees nothing).
+
+        Returns the token of the reservation freed (true), or None when nothing was freed."""
         keys = [self.ks.gang(job_id), self.ks.history, self.ks.gangs]
         res = await self._release(keys=keys, args=[job_id, token or 0, reason])
-        return int(res[0]) == 1
+        return int(res[1]) if int(res[0]) == 1 else None
 
     async def restore(
         self, job_id: str, token: int, alloc: Allocation, lease_s: float = DEFAULT_LEASE_S
@@ -224,6 +226,8 @@ def check_history(entries: Sequence[HistoryEntry]) -> list[str]:
         holder = f"{e.job_id}|{e.token}"
         for key, milli in e.slots:
             if e.op in ("reserve", "restore"):
+                if e.op == "restore" and (whole.get(key) == holder or holder in shares.get(key, {})):
+                    continue  # put back what it already held (the audit saw no release in between)
                 used = sum(shares.get(key, {}).values())
                 if milli == 0:
                     if key in whole or used:

@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from oneplus_bus.archive import JobArchive
+from oneplus_bus.audit import ReservationAuditLog
 from oneplus_bus.clusterview import QUEUES_KEY, explain_job
 from oneplus_bus.informer import StreamTail, kv_list_and_watch
 from oneplus_bus.service import OneplusService, OpsError
@@ -35,12 +36,15 @@ from oneplus_contracts import (
     JobPlaced,
     JobRecord,
     JobRequeued,
+    NodeHeartbeat,
     NodeRecord,
     PreemptionRequest,
     subjects,
 )
 from oneplus_contracts.jobindex import HOLDING_STATES
 from oneplus_placement.live import LiveCapacity
+from oneplus_placement.reports import NodeReports
+from oneplus_placement.snapshot import ClusterState
 from oneplus_queueing.config import QueueConfig, QueueConfigError, default_config, load_queue_config
 from oneplus_queueing.cycle import schedule_cycle
 from oneplus_queueing.fairshare import UsageHistory
@@ -52,7 +56,7 @@ from prometheus_client import Counter
 from .fence import StoreCheck, StoreFence
 from .launch import launch_commands, silent_nodes
 from .memory import SolverMemory
-from .outcome import NODE_LOST, attempt_outcome
+from .outcome import INFRA_RETRIES, NODE_LOST, attempt_outcome
 from .owner import Applied, JobOwner
 
 log = logging.getLogger("oneplus.solver")
@@ -72,10 +76,15 @@ class SolverSettings:
     preemption_request_every_s: float = 10.0
     nic_gbps_per_gpu: float = 400.0
     oversubscription: float = 1.0
+    infra_retries: int = INFRA_RETRIES  # requeues after platform faults (node, executor, reservation lost) per job
 
     @classmethod
     def from_env(cls) -> SolverSettings:
+        retries = os.environ.get("ONEPLUS_INFRA_RETRIES", str(INFRA_RETRIES))
+        if not retries.strip().isdigit():
+            raise ValueError(f"ONEPLUS_INFRA_RETRIES={retries!r}: a whole number of retries (0 or more)")
         return cls(
+            infra_retries=int(retries),
             min_job_age_s=float(os.environ.get("ONEPLUS_MIN_JOB_AGE_S", "300")),
             nic_gbps_per_gpu=float(os.environ.get("ONEPLUS_NIC_GBPS_PER_GPU", "400")),
             oversubscription=float(os.environ.get("ONEPLUS_OVERSUBSCRIPTION", "1.0")),
@@ -93,6 +102,7 @@ class Solver:
         # Held by a cycle, and by a job's end from its record to its release: a cycle sees one or the other, whole.
         self.transition = asyncio.Lock()
         self.capacity = LiveCapacity("live", settings.nic_gbps_per_gpu, settings.oversubscription)
+        self.reports = NodeReports()  # what the nodes say runs on them (their heartbeats)
         self.config: QueueConfig = default_config()
         self.config_from_kv = False
         self.decision: CycleDecision | None = None
@@ -104,6 +114,7 @@ class Solver:
         self._tails: list[StreamTail] = []
         self.cycles = 0
         self._fence: StoreFence | None = None
+        self._audit: ReservationAuditLog | None = None
         self.store_ok = False  # False while the reservation store is being rebuilt: nothing is placed
         self.store_resets = 0
         self.resets_metric = Counter(
@@ -147,10 +158,12 @@ class Solver:
         self.load_file_config()
         self._tails.append(await kv_list_and_watch(svc.js, subjects.TOPOLOGY_KV, self.on_node, "solver-topology"))
         self._tails.append(await kv_list_and_watch(svc.js, subjects.QUEUES_KV, self.on_queues, "solver-queues"))
+        self._audit = ReservationAuditLog(svc.js)
         self._fence = StoreFence(svc.kv[subjects.SOLVER_STATE_KV], self.store)
         async with self.transition:
             await self.guard_store(await self._fence.check())
         await svc.nc.subscribe(subjects.node_lost("*"), cb=self._on_lost_msg)
+        await svc.nc.subscribe(subjects.node_heartbeat("*"), cb=self._on_heartbeat_msg)
         await self.reconcile()
         self.wake.set()
 
@@ -159,6 +172,11 @@ class Solver:
             await tail.stop()
         if self._store is not None:
             await self._store.close()
+
+    @property
+    def audit(self) -> ReservationAuditLog:
+        assert self._audit is not None, "solver not started"
+        return self._audit
 
     @property
     def fence(self) -> StoreFence:
@@ -172,9 +190,11 @@ class Solver:
         The capacity model then holds exactly what the store holds."""
         if check.intact:
             self.store_ok = True
+            self.audit.epoch = self.fence.epoch
         elif check.fresh and not self.owner.index.holders:
             self.fence.epoch = await self.fence.bump(0)
             await self.store.set_epoch(self.fence.epoch)
+            self.audit.epoch = self.fence.epoch
             log.info("reservation store set up at epoch %d", self.fence.epoch)
             self.store_ok = True
         else:
@@ -183,6 +203,12 @@ class Solver:
             log.error("%s; placing stops until the running jobs' reservations are rebuilt", check.describe())
             t0 = time.monotonic()
             out = await self.fence.rebuild(check, list(self.owner.index.holders.values()), STORE_REBUILD_LEASE_S)
+            self.audit.epoch = out.epoch
+            for job_id in out.restored:
+                res = await self.store.get(job_id)
+                if res is not None:
+                    await self.audit.record("restore", job_id, res.token, res.allocation, reason=check.describe())
+            await self.audit.flush()
             for job_id, why in out.refused.items():
                 log.error("the reservation of %s could not be put back: %s", job_id, why)
             log.warning(
@@ -249,8 +275,24 @@ class Solver:
             return
         await self.node_lost(node)
 
+    async def _on_heartbeat_msg(self, msg: Any) -> None:
+        try:
+            hb = NodeHeartbeat.model_validate_json(msg.data)
+        except ValueError as exc:
+            log.warning("unreadable heartbeat on %s: %s", msg.subject, exc)
+            return
+        self.reports.report(hb)
+
+    def offered(self) -> ClusterState:
+        """The cycle's copy of free capacity: without GPUs on which a node still reports ranks that hold nothing."""
+        state = self.capacity.copy()
+        for node, gpus in self.reports.lingering(self.capacity.held).items():
+            state.block(node, gpus)
+        return state
+
     async def node_lost(self, node: str) -> None:
         """The registry declared `node` lost: its ranks are over; the gangs that had ranks there are requeued."""
+        self.reports.node_lost(node)
         events: list[JobEvent] = []
         for rec in list(self.owner.index.holders.values()):
             if rec.allocation is None or rec.token is None or node not in rec.allocation.nodes:
@@ -265,6 +307,7 @@ class Solver:
                     token=rec.token,
                     exit_code=LOST_EXIT,
                     reason=f"{NODE_LOST}: {node} stopped reporting",
+                    fault="infrastructure",
                 )
             )
         if events:
@@ -278,6 +321,9 @@ class Solver:
                 case "accepted" | "requeued":
                     self.wake.set()
                 case "node_finished":
+                    ev = a.event
+                    assert isinstance(ev, JobNodeFinished)
+                    self.reports.rank_ended(ev.job_id, ev.token, ev.node, time.time())
                     await self.settle(a.record)
                 case "cancel_requested":
                     await self.cancel(a.record)
@@ -288,7 +334,7 @@ class Solver:
         """Decide what the nodes' reports mean for the attempt: finish it, requeue it, or stop its other nodes."""
         if rec.terminal or rec.token is None:
             return
-        first = attempt_outcome(rec)
+        first = attempt_outcome(rec, self.settings.infra_retries)
         if first.action == "stop_others":
             for node in first.stop_nodes:
                 await self.send_cancel(rec, node, first.reason)
@@ -302,7 +348,7 @@ class Solver:
             current = self.owner.index.get(rec.job_id)
             if current is None or current.terminal or current.token != rec.token:
                 return
-            out = attempt_outcome(current)
+            out = attempt_outcome(current, self.settings.infra_retries)
             job_id, token = current.job_id, rec.token
             event: JobEvent
             if out.action == "finish" and out.state is not None:
@@ -315,11 +361,13 @@ class Solver:
                     exit_code=out.exit_code,
                 )
             elif out.action == "requeue":
+                infra = current.state not in ("PREEMPTING", "CHECKPOINTED")
                 event = JobRequeued(
                     event_id=f"requeued-{job_id}-{token}",
                     job_id=job_id,
                     reason=out.reason,
                     checkpoint_ts=current.checkpoint_ts,
+                    fault="infrastructure" if infra else None,
                 )
             else:
                 return
@@ -327,7 +375,9 @@ class Solver:
             await self.release(job_id, token, out.reason if event.type == "finished" else "requeued")
 
     async def release(self, job_id: str, token: int | None, reason: str) -> None:
-        await self.store.release(job_id, token, reason=reason)
+        freed = await self.store.release(job_id, token, reason=reason)
+        if freed is not None:
+            await self.audit.record("release", job_id, freed, reason=reason)
         if token is None or self.capacity.token_of(job_id) == token:
             self.capacity.release(job_id)  # after Redis: a cycle never offers GPUs that Redis would refuse
         self.wake.set()
@@ -441,7 +491,7 @@ class Solver:
             return 0
         decision = schedule_cycle(
             now,
-            self.capacity.copy(),
+            self.offered(),
             [PendingJob.from_record(r) for r in pending_recs.values()],
             running,
             self.config,
@@ -472,8 +522,10 @@ class Solver:
                 sp.set_attribute("oneplus.token", res)
                 sp.set_attribute("oneplus.domain", alloc.domain)
                 self.capacity.hold(job_id, res, alloc)
+                await self.audit.record("reserve", job_id, res, alloc)
                 placed.append((rec, alloc, res))
         await self.commit_placed(placed)
+        await self.audit.flush()
         for choice in decision.preemptions:
             rec = pending_recs[choice.preemptor]
             with job_span(self.svc.tracer, "placement-solver preempt", rec.traceparent, {"oneplus.job_id": rec.job_id}):
@@ -581,13 +633,22 @@ class Solver:
                 await self.send_launches(rec, res.allocation, res.token, silent)
         for rec in list(index.holders.values()):
             if rec.job_id not in reservations and now - rec.updated_ts > s.lost_reservation_grace_s:
-                await self.owner.commit(
-                    JobRequeued(
+                why = "reservation lease expired: no node renewed it (node or executor lost?)"
+                event: JobEvent = JobRequeued(
+                    event_id=f"lost-{rec.job_id}-{rec.token}",
+                    job_id=rec.job_id,
+                    reason=f"{why}; requeued",
+                    fault="infrastructure",
+                )
+                if rec.infra_requeues >= s.infra_retries:
+                    event = JobFinished(
                         event_id=f"lost-{rec.job_id}-{rec.token}",
                         job_id=rec.job_id,
-                        reason="reservation lease expired (node lost?); requeued",
+                        state="FAILED",
+                        reason=f"{why}; not requeued: its {s.infra_retries} retries are spent",
+                        token=rec.token,
                     )
-                )
+                await self.owner.commit(event)
                 self.wake.set()
             elif rec.state in HOLDING_STATES and rec.allocation and set(rec.nodes_done) >= set(rec.allocation.nodes):
                 await self.settle(rec)
@@ -596,6 +657,7 @@ class Solver:
         while True:
             await asyncio.sleep(self.settings.reconcile_interval_s)
             await self.reconcile()
+            await self.audit.flush()  # the releases of jobs that ended since the last cycle
 
     async def expire_loop(self) -> None:
         while True:

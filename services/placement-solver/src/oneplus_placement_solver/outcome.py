@@ -24,10 +24,25 @@ def _node_failed(rec: JobRecord, node: str, code: int) -> str:
 
 
 NODE_LOST = "node lost"  # how the solver words the end of ranks on a node the registry declared lost
+STOPPED = "cancelled:"  # how an executor words the end of ranks the solver (or a user) stopped
+INFRA_RETRIES = 3  # requeues after platform faults before a job fails (ONEPLUS_INFRA_RETRIES)
 
 
-def attempt_outcome(rec: JobRecord) -> AttemptOutcome:
-    """Decide what the nodes' reports so far mean for the job."""
+def _infra(rec: JobRecord, node: str) -> bool:
+    return node in rec.infra_nodes or rec.node_reasons.get(node, "").startswith(NODE_LOST)
+
+
+def _causes(rec: JobRecord, failed: dict[str, int]) -> list[str]:
+    """The failed nodes that failed by themselves, not because the gang was stopped after another node failed."""
+    own = [n for n in failed if not rec.node_reasons.get(n, "").startswith(STOPPED)]
+    return sorted(own or failed)
+
+
+def attempt_outcome(rec: JobRecord, infra_retries: int = INFRA_RETRIES) -> AttemptOutcome:
+    """Decide what the nodes' reports so far mean for the job.
+
+    Only the job's own exit fails it: ranks the platform ended (a node lost, an executor that lost them, a
+    reservation fenced out) requeue it, `infra_retries` times at most."""
     cancel_requested = rec.cancel_requested
     if rec.allocation is None:
         return AttemptOutcome("wait")
@@ -51,11 +66,20 @@ def attempt_outcome(rec: JobRecord) -> AttemptOutcome:
         return AttemptOutcome("wait")
     if cancel_requested:
         return AttemptOutcome("finish", "CANCELLED", rec.reason or "cancelled", exit_code=None)
-    lost = sorted(n for n in failed if rec.node_reasons.get(n, "").startswith(NODE_LOST))
-    if lost:
-        # The work did not fail, its node did (Slurm requeues on NODE_FAIL): run it again elsewhere.
-        return AttemptOutcome("requeue", reason=f"{NODE_LOST}: {', '.join(lost)}; requeued")
     if failed:
-        node, code = sorted(failed.items())[0]
-        return AttemptOutcome("finish", "FAILED", _node_failed(rec, node, code), exit_code=code)
+        causes = _causes(rec, failed)
+        if all(_infra(rec, n) for n in causes):
+            # The work did not fail, the platform did (Slurm requeues on NODE_FAIL): run it again elsewhere.
+            why = "; ".join(f"{n}: {rec.node_reasons.get(n) or f'exit {failed[n]}'}" for n in causes)
+            if rec.infra_requeues < infra_retries:
+                return AttemptOutcome("requeue", reason=f"infrastructure fault ({why}); requeued")
+            node = causes[0]
+            return AttemptOutcome(
+                "finish",
+                "FAILED",
+                f"infrastructure fault ({why}); not requeued: its {infra_retries} retries are spent",
+                exit_code=failed[node],
+            )
+        node = next(n for n in causes if not _infra(rec, n))
+        return AttemptOutcome("finish", "FAILED", _node_failed(rec, node, failed[node]), exit_code=failed[node])
     return AttemptOutcome("finish", "SUCCEEDED", "all ranks exited 0", exit_code=0)

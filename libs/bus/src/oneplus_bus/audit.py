@@ -1,0 +1,101 @@
+"""The reservation audit on JetStream: what the solver reserved, put back and freed, beyond a reset of Redis.
+
+Redis' own history stream is exact (written by the same script as the reservation) but lives in the store a reset
+erases; this one is written by the solver right after each store operation, in the order it made them, and replays
+into the same check (`oneplus_reservations.check_history`). A solver killed between a store operation and its audit
+entry leaves that entry out: the check then sees less, never a double use that did not happen.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Sequence
+from typing import Literal
+
+from nats.aio.client import Client
+from nats.js import JetStreamContext
+from nats.js.api import DeliverPolicy, PubAck
+from oneplus_contracts import Allocation, RankPlacement, ReservationAudit, subjects
+from oneplus_reservations import HistoryEntry, KeySpace
+
+AuditOp = Literal["reserve", "restore", "release"]
+
+
+class ReservationAuditLog:
+    """The solver's writer: entries are published without waiting; `flush` waits for JetStream's acks."""
+
+    def __init__(self, js: JetStreamContext) -> None:
+        self.js = js
+        self.epoch = 0
+        self._pending: list[asyncio.Future[PubAck]] = []
+
+    async def record(self, op: str, job_id: str, token: int, alloc: Allocation | None = None, reason: str = "") -> None:
+        entry = ReservationAudit(
+            op=op,
+            job_id=job_id,
+            token=token,
+            ranks=list(alloc.ranks) if alloc is not None else [],
+            reason=reason,
+            epoch=self.epoch,
+            ts=time.time(),
+        )
+        suffix = f"-{self.epoch}" if op == "restore" else ""
+        fut = await self.js.publish_async(
+            subjects.RESERVATION_AUDIT,
+            entry.model_dump_json().encode(),
+            headers={"Nats-Msg-Id": f"{op}-{job_id}-{token}{suffix}"},
+            stream=subjects.AUDIT_STREAM,
+        )
+        self._pending.append(fut)
+        if len(self._pending) >= 256:
+            await self.flush()
+
+    async def flush(self) -> None:
+        pending, self._pending = self._pending, []
+        await asyncio.gather(*pending)
+
+
+async def read_audit(nc: Client, *, timeout: float = 5.0) -> list[ReservationAudit]:
+    """Every audit entry kept, in order (an ordered consumer from the first)."""
+    js = nc.jetstream()
+    info = await js.stream_info(subjects.AUDIT_STREAM)
+    last = info.state.last_seq
+    out: list[ReservationAudit] = []
+    if info.state.messages == 0:
+        return out
+    sub = await js.subscribe(
+        subjects.RESERVATION_AUDIT,
+        ordered_consumer=True,
+        deliver_policy=DeliverPolicy.ALL,
+        stream=subjects.AUDIT_STREAM,
+    )
+    try:
+        while True:
+            msg = await sub.next_msg(timeout=timeout)
+            out.append(ReservationAudit.model_validate_json(msg.data))
+            if msg.metadata.sequence.stream >= last:
+                return out
+    finally:
+        await sub.unsubscribe()
+
+
+def audit_history(entries: Sequence[ReservationAudit], cluster: str = "default") -> list[HistoryEntry]:
+    """The entries as reservation history, for `check_history`: a release frees what its (job, token) held."""
+    ks = KeySpace(cluster)
+    held: dict[tuple[str, int], tuple[tuple[str, int], ...]] = {}
+    out: list[HistoryEntry] = []
+    for n, e in enumerate(entries):
+        if e.op == "release":
+            slots = held.pop((e.job_id, e.token), ())
+        else:
+            slots = _slots(ks, e.ranks)
+            held[(e.job_id, e.token)] = slots
+        out.append(HistoryEntry(e.op, e.job_id, e.token, slots, f"audit-{n + 1}"))
+    return out
+
+
+def _slots(ks: KeySpace, ranks: Sequence[RankPlacement]) -> tuple[tuple[str, int], ...]:
+    return tuple(
+        (ks.gpu(r.node, g) if r.gpu_milli == 0 else ks.share(r.node, g), r.gpu_milli) for r in ranks for g in r.gpus
+    )
