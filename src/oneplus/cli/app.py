@@ -419,6 +419,39 @@ def dev_up(
 
 
 @app.command()
+def audit(
+    nats: NatsOpt = None,
+    cluster: Annotated[str, typer.Option(envvar="ONEPLUS_CLUSTER", help="The reservation key space")] = "default",
+    as_json: JsonOpt = False,
+) -> None:
+    """Replay the reservation audit kept in JetStream (it outlives a Redis reset): was a GPU ever held twice?"""
+    from oneplus_bus.audit import audit_history, read_audit
+    from oneplus_reservations import check_history
+
+    async def run(c: OnePlusClient) -> dict[str, Any]:
+        entries = await read_audit(c.nc)
+        problems = check_history(audit_history(entries, cluster))
+        ops: dict[str, int] = {}
+        for e in entries:
+            ops[e.op] = ops.get(e.op, 0) + 1
+        epochs = sorted({e.epoch for e in entries})
+        return {"entries": len(entries), "ops": ops, "epochs": epochs, "double_use": problems}
+
+    out = call(nats, None, run)
+    if as_json:
+        dump(out)
+    else:
+        ops = ", ".join(f"{n} {op}" for op, n in sorted(out["ops"].items())) or "none"
+        console.print(f"{out['entries']} audit entries ({ops}); epochs {out['epochs'] or '-'}")
+        for line in out["double_use"]:
+            console.print(f"[red]double use:[/] {escape(line)}")
+        if not out["double_use"]:
+            console.print("no GPU was ever held by two reservations at once")
+    if out["double_use"]:
+        raise typer.Exit(1)
+
+
+@app.command()
 def demo(
     jobs: Annotated[int, typer.Option(help="How many gangs to submit")] = 20,
     seed: Annotated[int, typer.Option(help="Workload seed")] = 7,
