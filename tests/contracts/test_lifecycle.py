@@ -138,3 +138,17 @@ def test_the_nodes_that_reported_are_remembered_per_attempt() -> None:
     assert rec.nodes_started == []
     rec = apply_event(rec, JobPlaced(job_id="j", allocation=ALLOC, token=8))
     assert rec.nodes_started == [] and rec.token == 8
+
+
+def test_an_infrastructure_requeue_spends_the_retry_budget_not_the_preemption_count() -> None:
+    rec = fold(
+        JobAccepted(job_id="j", spec=SPEC),
+        JobPlaced(job_id="j", allocation=ALLOC, token=7),
+        JobRunning(job_id="j", node="a", token=7),
+        JobNodeFinished(job_id="j", node="a", token=7, exit_code=137, reason="node lost", fault="infrastructure"),
+    )
+    assert rec.infra_nodes == ["a"]
+    rec = apply_event(rec, JobNodeFinished(job_id="j", node="a", token=7, exit_code=0, reason="exited"))
+    assert rec.infra_nodes == [], "a node's last word on the attempt counts"
+    rec = apply_event(rec, JobRequeued(job_id="j", reason="infrastructure fault", fault="infrastructure"))
+    assert (rec.state, rec.infra_requeues, rec.preemptions, rec.infra_nodes) == ("ACCEPTED", 1, 0, [])
