@@ -35,3 +35,15 @@ async def private_engine(engine_url: str, tmp_path: Path) -> AsyncIterator[tuple
     """A Podman API service of the test's own on a temporary socket, with stop and start controls."""
     async with private_podman(tmp_path) as engine:
         yield engine
+
+
+@pytest.fixture(autouse=True)
+async def close_fake_executors() -> AsyncIterator[None]:
+    """Executors made by executor_fakes.executor(): their outbox senders end with the test."""
+    import executor_fakes
+
+    yield
+    for ex in executor_fakes.CREATED:
+        ex.closing = True
+        await ex.outbox.close(flush_s=0)
+    executor_fakes.CREATED.clear()

@@ -79,9 +79,23 @@ class Store:
     async def current_token(self, job_id: str) -> int | None:
         return self.tokens.get(job_id)
 
+    epoch_marker: int | None = 1  # None: the store lost its state
+
     async def renew(self, job_id: str, token: int, lease_s: float) -> bool:
+        return await self.renew_status(job_id, token, lease_s) == "ok"
+
+    async def renew_status(self, job_id: str, token: int, lease_s: float) -> str:
         self.renewals.append((job_id, token))
-        return self.tokens.get(job_id) == token
+        if self.epoch_marker is None:
+            return "reset"
+        held = self.tokens.get(job_id)
+        return "ok" if held == token else "gone" if held is None else "stale"
+
+    async def renew_many(self, held: list[tuple[str, int]], lease_s: float) -> dict[tuple[str, int], str]:
+        return {pair: await self.renew_status(*pair, lease_s) for pair in sorted(set(held))}
+
+    async def epoch(self) -> int | None:
+        return self.epoch_marker
 
     async def all(self) -> list[Reservation]:
         return [Reservation(j, t, self.allocations[j]) for j, t in self.tokens.items()]
@@ -97,6 +111,9 @@ class Service:
     js: Bus = field(default_factory=Bus)
 
 
+CREATED: list[NodeExecutor] = []  # closed after each test (conftest): no outbox sender outlives its test
+
+
 def executor(runtime: Runtime, keep_finished: int = 16) -> tuple[NodeExecutor, Service, Store]:
     svc, store = Service(), Store()
     ex = NodeExecutor(
@@ -107,6 +124,7 @@ def executor(runtime: Runtime, keep_finished: int = 16) -> tuple[NodeExecutor, S
         keep_finished=keep_finished,
     )
     ex.store = store  # type: ignore[assignment]
+    CREATED.append(ex)
     return ex, svc, store
 
 

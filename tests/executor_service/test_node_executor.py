@@ -42,12 +42,14 @@ async def test_a_redelivered_launch_starts_nothing_and_a_stale_token_is_refused(
     cmd = await placed(svc, store, "j-twice", spec(simulate={"duration_s": 5}))
     await ex.launch(cmd)
     await ex.launch(cmd)
+    assert await ex.outbox.flush(5)
     assert svc.ledger.types("j-twice").count("starting") == 1
     assert [r.job_id for r in await rt.list_running()] == ["j-twice"]
 
     old = await placed(svc, store, "j-stale", spec(**FAST), token=1)
     store.tokens["j-stale"] = 2  # the job was placed again meanwhile: token 1 is fenced off
     await ex.launch(old)
+    assert await ex.outbox.flush(5)
     assert svc.ledger.types("j-stale") == ["accepted", "placed"]
     await rt.close()
 
@@ -65,8 +67,10 @@ class EngineGone(SimulatedRuntime):
 async def test_a_missing_image_ends_the_node_with_a_reason_naming_it() -> None:
     ex, svc, store = executor(MissingImage())
     await ex.launch(await placed(svc, store, "j-img", spec(image="localhost/nope:1", pull_policy="Never")))
+    assert await ex.outbox.flush(5)
     rec = svc.ledger.records["j-img"]
     assert rec.nodes_done == {NODE: LAUNCH_FAILED_EXIT}
+    assert rec.infra_nodes == [], "the job's own image: its fault, not the platform's"
     assert (
         rec.node_reasons[NODE] == "launch failed: image localhost/nope:1 not found on node unit-0 (pull_policy=Never)"
     )
@@ -76,8 +80,10 @@ async def test_a_missing_image_ends_the_node_with_a_reason_naming_it() -> None:
 async def test_an_unreachable_engine_fails_the_launch_and_reports_the_node_unhealthy_at_once() -> None:
     ex, svc, store = executor(EngineGone())
     await ex.launch(await placed(svc, store, "j-eng", spec(**FAST)))
+    assert await ex.outbox.flush(5)
     rec = svc.ledger.records["j-eng"]
     assert rec.nodes_done == {NODE: LAUNCH_FAILED_EXIT}
+    assert rec.infra_nodes == [NODE], "an engine that cannot be reached is the platform's fault: the job is requeued"
     assert "container engine at unix:///gone.sock is unreachable" in rec.node_reasons[NODE]
     (hb,) = svc.nc.heartbeats()  # published by the launch itself, not by the next heartbeat
     assert not hb.engine_ok and hb.engine_reason is not None and "unreachable" in hb.engine_reason
@@ -100,6 +106,7 @@ async def test_preemption_records_the_acknowledged_checkpoint_before_the_node_en
     job = spec(simulate={"duration_s": 30, "checkpoint_after_s": 0.3})
     cmd = await placed(svc, store, "j-pre", job)
     await ex.launch(cmd)
+    assert await ex.outbox.flush(5)
     await svc.ledger.record(JobPreempting(job_id="j-pre", token=1, preemptor="j-hi", reason="for j-hi"))
     preempt = PreemptRanks(job_id="j-pre", node=NODE, token=1, signal="SIGUSR1", grace_s=5, reason="for j-hi")
     ex.start_preempt(preempt)
@@ -174,7 +181,7 @@ async def test_ranks_that_cannot_be_followed_are_stopped_then_reported_lost() ->
     await ex.launch(await placed(svc, store, "j-lost", spec(simulate={"duration_s": 30})))
     await until(lambda: "node_finished" in svc.ledger.types("j-lost"), timeout=WATCH_TRIES * 0.05 + 5)
     rec = svc.ledger.records["j-lost"]
-    assert rec.nodes_done == {NODE: LOST_EXIT}
+    assert rec.nodes_done == {NODE: LOST_EXIT} and rec.infra_nodes == [NODE]
     assert rec.node_reasons[NODE] == "the executor on unit-0 could not follow the ranks: the engine answered nonsense"
     assert rt.stopped == ["j-lost"], "stopped before the reservation could be released"
 

@@ -12,6 +12,7 @@ import contextlib
 import dataclasses
 import logging
 import os
+from pathlib import Path
 from typing import Any
 
 from faststream.nats import NatsMessage
@@ -21,6 +22,7 @@ from oneplus_contracts import NODE_COMMAND_ADAPTER, CancelRanks, LaunchRanks, No
 
 from .gpu_health import GpuProbe, nvml_probe
 from .node import KEEP_FINISHED, NodeExecutor
+from .outbox import state_dir_from_env
 from .runtime.base import Runtime
 from .runtime.docker import DockerRuntime
 
@@ -45,10 +47,13 @@ def create_executor(
     heartbeat_s: float = 2.0,
     keep_finished: int = KEEP_FINISHED,
     gpu_probe: GpuProbe | None = None,
+    state_dir: Path | None = None,
 ) -> tuple[OneplusService, NodeExecutor]:
     """The service of one node: its command consumer, its logs endpoint, its heartbeat, around a NodeExecutor.
 
-    `gpu_probe` re-reads the GPUs (NVML on a GPU node) so the heartbeat's per-GPU health is current.
+    `gpu_probe` re-reads the GPUs (NVML on a GPU node) so the heartbeat's per-GPU health is current. `state_dir`
+    holds the outbox of facts not yet recorded (default: ONEPLUS_STATE_DIR, else
+    ~/.local/state/oneplus/executor-<node>); a restarted executor sends what is left there first.
     """
     node = topology.node
     settings = settings or BusSettings.from_env()
@@ -56,7 +61,15 @@ def create_executor(
         # The node's own inbox space: deploy/nats lets executor-<node> subscribe to nothing else.
         settings = dataclasses.replace(settings, inbox_prefix=executor_inbox(node))
     svc = OneplusService("node-executor", f"Runs ranks on node {node}", settings)
-    ex = NodeExecutor(svc, topology, runtime, heartbeat_s=heartbeat_s, keep_finished=keep_finished, gpu_probe=gpu_probe)
+    ex = NodeExecutor(
+        svc,
+        topology,
+        runtime,
+        heartbeat_s=heartbeat_s,
+        keep_finished=keep_finished,
+        gpu_probe=gpu_probe,
+        state_dir=state_dir if state_dir is not None else state_dir_from_env(f"executor-{node}"),
+    )
 
     # Named per node: deploy/nats grants executor-<node> the create subject of this consumer only.
     @svc.durable_subscriber(
@@ -134,6 +147,11 @@ def main() -> None:
         default=int(os.environ.get("ONEPLUS_KEEP_FINISHED", str(KEEP_FINISHED))),
         help="ended jobs whose containers (and logs) stay on the node; older ones are removed",
     )
+    p.add_argument(
+        "--state-dir",
+        default=os.environ.get("ONEPLUS_STATE_DIR"),
+        help="where the executor keeps the facts it has yet to send (default ~/.local/state/oneplus/executor-<node>)",
+    )
     a = p.parse_args()
     if a.keep_finished < 0:
         p.error(f"--keep-finished {a.keep_finished}: the number of ended jobs to keep cannot be negative")
@@ -145,6 +163,7 @@ def main() -> None:
         heartbeat_s=a.heartbeat,
         keep_finished=a.keep_finished,
         gpu_probe=nvml_probe(a.node) if a.topology == "nvml" else None,
+        state_dir=Path(a.state_dir) if a.state_dir else None,
     )
     with contextlib.suppress(KeyboardInterrupt):
         svc.run()

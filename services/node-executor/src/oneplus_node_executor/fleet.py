@@ -9,8 +9,12 @@ the plumbing: one service (one NATS connection, one micro service), one Redis cl
   order, while different nodes' commands run side by side;
 - one heartbeat loop: every node still publishes its own `oneplus.node.<node>.heartbeat`, spread over the interval
   (a slice of the nodes every half second) rather than in one burst;
-- one Redis pipeline per interval that renews the leases of every job running on the fleet;
-- one reservation read at start, which every node's reconcile filters (instead of one read per node);
+- one Redis pipeline per interval that renews the leases of every job with ranks alive on the fleet;
+- one reservation read at start, which every node's reconcile filters (instead of one read per node), and again
+  for the nodes whose reconcile is still to run (a reservation store found reset: they adopt and remove nothing);
+- one outbox (outbox.py) for every node's facts, in the fleet's state directory (`--state-dir`,
+  ONEPLUS_STATE_DIR, default ~/.local/state/oneplus/fleet-<name>): facts are kept there before they are sent and
+  delivered in pipelined rounds until stored, across bus outages and fleet restarts;
 - one subscription that answers `oneplus.ops.node.<node>.logs` for the fleet's nodes and stays silent for others.
 
 Start one: `python -m oneplus_node_executor.fleet --nodes 512 --topology h100_sxm_8gpu_nvswitch_nv18
@@ -47,7 +51,7 @@ from opentelemetry import propagate
 
 from .app import DEFAULT_INBOX, make_runtime
 from .node import KEEP_FINISHED, LEASE_S, NodeExecutor
-from .runtime.base import EngineUnavailable
+from .outbox import Outbox, state_dir_from_env
 
 log = logging.getLogger("oneplus.fleet")
 
@@ -100,12 +104,19 @@ class FleetStore(ReservationStore):
     def __init__(self, client: aioredis.Redis, cluster: str = "default") -> None:
         super().__init__(client, cluster)
         self.snapshot: list[Reservation] | None = None
+        self.snapshot_epoch: int | None = None
 
     async def all(self) -> list[Reservation]:
-        """While `snapshot` is set (the fleet's start), every node's reconcile reads that one list."""
+        """While `snapshot` is set (a fleet reconcile), every node's reconcile reads that one list."""
         if self.snapshot is not None:
             return list(self.snapshot)
         return await super().all()
+
+    async def epoch(self) -> int | None:
+        """While `snapshot` is set, the epoch read with it."""
+        if self.snapshot is not None:
+            return self.snapshot_epoch
+        return await super().epoch()
 
 
 class SimulatedFleet:
@@ -119,7 +130,9 @@ class SimulatedFleet:
         name: str = "sim",
         heartbeat_s: float = DEFAULT_HEARTBEAT_S,
         keep_finished: int = KEEP_FINISHED,
+        state_dir: Path | None = None,
     ) -> None:
+        """`state_dir`: where the fleet's outbox lives (default: ONEPLUS_STATE_DIR, or the user's state dir)."""
         if not nodes:
             raise ValueError("a fleet needs at least one node")
         if not name or _BAD_NAME.search(name):
@@ -140,9 +153,21 @@ class SimulatedFleet:
         self.heartbeat_s = heartbeat_s
         gpus = sum(len(t.gpus) for t in nodes)
         self.svc = OneplusService("node-executor", f"Simulated fleet {name}: {len(nodes)} nodes, {gpus} GPUs", settings)
+        self.state_dir = state_dir if state_dir is not None else state_dir_from_env(f"fleet-{name}")
+        # Simulated ranks: no fsync per fact (hundreds a second); a crash of the process still leaves them on disk.
+        self.outbox = Outbox(
+            lambda event, traceparent: self.svc.ledger.report(event, traceparent),
+            self.state_dir / f"outbox-fleet-{name}.jsonl",
+            fsync=False,
+        )
         self.executors: dict[str, NodeExecutor] = {
             t.node: NodeExecutor(
-                self.svc, t, make_runtime("simulated", t), heartbeat_s=heartbeat_s, keep_finished=keep_finished
+                self.svc,
+                t,
+                make_runtime("simulated", t),
+                heartbeat_s=heartbeat_s,
+                keep_finished=keep_finished,
+                outbox=self.outbox,
             )
             for t in nodes
         }
@@ -171,6 +196,7 @@ class SimulatedFleet:
 
     async def start(self) -> None:
         t0 = time.monotonic()
+        self.outbox.start()  # facts left from before a restart go out first
         self.store = FleetStore(aioredis.Redis.from_url(self.svc.settings.redis_url), self.svc.settings.cluster)
         for ex in self._order:
             ex.store = self.store
@@ -202,19 +228,26 @@ class SimulatedFleet:
         for i in range(0, len(self._order), chunk):
             await asyncio.gather(*(one(ex) for ex in self._order[i : i + chunk]))
 
-    async def reconcile(self) -> None:
-        """Every node's NodeExecutor.reconcile over one reservation read. Simulated ranks do not outlive the process:
-        a restarted fleet reports the ranks of its running jobs lost, as a restarted executor would."""
+    async def reconcile(self, executors: Sequence[NodeExecutor] | None = None) -> None:
+        """Every node's (or `executors'`) NodeExecutor.reconcile over one reservation read. Simulated ranks do not
+        outlive the process: a restarted fleet reports the ranks of its running jobs lost, as a restarted executor
+        would (blamed on the platform: the jobs are requeued). Against a reset store nothing is reported or removed;
+        the nodes reconcile again, with the lease renewals, once the solver has rebuilt it."""
         store = self.rstore()
-        store.snapshot = await ReservationStore.all(store)
+        store.snapshot_epoch = await ReservationStore.epoch(store)
+        store.snapshot = [] if store.snapshot_epoch is None else await ReservationStore.all(store)
+        reset = 0
         try:
-            for ex in self._order:
+            for ex in executors if executors is not None else self._order:
                 try:
                     await ex.reconcile()
                 except Exception:
                     log.exception("%s: reconcile failed; retried with the heartbeats", ex.node)
+                reset += not ex.reconciled
         finally:
             store.snapshot = None
+        if store.snapshot_epoch is None and reset:
+            log.warning("fleet %s: the reservation store lost its state: %d nodes reconcile later", self.name, reset)
 
     async def subscribe_commands(self) -> None:
         """Create (or update, when the fleet's nodes changed) the fleet's durable consumer and bind to it."""
@@ -247,6 +280,7 @@ class SimulatedFleet:
             ex.store = None  # shared: closed once below, not by every node
             with contextlib.suppress(Exception):
                 await ex.stop()
+        await self.outbox.close()  # what is still pending stays on disk for the next start
         if self.store is not None:
             await self.store.close()
             self.store = None
@@ -332,37 +366,47 @@ class SimulatedFleet:
         tick = min(TICK_S, self.heartbeat_s)
         slices = max(1, round(self.heartbeat_s / tick))
         i = 0
+        failing = False
         while True:
             started = loop.time()
-            for ex in self._order[i::slices]:
-                await ex.publish_heartbeat()
+            try:  # a bus outage must not stop the lease renewals below
+                for ex in self._order[i::slices]:
+                    await ex.publish_heartbeat()
+                failing = False
+            except Exception as exc:
+                if not failing:
+                    log.warning("fleet %s: heartbeats not sent: %s", self.name, exc)
+                failing = True
             i = (i + 1) % slices
             if i == 0:
-                await self.renew_leases()
+                try:
+                    await self.renew_leases()
+                except Exception as exc:
+                    log.warning("fleet %s: lease renewal failed: %s", self.name, exc)
             await asyncio.sleep(max(0.0, tick - (loop.time() - started)))
 
     async def renew_leases(self) -> None:
-        """NodeExecutor.heartbeat_once's renewals for the whole fleet in one pipeline; a fenced-out job is stopped."""
+        """NodeExecutor.heartbeat_once's renewals for the whole fleet in one pipeline, for the ranks alive only:
+        "stale"/"gone" fences the job's ranks out (stopped, reported once stopped), "reset" keeps them."""
+        waiting = [ex for ex in self._order if not ex.reconciled]
+        if waiting:
+            await self.reconcile(waiting)  # a reconcile that failed, or found the store reset, runs again
         holders: dict[tuple[str, int], list[NodeExecutor]] = {}
         for ex in self._order:
-            if not ex.reconciled:
-                with contextlib.suppress(Exception):
-                    await ex.check_engine()  # a reconcile that failed at start runs again
-            for pair in ex.tokens.items():
+            for pair in ex.held():
                 holders.setdefault(pair, []).append(ex)
         if not holders:
             return
-        renewed = await self.rstore().renew_many(holders, LEASE_S)
-        for (job_id, token), status in renewed.items():
-            if status == "ok":
-                continue
-            for ex in holders[(job_id, token)]:
-                if ex.tokens.get(job_id) != token:
-                    continue
-                log.warning("%s: %s lost its reservation (token %s): stopping it", ex.node, job_id, token)
-                ex.stop_reasons[job_id] = "reservation lost (fenced out)"
-                with contextlib.suppress(EngineUnavailable):
-                    await ex.runtime.stop(job_id, grace_s=5.0)
+        renewed = await self.rstore().renew_many(list(holders), LEASE_S)
+        was_reset = any(ex.store_reset for ex in self._order)
+        reset = False
+        for pair, status in renewed.items():
+            for ex in holders[pair]:
+                reset |= ex.apply_renewals({pair: status}, log_reset=False)
+        if reset and not was_reset:
+            log.warning("fleet %s: the reservation store lost its state: the ranks keep running", self.name)
+        elif was_reset and not reset:
+            log.info("fleet %s: the reservation store is rebuilt: leases renewed again", self.name)
 
 
 def build_fleet(args: argparse.Namespace, settings: BusSettings | None = None) -> SimulatedFleet:
@@ -378,7 +422,14 @@ def build_fleet(args: argparse.Namespace, settings: BusSettings | None = None) -
             prefix=args.prefix,
         )
         name = args.name or args.prefix
-    return SimulatedFleet(nodes, settings, name=name, heartbeat_s=args.heartbeat, keep_finished=args.keep_finished)
+    return SimulatedFleet(
+        nodes,
+        settings,
+        name=name,
+        heartbeat_s=args.heartbeat,
+        keep_finished=args.keep_finished,
+        state_dir=Path(args.state_dir) if args.state_dir else None,
+    )
 
 
 def parser() -> argparse.ArgumentParser:
@@ -401,6 +452,11 @@ def parser() -> argparse.ArgumentParser:
         help="seconds between two heartbeats of one node",
     )
     p.add_argument("--keep-finished", type=int, default=KEEP_FINISHED)
+    p.add_argument(
+        "--state-dir",
+        default=env("ONEPLUS_STATE_DIR"),
+        help="where the fleet keeps the facts it has yet to deliver (default ~/.local/state/oneplus/fleet-<name>)",
+    )
     return p
 
 

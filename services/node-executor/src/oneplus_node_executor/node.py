@@ -2,6 +2,14 @@
 
 The service wiring (subjects, consumers, ops endpoints) is in app.py; this is the behaviour behind it. Every handler
 checks the fencing token first: a command of a superseded attempt is ignored, a redelivered launch starts nothing.
+
+Whatever fails, nothing is lost, used twice or wedged:
+- every fact goes through the outbox (outbox.py): on disk before `record` returns, delivered until it is stored;
+- a lease is renewed only for ranks that are alive; a renewal that finds another attempt's token or no reservation
+  stops the ranks (their end is reported once they have stopped, fault "infrastructure"); one that finds the store
+  reset keeps them (the solver rebuilds every running job's reservation under the token its ranks hold);
+- the node never starts a rank on a GPU where it still runs another attempt's rank (the last line of defence);
+- a reconcile against a reset store adopts what runs, removes nothing, and runs again once the store is rebuilt.
 """
 
 from __future__ import annotations
@@ -10,10 +18,14 @@ import asyncio
 import contextlib
 import logging
 import time
+from collections import OrderedDict
+from collections.abc import Iterable, Mapping
+from pathlib import Path
 from typing import Any
 
 from oneplus_bus.service import OneplusService, OpsError
 from oneplus_contracts import (
+    Allocation,
     CancelRanks,
     JobCheckpointed,
     JobEvent,
@@ -24,13 +36,18 @@ from oneplus_contracts import (
     NodeHeartbeat,
     NodeTopology,
     PreemptRanks,
+    RankPlacement,
+    RankReport,
     subjects,
 )
+from oneplus_contracts.events import Fault
 from oneplus_reservations import ReservationStore
+from oneplus_reservations.store import RenewStatus
 
 from .gpu_health import GpuProbe, fold_probe, health_changes, heartbeat_gpus, probe_failed
+from .outbox import Outbox
 from .retention import FinishedRanks
-from .runtime.base import EngineUnavailable, LaunchFailed, Runtime, StaleToken
+from .runtime.base import EngineUnavailable, LaunchFailed, RunningRanks, Runtime, StaleToken
 from .runtime.docker import DockerRuntime
 from .runtime.environment import rank_environment
 from .runtime.preemption import PreemptOutcome, preempt_with_checkpoint
@@ -46,6 +63,16 @@ KEEP_FINISHED = 16  # ended jobs whose ranks (and logs) stay on the node for `on
 WATCH_TRIES = 5  # unexpected errors while following a job's ranks before the executor gives up on them
 GPU_CHECK_S = 30.0  # how often a GPU node re-reads its GPUs' health through NVML
 PING_FAILURES = 2  # failed engine checks in a row before a heartbeat calls the node unhealthy (a slow ping is not down)
+FENCE_GRACE_S = 5.0  # SIGTERM → SIGKILL for ranks whose reservation is gone
+GPU_FREE_WAIT_S = STOP_GRACE_S + 5.0  # how long a launch waits for a fenced-out holder of its GPUs to exit
+STORE_RESET_WAIT_S = 20.0  # how long a launch waits for the solver to rebuild a reset reservation store
+REMEMBER_ENDS = 4096  # (job, token) attempts whose end this node recorded: a late launch of one starts nothing
+FENCED_OUT = "reservation lost (fenced out)"
+INFRA: Fault = "infrastructure"
+
+
+class StoreResetPending(RuntimeError):
+    """The reservation store lost its state and is not rebuilt yet: the command is retried later (NAK)."""
 
 
 class NodeExecutor:
@@ -59,7 +86,10 @@ class NodeExecutor:
         keep_finished: int = KEEP_FINISHED,
         gpu_probe: GpuProbe | None = None,
         gpu_check_s: float = GPU_CHECK_S,
+        outbox: Outbox | None = None,
+        state_dir: Path | None = None,
     ) -> None:
+        """`outbox`: a shared one (a fleet's); otherwise the executor's own, in `state_dir` (memory only if None)."""
         self.svc = svc
         self.topology = topology
         self.node = topology.node
@@ -67,9 +97,11 @@ class NodeExecutor:
         self.heartbeat_s = heartbeat_s
         self.gpu_probe = gpu_probe
         self.gpu_check_s = gpu_check_s
-        self.tokens: dict[str, int] = {}  # job → token of the ranks this executor watches
+        self.tokens: dict[str, int] = {}  # job → token of the ranks this executor watches (until their end is kept)
+        self.alive: dict[str, tuple[int, dict[int, int]]] = {}  # job → (token, GPU → milli) of ranks alive here
         self.watchers: dict[str, asyncio.Task[None]] = {}
-        self.stop_reasons: dict[str, str] = {}
+        self.stop_reasons: dict[str, tuple[str, Fault]] = {}
+        self.stopping: dict[str, asyncio.Task[None]] = {}  # job → the stop of its fenced-out ranks, under way
         self.preempting: dict[str, asyncio.Event] = {}  # job → set when its checkpoint handshake is over
         self.ended: dict[str, asyncio.Event] = {}  # job → set when all its local ranks have exited
         self.handshakes: set[asyncio.Task[None]] = set()
@@ -79,16 +111,28 @@ class NodeExecutor:
         self.reconciled = False
         self.failed_pings = 0
         self.store: ReservationStore | None = None
+        self.ends: OrderedDict[tuple[str, int], None] = OrderedDict()  # attempts whose end on this node is kept
+        self.gpu_free_wait_s = GPU_FREE_WAIT_S
+        self.store_reset_wait_s = STORE_RESET_WAIT_S
+        self.store_reset = False  # the last renewal found the reservation store reset (logged once)
+        self.closing = False
+        self.own_outbox = outbox is None
+        if outbox is None:
+            path = None if state_dir is None else Path(state_dir) / f"outbox-{self.node}.jsonl"
+            outbox = Outbox(lambda event, traceparent: self.svc.ledger.report(event, traceparent), path)
+        self.outbox = outbox
 
     def rstore(self) -> ReservationStore:
         assert self.store is not None, "the executor's reservation store is opened on start"
         return self.store
 
     async def record(self, event: JobEvent) -> None:
-        """Report what happened to the job's ranks here; the job's owner folds it (or refuses a stale one)."""
-        await self.svc.ledger.report(event)
+        """Report what happened to the job's ranks here; the job's owner folds it (or refuses a stale one).
 
-    async def node_finished(self, job_id: str, token: int, exit_code: int, reason: str) -> None:
+        Kept in the outbox (on disk) before this returns; its sender delivers it whenever the bus takes it."""
+        self.outbox.put(event)
+
+    async def node_finished(self, job_id: str, token: int, exit_code: int, reason: str, fault: Fault = "job") -> None:
         await self.record(
             JobNodeFinished(
                 event_id=f"nodefin-{job_id}-{token}-{self.node}",
@@ -97,8 +141,12 @@ class NodeExecutor:
                 token=token,
                 exit_code=exit_code,
                 reason=reason,
+                fault=fault,
             )
         )
+        self.ends[(job_id, token)] = None
+        while len(self.ends) > REMEMBER_ENDS:
+            self.ends.popitem(last=False)
 
     async def engine_down(self, exc: EngineUnavailable) -> None:
         """Say so at once: the registry marks the node unhealthy and the solver stops placing here."""
@@ -112,13 +160,24 @@ class NodeExecutor:
     # -- launch and watch --------------------------------------------------------------------------------------
 
     async def launch(self, cmd: LaunchRanks) -> None:
-        if self.tokens.get(cmd.job_id, -1) >= cmd.token:
-            return  # redelivered: the ranks already run under this token
-        current = await self.rstore().current_token(cmd.job_id)
+        if self.tokens.get(cmd.job_id, -1) >= cmd.token or (cmd.job_id, cmd.token) in self.ends:
+            return  # redelivered: the ranks already run (or ran) under this token
+        current = await self.current_token(cmd.job_id)
         if current != cmd.token:
             log.warning(
                 "%s: refused launch of %s with stale token %s (current %s)", self.node, cmd.job_id, cmd.token, current
             )
+            return
+        gpus = self.local_gpus(cmd.ranks)
+        busy = self.gpu_conflicts(cmd.job_id, cmd.token, gpus)
+        if busy:
+            busy = await self.free_gpus(cmd.job_id, cmd.token, gpus, busy)
+        if busy:
+            job, token, gpu = busy[0]
+            where = f"GPU {gpu} of {self.node}" if gpu is not None else f"{self.node}"
+            reason = f"not started: {where} still runs {job} (token {token})"
+            log.warning("%s: launch of %s (token %s) refused: %s", self.node, cmd.job_id, cmd.token, reason)
+            await self.node_finished(cmd.job_id, cmd.token, LAUNCH_FAILED_EXIT, reason, fault=INFRA)
             return
         await self.record(
             JobStarting(
@@ -133,13 +192,20 @@ class NodeExecutor:
         except StaleToken as exc:
             log.warning("%s: %s", self.node, exc)  # a newer attempt holds the node: this command is history
             return
-        except (LaunchFailed, EngineUnavailable) as exc:
-            if isinstance(exc, EngineUnavailable):
-                await self.engine_down(exc)
+        except EngineUnavailable as exc:
+            await self.engine_down(exc)  # the platform's fault, not the job's: it is requeued
+            await self.node_finished(cmd.job_id, cmd.token, LAUNCH_FAILED_EXIT, f"launch failed: {exc}", fault=INFRA)
+            return
+        except LaunchFailed as exc:
             await self.node_finished(cmd.job_id, cmd.token, LAUNCH_FAILED_EXIT, f"launch failed: {exc}")
             return
-        await self.rstore().renew(cmd.job_id, cmd.token, LEASE_S)
-        self.start_watch(cmd.job_id, cmd.token)
+        self.start_watch(cmd.job_id, cmd.token, gpus)
+        try:
+            status = await self.rstore().renew_status(cmd.job_id, cmd.token, LEASE_S)
+        except Exception as exc:  # the heartbeat renews it; the ranks run either way
+            log.warning("%s: renewing the lease of %s failed: %s", self.node, cmd.job_id, exc)
+        else:
+            self.apply_renewals({(cmd.job_id, cmd.token): status})
         await self.record(
             JobRunning(
                 event_id=f"running-{cmd.job_id}-{cmd.token}-{self.node}",
@@ -149,13 +215,101 @@ class NodeExecutor:
             )
         )
 
-    def start_watch(self, job_id: str, token: int) -> None:
-        self.tokens[job_id] = token
-        self.ended[job_id] = asyncio.Event()
-        self.watchers[job_id] = asyncio.create_task(self.watch(job_id, token), name=f"watch:{job_id}")
+    async def current_token(self, job_id: str) -> int | None:
+        """The reservation's token; a store found reset is given time to be rebuilt (then StoreResetPending)."""
+        store = self.rstore()
+        current = await store.current_token(job_id)
+        if current is not None or await store.epoch() is not None:
+            return current
+        log.warning("%s: the reservation store is reset: waiting for the solver to rebuild it", self.node)
+        deadline = asyncio.get_running_loop().time() + self.store_reset_wait_s
+        while asyncio.get_running_loop().time() < deadline:
+            await asyncio.sleep(0.25)
+            if await store.epoch() is not None:
+                return await store.current_token(job_id)
+        raise StoreResetPending(f"the reservation store is reset and not rebuilt yet (launch of {job_id})")
 
-    async def watch(self, job_id: str, token: int) -> None:
+    def local_gpus(self, ranks: Iterable[RankPlacement]) -> dict[int, int]:
+        """GPU → milli (0: the whole GPU) of the ranks that are on this node."""
+        return {g: r.gpu_milli for r in ranks if r.node == self.node for g in r.gpus}
+
+    def gpu_conflicts(self, job_id: str, token: int, gpus: Mapping[int, int]) -> list[tuple[str, int, int | None]]:
+        """(job, token, GPU) of the ranks alive here that a launch of `gpus` would share a GPU with. Another attempt
+        of the same job counts wherever its GPUs are (one job's attempts never run side by side on a node)."""
+        out: list[tuple[str, int, int | None]] = []
+        for other, (tok, held) in sorted(self.alive.items()):
+            if other == job_id and tok == token:
+                continue
+            if other == job_id:
+                out.append((other, tok, min(set(held) & set(gpus), default=None)))
+                continue
+            for g in sorted(set(held) & set(gpus)):
+                if held[g] == 0 or gpus[g] == 0 or self.shares_on(g, job_id) + gpus[g] > 1000:
+                    out.append((other, tok, g))
+                    break
+        return out
+
+    def shares_on(self, gpu: int, but: str) -> int:
+        """Milli-GPUs of `gpu` that ranks alive here (other than job `but`'s) hold."""
+        return sum(held.get(gpu, 0) for job, (_, held) in self.alive.items() if job != but)
+
+    async def free_gpus(
+        self, job_id: str, token: int, gpus: Mapping[int, int], busy: list[tuple[str, int, int | None]]
+    ) -> list[tuple[str, int, int | None]]:
+        """Stop the holders whose reservation is no longer current and wait (bounded) for them to exit; returns what
+        still holds the GPUs. A holder whose reservation is current (or unknown: a reset store) is left alone."""
+        current = False
+        for holder, tok in sorted({(j, t) for j, t, _ in busy}):
+            try:
+                status: RenewStatus = await self.rstore().renew_status(holder, tok, LEASE_S)
+            except Exception as exc:
+                log.warning("%s: could not ask the reservation of %s: %s", self.node, holder, exc)
+                status = "ok"
+            if status in ("stale", "gone"):
+                self.fence_out(holder, tok)
+            else:
+                current = True
+        if current:
+            return self.gpu_conflicts(job_id, token, gpus)
+        ends = [self.ended[j] for j in sorted({j for j, _, _ in busy}) if j in self.ended]
+        with contextlib.suppress(TimeoutError):  # set by each holder's watcher once its ranks have exited
+            await asyncio.wait_for(asyncio.gather(*(e.wait() for e in ends)), self.gpu_free_wait_s)
+        return self.gpu_conflicts(job_id, token, gpus)
+
+    def start_watch(self, job_id: str, token: int, gpus: Mapping[int, int] | None = None, alive: bool = True) -> None:
+        self.tokens[job_id] = token
+        if alive:
+            self.alive[job_id] = (token, dict(gpus or {}))
+        self.ended[job_id] = asyncio.Event()
+        self.spawn_watcher(job_id, token, delay_s=0.0)
+
+    def spawn_watcher(self, job_id: str, token: int, delay_s: float) -> None:
+        task = asyncio.create_task(self.watch(job_id, token, delay_s), name=f"watch:{job_id}")
+        self.watchers[job_id] = task
+        task.add_done_callback(lambda t: self.watcher_done(job_id, token, t))
+
+    def watcher_done(self, job_id: str, token: int, task: asyncio.Task[None]) -> None:
+        """A watcher that died of an unexpected error is logged and started again: its ranks are never forgotten."""
+        if task.cancelled() or task.exception() is None:
+            return
+        exc = task.exception()
+        log.error(
+            "%s: following the ranks of %s (token %s) died: %r; following them again",
+            self.node,
+            job_id,
+            token,
+            exc,
+            exc_info=exc,
+        )
+        if self.closing or self.tokens.get(job_id) != token or self.watchers.get(job_id) is not task:
+            return
+        self.spawn_watcher(job_id, token, delay_s=self.heartbeat_s)
+
+    async def watch(self, job_id: str, token: int, delay_s: float = 0.0) -> None:
+        if delay_s:
+            await asyncio.sleep(delay_s)
         failures = 0
+        fault: Fault = "job"
         while True:
             try:
                 ex = await self.runtime.wait(job_id)
@@ -166,7 +320,7 @@ class NodeExecutor:
                 await self.engine_down(exc)
                 await asyncio.sleep(self.heartbeat_s)
             except LookupError:
-                code, reason = LOST_EXIT, f"ranks of {job_id} vanished from {self.node}"
+                code, reason, fault = LOST_EXIT, f"ranks of {job_id} vanished from {self.node}", INFRA
                 break
             except Exception as exc:
                 failures += 1
@@ -176,8 +330,11 @@ class NodeExecutor:
                     with contextlib.suppress(Exception):
                         await self.runtime.stop(job_id, grace_s=STOP_GRACE_S)
                     code, reason = LOST_EXIT, f"the executor on {self.node} could not follow the ranks: {exc}"
+                    fault = INFRA
                     break
                 await asyncio.sleep(self.heartbeat_s)
+        if self.alive.get(job_id, (None,))[0] == token:
+            del self.alive[job_id]  # no lease renewed, no GPU reported for ranks that have exited
         ended = self.ended.pop(job_id, None)
         if ended is not None:
             ended.set()  # a preemption handshake under way stops waiting for an acknowledgement
@@ -185,10 +342,11 @@ class NodeExecutor:
         if handshake is not None:
             await handshake.wait()  # job.checkpointed goes first in the job's history
         stopped_for = self.stop_reasons.pop(job_id, None)
-        reason = stopped_for or reason
+        if stopped_for is not None:
+            reason, fault = stopped_for
         if self.tokens.get(job_id) != token:
             return
-        await self.node_finished(job_id, token, code, reason)
+        await self.node_finished(job_id, token, code, reason, fault)
         self.tokens.pop(job_id, None)
         self.watchers.pop(job_id, None)
         for old_job, old_token in self.finished.ended(job_id, token):
@@ -207,7 +365,7 @@ class NodeExecutor:
     async def cancel(self, cmd: CancelRanks) -> None:
         if self.tokens.get(cmd.job_id) != cmd.token:
             return
-        self.stop_reasons[cmd.job_id] = f"cancelled: {cmd.reason}"
+        self.stop_reasons[cmd.job_id] = (f"cancelled: {cmd.reason}", "job")
         try:
             await self.runtime.stop(cmd.job_id, grace_s=STOP_GRACE_S)
         except EngineUnavailable as exc:
@@ -225,7 +383,7 @@ class NodeExecutor:
 
     async def preempt(self, cmd: PreemptRanks) -> None:
         """Signal, wait for the checkpoint up to the grace period, record job.checkpointed, stop (then kill)."""
-        self.stop_reasons[cmd.job_id] = f"preempted: {cmd.reason}"
+        self.stop_reasons[cmd.job_id] = (f"preempted: {cmd.reason}", "job")
 
         async def checkpointed(out: PreemptOutcome) -> None:
             await self.record(
@@ -268,29 +426,90 @@ class NodeExecutor:
     # -- restart, heartbeat, logs ------------------------------------------------------------------------------
 
     async def reconcile(self) -> None:
-        """After a restart: adopt ranks whose token is current, remove the fenced-out, report the vanished."""
-        reserved = {r.job_id: r.token for r in await self.rstore().all() if self.node in r.allocation.nodes}
+        """After a restart: adopt ranks whose token is current, remove the fenced-out, report the vanished.
+
+        Against a reset store (no epoch marker) nothing is known to be fenced out: everything found is adopted,
+        nothing removed, and the reconcile runs again (health loop) once the solver has rebuilt the store."""
+        store = self.rstore()
+        if await store.epoch() is None:
+            await self.adopt_all()
+            return
+        mine = [r for r in await store.all() if self.node in r.allocation.nodes]
+        reserved = {r.job_id: r.token for r in mine}
+        allocations = {(r.job_id, r.token): r.allocation for r in mine}
+        # Ranks this executor already follows stay for the lease renewals to judge: a stale one is fenced out there,
+        # stopped gracefully and reported, rather than killed here.
+        keep = dict(reserved)
+        for job_id, token in self.tokens.items():
+            keep.setdefault(job_id, token)
         plan: ReconcilePlan
         if isinstance(self.runtime, DockerRuntime):
-            plan = await reconcile_node(self.runtime, reserved)
+            plan = await reconcile_node(self.runtime, keep)
         else:
-            plan = plan_reconcile(await self.runtime.list_running(), reserved)
+            plan = plan_reconcile(await self.runtime.list_running(), keep)
             for orphan in plan.orphans:
                 await self.runtime.remove(orphan.job_id, orphan.token)
-        self.reconciled = True
         for ranks in plan.adopt:
             if ranks.job_id not in self.tokens:
                 log.info("%s: adopting %s (token %s)", self.node, ranks.job_id, ranks.token)
-                self.start_watch(ranks.job_id, ranks.token)
+                alloc = allocations.get((ranks.job_id, ranks.token))
+                gpus = self.local_gpus(alloc.ranks) if alloc is not None else {}
+                self.start_watch(ranks.job_id, ranks.token, gpus, alive=not ranks.exited)
         for orphan in plan.orphans:
             log.warning("%s: removed orphan ranks of %s (token %s)", self.node, orphan.job_id, orphan.token)
         for job_id, token in plan.leaked.items():
+            if self.tokens.get(job_id) == token or (job_id, token) in self.ends:
+                continue  # followed here, or its end is already kept
             rec, _ = await self.svc.ledger.get(job_id)
             # A PLACED/STARTING job's launch may still be on its way: only a running job has lost its ranks.
             if rec is not None and rec.state == "RUNNING" and rec.token == token and self.node not in rec.nodes_done:
                 await self.node_finished(
-                    job_id, token, LOST_EXIT, f"ranks lost: none found on {self.node} after its executor restarted"
+                    job_id,
+                    token,
+                    LOST_EXIT,
+                    f"ranks lost: none found on {self.node} after its executor restarted",
+                    fault=INFRA,
                 )
+        self.reconciled = True
+
+    async def adopt_all(self) -> None:
+        """The store lost its state: follow every attempt found here (the newest per job), remove nothing."""
+        found: list[RunningRanks]
+        if isinstance(self.runtime, DockerRuntime):
+            found = await self.runtime.list_managed()
+        else:
+            found = await self.runtime.list_running()
+        newest: dict[str, RunningRanks] = {}
+        for ranks in found:
+            if ranks.job_id not in newest or ranks.token > newest[ranks.job_id].token:
+                newest[ranks.job_id] = ranks
+        adopted = 0
+        for job_id, ranks in sorted(newest.items()):
+            if job_id in self.tokens:
+                continue
+            gpus = await self.recorded_gpus(job_id, ranks.token)
+            log.info("%s: adopting %s (token %s) while the reservation store is reset", self.node, job_id, ranks.token)
+            self.start_watch(job_id, ranks.token, gpus, alive=not ranks.exited)
+            adopted += 1
+        if not self.store_reset and adopted:
+            log.warning(
+                "%s: the reservation store lost its state: %d ranks adopted, none removed; reconciling again once "
+                "the solver has rebuilt it",
+                self.node,
+                adopted,
+            )
+        self.store_reset = True
+        self.reconciled = False
+
+    async def recorded_gpus(self, job_id: str, token: int) -> dict[int, int]:
+        """The GPUs the job's record places on this node for `token` (the reservation is gone: a reset store)."""
+        try:
+            rec, _ = await self.svc.ledger.get(job_id)
+        except Exception as exc:
+            log.warning("%s: reading the record of %s failed: %s", self.node, job_id, exc)
+            return {}
+        alloc: Allocation | None = rec.allocation if rec is not None and rec.token == token else None
+        return self.local_gpus(alloc.ranks) if alloc is not None else {}
 
     async def publish_heartbeat(self) -> None:
         hb = NodeHeartbeat(
@@ -300,6 +519,10 @@ class NodeExecutor:
             engine_ok=self.engine_ok,
             engine_reason=self.engine_reason,
             running=sorted(self.tokens),
+            ranks=[
+                RankReport(job_id=job_id, token=token, gpus=sorted(gpus))
+                for job_id, (token, gpus) in sorted(self.alive.items())
+            ],
         )
         await self.svc.nc.publish(subjects.node_heartbeat(self.node), hb.model_dump_json().encode())
 
@@ -314,7 +537,12 @@ class NodeExecutor:
         elif not ok and self.engine_ok and self.failed_pings >= PING_FAILURES:
             await self.engine_down(EngineUnavailable(reason or "the container engine does not answer"))
         if ok and not self.reconciled:
-            await self.reconcile()
+            try:
+                await self.reconcile()
+            except EngineUnavailable:
+                raise
+            except Exception as exc:
+                log.warning("%s: reconcile failed (tried again in %g s): %s", self.node, self.heartbeat_s, exc)
 
     async def health_loop(self) -> None:
         # Apart from the heartbeat: a slow engine must not delay heartbeats until the node looks lost.
@@ -342,18 +570,65 @@ class NodeExecutor:
             await self.check_gpus()
 
     async def heartbeat_once(self) -> None:
-        """A heartbeat with the last known engine health, and the leases of the ranks running here renewed."""
-        await self.publish_heartbeat()
-        for job_id, token in list(self.tokens.items()):
-            if not await self.rstore().renew(job_id, token, LEASE_S):
-                log.warning("%s: %s lost its reservation (token %s): stopping it", self.node, job_id, token)
-                self.stop_reasons[job_id] = "reservation lost (fenced out)"
-                with contextlib.suppress(EngineUnavailable):
-                    await self.runtime.stop(job_id, grace_s=5.0)
+        """A heartbeat with the last known engine health, and the leases of the ranks alive here renewed.
+
+        Either may fail on its own: a bus outage must not let the leases run out, nor a Redis outage the heartbeats."""
+        try:
+            await self.publish_heartbeat()
+        except Exception as exc:
+            log.warning("%s: heartbeat not sent: %s", self.node, exc)
+        held = self.held()
+        if held:
+            self.apply_renewals(await self.rstore().renew_many(held, LEASE_S))
+
+    def held(self) -> list[tuple[str, int]]:
+        """(job, token) of the ranks alive here: only their leases are renewed."""
+        return [(job_id, token) for job_id, (token, _) in self.alive.items()]
+
+    def apply_renewals(self, statuses: Mapping[tuple[str, int], RenewStatus], *, log_reset: bool = True) -> bool:
+        """Act on what the renewals found: "reset" keeps the ranks (the solver rebuilds the reservation under their
+        token), "stale"/"gone" fences them out. Returns whether the store was found reset."""
+        reset = any(status == "reset" for status in statuses.values())
+        for (job_id, token), status in statuses.items():
+            if status in ("stale", "gone") and self.alive.get(job_id, (None,))[0] == token:
+                self.fence_out(job_id, token, status)
+        if reset and not self.store_reset and log_reset:
+            log.warning(
+                "%s: the reservation store lost its state: the ranks keep running until the solver rebuilds it",
+                self.node,
+            )
+        elif not reset and self.store_reset and log_reset and statuses:
+            log.info("%s: the reservation store is rebuilt: leases renewed again", self.node)
+        if statuses:
+            self.store_reset = reset
+        return reset
+
+    def fence_out(self, job_id: str, token: int, why: str = "stale") -> None:
+        """Stop ranks whose reservation is gone or another attempt's; their end is reported once they have stopped
+        (the watcher reports it), blamed on the platform."""
+        if job_id in self.stopping:
+            return
+        log.warning("%s: %s lost its reservation (token %s, %s): stopping it", self.node, job_id, token, why)
+        self.stop_reasons[job_id] = (FENCED_OUT, INFRA)
+        task = asyncio.create_task(self.stop_ranks(job_id, FENCE_GRACE_S), name=f"fence:{job_id}")
+        self.stopping[job_id] = task
+        task.add_done_callback(lambda t: self.stopping.pop(job_id, None) if self.stopping.get(job_id) is t else None)
+
+    async def stop_ranks(self, job_id: str, grace_s: float) -> None:
+        """Beside the heartbeat (a stop can take its whole grace); a failed stop is tried again by the next renewal."""
+        try:
+            await self.runtime.stop(job_id, grace_s=grace_s)
+        except EngineUnavailable as exc:
+            await self.engine_down(exc)
+        except Exception:
+            log.exception("%s: stopping the ranks of %s failed", self.node, job_id)
 
     async def heartbeat_loop(self) -> None:
         while True:
-            await self.heartbeat_once()
+            try:
+                await self.heartbeat_once()
+            except Exception as exc:
+                log.warning("%s: lease renewal failed: %s", self.node, exc)
             await asyncio.sleep(self.heartbeat_s)
 
     async def logs(self, payload: dict[str, Any]) -> dict[str, Any]:
@@ -379,6 +654,7 @@ class NodeExecutor:
     # -- start and stop ----------------------------------------------------------------------------------------
 
     async def start(self) -> None:
+        self.outbox.start()  # facts left from before a crash go out first
         self.store = ReservationStore.from_url(self.svc.settings.redis_url, self.svc.settings.cluster)
         await self.svc.js.publish(
             subjects.node_topology(self.node),
@@ -392,14 +668,20 @@ class NodeExecutor:
             # Start anyway and report the node unhealthy; the heartbeat reconciles once the engine answers.
             self.engine_ok, self.engine_reason = False, str(exc)
             log.warning("%s: reconcile deferred: %s", self.node, exc)
+        except Exception as exc:
+            self.reconciled = False  # the health loop tries again
+            log.warning("%s: reconcile deferred: %s", self.node, exc)
 
     async def stop(self) -> None:
-        for t in [*self.watchers.values(), *self.handshakes]:
+        self.closing = True
+        for t in [*self.watchers.values(), *self.handshakes, *self.stopping.values()]:
             t.cancel()
         # Running ranks stay for the next executor to adopt; ended ones were only kept for their logs.
         for job_id, token in self.finished.drain():
             with contextlib.suppress(Exception):
                 await self.runtime.remove(job_id, token)
         await self.runtime.close()
+        if self.own_outbox:
+            await self.outbox.close()
         if self.store is not None:
             await self.store.close()
