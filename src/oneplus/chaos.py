@@ -429,6 +429,10 @@ class ChaosRun:
         hb_violations, hb_notes = check_heartbeats(self.obs.heartbeats, self.cfg.heartbeat_s, holds)
         inv["no GPU used by two ranks at once (nodes' own heartbeats)"] = hb_violations
         self.notes.extend(hb_notes)
+        audit, audit_note = await check_audit(nc)
+        inv["no GPU held by two reservations at once (JetStream reservation audit)"] = audit
+        if audit_note:
+            self.notes.append(audit_note)
         inv["no dead letters"] = await check_dead_letters(nc)
         inv["every service alive at the end"] = await self.check_alive(c)
         inv["job records equal a replay of the event stream"] = check_replay(by_job, jobs)
@@ -692,6 +696,22 @@ def check_heartbeats(
 def dedupe(lines: list[str], keep: int = 50) -> list[str]:
     seen = list(dict.fromkeys(lines))
     return seen if len(seen) <= keep else [*seen[:keep], f"... and {len(seen) - keep} more"]
+
+
+async def check_audit(nc: Client) -> tuple[list[str], str]:
+    """The solver's reservation audit on JetStream (outlives a Redis reset) replayed for double holds."""
+    try:
+        from oneplus_bus.audit import audit_history, read_audit
+        from oneplus_reservations import check_history
+    except ImportError:
+        return [], "no reservation audit in this version of the platform: not checked"
+    try:
+        entries = await read_audit(nc)
+    except Exception as exc:
+        return [f"cannot read the reservation audit: {exc}"], ""
+    if not entries:
+        return [], "the reservation audit is empty: nothing to check"
+    return dedupe(check_history(audit_history(entries))), f"reservation audit: {len(entries)} entries replayed"
 
 
 async def check_dead_letters(nc: Client) -> list[str]:
