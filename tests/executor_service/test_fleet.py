@@ -18,7 +18,15 @@ import pytest
 from nats.aio.client import Client
 from nats.aio.msg import Msg
 from oneplus_bus.settings import BusSettings
-from oneplus_contracts import Allocation, JobSpec, LaunchRanks, RankPlacement, RankResources, subjects
+from oneplus_contracts import (
+    Allocation,
+    JobSpec,
+    LaunchRanks,
+    NodeHeartbeat,
+    RankPlacement,
+    RankResources,
+    subjects,
+)
 from oneplus_node_executor.fleet import SimulatedFleet, build_fleet, parser, synthetic_nodes
 from oneplus_reservations import ReservationStore
 from oneplus_testing import Servers
@@ -49,11 +57,11 @@ async def listed(c: OnePlusClient) -> list[dict[str, Any]]:
 
 
 @pytest.fixture
-async def fleet(nc: Client, servers: Servers, store: ReservationStore) -> AsyncIterator[Fleet]:
+async def fleet(nc: Client, servers: Servers, store: ReservationStore, tmp_path: Path) -> AsyncIterator[Fleet]:
     settings = BusSettings(servers.nats_url, servers.redis_url, cluster=store.ks.cluster)
     reg_svc, reg = build(settings, RegistrySettings(lost_after_s=10))
     nodes = synthetic_nodes(N, "h100_sxm_8gpu_nvswitch_nv18", nodes_per_leaf=16, prefix="sim")
-    fl = SimulatedFleet(nodes, settings, name="test", heartbeat_s=HEARTBEAT_S)
+    fl = SimulatedFleet(nodes, settings, name="test", heartbeat_s=HEARTBEAT_S, state_dir=tmp_path / "state")
     await reg_svc.app.start()
     await fl.app.start()
     try:
@@ -187,7 +195,40 @@ async def test_the_fleet_renews_the_leases_of_its_running_jobs(
     assert await store.release("fj-3", token)
     await until(lambda: any(f["type"] == "node_finished" for f in got))
     await sub.unsubscribe()  # type: ignore[attr-defined]
-    assert got[-1]["reason"] == "reservation lost (fenced out)"
+    assert got[-1]["reason"] == "reservation lost (fenced out)" and got[-1]["fault"] == "infrastructure"
+    assert "fj-3" not in fleet.fleet.executors["sim-0063"].alive
+
+
+async def test_a_reset_store_keeps_the_fleets_ranks_and_heartbeats_report_them(
+    fleet: Fleet, nc: Client, store: ReservationStore
+) -> None:
+    node = "sim-0010"
+    alloc = Allocation(ranks=[RankPlacement(rank=0, node=node, gpus=[0, 1], cpus=1, memory_mb=64)])
+    token = await store.reserve("fj-4", alloc, lease_s=10)
+    assert isinstance(token, int)
+    got, sub = await facts_of(nc, "fj-4")
+    beats: list[NodeHeartbeat] = []
+
+    async def on_beat(m: Msg) -> None:
+        beats.append(NodeHeartbeat.model_validate_json(m.data))
+
+    hb_sub = await nc.subscribe(subjects.node_heartbeat(node), cb=on_beat)
+    await send(nc, launch("fj-4", node, token, duration_s=60))
+    await until(lambda: any(f["type"] == "running" for f in got))
+    await until(lambda: any(b.ranks for b in beats))
+    assert [(r.job_id, r.token, r.gpus) for r in beats[-1].ranks] == [("fj-4", token, [0, 1])]
+
+    await store.wipe()  # Redis restarted empty
+    await asyncio.sleep(4 * HEARTBEAT_S)  # several renewal rounds find it reset
+    ex = fleet.fleet.executors[node]
+    assert ex.store_reset and "fj-4" in ex.alive and "fj-4" not in ex.stopping
+    assert await ex.runtime.list_running() and not [f for f in got if f["type"] == "node_finished"]
+    assert await store.restore("fj-4", token, alloc, lease_s=10) is True  # the solver's rebuild, same token
+    await store.set_epoch(2)
+    await until(lambda: not ex.store_reset)
+    assert "fj-4" in ex.alive and beats[-1].ranks[0].job_id == "fj-4"
+    await sub.unsubscribe()  # type: ignore[attr-defined]
+    await hb_sub.unsubscribe()
 
 
 async def test_64_heartbeating_nodes_write_the_registry_bucket_once_each(fleet: Fleet, nc: Client) -> None:
