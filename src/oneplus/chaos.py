@@ -60,7 +60,7 @@ from .workload import DEMO_SHAPES
 
 console = Console(width=None if Console().is_terminal else 160)
 
-SERVICES = ("intake", "topology-registry", "placement-solver", "preemption")
+OUTCOMES = "every job ends as it should (none lost, none stuck)"
 
 
 # -- the workload ------------------------------------------------------------------------------------------------------
@@ -207,6 +207,7 @@ class ChaosConfig:
     warmup_s: float = 5.0  # before the first fault
     recovery_wait_s: float = 30.0  # wait this long for a `placed` after a fault before going on
     drain_timeout_s: float = 600.0  # for every job to end after the last fault
+    stall_s: float = 90.0  # ... unless nothing at all changes for this long (wedged)
     heartbeat_s: float = 0.5
     node_lost_after_s: float = 6.0
     workdir: Path | None = None
@@ -355,20 +356,33 @@ class ChaosRun:
             return "?"
 
     async def wait_terminal(self, c: OnePlusClient, timeout: float) -> dict[str, JobRecord]:
+        """Until every submitted job is listed and terminal, `timeout` passes, or nothing at all changed (no job's
+        state, no placement) for `stall_s`: then the platform is wedged and waiting longer shows nothing more."""
         deadline = time.monotonic() + timeout
         wanted = set(self.submitted.values())
         jobs: dict[str, JobRecord] = {}
         last = ""
+        changed = time.monotonic()
+        view: tuple[Any, ...] = ()
         while time.monotonic() < deadline:
             with contextlib.suppress(PlatformError, TimeoutError, nats.errors.Error, OSError):
                 jobs = {r.job_id: r for r in await asyncio.wait_for(c.list_jobs(), 30) if r.job_id in wanted}
             if len(jobs) == len(wanted) and all(r.terminal for r in jobs.values()):
                 return jobs
+            now_view = (tuple(sorted((r.job_id, r.state, r.attempt) for r in jobs.values())), len(self.obs.placed_ts))
+            if now_view != view:
+                view, changed = now_view, time.monotonic()
+            elif time.monotonic() - changed > self.cfg.stall_s:
+                self.notes.append(f"nothing changed for {self.cfg.stall_s:g} s: stopped waiting for the jobs to end")
+                self.log(f"[red]wedged:[/] nothing changed for {self.cfg.stall_s:g} s")
+                return jobs
             head = " ".join(f"{k}={v}" for k, v in sorted(Counter(r.state for r in jobs.values()).items()))
+            head += f" (listed {len(jobs)} of {len(wanted)})"
             if head != last:
                 self.log(f"jobs: {head}")
                 last = head
             await asyncio.sleep(1.0)
+        self.notes.append(f"not every job ended within {timeout:g} s")
         return jobs
 
     async def run(self) -> ChaosResult:
@@ -420,9 +434,7 @@ class ChaosRun:
         for ev in events:
             by_job[ev.job_id].append(ev)
         inv: dict[str, list[str]] = {}
-        inv["every job ends as it should (none lost, none stuck)"] = check_outcomes(
-            self.submitted, self.refused, jobs, by_job, self.cancelled
-        )
+        inv[OUTCOMES] = check_outcomes(self.submitted, self.refused, jobs, by_job, self.cancelled)
         inv["no job placed twice at once (event stream)"] = check_attempts(by_job)
         holds, gpu_violations = gpu_holds(events)
         inv["no GPU held by two jobs at once (event stream)"] = gpu_violations
@@ -437,6 +449,7 @@ class ChaosRun:
         inv["every service alive at the end"] = await self.check_alive(c)
         inv["job records equal a replay of the event stream"] = check_replay(by_job, jobs)
         inv["no reservation left in Redis once every job ended"] = await check_reservations(self.servers.redis_url)
+        self.notes.extend(await consumer_lag(nc))
         if self.cancel_refused:
             self.notes.append(f"cancels refused (the job had already ended): {self.cancel_refused}")
         states = Counter(r.state for r in jobs.values())
@@ -484,6 +497,9 @@ class ChaosRun:
                 if job_id in line and any(w in line for w in ("WARNING", "ERROR", "refused", "lost", "fenced"))
             ]
             out[job_id] = hits[:lines]
+        if any("stuck" in v or "lost:" in v for v in inv.get(OUTCOMES, [])):
+            for name in ("placement-solver", "intake"):  # where a wedged job owner or intake shows
+                out[f"{name} (last lines)"] = [line.strip() for line in logs.get(name, [])[-lines:]]
         return out
 
     async def check_alive(self, c: OnePlusClient) -> list[str]:
@@ -696,6 +712,21 @@ def check_heartbeats(
 def dedupe(lines: list[str], keep: int = 50) -> list[str]:
     seen = list(dict.fromkeys(lines))
     return seen if len(seen) <= keep else [*seen[:keep], f"... and {len(seen) - keep} more"]
+
+
+async def consumer_lag(nc: Client) -> list[str]:
+    """Durable consumers with work left at the end (a service that stopped consuming shows here)."""
+    js = nc.jetstream()
+    out = []
+    for stream in subjects.STREAMS:
+        with contextlib.suppress(Exception):
+            for ci in await js.consumers_info(stream):
+                if ci.num_pending or ci.num_ack_pending:
+                    out.append(
+                        f"consumer {ci.name} on {stream}: {ci.num_pending} pending, {ci.num_ack_pending} delivered "
+                        f"and not acknowledged, {ci.num_waiting} pulls waiting"
+                    )
+    return out
 
 
 async def check_audit(nc: Client) -> tuple[list[str], str]:
