@@ -438,8 +438,9 @@ class ChaosRun:
         inv["no job placed twice at once (event stream)"] = check_attempts(by_job)
         holds, gpu_violations = gpu_holds(events)
         inv["no GPU held by two jobs at once (event stream)"] = gpu_violations
-        hb_violations, hb_notes = check_heartbeats(self.obs.heartbeats, self.cfg.heartbeat_s, holds)
+        hb_violations, given, hb_notes = check_heartbeats(self.obs.heartbeats, self.cfg.heartbeat_s, holds)
         inv["no GPU used by two ranks at once (nodes' own heartbeats)"] = hb_violations
+        inv["no GPU given to a job while its node still ran another's rank on it (heartbeats vs events)"] = given
         self.notes.extend(hb_notes)
         audit, audit_note = await check_audit(nc)
         inv["no GPU held by two reservations at once (JetStream reservation audit)"] = audit
@@ -632,7 +633,7 @@ def gpu_holds(events: list[JobEvent]) -> tuple[dict[tuple[str, int], list[Hold]]
 
 def check_heartbeats(
     heartbeats: list[NodeHeartbeat], heartbeat_s: float, holds: dict[tuple[str, int], list[Hold]]
-) -> tuple[list[str], list[str]]:
+) -> tuple[list[str], list[str], list[str]]:
     """The nodes' own account (`ranks` in their heartbeats), independent of Redis and of the solver:
 
     - in one heartbeat, no GPU under two ranks;
@@ -640,11 +641,13 @@ def check_heartbeats(
       a restarted executor beside its old self) never put one GPU under two jobs; consecutive heartbeats of one
       executor are an interval apart, so a legitimate hand-over between them is not flagged;
     - per GPU, once another attempt has been reported on it, an earlier attempt is never reported on it again
-      (both were alive over that span);
-    - a rank the node still reports more than two heartbeats after its attempt ended in the event stream, on a GPU
-      the stream had given to another job by then: the GPU is physically used twice.
+      (both were alive over that span).
+
+    Returned apart: a rank the node still reports more than two heartbeats after its attempt ended in the event
+    stream, on a GPU the stream had given to another job by then (the solver gave away a GPU its node still used).
     """
     out: list[str] = []
+    given: list[str] = []  # the last rule's findings: a control-plane fault, not yet a double use on the node
     notes: list[str] = []
     with_ranks = [h for h in heartbeats if h.ranks]
     running = sum(1 for h in heartbeats if h.running)
@@ -653,7 +656,7 @@ def check_heartbeats(
             f"{len(heartbeats)} heartbeats collected, none carries a rank report (`ranks` empty; {running} list "
             "running jobs): the heartbeat checks had nothing to check"
         )
-        return out, notes
+        return out, given, notes
     notes.append(f"{len(heartbeats)} heartbeats collected, {len(with_ranks)} with a rank report")
     window = heartbeat_s / 2
     slack = 2 * heartbeat_s + 0.5
@@ -702,11 +705,11 @@ def check_heartbeats(
                         continue
                     other = [x for x in holds.get((node, g), []) if x[0] <= h.ts < x[1] and x[2] != r.job_id]
                     if other:
-                        out.append(
+                        given.append(
                             f"{node} GPU {g}: {r.job_id}/{r.token} still running at {h.ts:.2f}, "
                             f"{h.ts - mine[-1][1]:.1f}s after its attempt ended, while {other[0][2]} held the GPU"
                         )
-    return dedupe(out), notes
+    return dedupe(out), dedupe(given), notes
 
 
 def dedupe(lines: list[str], keep: int = 50) -> list[str]:
