@@ -333,6 +333,8 @@ class Platform:
     def env(self) -> dict[str, str]:
         env = dict(os.environ)
         env.update({"NATS_URL": self.nats_url, "REDIS_URL": self.redis_url, "PYTHONUNBUFFERED": "1"})
+        # The executors' outboxes of unsent facts belong to this platform (kept across an executor's restart).
+        env.setdefault("ONEPLUS_STATE_DIR", str(self.logdir / "state"))
         if self.fleet is not None and "ONEPLUS_NODE_LOST_AFTER_S" not in {**env, **self.extra_env}:
             # A fleet heartbeats less often than a lone executor: lost after three missed heartbeats, not two.
             env["ONEPLUS_NODE_LOST_AFTER_S"] = str(max(10.0, 3 * self.fleet.heartbeat_s))
