@@ -596,17 +596,19 @@ def gpu_holds(events: list[JobEvent]) -> tuple[dict[tuple[str, int], list[Hold]]
     """Walk the stream: a GPU is held from an attempt's `placed` until its `finished` or `requeued`. Returns every
     hold per (node, GPU) and the placements that took a GPU another job still held."""
     holder: dict[tuple[str, int], tuple[str, int, float, int]] = {}  # slot → (job, token, since, milli)
-    attempt: dict[str, tuple[int, list[tuple[str, int]]]] = {}
+    attempt: dict[str, tuple[int, float, list[tuple[str, int]]]] = {}  # job → (token, since, slots)
     holds: dict[tuple[str, int], list[Hold]] = defaultdict(list)
     out: list[str] = []
 
     def release(job_id: str, ts: float) -> None:
-        _, slots = attempt.pop(job_id, (0, []))
+        if job_id not in attempt:
+            return
+        token, since, slots = attempt.pop(job_id)
         for slot in slots:
+            holds[slot].append((since, ts, job_id, token))
             h = holder.get(slot)
             if h is not None and h[0] == job_id:
                 del holder[slot]
-                holds[slot].append((h[2], ts, job_id, h[1]))
 
     for ev in events:
         if ev.type == "placed":
@@ -623,7 +625,7 @@ def gpu_holds(events: list[JobEvent]) -> tuple[dict[tuple[str, int], list[Hold]]
                         )
                     holder[slot] = (ev.job_id, ev.token, ev.ts, r.gpu_milli)
                     slots.append(slot)
-            attempt[ev.job_id] = (ev.token, slots)
+            attempt[ev.job_id] = (ev.token, ev.ts, slots)
         elif ev.type in ("finished", "requeued"):
             release(ev.job_id, ev.ts)
     for job_id in list(attempt):

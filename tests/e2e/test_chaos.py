@@ -17,12 +17,21 @@ from dataclasses import asdict
 from pathlib import Path
 
 import pytest
+from oneplus_contracts import (
+    Allocation,
+    JobEvent,
+    JobFinished,
+    JobPlaced,
+    JobRequeued,
+    NodeHeartbeat,
+    RankPlacement,
+    RankReport,
+)
 
-from oneplus.chaos import ChaosConfig, ChaosRun, render
-
-pytestmark = pytest.mark.e2e
+from oneplus.chaos import ChaosConfig, ChaosRun, check_attempts, check_heartbeats, gpu_holds, render
 
 
+@pytest.mark.e2e
 @pytest.mark.timeout(420)
 async def test_no_job_lost_no_gpu_used_twice_nothing_wedged_whatever_fails(tmp_path: Path) -> None:
     cfg = ChaosConfig(gangs=60, seed=1, profile="ci", drain_timeout_s=120.0, workdir=tmp_path / "chaos")
@@ -41,3 +50,48 @@ async def test_no_job_lost_no_gpu_used_twice_nothing_wedged_whatever_fails(tmp_p
     broken = {name: v for name, v in result.invariants.items() if v}
     evidence = json.dumps(result.evidence, indent=1)
     assert not broken, f"{json.dumps(broken, indent=1)}\nlog lines: {evidence}\nlogs in {result.workdir}"
+
+
+# -- the checks themselves can fail (no platform needed) ---------------------------------------------------------------
+def placed(job: str, token: int, ts: float, node: str = "n0", gpus: tuple[int, ...] = (0, 1)) -> JobPlaced:
+    alloc = Allocation(ranks=[RankPlacement(rank=0, node=node, gpus=list(gpus))])
+    return JobPlaced(job_id=job, allocation=alloc, token=token, ts=ts)
+
+
+def finished(job: str, token: int, ts: float) -> JobFinished:
+    return JobFinished(job_id=job, state="SUCCEEDED", reason="exit 0", token=token, exit_code=0, ts=ts)
+
+
+def hb(ts: float, *ranks: tuple[str, int, list[int]], node: str = "n0") -> NodeHeartbeat:
+    return NodeHeartbeat(node=node, ts=ts, ranks=[RankReport(job_id=j, token=t, gpus=g) for j, t, g in ranks])
+
+
+def test_event_checks_flag_a_second_live_attempt_and_a_gpu_taken_while_held() -> None:
+    ok: list[JobEvent] = [placed("a", 1, 1.0), finished("a", 1, 2.0), placed("b", 2, 2.5), finished("b", 2, 3.0)]
+    assert gpu_holds(ok)[1] == [] and check_attempts({"a": ok[:2], "b": ok[2:]}) == []
+    again: list[JobEvent] = [placed("a", 1, 1.0), placed("a", 2, 1.5)]
+    assert check_attempts({"a": again}) == ["a placed again (token 2) while attempt 1 was live"]
+    requeued: list[JobEvent] = [placed("a", 1, 1.0), JobRequeued(job_id="a", reason="x", ts=1.2), placed("a", 2, 1.5)]
+    assert check_attempts({"a": requeued}) == []
+    clash: list[JobEvent] = [placed("a", 1, 1.0), placed("b", 2, 1.5, gpus=(1, 2))]
+    holds, problems = gpu_holds(clash)
+    assert len(problems) == 1 and "n0 GPU 1: b placed (token 2) while a (token 1)" in problems[0]
+    assert holds[("n0", 1)] == [(1.0, float("inf"), "a", 1), (1.5, float("inf"), "b", 2)]
+
+
+def test_heartbeat_checks_pass_a_hand_over_and_flag_double_use() -> None:
+    events: list[JobEvent] = [placed("a", 1, 0.0), finished("a", 1, 1.2), placed("b", 2, 1.3)]
+    holds, _ = gpu_holds(events)
+    hand_over = [hb(0.5, ("a", 1, [0, 1])), hb(1.0, ("a", 1, [0, 1])), hb(1.5, ("b", 2, [0, 1]))]
+    assert check_heartbeats(hand_over, 0.5, holds)[:2] == ([], [])
+    same_beat = [hb(1.5, ("a", 1, [0, 1]), ("b", 2, [1]))]
+    assert any("GPU 1 under a/1 and b/2" in v for v in check_heartbeats(same_beat, 0.5, holds)[0])
+    two_speakers = [hb(1.5, ("a", 1, [0])), hb(1.6, ("b", 2, [0]))]
+    assert any("reported under a at 1.50 and b at 1.60" in v for v in check_heartbeats(two_speakers, 0.5, holds)[0])
+    interleaved = [hb(1.0, ("a", 1, [0])), hb(1.5, ("b", 2, [0])), hb(2.0, ("a", 1, [0]))]
+    assert any("a/1 reported again" in v for v in check_heartbeats(interleaved, 0.5, holds)[0])
+    ghost = [hb(4.0, ("a", 1, [0]))]  # 2.8 s after its attempt ended, while b holds GPU 0
+    assert any("still running at 4.00" in v for v in check_heartbeats(ghost, 0.5, holds)[1])
+    silent = [hb(1.0), hb(1.5)]
+    assert check_heartbeats(silent, 0.5, holds)[:2] == ([], [])
+    assert "nothing to check" in check_heartbeats(silent, 0.5, holds)[2][0]
