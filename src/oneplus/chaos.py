@@ -25,6 +25,7 @@ import contextlib
 import json
 import os
 import random
+import re
 import signal
 import tempfile
 import time
@@ -60,6 +61,8 @@ from .workload import DEMO_SHAPES
 
 console = Console(width=None if Console().is_terminal else 160)
 
+JOB_ID = re.compile(r"\bj-[0-9a-f]{12}\b")  # the intake's job ids (a hash of the submission id)
+TELLING = ("WARNING", "ERROR", "refused", "lost", "fenced", "requeu")  # log lines worth showing as evidence
 OUTCOMES = "every job ends as it should (none lost, none stuck)"
 
 
@@ -485,8 +488,8 @@ class ChaosRun:
         named: list[str] = []
         for violations in inv.values():
             for v in violations:
-                for word in v.replace("/", " ").replace(":", " ").split():
-                    if word.startswith("j-") and word not in named:
+                for word in JOB_ID.findall(v):
+                    if word not in named:
                         named.append(word)
         logs = {f.stem: f.read_text(errors="replace").splitlines() for f in sorted(self.platform.logdir.glob("*.log"))}
         out: dict[str, list[str]] = {}
@@ -495,7 +498,7 @@ class ChaosRun:
                 f"{name}: {line.strip()}"
                 for name, text in logs.items()
                 for line in text
-                if job_id in line and any(w in line for w in ("WARNING", "ERROR", "refused", "lost", "fenced"))
+                if job_id in line and any(w in line for w in TELLING)
             ]
             out[job_id] = hits[:lines]
         if any("stuck" in v or "lost:" in v for v in inv.get(OUTCOMES, [])):
