@@ -853,6 +853,20 @@ def render(result: ChaosResult) -> None:
     console.print(f"logs: {result.workdir}")
 
 
+def markdown(data: dict[str, Any]) -> str:
+    """The faults of a result (as written by --out) as a Markdown table, for the README."""
+    rows = ["| # | fault | at | lasted | `jobs list` answers after | next `placed` after |", "|---" * 6 + "|"]
+    for i, f in enumerate(data["faults"], 1):
+        rows.append(
+            f"| {i} | {f['label']} | {fmt_s(f['at_s'])} | {fmt_s(f['lasted_s'])} | {fmt_s(f['recovery_list_s'])} | "
+            f"{fmt_s(f['recovery_placed_s'])}{' (' + f['note'] + ')' if f['note'] else ''} |"
+        )
+    broken = [f"{k}: {len(v)}" for k, v in data["invariants"].items() if v]
+    rows.append("")
+    rows.append(f"jobs: {data['jobs']}; invariants broken: {', '.join(broken) or 'none'}")
+    return "\n".join(rows)
+
+
 def run_chaos(cfg: ChaosConfig) -> ChaosResult:
     return asyncio.run(ChaosRun(cfg).run())
 
@@ -868,8 +882,12 @@ def main(
     out: Annotated[Path | None, typer.Option(help="Write the result as JSON here")] = None,
     workdir: Annotated[Path | None, typer.Option(help="Servers' data and service logs (default: a temp dir)")] = None,
     drain_timeout: Annotated[float, typer.Option(help="Seconds for every job to end after the last fault")] = 600.0,
+    report: Annotated[Path | None, typer.Option(help="Print a results file's faults as Markdown; run nothing")] = None,
 ) -> None:
     """A chaos run on the embedded default; exits 1 when an invariant did not hold."""
+    if report is not None:
+        print(markdown(json.loads(report.read_text())))
+        return
     cfg = ChaosConfig(gangs=gangs, seed=seed, profile=profile, workdir=workdir, drain_timeout_s=drain_timeout)
     result = run_chaos(cfg)
     render(result)
