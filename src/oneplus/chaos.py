@@ -1,7 +1,7 @@
 """Chaos run: the platform on its embedded default, gangs submitted, faults injected on a seeded schedule, invariants
 checked from the job event stream and from the nodes' own heartbeats (not from Redis, which is one of the victims).
 
-    uv run python -m oneplus.chaos --gangs 300 --seed 1 --out bench/results/chaos.json   # issue's run (~6 min)
+    uv run python -m oneplus.chaos --gangs 300 --seed 1 --out bench/results/chaos.json   # issue's run (~5 min)
     uv run python -m oneplus.chaos --profile ci --gangs 60                              # what tests/e2e runs
 
 It starts its own NATS and Redis (`EmbeddedServers`; NATS_URL/REDIS_URL are ignored: the run kills them) and the
@@ -62,6 +62,7 @@ from .workload import DEMO_SHAPES
 console = Console(width=None if Console().is_terminal else 160)
 
 JOB_ID = re.compile(r"\bj-[0-9a-f]{12}\b")  # the intake's job ids (a hash of the submission id)
+SUBMIT_GIVE_UP_S = 120.0  # a submission unanswered this long (retried all along) counts as refused
 TELLING = ("WARNING", "ERROR", "refused", "lost", "fenced", "requeu")  # log lines worth showing as evidence
 OUTCOMES = "every job ends as it should (none lost, none stuck)"
 
@@ -260,11 +261,15 @@ class ChaosRun:
             await asyncio.sleep(max(0.0, start + gang.index * pace_s - time.monotonic()))
             msg_id = f"chaos-{self.cfg.seed}-{gang.index}"
             tries = 0
+            first = time.monotonic()
             while True:
                 tries += 1
                 try:
                     reply = await c.submit(gang.spec, msg_id=msg_id, source="chaos")
-                except (PlatformError, nats.errors.Error, OSError):
+                except (PlatformError, nats.errors.Error, OSError) as exc:
+                    if time.monotonic() - first > SUBMIT_GIVE_UP_S:
+                        self.refused[gang.index] = f"no answer for {SUBMIT_GIVE_UP_S:g} s: {exc}"
+                        break
                     await asyncio.sleep(0.3)  # down or unreachable: the same submission id again
                     continue
                 if reply.ok and reply.job_id:
