@@ -19,6 +19,8 @@ from nats.js.api import DeliverPolicy, PubAck
 from oneplus_contracts import Allocation, RankPlacement, ReservationAudit, subjects
 from oneplus_reservations import HistoryEntry, KeySpace
 
+from oneplus_bus.acks import wait_acks
+
 AuditOp = Literal["reserve", "restore", "release"]
 
 
@@ -53,7 +55,7 @@ class ReservationAuditLog:
 
     async def flush(self) -> None:
         pending, self._pending = self._pending, []
-        await asyncio.gather(*pending)
+        await wait_acks(pending)
 
 
 async def read_audit(nc: Client, *, timeout: float = 5.0) -> list[ReservationAudit]:

@@ -19,6 +19,7 @@ from collections.abc import Collection, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from oneplus_bus.acks import wait_acks
 from oneplus_bus.archive import JobArchive
 from oneplus_bus.audit import ReservationAuditLog
 from oneplus_bus.clusterview import QUEUES_KEY, explain_job
@@ -301,7 +302,9 @@ class Solver:
                 continue
             events.append(
                 JobNodeFinished(
-                    event_id=f"nodefin-{rec.job_id}-{rec.token}-{node}",
+                    # Not the executor's id (nodefin-…): its own later report must not be dropped as this one's
+                    # duplicate while the owner folds it, or the record and the stream would disagree.
+                    event_id=f"nodelost-{rec.job_id}-{rec.token}-{node}",
                     job_id=rec.job_id,
                     node=node,
                     token=rec.token,
@@ -376,8 +379,10 @@ class Solver:
 
     async def release(self, job_id: str, token: int | None, reason: str) -> None:
         freed = await self.store.release(job_id, token, reason=reason)
-        if freed is not None:
-            await self.audit.record("release", job_id, freed, reason=reason)
+        # Audited whether or not the store still had it: a hold that ended across a store reset ends in the audit too.
+        audited = freed if freed is not None else token if token is not None else self.capacity.token_of(job_id)
+        if audited is not None:
+            await self.audit.record("release", job_id, audited, reason=reason)
         if token is None or self.capacity.token_of(job_id) == token:
             self.capacity.release(job_id)  # after Redis: a cycle never offers GPUs that Redis would refuse
         self.wake.set()
@@ -443,8 +448,7 @@ class Solver:
                     stream=subjects.COMMANDS_STREAM,
                 )
             )
-        for fut in futures:
-            await fut
+        await wait_acks(futures)
 
     async def usage_for(self, now: float) -> UsageHistory:
         """Fair-share usage: carried on from the stored history after a restart; a new queue tree starts a new one."""

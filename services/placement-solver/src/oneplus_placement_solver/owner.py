@@ -21,6 +21,7 @@ from nats.errors import TimeoutError as FetchTimeout
 from nats.js import JetStreamContext
 from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy, PubAck
 from nats.js.kv import KeyValue
+from oneplus_bus.acks import wait_acks
 from oneplus_bus.archive import JobArchive
 from oneplus_bus.ledger import PROJECTED_SEQ_KEY, latest_values, projected_seq, read_stream
 from oneplus_bus.telemetry import inject
@@ -140,8 +141,10 @@ class JobOwner:
             staged.append((i, event, before, new, fut))
         applied: list[Applied] = []
         records: list[JobRecord] = []
-        for i, event, before, new, fut in staged:
-            ack = await fut
+        # Bounded: an ack lost with a dropped connection would hold the owner's lock for ever. Nothing is folded
+        # into the index before every ack is in; a retry's publish is dropped as a duplicate by its event id.
+        acks = await wait_acks([fut for *_, fut in staged])
+        for (i, event, before, new, _), ack in zip(staged, acks, strict=True):
             rec = new.model_copy(update={"seq": int(ack.seq)})
             out[i] = rec
             self.index.put(rec)
@@ -157,8 +160,7 @@ class JobOwner:
             await self.js.publish_async(f"$KV.{subjects.JOBS_KV}.{rec.job_id}", rec.model_dump_json().encode())
             for rec in records
         ]
-        for fut in futures:
-            await fut
+        await wait_acks(futures)
 
     async def _notify(self, applied: Sequence[Applied]) -> None:
         if not applied:
@@ -209,7 +211,14 @@ class JobOwner:
                         log.error("refused an unreadable fact on %s: %s", msg.subject, str(exc)[:300])
                         continue
                     tps.append((msg.headers or {}).get("traceparent"))
-                await self.commit(*events, traceparents=tps)
+                try:
+                    await self.commit(*events, traceparents=tps)
+                except Exception:
+                    # Not folded (the bus dropped, say): give the facts back now rather than after ack_wait.
+                    for msg in msgs:
+                        with contextlib.suppress(Exception):
+                            await msg.nak(delay=1.0)
+                    raise
                 for msg in msgs:
                     await msg.ack()
                 done += len(msgs)
