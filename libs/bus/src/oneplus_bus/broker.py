@@ -10,7 +10,8 @@ from faststream.nats.prometheus import NatsPrometheusMiddleware
 from opentelemetry.sdk.trace import TracerProvider
 from prometheus_client import CollectorRegistry
 
-from .deadletter import dead_letter_middleware
+from .deadletter import count_dead_letters, dead_letter_middleware
+from .logs import FASTSTREAM_LOGGER
 from .settings import BusSettings
 
 
@@ -26,7 +27,7 @@ def make_broker(
     ]
     if registry is not None:
         middlewares.insert(1, NatsPrometheusMiddleware(registry=registry, app_name=service))
-    return NatsBroker(
+    broker = NatsBroker(
         settings.nats_url,
         name=f"oneplus-{service}",
         middlewares=middlewares,  # type: ignore[arg-type]
@@ -36,4 +37,9 @@ def make_broker(
         inbox_prefix=settings.inbox_prefix,
         # "Received" and "Processed" for every message are two log lines per job event at INFO: debug detail at scale.
         log_level=logging.DEBUG,
+        # A plain logger under the root's handler (ONEPLUS_LOG_LEVEL/FORMAT), not FastStream's coloured stdout one.
+        logger=logging.getLogger(FASTSTREAM_LOGGER),
     )
+    if registry is not None:
+        count_dead_letters(broker, registry)
+    return broker

@@ -11,14 +11,31 @@ import json
 import logging
 import time
 import traceback
+import weakref
 from typing import Any
 
 from faststream._internal.middlewares import BaseMiddleware
 from faststream.exceptions import HandlerException, NackMessage
 from oneplus_contracts import subjects
+from prometheus_client import CollectorRegistry, Counter
 from pydantic import ValidationError
 
 log = logging.getLogger("oneplus.deadletter")
+# Each broker's dead-letter counter, in its service's registry (make_broker sets it up).
+_COUNTERS: weakref.WeakKeyDictionary[Any, Counter] = weakref.WeakKeyDictionary()
+
+
+def count_dead_letters(broker: Any, registry: CollectorRegistry) -> Counter:
+    """Count the dead letters `broker` publishes into `registry` (as `oneplus_dead_letters_total`)."""
+    counter = Counter(
+        "oneplus_dead_letters",
+        "Messages given up on and published to oneplus.dlq.<subject>: after max_deliver failed deliveries, or at once "
+        "when they cannot be decoded; by source stream and the handler's exception type",
+        ["stream", "error"],
+        registry=registry,
+    )
+    _COUNTERS[broker] = counter
+    return counter
 
 
 def _delivered(msg: Any) -> int:
@@ -77,3 +94,7 @@ async def _publish_dead_letter(context: Any, raw: Any, exc: BaseException, deliv
     await broker.publish(
         json.dumps(body), subjects.dead_letter(raw.subject), headers=headers, stream=subjects.DEAD_LETTER_STREAM
     )
+    counter = _COUNTERS.get(broker)
+    if counter is not None:
+        stream = getattr(getattr(raw, "metadata", None), "stream", None) or "none"
+        counter.labels(stream=str(stream), error=type(exc).__name__).inc()

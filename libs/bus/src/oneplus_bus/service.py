@@ -28,11 +28,13 @@ from nats.micro.request import Request
 from nats.micro.service import Service
 from oneplus_contracts import subjects
 from opentelemetry.sdk.trace.export import SpanExporter
-from prometheus_client import CollectorRegistry
+from prometheus_client import GC_COLLECTOR, PLATFORM_COLLECTOR, PROCESS_COLLECTOR, CollectorRegistry
 from pydantic import BaseModel, ValidationError
 
 from .broker import make_broker
 from .ledger import JobLedger
+from .logs import FASTSTREAM_LOGGER, configure_logging, log_settings_from_env
+from .metrics import MetricsServer, metrics_host_from_env, metrics_port_from_env
 from .settings import BusSettings
 from .streams import ensure_kv, ensure_streams
 from .telemetry import make_tracer_provider
@@ -71,12 +73,21 @@ class OneplusService:
         self.name = name
         self.description = description
         self.settings = settings or BusSettings.from_env()
+        # Observability settings are read (and refused with a clear message) before anything starts.
+        self.log_level, self.log_format = log_settings_from_env()
+        # The metrics listener's port (None: none); a command line's --metrics-port may set it before the start.
+        self.metrics_port: int | None = metrics_port_from_env()
+        self.metrics_host = metrics_host_from_env()
+        self.metrics_server: MetricsServer | None = None
         self.tracer_provider = make_tracer_provider(name, span_exporters)
         self.tracer = self.tracer_provider.get_tracer(f"oneplus.{name}")
         self.metrics = CollectorRegistry()
+        for collector in (PROCESS_COLLECTOR, PLATFORM_COLLECTOR, GC_COLLECTOR):
+            self.metrics.register(collector)
         self.broker = make_broker(name, self.settings, self.tracer_provider, self.metrics)
         self.app = FastStream(
             self.broker,
+            logger=logging.getLogger(FASTSTREAM_LOGGER),
             on_startup=[self._declare],
             after_startup=[self._after_startup],
             on_shutdown=[self._on_shutdown],
@@ -157,7 +168,20 @@ class OneplusService:
         return fn
 
     # --- lifecycle ----------------------------------------------------------------------------
+    @property
+    def metrics_url(self) -> str | None:
+        return self.metrics_server.url if self.metrics_server is not None else None
+
+    def start_metrics(self) -> str | None:
+        """Serve `self.metrics` on `metrics_port` (once); its URL, or None without a port."""
+        if self.metrics_port is None:
+            return None
+        if self.metrics_server is None:
+            self.metrics_server = MetricsServer(self.metrics, self.metrics_port, self.metrics_host)
+        return self.metrics_server.start()
+
     async def _declare(self) -> None:
+        self.start_metrics()  # first: a scrape sees a service that is still connecting
         # Streams must exist before the subscribers' durable consumers are created.
         nc = await nats.connect(
             self.settings.nats_url,
@@ -215,6 +239,9 @@ class OneplusService:
             with contextlib.suppress(Exception):
                 await self.micro.stop()
         self.tracer_provider.shutdown()
+        if self.metrics_server is not None:
+            self.metrics_server.stop()
+            self.metrics_server = None
 
     def _ops_adapter(self, fn: OpsHandler) -> Callable[[Request], Awaitable[None]]:
         async def handle(req: Request) -> None:
@@ -243,7 +270,7 @@ class OneplusService:
         return handle
 
     def run(self) -> None:
-        logging.basicConfig(level=logging.INFO, format=f"%(asctime)s {self.name} %(levelname)s %(message)s")
+        configure_logging(self.name, self.log_level, self.log_format)
         asyncio.run(self.app.run())
 
 

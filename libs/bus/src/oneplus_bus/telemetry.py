@@ -1,7 +1,17 @@
-"""OpenTelemetry set-up: one trace per job, carried in NATS headers as W3C `traceparent`."""
+"""OpenTelemetry set-up: one trace per job, carried in NATS headers as W3C `traceparent`.
+
+Spans leave a process two ways: as JSON lines (`ONEPLUS_TRACE_FILE`, or one file per process under
+`ONEPLUS_TRACE_DIR`: what the tests read), and over OTLP to a collector, configured by the standard `OTEL_*`
+variables (docs/observability.md): `OTEL_TRACES_EXPORTER` (`otlp`, `console`, `none`; unset: `otlp` when an
+`OTEL_EXPORTER_OTLP_[TRACES_]ENDPOINT` is set, else none), `OTEL_EXPORTER_OTLP_[TRACES_]PROTOCOL` (`http/protobuf`,
+the default, or `grpc` with opentelemetry-exporter-otlp-proto-grpc installed), `OTEL_SERVICE_NAME` (default the
+service's name), `OTEL_RESOURCE_ATTRIBUTES`, `OTEL_SDK_DISABLED`, `OTEL_TRACES_SAMPLER`, `OTEL_BSP_*`, and the
+exporter's own (headers, timeout, certificates).
+"""
 
 from __future__ import annotations
 
+import importlib
 import os
 import threading
 from collections.abc import Iterator, Mapping, Sequence
@@ -12,7 +22,15 @@ from opentelemetry import propagate, trace
 from opentelemetry.context import Context
 from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
-from opentelemetry.sdk.trace.export import SimpleSpanProcessor, SpanExporter, SpanExportResult
+from opentelemetry.sdk.trace.export import (
+    BatchSpanProcessor,
+    ConsoleSpanExporter,
+    SimpleSpanProcessor,
+    SpanExporter,
+    SpanExportResult,
+)
+
+from .metrics import ConfigError
 
 
 class JsonLinesSpanExporter(SpanExporter):
@@ -33,8 +51,71 @@ class JsonLinesSpanExporter(SpanExporter):
 EXTRA_EXPORTERS: list[SpanExporter] = []
 
 
+def otel_exporters() -> list[SpanExporter]:
+    """The exporters the standard OTEL_* variables ask for (ConfigError for a value that cannot be honoured)."""
+    env = os.environ
+    if env.get("OTEL_SDK_DISABLED", "").strip().lower() == "true":
+        return []
+    raw = env.get("OTEL_TRACES_EXPORTER", "").strip().lower()
+    if raw:
+        names = [n.strip() for n in raw.split(",") if n.strip()]
+    elif any(env.get(k, "").strip() for k in ("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT", "OTEL_EXPORTER_OTLP_ENDPOINT")):
+        names = ["otlp"]
+    else:
+        names = []
+    if "none" in names:
+        return []
+    out: list[SpanExporter] = []
+    for name in names:
+        if name == "otlp":
+            out.append(_otlp_exporter())
+        elif name == "console":
+            out.append(ConsoleSpanExporter())
+        else:
+            raise ConfigError(f"OTEL_TRACES_EXPORTER={raw!r}: {name!r} is not one of otlp, console, none")
+    return out
+
+
+def _otlp_exporter() -> SpanExporter:
+    env = os.environ
+    protocol = (
+        env.get("OTEL_EXPORTER_OTLP_TRACES_PROTOCOL", "").strip()
+        or env.get("OTEL_EXPORTER_OTLP_PROTOCOL", "").strip()
+        or "http/protobuf"
+    ).lower()
+    if protocol == "http/protobuf":
+        from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
+
+        return OTLPSpanExporter()  # endpoint, headers, timeout, compression: from OTEL_EXPORTER_OTLP_*
+    if protocol == "grpc":
+        try:
+            grpc = importlib.import_module("opentelemetry.exporter.otlp.proto.grpc.trace_exporter")
+        except ImportError:
+            raise ConfigError(
+                "OTEL_EXPORTER_OTLP_PROTOCOL=grpc needs the opentelemetry-exporter-otlp-proto-grpc package; "
+                "install it, or use http/protobuf (the default)"
+            ) from None
+        exporter: SpanExporter = grpc.OTLPSpanExporter()
+        return exporter
+    raise ConfigError(f"OTEL_EXPORTER_OTLP_PROTOCOL={protocol!r}: expected http/protobuf or grpc")
+
+
+def make_resource(service: str) -> Resource:
+    """`service.name` is OTEL_SERVICE_NAME when set, else the service's; OTEL_RESOURCE_ATTRIBUTES are added."""
+    attrs: dict[str, str] = {"service.namespace": "oneplus", "oneplus.service": service}
+    env = os.environ
+    named = env.get("OTEL_SERVICE_NAME", "").strip() or "service.name=" in env.get("OTEL_RESOURCE_ATTRIBUTES", "")
+    if not named:
+        attrs["service.name"] = service
+    return Resource.create(attrs)
+
+
 def make_tracer_provider(service: str, extra_exporters: Sequence[SpanExporter] = ()) -> TracerProvider:
-    provider = TracerProvider(resource=Resource.create({"service.name": service}))
+    exporters = otel_exporters()
+    provider = TracerProvider(resource=make_resource(service))  # the sampler: OTEL_TRACES_SAMPLER
+    for exp in exporters:
+        # Batched, off the event loop's thread: a slow or absent collector never holds a handler up.
+        provider.add_span_processor(BatchSpanProcessor(exp))
     extra_exporters = [*extra_exporters, *EXTRA_EXPORTERS]
     path = os.environ.get("ONEPLUS_TRACE_FILE")
     if path:

@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from faststream.nats import NatsMessage
+from oneplus_bus.metrics import add_metrics_port_argument
 from oneplus_bus.service import OneplusService
 from oneplus_bus.settings import BusSettings
 from oneplus_contracts import NODE_COMMAND_ADAPTER, CancelRanks, LaunchRanks, NodeTopology, subjects
@@ -152,6 +153,7 @@ def main() -> None:
         default=os.environ.get("ONEPLUS_STATE_DIR"),
         help="where the executor keeps the facts it has yet to send (default ~/.local/state/oneplus/executor-<node>)",
     )
+    add_metrics_port_argument(p)
     a = p.parse_args()
     if a.keep_finished < 0:
         p.error(f"--keep-finished {a.keep_finished}: the number of ended jobs to keep cannot be negative")
@@ -165,5 +167,7 @@ def main() -> None:
         gpu_probe=nvml_probe(a.node) if a.topology == "nvml" else None,
         state_dir=Path(a.state_dir) if a.state_dir else None,
     )
+    if a.metrics_port is not None:
+        svc.metrics_port = a.metrics_port
     with contextlib.suppress(KeyboardInterrupt):
         svc.run()

@@ -43,6 +43,7 @@ from nats.aio.subscription import Subscription
 from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy
 from nats.micro.request import Request
 from oneplus_bus.deadletter import _is_poison, _publish_dead_letter
+from oneplus_bus.metrics import add_metrics_port_argument
 from oneplus_bus.service import OneplusService
 from oneplus_bus.settings import BusSettings
 from oneplus_contracts import NODE_COMMAND_ADAPTER, CancelRanks, LaunchRanks, NodeTopology, subjects
@@ -457,6 +458,7 @@ def parser() -> argparse.ArgumentParser:
         default=env("ONEPLUS_STATE_DIR"),
         help="where the fleet keeps the facts it has yet to deliver (default ~/.local/state/oneplus/fleet-<name>)",
     )
+    add_metrics_port_argument(p)
     return p
 
 
@@ -471,6 +473,8 @@ def main(argv: Sequence[str] | None = None) -> None:
         fleet = build_fleet(a)
     except (ValueError, KeyError) as exc:
         p.error(str(exc))
+    if a.metrics_port is not None:
+        fleet.svc.metrics_port = a.metrics_port
     with contextlib.suppress(KeyboardInterrupt):
         fleet.svc.run()
 
