@@ -1,0 +1,172 @@
+"""Spans go over OTLP/HTTP to the collector the standard OTEL_* variables name: a receiver here decodes them."""
+
+from __future__ import annotations
+
+import asyncio
+import gzip
+import importlib.util
+import threading
+import time
+from collections.abc import Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+import pytest
+from faststream.nats import NatsMessage
+from nats.aio.client import Client
+from oneplus_bus.metrics import ConfigError
+from oneplus_bus.service import OneplusService
+from oneplus_bus.settings import BusSettings
+from oneplus_bus.telemetry import job_span, make_tracer_provider, otel_exporters
+from oneplus_contracts import subjects
+from oneplus_testing import Servers
+from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
+    ExportTraceServiceRequest,
+    ExportTraceServiceResponse,
+)
+
+OTEL_VARS = (
+    "OTEL_SDK_DISABLED",
+    "OTEL_TRACES_EXPORTER",
+    "OTEL_EXPORTER_OTLP_ENDPOINT",
+    "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT",
+    "OTEL_EXPORTER_OTLP_PROTOCOL",
+    "OTEL_EXPORTER_OTLP_TRACES_PROTOCOL",
+    "OTEL_SERVICE_NAME",
+    "OTEL_RESOURCE_ATTRIBUTES",
+)
+
+
+class Receiver:
+    """A minimal OTLP/HTTP collector: POST /v1/traces with a protobuf ExportTraceServiceRequest."""
+
+    def __init__(self) -> None:
+        self.requests: list[ExportTraceServiceRequest] = []
+        self.paths: list[str] = []
+        outer = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_POST(self) -> None:
+                body = self.rfile.read(int(self.headers.get("Content-Length", "0")))
+                if self.headers.get("Content-Encoding") == "gzip":
+                    body = gzip.decompress(body)
+                outer.paths.append(self.path)
+                req = ExportTraceServiceRequest()
+                req.ParseFromString(body)
+                outer.requests.append(req)
+                out = ExportTraceServiceResponse().SerializeToString()
+                self.send_response(200)
+                self.send_header("Content-Type", "application/x-protobuf")
+                self.send_header("Content-Length", str(len(out)))
+                self.end_headers()
+                self.wfile.write(out)
+
+            def log_message(self, format: str, *args: object) -> None:
+                pass
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
+        self.thread.start()
+
+    @property
+    def endpoint(self) -> str:
+        return f"http://127.0.0.1:{self.server.server_address[1]}"
+
+    def spans(self) -> list[tuple[str, str]]:
+        """(service.name, span name) of every span received."""
+        out: list[tuple[str, str]] = []
+        for req in self.requests:
+            for rs in req.resource_spans:
+                attrs = {a.key: a.value.string_value for a in rs.resource.attributes}
+                for ss in rs.scope_spans:
+                    out.extend((attrs.get("service.name", ""), s.name) for s in ss.spans)
+        return out
+
+    def close(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+
+
+@pytest.fixture
+def receiver(monkeypatch: pytest.MonkeyPatch) -> Iterator[Receiver]:
+    for var in OTEL_VARS:
+        monkeypatch.delenv(var, raising=False)
+    r = Receiver()
+    monkeypatch.setenv("OTEL_EXPORTER_OTLP_ENDPOINT", r.endpoint)
+    monkeypatch.setenv("OTEL_BSP_SCHEDULE_DELAY", "50")
+    try:
+        yield r
+    finally:
+        r.close()
+
+
+async def test_a_service_sends_its_spans_to_the_collector(nc: Client, servers: Servers, receiver: Receiver) -> None:
+    svc = OneplusService("otlp-test", "test", BusSettings(servers.nats_url, servers.redis_url))
+    handled = asyncio.Event()
+
+    @svc.durable_subscriber(subjects.PREEMPTION_REQUEST, stream=subjects.COMMANDS_STREAM, consumer="otlp-t", title="t")
+    async def on_request(msg: NatsMessage) -> None:
+        with job_span(svc.tracer, "otlp-test handle", None, {"oneplus.job_id": "j1"}):
+            handled.set()
+
+    await svc.app.start()
+    try:
+        await nc.jetstream().publish(subjects.PREEMPTION_REQUEST, b"{}")
+        await asyncio.wait_for(handled.wait(), 10)
+        deadline = time.monotonic() + 10
+        while ("otlp-test", "otlp-test handle") not in receiver.spans():
+            assert time.monotonic() < deadline, receiver.spans()
+            await asyncio.sleep(0.05)
+    finally:
+        await svc.app.stop()
+    assert set(receiver.paths) == {"/v1/traces"}
+    names = {name for service, name in receiver.spans() if service == "otlp-test"}
+    # FastStream's consumer span, parent of ours, came the same way.
+    assert any(subjects.PREEMPTION_REQUEST in n for n in names), names
+
+
+def test_otel_service_name_wins(receiver: Receiver, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("OTEL_SERVICE_NAME", "renamed")
+    provider = make_tracer_provider("otlp-test")
+    provider.get_tracer("t").start_span("one").end()
+    provider.shutdown()  # flushes the batch
+    assert receiver.spans() == [("renamed", "one")]
+
+
+def test_no_endpoint_no_exporter_and_none_turns_it_off(monkeypatch: pytest.MonkeyPatch) -> None:
+    for var in OTEL_VARS:
+        monkeypatch.delenv(var, raising=False)
+    assert otel_exporters() == []
+    monkeypatch.setenv("OTEL_EXPORTER_OTLP_ENDPOINT", "http://127.0.0.1:4318")
+    assert len(otel_exporters()) == 1
+    monkeypatch.setenv("OTEL_TRACES_EXPORTER", "none")
+    assert otel_exporters() == []
+    monkeypatch.setenv("OTEL_TRACES_EXPORTER", "otlp")
+    monkeypatch.setenv("OTEL_SDK_DISABLED", "true")
+    assert otel_exporters() == []
+
+
+@pytest.mark.parametrize(
+    ("var", "value", "message"),
+    [
+        ("OTEL_TRACES_EXPORTER", "zipkin", "'zipkin' is not one of otlp, console, none"),
+        ("OTEL_EXPORTER_OTLP_PROTOCOL", "http/json", "expected http/protobuf or grpc"),
+        pytest.param(
+            "OTEL_EXPORTER_OTLP_TRACES_PROTOCOL",
+            "grpc",
+            "needs the opentelemetry-exporter-otlp-proto-grpc package",
+            marks=pytest.mark.skipif(
+                importlib.util.find_spec("opentelemetry.exporter.otlp.proto.grpc") is not None,
+                reason="the gRPC exporter is installed",
+            ),
+        ),
+    ],
+)
+def test_a_setting_that_cannot_be_honoured_is_refused(
+    monkeypatch: pytest.MonkeyPatch, var: str, value: str, message: str
+) -> None:
+    for v in OTEL_VARS:
+        monkeypatch.delenv(v, raising=False)
+    monkeypatch.setenv("OTEL_EXPORTER_OTLP_ENDPOINT", "http://127.0.0.1:4318")
+    monkeypatch.setenv(var, value)
+    with pytest.raises(ConfigError, match=message):
+        OneplusService("t", "test", BusSettings("nats://127.0.0.1:1", "redis://127.0.0.1:1"))
