@@ -53,6 +53,7 @@ from oneplus_queueing.model import CycleDecision, PendingJob, RunningJob, Victim
 from oneplus_queueing.report import queue_rows, queues_rows, split_records
 from oneplus_reservations import Conflict, ReservationStore
 from prometheus_client import Counter
+from redis.exceptions import RedisError
 
 from .fence import StoreCheck, StoreFence
 from .launch import launch_commands, silent_nodes
@@ -378,7 +379,16 @@ class Solver:
             await self.release(job_id, token, out.reason if event.type == "finished" else "requeued")
 
     async def release(self, job_id: str, token: int | None, reason: str) -> None:
-        freed = await self.store.release(job_id, token, reason=reason)
+        try:
+            freed = await self.store.release(job_id, token, reason=reason)
+        except RedisError as exc:
+            # The store is unreachable: the job has ended all the same. Its GPUs stay out of offers until reconcile
+            # frees the reservation (or finds the store reset and rebuilds without it).
+            log.warning("release of %s not confirmed by the reservation store (%s); reconcile frees it", job_id, exc)
+            audited = token if token is not None else self.capacity.token_of(job_id)
+            if audited is not None:
+                await self.audit.record("release", job_id, audited, reason=f"{reason} (store unreachable)")
+            return
         # Audited whether or not the store still had it: a hold that ended across a store reset ends in the audit too.
         audited = freed if freed is not None else token if token is not None else self.capacity.token_of(job_id)
         if audited is not None:
