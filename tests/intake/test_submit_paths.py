@@ -151,7 +151,7 @@ async def test_http_ignores_a_nats_request_info_header_sent_by_the_caller(intake
 
 
 async def test_http_unknown_path_and_method_are_json_errors(intake: IntakeProcess) -> None:
-    status, reply = await asyncio.to_thread(intake.request, "GET", "/v1/jobs")
+    status, reply = await asyncio.to_thread(intake.request, "PUT", "/v1/jobs")
     assert status == 405 and not reply["ok"]
     status, reply = await asyncio.to_thread(intake.post, "/v2/nothing", b"{}")
     assert status == 404 and not reply["ok"]

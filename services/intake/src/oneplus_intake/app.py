@@ -12,6 +12,7 @@ import logging
 from typing import Any
 
 from faststream.nats import NatsMessage
+from nats.js.errors import InvalidKeyError
 from oneplus_bus.archive import JobArchive
 from oneplus_bus.service import OneplusService, OpsError
 from oneplus_bus.settings import BusSettings
@@ -20,6 +21,7 @@ from oneplus_contracts import JobCancelRequested, JobRecord, subjects
 
 from . import joblist
 from .deliveries import NatsDeliveryLedger
+from .http_api import JobsApi
 from .settings import IntakeSettings
 from .submissions import Intake, job_id_for
 from .web import HttpServer, IntakeHttp
@@ -93,7 +95,8 @@ class IntakeService:
                 replay_window_s=settings.replay_window_s,
             )
             log.info("MLflow webhooks on, %d job template(s)", len(webhook.templates.templates))
-        app = IntakeHttp(self.intake, webhook, self.svc.tracer).app()
+        api = JobsApi(self, self.svc.nc, self.svc.tracer)
+        app = IntakeHttp(self.intake, webhook, self.svc.tracer, api=api).app()
         server = HttpServer(app, settings.http_host, settings.http_port)
         try:
             await server.start()
@@ -108,9 +111,14 @@ class IntakeService:
     async def visible_job(self, payload: dict[str, Any], headers: dict[str, str]) -> tuple[JobRecord, Caller]:
         caller = self.tenant(headers, payload)
         job_id = str(payload.get("job_id") or "")
-        rec, _ = await self.svc.ledger.get(job_id)
+        try:
+            rec, _ = await self.svc.ledger.get(job_id)
+        except InvalidKeyError:  # no job is named that way
+            raise OpsError(f"no job {job_id!r}", 404) from None
         if rec is None:
             rec = await self.svc.ledger.unfolded(job_id)  # submitted a moment ago, its acceptance not folded yet
+        if rec is None:
+            rec = await JobArchive(self.svc.js).get(job_id)  # long finished: cancelling it is a conflict, not a 404
         if rec is None or not caller.sees(rec.spec.team):
             raise OpsError(f"no job {job_id!r}", 404)  # another team's job does not exist, as far as this caller knows
         return rec, caller

@@ -1,0 +1,313 @@
+"""The OpenAPI 3.1 document of the intake's HTTP API, generated from the contracts' pydantic models.
+
+Served at `GET /openapi.json`; a copy is checked in as `proto/openapi.json` (`task proto`, or
+`python -m oneplus_intake.openapi --out proto/openapi.json`) and a test fails when that copy is stale.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+from typing import Any, Literal
+
+from oneplus_contracts import SCHEMA_VERSION, JobRecord, JobSpec, JobState, NodeRecord
+from pydantic import BaseModel, ConfigDict, Field, RootModel
+from pydantic.json_schema import JsonSchemaMode, models_json_schema
+
+from .http_api import JOB_PAGE_MAX, NODE_PAGE_MAX, QUEUE_PAGE_MAX
+
+PATH = "/openapi.json"
+
+
+class Answer(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class ErrorAnswer(Answer):
+    """Every error answer: never a job id."""
+
+    ok: Literal[False]
+    code: str = Field(description="A short name of the problem: bad_request, not_found, conflict, cannot_run...")
+    error: str = Field(description="What is wrong, for a person to read")
+
+
+class SubmitAnswer(Answer):
+    """A job accepted (201), or a retry of a submission already accepted (200, `duplicate`)."""
+
+    ok: Literal[True]
+    job_id: str
+    duplicate: bool = False
+    warnings: list[str] = Field(default_factory=list)
+
+
+class JobPage(Answer):
+    jobs: list[JobRecord] = Field(description="Live jobs by submission time, then archived ones")
+    next: str | None = Field(description="The `cursor` of the next page; null on the last")
+
+
+class CancelAnswer(Answer):
+    job_id: str
+    state: JobState = Field(description="The job's state when its cancellation was requested")
+    cancel_requested: bool
+
+
+class NodePage(Answer):
+    nodes: list[NodeRecord] = Field(description="Nodes in name order")
+    next: str | None = Field(description="The `cursor` of the next page; null on the last")
+
+
+class QueueRow(Answer):
+    """One squeue line: jobs holding GPUs by start time, then pending jobs in serving order."""
+
+    job_id: str
+    queue: str
+    name: str
+    user: str
+    st: str = Field(description="Slurm's state code: R, PD, CG...")
+    time: str = Field(description="Time running, as squeue writes it")
+    gpus: str
+    where: str = Field(description="The nodes (a Slurm hostlist), or the pending reason in parentheses")
+    reason: str | None
+    message: str
+
+
+class QueueRows(Answer):
+    rows: list[QueueRow]
+    next: str | None = Field(description="The `cursor` of the next page; null on the last")
+
+
+class QueueUse(Answer):
+    """One queue of the tree (organisations before their teams): guarantee, use, and fair share."""
+
+    queue: str
+    parent: str | None
+    depth: int = Field(description="0 for an organisation")
+    guarantee_gpus: float
+    limit_gpus: float | None = Field(description="null: no borrow limit")
+    used_gpus: float
+    borrowed_gpus: float
+    pending_jobs: int
+    pending_gpus: float
+    fairshare: float | None = Field(description="The Fair-Tree factor of a leaf queue; null for an organisation")
+    level_fs: float | None = Field(description="Its share over its usage among its siblings; null when it used none")
+    usage_gpu_hours: float
+    weight: float
+
+
+class Queues(RootModel[list[QueueUse]]):
+    pass
+
+
+class Health(Answer):
+    ok: bool
+    mlflow: bool = Field(description="Whether MLflow webhooks are configured")
+
+
+class Document(RootModel[dict[str, Any]]):
+    """The OpenAPI document itself."""
+
+
+MODELS: list[tuple[type[BaseModel], JsonSchemaMode]] = [
+    (JobSpec, "validation"),
+    (SubmitAnswer, "serialization"),
+    (ErrorAnswer, "serialization"),
+    (JobPage, "serialization"),
+    (JobRecord, "serialization"),
+    (CancelAnswer, "serialization"),
+    (NodePage, "serialization"),
+    (QueueRows, "serialization"),
+    (Queues, "serialization"),
+    (Health, "serialization"),
+    (Document, "serialization"),
+]
+
+
+def _param(name: str, where: str, description: str, schema: dict[str, Any], **extra: Any) -> dict[str, Any]:
+    return {
+        "name": name,
+        "in": where,
+        "description": description,
+        "required": where == "path",
+        "schema": schema,
+        **extra,
+    }
+
+
+TEAM_HEADER = _param(
+    "Oneplus-Team",
+    "header",
+    "The team the request acts for; without it the caller is an operator who sees every team",
+    {"type": "string"},
+)
+TEAM_QUERY = _param("team", "query", "The team, as the header says it (they must agree)", {"type": "string"})
+JOB_ID = _param("job_id", "path", "The job's id (`j-` and twelve hex digits)", {"type": "string"})
+
+
+def _paging(most: int, what: str) -> list[dict[str, Any]]:
+    return [
+        _param(
+            "limit",
+            "query",
+            f"At most this many {what} in the page",
+            {"type": "integer", "minimum": 1, "maximum": most},
+        ),
+        _param("cursor", "query", "The `next` of the previous page", {"type": "string"}),
+    ]
+
+
+def document() -> dict[str, Any]:
+    refs, defs = models_json_schema(MODELS, ref_template="#/components/schemas/{model}")
+
+    def ref(model: type[BaseModel]) -> dict[str, Any]:
+        mode = next(m for cls, m in MODELS if cls is model)
+        return refs[(model, mode)]
+
+    def answer(model: type[BaseModel], description: str) -> dict[str, Any]:
+        return {"description": description, "content": {"application/json": {"schema": ref(model)}}}
+
+    def errors(*statuses: int) -> dict[str, Any]:
+        why = {
+            400: "A parameter or the body is wrong, or the header's team and the `team` parameter disagree",
+            403: "The job names another team than the caller's",
+            404: "No such job (another team's job does not exist, as far as the caller knows)",
+            409: "The job has already ended",
+            413: "The body is too large",
+            422: "The job cannot run here (no such queue, more GPUs than the cluster has...)",
+            503: "The service that answers this (topology-registry, placement-solver) is not running",
+            504: "The service that answers this did not answer in time",
+        }
+        return {str(s): answer(ErrorAnswer, why[s]) for s in statuses}
+
+    remote = errors(400, 503, 504)
+    paths: dict[str, Any] = {
+        "/v1/jobs": {
+            "get": {
+                "operationId": "listJobs",
+                "summary": "One page of the caller's jobs: live ones first, then the archive",
+                "parameters": [
+                    _param(
+                        "state",
+                        "query",
+                        "Job states or Slurm codes (RUNNING, PD...), repeated or as a comma list; ALL for every one",
+                        {"type": "array", "items": {"type": "string"}},
+                        style="form",
+                        explode=True,
+                    ),
+                    _param(
+                        "since",
+                        "query",
+                        "Jobs that had not ended by then: epoch seconds or an ISO-8601 time (UTC without a zone)",
+                        {"type": "string"},
+                    ),
+                    _param("user", "query", "Jobs of this user only", {"type": "string"}),
+                    TEAM_QUERY,
+                    *_paging(JOB_PAGE_MAX, "jobs"),
+                    TEAM_HEADER,
+                ],
+                "responses": {"200": answer(JobPage, "One page of jobs"), **errors(400)},
+            },
+            "post": {
+                "operationId": "submitJob",
+                "summary": "Submit a job: a JobSpec (JSON or YAML) or a CloudEvent carrying one",
+                "parameters": [
+                    _param(
+                        "Idempotency-Key",
+                        "header",
+                        "Names the submission: a retry with the same key is the same job (200, `duplicate`)",
+                        {"type": "string"},
+                    ),
+                    TEAM_HEADER,
+                ],
+                "requestBody": {"required": True, "content": {"application/json": {"schema": ref(JobSpec)}}},
+                "responses": {
+                    "201": answer(SubmitAnswer, "Accepted: a new job"),
+                    "200": answer(SubmitAnswer, "A retry of a submission already accepted: the same job"),
+                    **errors(400, 403, 413, 422),
+                },
+            },
+        },
+        "/v1/jobs/{job_id}": {
+            "get": {
+                "operationId": "showJob",
+                "summary": "One job, live or archived",
+                "parameters": [JOB_ID, TEAM_QUERY, TEAM_HEADER],
+                "responses": {"200": answer(JobRecord, "The job's record"), **errors(400, 404)},
+            },
+            "delete": {
+                "operationId": "cancelJob",
+                "summary": "Cancel a job: its owner stops it and frees its GPUs",
+                "parameters": [JOB_ID, TEAM_QUERY, TEAM_HEADER],
+                "responses": {"202": answer(CancelAnswer, "Cancellation requested"), **errors(400, 404, 409)},
+            },
+        },
+        "/v1/nodes": {
+            "get": {
+                "operationId": "listNodes",
+                "summary": "One page of the cluster's nodes (100 unless `limit` says otherwise)",
+                "parameters": [*_paging(NODE_PAGE_MAX, "nodes"), TEAM_HEADER],
+                "responses": {"200": answer(NodePage, "One page of nodes"), **remote},
+            }
+        },
+        "/v1/queue": {
+            "get": {
+                "operationId": "listQueueRows",
+                "summary": "The queue as squeue shows it: running jobs, then pending ones with their reason",
+                "parameters": [*_paging(QUEUE_PAGE_MAX, "rows"), TEAM_QUERY, TEAM_HEADER],
+                "responses": {"200": answer(QueueRows, "One page of rows"), **remote},
+            }
+        },
+        "/v1/queues": {
+            "get": {
+                "operationId": "listQueues",
+                "summary": "Every queue: guarantee, limit, use, pending work and fair share",
+                "parameters": [TEAM_QUERY, TEAM_HEADER],
+                "responses": {"200": answer(Queues, "The queues, organisations before their teams"), **remote},
+            }
+        },
+        "/healthz": {
+            "get": {
+                "operationId": "health",
+                "summary": "Whether the intake answers",
+                "responses": {"200": answer(Health, "The intake is up")},
+            }
+        },
+        PATH: {
+            "get": {
+                "operationId": "openapi",
+                "summary": "This document",
+                "responses": {"200": answer(Document, "The OpenAPI 3.1 document of this API")},
+            }
+        },
+    }
+    return {
+        "openapi": "3.1.0",
+        "info": {
+            "title": "OnePlus intake",
+            "version": f"{SCHEMA_VERSION}.0.0",
+            "description": (
+                "Submit, list, show and cancel jobs, and see nodes and queues, over HTTP: the ops subjects of the "
+                "`oneplus` CLI. Every error is `{ok: false, code, error}`. See docs/http-api.md."
+            ),
+        },
+        "servers": [{"url": "http://127.0.0.1:8080", "description": "The dev stack's intake"}],
+        "paths": paths,
+        "components": {"schemas": defs["$defs"]},
+    }
+
+
+def render() -> str:
+    """The document's text, exactly as checked in at proto/openapi.json."""
+    return json.dumps(document(), indent=2, sort_keys=True) + "\n"
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__)
+    ap.add_argument("--out", type=Path, default=Path("proto/openapi.json"))
+    args = ap.parse_args()
+    args.out.write_text(render(), encoding="utf-8")
+    print(args.out)
+
+
+if __name__ == "__main__":
+    main()
