@@ -58,6 +58,7 @@ from redis.exceptions import RedisError
 from .fence import StoreCheck, StoreFence
 from .launch import launch_commands, silent_nodes
 from .memory import SolverMemory
+from .metrics import SolverMetrics
 from .outcome import INFRA_RETRIES, NODE_LOST, attempt_outcome
 from .owner import Applied, JobOwner
 
@@ -124,6 +125,7 @@ class Solver:
             "Reservation stores found reset or rolled back, and rebuilt",
             registry=svc.metrics,
         )
+        self.metrics = SolverMetrics(svc.metrics)
 
     # -- wiring ----------------------------------------------------------------------------------------------------
     @property
@@ -486,7 +488,11 @@ class Solver:
         async with self.transition:
             if not self.store_ok:
                 return 0
-            return await self._cycle()
+            t0 = time.perf_counter()
+            try:
+                return await self._cycle()
+            finally:
+                self.metrics.cycle.observe(time.perf_counter() - t0)
 
     async def _cycle(self) -> int:
         self.cycles += 1
@@ -497,15 +503,19 @@ class Solver:
         # Fair share accrues whether or not anyone waits: charge every cycle.
         usage.charge(now, running)
         await self.memory.save_usage(usage, self.usage_queues)
+        if self.capacity.records:
+            self.metrics.capacity(self.capacity.state())  # at most once a second
         pending_recs = {
             k: r for k, r in index.pending.items() if not r.cancel_requested and k not in self.capacity.held
         }
         if not pending_recs:
             self.decision = None
+            self.metrics.pending_jobs((), None)
             return 0
+        offered = self.offered()
         decision = schedule_cycle(
             now,
-            self.offered(),
+            offered,
             [PendingJob.from_record(r) for r in pending_recs.values()],
             running,
             self.config,
@@ -513,6 +523,7 @@ class Solver:
             nominations=self.nominations,
         )
         self.decision = decision
+        self.metrics.pending_jobs(pending_recs.values(), decision)
         self.nominations = dict(decision.nominations)
         await self.memory.save_nominations(decision.nominations)
         placed: list[tuple[JobRecord, Allocation, int]] = []
@@ -523,12 +534,14 @@ class Solver:
                 if isinstance(res, Conflict) and res.store_reset:
                     # The store lost its state: nothing more is placed until reconcile rebuilds it.
                     sp.set_attribute("oneplus.placed", False)
+                    self.metrics.conflicts.labels("store_reset").inc()
                     log.error("reservation of %s refused: %s", job_id, res.reason)
                     self.store_ok = False
                     break
                 if isinstance(res, Conflict):
                     # Another replica took part of it since our snapshot: the next cycle decides on a fresh one.
                     sp.set_attribute("oneplus.placed", False)
+                    self.metrics.conflicts.labels("taken").inc()
                     log.warning("reservation of %s refused: %s", job_id, res.reason)
                     self.wake.set()
                     continue
@@ -536,6 +549,7 @@ class Solver:
                 sp.set_attribute("oneplus.token", res)
                 sp.set_attribute("oneplus.domain", alloc.domain)
                 self.capacity.hold(job_id, res, alloc)
+                self.metrics.placed_gang(rec, alloc, offered.layout, now)
                 await self.audit.record("reserve", job_id, res, alloc)
                 placed.append((rec, alloc, res))
         await self.commit_placed(placed)

@@ -1,0 +1,194 @@
+"""The solver's Prometheus metrics (in its service's registry; docs/observability.md lists them).
+
+Per-cycle work stays small: the pending gauge is one pass over the cycle's pending jobs, the histograms are one
+observation each, and the per-node, per-leaf and per-NVLink-domain GPU gauges are recomputed at most once a second.
+
+"Fragmented" GPUs are free GPUs inside a node (or an NVLink domain of a node) that some gang already partly
+holds: a gang that needs the whole node (or the whole NVLink domain) cannot use them. Leaves add up their nodes.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterable, Mapping
+from typing import TYPE_CHECKING
+
+from oneplus_contracts import Allocation, JobRecord
+from oneplus_placement.layout import Layout
+from oneplus_placement.shape import popcount
+from oneplus_placement.snapshot import Holdings
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+
+if TYPE_CHECKING:
+    from oneplus_queueing.model import CycleDecision
+
+LEVELS = ("node", "leaf", "spine", "cluster")
+GPU_STATES = ("allocated", "free", "fragmented", "unavailable")
+CAPACITY_EVERY_S = 1.0
+WAIT_BUCKETS = (0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600, 1800, 3600, 7200, 21600, 86400)
+CYCLE_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10)
+_GPU_STATE_HELP = (
+    "allocated: held by gangs (whole or shared); free: offered to new gangs; fragmented: the free GPUs of a "
+    "{unit} that a gang already partly holds (a gang needing the whole {unit} cannot use them; also counted in "
+    "free); unavailable: unhealthy, on a cordoned, draining or lost node, or still reported busy by the node"
+)
+
+
+class SolverMetrics:
+    def __init__(self, registry: CollectorRegistry) -> None:
+        self.pending = Gauge(
+            "oneplus_pending_jobs",
+            "Jobs waiting to be placed after the last scheduling cycle, by queue, priority and the cycle's reason "
+            "code (Priority, Resources, Topology, QuotaExceeded, Preempting, InvalidQueue; None when it gave none)",
+            ["queue", "priority", "reason"],
+            registry=registry,
+        )
+        self.wait = Histogram(
+            "oneplus_job_submit_to_placed_seconds",
+            "Seconds from a job's submission to its first placement (requeued attempts are not observed)",
+            ["queue"],
+            buckets=WAIT_BUCKETS,
+            registry=registry,
+        )
+        self.cycle = Histogram(
+            "oneplus_scheduling_cycle_seconds",
+            "Seconds one scheduling cycle takes: decision, reservations, the placed records and launch commands",
+            buckets=CYCLE_BUCKETS,
+            registry=registry,
+        )
+        self.placed = Counter(
+            "oneplus_gangs_placed",
+            "Gangs placed, by the domain level that holds them (node, leaf, spine, cluster) and whether that is "
+            "the tightest level that could hold such a gang on the empty cluster",
+            ["domain", "tightest"],
+            registry=registry,
+        )
+        self.conflicts = Counter(
+            "oneplus_reservation_conflicts",
+            "Reservation commits the store refused: 'taken' (another replica holds part of it: decided again next "
+            "cycle) or 'store_reset' (the store lost its state: placing stops until it is rebuilt)",
+            ["kind"],
+            registry=registry,
+        )
+        self.node_gpus = Gauge(
+            "oneplus_node_gpus",
+            "GPUs of a node by state. " + _GPU_STATE_HELP.format(unit="node"),
+            ["node", "leaf", "state"],
+            registry=registry,
+        )
+        self.leaf_gpus = Gauge(
+            "oneplus_leaf_gpus",
+            "GPUs of a leaf switch's nodes by state (the sum of its nodes' oneplus_node_gpus)",
+            ["leaf", "state"],
+            registry=registry,
+        )
+        self.domain_gpus = Gauge(
+            "oneplus_nvlink_domain_gpus",
+            "GPUs of a node's NVLink domain (GPUs joined by NVLink; `domain` is <node>/nvl<i>) by state. "
+            + _GPU_STATE_HELP.format(unit="NVLink domain"),
+            ["node", "domain", "state"],
+            registry=registry,
+        )
+        self._pending_keys: set[tuple[str, str, str]] = set()
+        self._capacity_keys: dict[str, set[tuple[str, ...]]] = {"node": set(), "leaf": set(), "domain": set()}
+        self._capacity_at = 0.0
+        self._tightest: dict[tuple[int, int, int], str] = {}
+        self._tightest_layout: Layout | None = None
+
+    # -- per cycle -------------------------------------------------------------------------------------------------
+    def pending_jobs(self, pending: Iterable[JobRecord], decision: CycleDecision | None) -> None:
+        """Set the pending gauge from the jobs still pending after the cycle (those it placed are not)."""
+        placed = decision.placements if decision is not None else {}
+        reasons = decision.reasons if decision is not None else {}
+        counts: dict[tuple[str, str, str], int] = {}
+        for rec in pending:
+            if rec.job_id in placed:
+                continue
+            why = reasons.get(rec.job_id)
+            key: tuple[str, str, str] = (rec.spec.queue, str(rec.spec.priority), why.code if why else "None")
+            counts[key] = counts.get(key, 0) + 1
+        for key in self._pending_keys - counts.keys():
+            self.pending.remove(*key)
+        for key, n in counts.items():
+            self.pending.labels(*key).set(n)
+        self._pending_keys = set(counts)
+
+    def placed_gang(self, rec: JobRecord, alloc: Allocation, layout: Layout, now: float) -> None:
+        if rec.attempt == 0:
+            self.wait.labels(rec.spec.queue).observe(max(0.0, now - rec.submitted_ts))
+        res = rec.spec.resources
+        tightest = self.tightest_level(layout, rec.spec.ranks, max(res.whole_gpus, 1))
+        tight = LEVELS.index(alloc.domain) <= LEVELS.index(tightest)
+        self.placed.labels(alloc.domain, "true" if tight else "false").inc()
+
+    def tightest_level(self, layout: Layout, ranks: int, gpus_per_rank: int) -> str:
+        """The tightest level (node, leaf, spine, cluster) with one domain that could hold the gang when empty."""
+        if layout is not self._tightest_layout:
+            self._tightest = {}
+            self._tightest_layout = layout
+        key = (id(layout), ranks, gpus_per_rank)
+        got = self._tightest.get(key)
+        if got is None:
+            got = _tightest_level(layout, ranks, gpus_per_rank)
+            self._tightest[key] = got
+        return got
+
+    # -- at most once a second -------------------------------------------------------------------------------------
+    def capacity(self, state: Holdings, now: float | None = None, *, force: bool = False) -> bool:
+        """Recompute the per-node, per-leaf and per-NVLink-domain gauges if a second has passed; True if it did."""
+        now = time.monotonic() if now is None else now
+        if not force and now - self._capacity_at < CAPACITY_EVERY_S:
+            return False
+        self._capacity_at = now
+        layout = state.layout
+        nodes: dict[tuple[str, ...], int] = {}
+        leaves: dict[tuple[str, ...], int] = {}
+        domains: dict[tuple[str, ...], int] = {}
+        for slot in layout.slots:
+            i = slot.index
+            full = slot.shape.full
+            held = (state.whole[i] | state.share_mask[i]) & full
+            free = state.free[i]
+            unavailable = full & ~held & ~free
+            leaf = layout.leaf_names[slot.leaf]
+            counts = _counts(held, free, unavailable)
+            for st, n in zip(GPU_STATES, counts, strict=True):
+                nodes[(slot.name, leaf, st)] = n
+                leaves[(leaf, st)] = leaves.get((leaf, st), 0) + n
+            d = 0
+            for mask in slot.shape.domains:
+                if popcount(mask) < 2:
+                    continue  # a GPU without NVLink peers is no domain
+                dc = _counts(held & mask, free & mask, unavailable & mask)
+                for st, n in zip(GPU_STATES, dc, strict=True):
+                    domains[(slot.name, f"{slot.name}/nvl{d}", st)] = n
+                d += 1
+        self._publish("node", self.node_gpus, nodes)
+        self._publish("leaf", self.leaf_gpus, leaves)
+        self._publish("domain", self.domain_gpus, domains)
+        return True
+
+    def _publish(self, kind: str, gauge: Gauge, values: Mapping[tuple[str, ...], int]) -> None:
+        for key in self._capacity_keys[kind] - values.keys():
+            gauge.remove(*key)
+        for key, n in values.items():
+            gauge.labels(*key).set(n)
+        self._capacity_keys[kind] = set(values)
+
+
+def _counts(held: int, free: int, unavailable: int) -> tuple[int, int, int, int]:
+    """(allocated, free, fragmented, unavailable) of one node or domain, from its GPU masks."""
+    f = popcount(free)
+    return popcount(held), f, f if held else 0, popcount(unavailable)
+
+
+def _tightest_level(layout: Layout, ranks: int, gpus_per_rank: int) -> str:
+    per_node = [s.shape.n // gpus_per_rank for s in layout.slots]  # ranks each node could take when empty
+    if any(n >= ranks for n in per_node):
+        return "node"
+    leaf = [sum(per_node[i] for i in nodes) for nodes in layout.leaf_nodes]
+    if any(n >= ranks for n in leaf):
+        return "leaf"
+    if any(sum(leaf[x] for x in leaves) >= ranks for leaves in layout.spine_leaves):
+        return "spine"
+    return "cluster"
