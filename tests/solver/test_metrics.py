@@ -24,8 +24,8 @@ def spec(name: str, gpus: int, ranks: int = 1, priority: int = 0) -> JobSpec:
         name=name,
         ranks=ranks,
         priority=priority,
-        resources={"gpus": gpus},  # type: ignore[arg-type]
-        simulate={"duration_s": 60},  # type: ignore[arg-type]
+        resources={"gpus": gpus},
+        simulate={"duration_s": 60},
     )
 
 
