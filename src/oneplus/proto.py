@@ -1,4 +1,5 @@
-"""Writes `proto/`: a JSON Schema per contract model and the AsyncAPI 3.0 document of every subject.
+"""Writes `proto/`: a JSON Schema per contract model, the AsyncAPI 3.0 document of every subject and the intake's
+OpenAPI 3.1 document (oneplus_intake.openapi).
 
 Generated from `oneplus_contracts` (`task proto`); a test fails when the checked-in files are stale.
 """
@@ -24,6 +25,7 @@ from oneplus_contracts import (
     SubmitReply,
     subjects,
 )
+from oneplus_intake.openapi import render as render_openapi
 from pydantic import BaseModel, TypeAdapter
 
 MODELS: dict[str, type[BaseModel] | TypeAdapter[Any]] = {
@@ -161,6 +163,7 @@ def render() -> dict[str, str]:
     """Relative path → file text, exactly as written to proto/."""
     files = {f"schemas/{n}.json": json.dumps(s, indent=2, sort_keys=True) + "\n" for n, s in schemas().items()}
     files["asyncapi.json"] = json.dumps(asyncapi(), indent=2) + "\n"
+    files["openapi.json"] = render_openapi()
     return files
 
 
