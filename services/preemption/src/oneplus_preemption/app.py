@@ -38,6 +38,7 @@ from oneplus_placement.snapshot import AllocationConflict, ClusterState
 from oneplus_queueing.config import QueueConfig, QueueConfigError, default_config, load_queue_config
 from oneplus_queueing.model import PendingJob, RunningJob
 from oneplus_queueing.victims import choose_victims
+from prometheus_client import Counter
 from pydantic import ValidationError
 
 log = logging.getLogger("oneplus.preemption")
@@ -53,6 +54,18 @@ class Preemption:
         self.config: QueueConfig = default_config()
         self.tails: list[StreamTail] = []
         self.folded = asyncio.Condition()  # notified after each job event is folded
+        self.preemptions = Counter(
+            "oneplus_preemptions",
+            "Gangs asked to stand aside (checkpoint, then stop) for a higher-priority gang, by the victim's queue",
+            ["queue"],
+            registry=svc.metrics,
+        )
+        self.lost_gpu_hours = Counter(
+            "oneplus_preemption_lost_gpu_hours",
+            "GPU-hours of work since their last checkpoint that preempted gangs lose, by the preemptor's queue",
+            ["queue"],
+            registry=svc.metrics,
+        )
 
     async def start(self) -> None:
         js = self.svc.js
@@ -136,6 +149,7 @@ class Preemption:
             jobs = self.index.jobs
             state = self.capacity.copy()
             victims = list(req.victims)
+            lost_s = req.lost_work_gpu_s
             if victims:
                 # The scheduling cycle chose them on an earlier view: evict only if that choice still holds.
                 if not still_valid(victims, req, jobs, state):
@@ -152,10 +166,13 @@ class Preemption:
                     span.set_attribute("oneplus.victims", 0)
                     return []
                 victims = list(choice.victims)
+                lost_s = choice.lost_work_gpu_s
             span.set_attribute("oneplus.victims", len(victims))
             reason = f"preempted for {rec.job_id} (priority {rec.spec.priority})"
             for victim_id in victims:
                 await self.preempt(jobs[victim_id], rec.job_id, reason)
+                self.preemptions.labels(jobs[victim_id].spec.queue).inc()
+            self.lost_gpu_hours.labels(rec.spec.queue).inc(max(0.0, lost_s) / 3600)
             log.info("%s: preempting %s (lost work %.0f GPU·s)", rec.job_id, victims, req.lost_work_gpu_s)
             return victims
 

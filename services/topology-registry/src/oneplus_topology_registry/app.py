@@ -35,6 +35,8 @@ from oneplus_bus.ledger import latest_values
 from oneplus_bus.service import OneplusService, OpsError
 from oneplus_bus.settings import BusSettings
 from oneplus_contracts import NodeHeartbeat, NodeRecord, NodeTopology, subjects
+from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.registry import Collector
 
 from .health import apply_heartbeat, heartbeat_due, record_changed, status_of, summary_changed
 
@@ -173,6 +175,7 @@ class Registry:
         before = self.records.get(hb.node)
         if before is None:
             return  # a heartbeat before the topology report: the report will follow
+        log.debug("heartbeat from %s", hb.node)  # one a node every few seconds: never at INFO
         await self.commit(self.status(apply_heartbeat(before, hb)), before, "heartbeat")
 
     async def check_lost(self) -> None:
@@ -241,12 +244,46 @@ class Registry:
         return {"nodes": items, "next": items[-1]["topology"]["node"] if more and items else None}
 
 
+class RegistryMetrics(Collector):
+    """Read from the working set when scraped (nothing per heartbeat): heartbeat age, status and GPU health."""
+
+    def __init__(self, reg: Registry) -> None:
+        self.reg = reg
+
+    def collect(self) -> Any:
+        now = self.reg.clock()
+        age = GaugeMetricFamily(
+            "oneplus_node_heartbeat_age_seconds",
+            "Seconds since the node's executor last sent a heartbeat (lost after ONEPLUS_NODE_LOST_AFTER_S)",
+            labels=["node"],
+        )
+        status = GaugeMetricFamily(
+            "oneplus_node_status",
+            "1 for the node's status (ready, cordoned, draining, unhealthy, lost)",
+            labels=["node", "status"],
+        )
+        healthy = GaugeMetricFamily(
+            "oneplus_gpu_healthy",
+            "1 when the node's last heartbeat reported the GPU healthy, else 0",
+            labels=["node", "gpu"],
+        )
+        for rec in list(self.reg.records.values()):
+            node = rec.topology.node
+            if rec.last_heartbeat:
+                age.add_metric([node], max(0.0, now - rec.last_heartbeat))
+            status.add_metric([node, rec.status], 1)
+            for g in rec.topology.gpus:
+                healthy.add_metric([node, str(g.index)], 1 if g.healthy else 0)
+        return [age, status, healthy]
+
+
 def build(
     settings: BusSettings | None = None, registry_settings: RegistrySettings | None = None
 ) -> tuple[OneplusService, Registry]:
     """The registry service (consumers, ops endpoints, loss detector) around a `Registry` over the bus."""
     svc = OneplusService("topology-registry", "Keeps the cluster topology model and node health", settings)
     reg = Registry(settings=registry_settings or RegistrySettings.from_env(), max_payload=lambda: svc.nc.max_payload)
+    svc.metrics.register(RegistryMetrics(reg))
 
     async def publish(subject: str, body: bytes) -> None:
         await svc.js.publish(subject, body, stream=subjects.NODES_STREAM)
