@@ -7,19 +7,48 @@ async with OnePlusClient.connect() as c:
 from __future__ import annotations
 
 import asyncio
+import getpass
+import importlib.util
 import json
 import os
+import sys
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Mapping
 from contextlib import asynccontextmanager
 from datetime import datetime
-from typing import Any, Literal, TypeVar
+from types import ModuleType
+from typing import TYPE_CHECKING, Any, Literal, TypeVar
 
-import nats
-from nats.aio.client import Client
-from nats.errors import NoRespondersError
-from nats.errors import TimeoutError as NatsTimeout
-from oneplus_contracts import JobRecord, JobSpec, NodeRecord, SubmitReply, subjects
-from oneplus_jobformats.cloudevents import SUBMIT_EVENT_TYPE, encode_binary, encode_structured
+# Start-up time: nats, pydantic and the contracts' models cost most of a second to import, and `oneplus --help`,
+# `oneplus queue` need none of the models: they are imported where a method needs them.
+if TYPE_CHECKING:
+    from nats.aio.client import Client
+    from oneplus_contracts import JobRecord, JobSpec, NodeRecord, SubmitReply
+
+SUBMIT_EVENT_TYPE = "io.oneplus.job.submit"  # oneplus_jobformats.cloudevents.SUBMIT_EVENT_TYPE (a test checks it)
+
+
+def _load_subjects() -> ModuleType:
+    """`oneplus_contracts.subjects` (plain string constants) without importing the package, whose `__init__` builds
+    every pydantic model (0.4 s of CPU); the package's own module when something has imported it already."""
+    loaded = sys.modules.get("oneplus_contracts.subjects")
+    if loaded is not None:
+        return loaded
+    try:
+        spec = importlib.util.find_spec("oneplus_contracts")  # a top-level name: found, not imported
+        where = list(spec.submodule_search_locations or []) if spec else []
+        file_spec = importlib.util.spec_from_file_location("oneplus._contracts_subjects", f"{where[0]}/subjects.py")
+        if file_spec is None or file_spec.loader is None:
+            raise ImportError("no subjects.py")
+        mod = importlib.util.module_from_spec(file_spec)
+        file_spec.loader.exec_module(mod)
+        return mod
+    except (ImportError, IndexError, OSError):
+        from oneplus_contracts import subjects as real
+
+        return real
+
+
+subjects = _load_subjects()
 
 TEAM_HEADER = "Oneplus-Team"
 JOB_PAGE_MAX = 1000  # the most jobs the intake puts in one page of `oneplus.ops.job.list`
@@ -30,6 +59,41 @@ T = TypeVar("T")
 
 class PlatformError(RuntimeError):
     """The platform answered with an error, or nobody answered."""
+
+
+def submitting_user(env: Mapping[str, str] | None = None) -> str:
+    """Who submits: `ONEPLUS_USER`, else `USER`, else `LOGNAME`, else the login name of the process (`getpass`),
+    else "unknown". Every submission path of the CLI (`submit` in every format, `sbatch`) asks this one function."""
+    env = os.environ if env is None else env
+    for name in ("ONEPLUS_USER", "USER", "LOGNAME"):
+        value = (env.get(name) or "").strip()
+        if value:
+            return value
+    try:
+        return getpass.getuser()
+    except (KeyError, OSError):  # no login name and no passwd entry, e.g. in a bare container
+        return "unknown"
+
+
+def with_submitter(spec: JobSpec, env: Mapping[str, str] | None = None) -> JobSpec:
+    """`spec` owned by `submitting_user()` unless its document named a user of its own."""
+    if "user" in spec.model_fields_set and spec.user not in ("", "unknown"):
+        return spec
+    return spec.model_copy(update={"user": submitting_user(env)})
+
+
+def _import_nats(url: str) -> None:
+    """Import nats-py for a command line that connects once and exits. nats-py imports aiohttp (0.35 s of CPU) for
+    WebSocket URLs only; for a nats:// or tls:// URL the import is left out of this process."""
+    if "nats" in sys.modules or url.startswith(("ws://", "wss://")) or "aiohttp" in sys.modules:
+        import nats
+
+        return
+    sys.modules["aiohttp"] = None  # type: ignore[assignment]  # makes nats.aio.transport's `import aiohttp` fail
+    try:
+        import nats  # noqa: F401
+    finally:
+        del sys.modules["aiohttp"]  # anything else may import it later
 
 
 class OnePlusClient:
@@ -43,17 +107,36 @@ class OnePlusClient:
     async def connect(
         cls, nats_url: str | None = None, *, team: str | None = None, timeout: float = 5.0
     ) -> AsyncIterator[OnePlusClient]:
+        import nats
+
         url = nats_url or os.environ.get("NATS_URL", "nats://127.0.0.1:4222")
+        errors: list[Exception] = []
+
+        async def keep(exc: Exception) -> None:
+            errors.append(exc)  # nats-py's default prints a traceback per failed attempt; the caller gets one line
+
         try:
-            nc = await nats.connect(url, connect_timeout=3, max_reconnect_attempts=2, allow_reconnect=False)
+            nc = await nats.connect(
+                url,
+                connect_timeout=3,
+                max_reconnect_attempts=1,
+                reconnect_time_wait=0.5,
+                allow_reconnect=False,
+                error_cb=keep,
+            )
         except Exception as exc:
-            raise PlatformError(f"cannot reach NATS at {url}: {exc}; is the platform up (`oneplus dev up`)?") from exc
+            cause = errors[-1] if errors else exc
+            why = str(cause) or type(cause).__name__
+            raise PlatformError(f"cannot reach NATS at {url}: {why}; is the platform up (`oneplus dev up`)?") from None
         try:
             yield cls(nc, team=team or os.environ.get("ONEPLUS_TEAM"), timeout=timeout)
         finally:
             await nc.close()
 
     async def _request(self, subject: str, body: bytes, headers: Mapping[str, str] | None = None) -> bytes:
+        from nats.errors import NoRespondersError
+        from nats.errors import TimeoutError as NatsTimeout
+
         hdrs = dict(headers or {})
         if self.team:
             # The intake reads the team from here; across a team's NATS account the server's stamp decides.
@@ -67,6 +150,8 @@ class OnePlusClient:
         return bytes(msg.data)
 
     async def submit_raw(self, body: bytes, headers: Mapping[str, str] | None = None) -> SubmitReply:
+        from oneplus_contracts import SubmitReply
+
         data = await self._request(subjects.SUBMIT, body, headers)
         return SubmitReply.model_validate_json(data)
 
@@ -86,6 +171,8 @@ class OnePlusClient:
         type: str = SUBMIT_EVENT_TYPE,
     ) -> SubmitReply:
         """Submit `spec` as a CloudEvent; its `id` names the job, so a retry with the same id is no second job."""
+        from oneplus_jobformats.cloudevents import encode_binary, encode_structured
+
         if mode == "structured":
             headers, body = encode_structured(spec, source, id, type=type)
         elif mode == "binary":
@@ -108,6 +195,8 @@ class OnePlusClient:
         return reply["result"]
 
     async def get_job(self, job_id: str) -> JobRecord:
+        from oneplus_contracts import JobRecord
+
         return JobRecord.model_validate(await self.ops(subjects.OPS_JOB_SHOW, {"job_id": job_id}))
 
     async def list_jobs(
@@ -136,6 +225,8 @@ class OnePlusClient:
     ) -> AsyncIterator[JobRecord]:
         """`list_jobs` one record at a time, a page (at most `page_size`, and never past NATS' max_payload) per
         request. A job that moved to the archive between two pages comes once, as first seen."""
+        from oneplus_contracts import JobRecord
+
         payload: dict[str, Any] = {}
         if team:
             payload["team"] = team
@@ -166,7 +257,7 @@ class OnePlusClient:
                 return
 
     async def cancel(self, job_id: str, team: str | None = None) -> dict[str, Any]:
-        payload: dict[str, Any] = {"job_id": job_id, "by": os.environ.get("USER", "cli")}
+        payload: dict[str, Any] = {"job_id": job_id, "by": submitting_user()}
         if team:
             payload["team"] = team
         result: dict[str, Any] = await self.ops(subjects.OPS_JOB_CANCEL, payload)
@@ -212,6 +303,8 @@ class OnePlusClient:
 
     async def nodes(self, page_size: int = 100) -> list[NodeRecord]:
         """Every node the registry knows, a page at a time (512 node records are well over NATS' max_payload)."""
+        from oneplus_contracts import NodeRecord
+
         out: list[NodeRecord] = []
         cursor: str | None = None
         while True:
@@ -229,6 +322,8 @@ class OnePlusClient:
 
 def run_with_client(nats_url: str | None, team: str | None, fn: Callable[[OnePlusClient], Awaitable[T]]) -> T:
     """Connect, run `fn` with the client, close: the one synchronous entry every CLI command goes through."""
+
+    _import_nats(nats_url or os.environ.get("NATS_URL", ""))
 
     async def go() -> T:
         async with OnePlusClient.connect(nats_url, team=team) as c:

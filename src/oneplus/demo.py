@@ -12,7 +12,7 @@ from rich.console import Console, Group
 from rich.live import Live
 from rich.panel import Panel
 
-from .cli.render import jobs_table
+from .cli.render import jobs_columns
 from .client import OnePlusClient, PlatformError
 from .devstack import DEMO_NODES, EmbeddedServers, Platform, SimNode, urls_from_env
 from .workload import demo_workload
@@ -82,19 +82,31 @@ async def drive(nats_url: str, specs: list[JobSpec], n_nodes: int, timeout: floa
         deadline = time.monotonic() + timeout
         jobs: list[JobRecord] = []
         last_head = ""
-        with Live(console=console, refresh_per_second=4) as live:
+        # On a terminal a live table; piped, a log line per change and the final table in plain columns (a rich
+        # table at the 80 columns assumed off a terminal cuts the ids and states).
+        live = Live(console=console, refresh_per_second=4) if console.is_terminal else None
+        head = ""
+        try:
+            if live is not None:
+                live.start()
             while time.monotonic() < deadline:
                 everything = {r.job_id: r for r in await client.list_jobs()}
                 jobs = [everything[i] for i in ids if i in everything]
                 counts = Counter(r.state for r in jobs)
                 head = " ".join(f"{k}={v}" for k, v in sorted(counts.items()))
-                live.update(Group(jobs_table(jobs, title=f"demo workload — {head}")))
-                if not console.is_terminal and head != last_head:
-                    console.print(f"{time.strftime('%H:%M:%S')} {head}")  # a log line per change when piped
+                if live is not None:
+                    live.update(Group(jobs_columns(jobs, title=f"demo workload — {head}").rich()))
+                elif head != last_head:
+                    console.print(f"{time.strftime('%H:%M:%S')} {head}", highlight=False)
                     last_head = head
                 if jobs and len(jobs) == len(ids) and all(r.terminal for r in jobs):
                     break
                 await asyncio.sleep(0.25)
+        finally:
+            if live is not None:
+                live.stop()
+        if live is None:
+            jobs_columns(jobs, title=f"demo workload — {head}").print(console)
         return jobs
 
 

@@ -93,6 +93,10 @@ class FakeClient:
             JobRecord(job_id="j-0001", spec=spec, state="ACCEPTED", submitted_ts=0, updated_ts=0, reason="Priority")
         ]
 
+    async def queue(self) -> list[dict[str, Any]]:
+        # The solver's queue rows: squeue takes a pending job's reason from here, as `oneplus queue` does.
+        return [{"job_id": "j-0001", "st": "PD", "reason": "Priority", "message": "behind higher-priority jobs"}]
+
     async def cancel(self, job_id: str, team: str | None = None) -> dict[str, Any]:
         if job_id == "nope":
             raise client_module.PlatformError("no job 'nope'")

@@ -5,19 +5,18 @@ from __future__ import annotations
 import json
 import time
 from pathlib import Path
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
-from oneplus_contracts import JobSpec
-from oneplus_jobformats.load import load_job_document
-from oneplus_placement import ClusterSnapshot, place_gang, seeded_fill
-from oneplus_topology.cluster import Cluster, load_cluster
-from oneplus_topology.errors import ClusterConfigError
 from rich.console import Console
 from rich.markup import escape
-from rich.table import Table
 
 from .render import error_console
+
+# OR-Tools (pulled in by oneplus_placement) and pandas cost 2 s of CPU to import: only `oneplus place` pays it.
+if TYPE_CHECKING:
+    from oneplus_contracts import JobSpec
+    from oneplus_topology.cluster import Cluster
 
 app = typer.Typer(no_args_is_help=True)
 console = Console()
@@ -49,11 +48,15 @@ def load_job(path: Path) -> JobSpec:
         text = path.read_text(encoding="utf-8")
     except OSError as e:
         raise ValueError(f"{path}: cannot read: {e.strerror}") from e
+    from oneplus_jobformats.load import load_job_document
+
     return load_job_document(text, filename=str(path)).spec  # JobFormatError is a ValueError naming the problem
 
 
 def job_from_gpus(cluster: Cluster, gpus: float, per_rank: float | None) -> JobSpec:
     """`--gpus N [--gpus-per-rank K]`: N/K ranks of K GPUs; K defaults to the largest divisor of N a node holds."""
+    from oneplus_contracts import JobSpec
+
     if gpus <= 0:
         raise ValueError(f"--gpus must be positive, got {gpus:g}")
     if gpus < 1:
@@ -77,6 +80,8 @@ def job_from_gpus(cluster: Cluster, gpus: float, per_rank: float | None) -> JobS
 
 def decide(cluster: Cluster, spec: JobSpec, fill: tuple[int, float] | None = None, seed: int = 0) -> dict[str, Any]:
     """The decision as the `--json` output prints it."""
+    from oneplus_placement import ClusterSnapshot, place_gang, seeded_fill
+
     snap = ClusterSnapshot.from_cluster(cluster)
     if fill is not None:
         snap = seeded_fill(snap, fill[0], fill[1])
@@ -120,6 +125,9 @@ def place(
     as_json: Annotated[bool, typer.Option("--json", help="Print the decision as JSON")] = False,
 ) -> None:
     """Place one job on an offline cluster and print the decision (or why it cannot be placed)."""
+    from oneplus_topology.cluster import load_cluster
+    from oneplus_topology.errors import ClusterConfigError
+
     if (job is None) == (gpus is None):
         raise _fail("give exactly one of --job JOB.yaml or --gpus N")
     if gpus_per_rank is not None and gpus is None:
@@ -141,6 +149,8 @@ def place(
 
 
 def _render(out: dict[str, Any]) -> None:
+    from rich.table import Table
+
     if not out["placed"]:
         console.print(f"[yellow]not placed:[/] {escape(out['explanation'])}", highlight=False)
         return

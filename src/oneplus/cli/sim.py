@@ -4,22 +4,22 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
-import yaml
-from oneplus_queueing.config import QueueConfig, QueueConfigError
-from oneplus_sim.cluster import ClusterError
-from oneplus_sim.fgd import SCORERS, FgdInputError, parse_seeds, run_protocol
-from oneplus_sim.policies import POLICY_NAMES
-from oneplus_sim.policies.oneplus import sim_queue_config
-from oneplus_sim.replay import ReplaySpec, run_replay
-from oneplus_sim.trace import TraceError, parse_window
 from rich.console import Console
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
 from .render import error_console
+
+# The simulator (numpy, pandas, OR-Tools, matplotlib) is imported by the commands, never by `oneplus --help`.
+if TYPE_CHECKING:
+    from oneplus_queueing.config import QueueConfig
+    from rich.progress import Progress
+
+# oneplus_sim.policies.POLICY_NAMES and oneplus_sim.fgd.SCORERS, for the help texts (tests/cli keeps them equal).
+POLICY_NAMES = ("oneplus", "k8s-default", "slurm-tree", "kueue-tas", "fifo-firstfit")
+SCORERS = ("fgd", "bestfit", "random", "dotprod", "gpuclustering", "gpupacking", "oneplus")
 
 app = typer.Typer(no_args_is_help=True)
 console = Console()
@@ -50,6 +50,8 @@ def _fail(message: str) -> typer.Exit:
 
 
 def _progress() -> Progress:
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
     return Progress(
         TextColumn("{task.description}"),
         BarColumn(),
@@ -82,6 +84,10 @@ def run(
     ] = None,
 ) -> None:
     """Replay a trace with several policies in one process and write their figures as JSON."""
+    from oneplus_sim.cluster import ClusterError
+    from oneplus_sim.replay import ReplaySpec, run_replay
+    from oneplus_sim.trace import TraceError, parse_window
+
     names = [p.strip() for p in policy.split(",") if p.strip()]
     unknown = [p for p in names if p not in POLICY_NAMES]
     if unknown or not names:
@@ -113,6 +119,10 @@ def run(
 
 
 def _oneplus_config(path: Path) -> QueueConfig:
+    import yaml
+    from oneplus_queueing.config import QueueConfigError
+    from oneplus_sim.policies.oneplus import sim_queue_config
+
     try:
         data = yaml.safe_load(path.read_text(encoding="utf-8"))
     except OSError as exc:
@@ -148,6 +158,8 @@ def fgd(
     policy: Annotated[str, typer.Option(help=f"Comma list of {', '.join(SCORERS)}")] = "oneplus,fgd,bestfit,random",
 ) -> None:
     """The FGD protocol: pods arrive until `demand` x capacity was asked for; GPU allocation and fragmentation."""
+    from oneplus_sim.fgd import FgdInputError, parse_seeds, run_protocol
+
     names = [p.strip() for p in policy.split(",") if p.strip()]
     unknown = [p for p in names if p not in SCORERS]
     if unknown or not names:

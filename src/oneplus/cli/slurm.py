@@ -6,7 +6,7 @@ platform through `oneplus.client` and prints.
 
 from __future__ import annotations
 
-import getpass
+import contextlib
 import json
 import sys
 import time
@@ -15,14 +15,13 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any, TypeVar
 
 import typer
-from oneplus_contracts.jobindex import HOLDING_STATES
-from oneplus_jobformats.errors import JobFormatError
-from oneplus_jobformats.sbatch import parse_sbatch
-from oneplus_jobformats.sbatch_options import split_command_line
-from oneplus_jobformats.slurm_tables import render_sinfo, render_squeue
-from oneplus_jobformats.summary import dry_run_summary
 
+from .render import reason_cell
+
+# The job formats and the contracts' models are imported by the commands (start-up time of `oneplus --help`).
 if TYPE_CHECKING:
+    from oneplus_contracts import JobRecord
+
     from ..client import OnePlusClient
 
 app = typer.Typer(help="Slurm-style commands: sbatch, squeue, scancel, sinfo.")
@@ -60,6 +59,13 @@ def sbatch(
 ) -> None:
     """Submit a batch script: oneplus sbatch OPTIONS... SCRIPT ARGS... (any sbatch option; they override the
     script's #SBATCH directives). Without SCRIPT the script is read from standard input."""
+    from oneplus_jobformats.errors import JobFormatError
+    from oneplus_jobformats.sbatch import parse_sbatch
+    from oneplus_jobformats.sbatch_options import split_command_line
+    from oneplus_jobformats.summary import dry_run_summary
+
+    from ..client import with_submitter
+
     try:
         options, script_path, script_args = split_command_line(list(ctx.args))
     except JobFormatError as exc:
@@ -69,10 +75,9 @@ def sbatch(
         tr = parse_sbatch(script, options, filename=filename, script_args=script_args)
     except JobFormatError as exc:
         raise _fail("sbatch", str(exc), 2) from exc
-    update: dict[str, Any] = {"user": _submitter()}  # like Slurm, the job belongs to whoever submits it
+    spec = with_submitter(tr.spec)  # like Slurm, the job belongs to whoever submits it (as `oneplus submit`)
     if team is not None:
-        update["team"] = team
-    spec = tr.spec.model_copy(update=update)
+        spec = spec.model_copy(update={"team": team})
     for w in tr.warnings:
         print(f"sbatch: warning: {w}", file=sys.stderr)
     if dry_run:
@@ -86,13 +91,6 @@ def sbatch(
         raise _fail("sbatch", f"Batch job submission failed: {reply.error}")
     if not as_json:
         print(reply.job_id if "--parsable" in options else f"Submitted batch job {reply.job_id}")
-
-
-def _submitter() -> str:
-    try:
-        return getpass.getuser()
-    except (KeyError, OSError):  # no login name and no passwd entry, e.g. in a bare container
-        return "unknown"
 
 
 def _read_script(path: str | None, options: list[str]) -> tuple[str, str]:
@@ -120,12 +118,26 @@ def squeue(
     team: TeamOpt = None,
 ) -> None:
     """Jobs in Slurm's default squeue columns: JOBID PARTITION NAME USER ST TIME NODES NODELIST(REASON)."""
+    from oneplus_contracts.jobindex import HOLDING_STATES
     from oneplus_contracts.slurm import STATE_CODES
+
+    from ..client import PlatformError
 
     _no_extras("squeue", ctx)
     # Like Slurm's squeue: by default the live jobs only, not the accounting archive (sacct's); `-t` asks for more.
     live = None if states else sorted(HOLDING_STATES | {"SUBMITTED", "ACCEPTED"})
-    records = _call("squeue", nats, team, lambda c: c.list_jobs(team, state=live))
+
+    async def fetch(c: OnePlusClient) -> tuple[list[JobRecord], dict[str, str]]:
+        records = await c.list_jobs(team, state=live)
+        reasons: dict[str, str] = {}
+        if not as_json and any(r.state in PENDING_STATES for r in records):
+            # Why each pending job waits, in the solver's word: the same as `oneplus queue` and `jobs show`; when
+            # the solver is away, (None).
+            with contextlib.suppress(PlatformError):
+                reasons = {row["job_id"]: reason_cell(row) for row in await c.queue()}
+        return records, reasons
+
+    records, reasons = _call("squeue", nats, team, fetch)
     wanted = {s.strip().upper() for s in states.split(",")} if states and states.lower() != "all" else None
     ids = set(jobs.split(",")) if jobs else None
     shown = [
@@ -139,7 +151,37 @@ def squeue(
     if as_json:
         print(json.dumps([r.model_dump(mode="json") for r in shown]))
         return
-    print(render_squeue(shown, now=time.time(), include_finished=states is not None))
+    print(squeue_text(shown, reasons, now=time.time(), include_finished=states is not None))
+
+
+PENDING_STATES = frozenset({"SUBMITTED", "ACCEPTED"})
+
+
+def squeue_text(
+    records: list[JobRecord], reasons: dict[str, str], *, now: float, include_finished: bool = False
+) -> str:
+    """Slurm's squeue layout (right-aligned, its default widths), each column widened to its longest cell: an id,
+    a name or a state is never cut. A pending job's NODELIST(REASON) is `reasons[job_id]` when the solver gave one,
+    `(None)` otherwise, as `oneplus queue` and `oneplus jobs show` say it."""
+    from oneplus_contracts import ACTIVE_STATES
+    from oneplus_jobformats.slurm_tables import SQUEUE_COLUMNS, squeue_row
+
+    shown = [r for r in records if include_finished or not r.terminal]
+    shown.sort(key=lambda r: (r.state not in ACTIVE_STATES, -r.spec.priority, r.submitted_ts))
+    rows = []
+    for r in shown:
+        row = squeue_row(r, now=now)
+        where = row.nodelist_reason
+        if r.state in PENDING_STATES:
+            where = reasons.get(r.job_id) or reason_cell({"reason": None})
+        cells = (row.job_id, row.partition, row.name, row.user, row.state, row.time, str(row.nodes))
+        rows.append((cells, where))
+    widths = [max([w, len(name)] + [len(c[i]) for c, _ in rows]) for i, (name, w) in enumerate(SQUEUE_COLUMNS)]
+    header = " ".join(name.rjust(w) for (name, _), w in zip(SQUEUE_COLUMNS, widths, strict=True))
+    lines = [header + " NODELIST(REASON)"]
+    for cells, where in rows:
+        lines.append(" ".join(c.rjust(w) for c, w in zip(cells, widths, strict=True)) + " " + where)
+    return "\n".join(lines)
 
 
 def scancel(
@@ -179,6 +221,9 @@ def sinfo(
 ) -> None:
     """Nodes in Slurm's default sinfo columns: PARTITION AVAIL TIMELIMIT NODES STATE NODELIST."""
     _no_extras("sinfo", ctx)
+
+    from oneplus_contracts.jobindex import HOLDING_STATES
+    from oneplus_jobformats.slurm_tables import render_sinfo
 
     async def fetch(c: OnePlusClient) -> tuple[list[Any], list[Any]]:
         # Only the jobs holding GPUs say which nodes are allocated; the archive has nothing to add.

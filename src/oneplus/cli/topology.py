@@ -4,27 +4,18 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
-from oneplus_contracts import NodeTopology
-from oneplus_topology.analysis import (
-    numa_groups,
-    nvlink_domains,
-    nvlink_groups,
-    pcie_switch_groups,
-    rails,
-)
-from oneplus_topology.bandwidth import assumptions
-from oneplus_topology.cluster import load_cluster
-from oneplus_topology.errors import ClusterConfigError, TopologyParseError
-from oneplus_topology.presets import CONSTRUCTED_PRESETS, PRESETS, shared_preset
-from oneplus_topology.smi import parse_topo_matrix
 from rich import box
 from rich.console import Console
 from rich.table import Table
 
 from .render import error_console
+
+# oneplus_topology builds the contracts' pydantic models on import: the commands import it, `oneplus --help` not.
+if TYPE_CHECKING:
+    from oneplus_contracts import NodeTopology
 
 app = typer.Typer(no_args_is_help=True)
 console = Console()
@@ -74,6 +65,9 @@ def render_link_matrix(topo: NodeTopology) -> Table:
 
 
 def _caption(topo: NodeTopology) -> str:
+    from oneplus_topology.analysis import numa_groups, nvlink_groups, pcie_switch_groups, rails
+    from oneplus_topology.bandwidth import assumptions
+
     groups = nvlink_groups(topo)
     gbps = sorted({round(lk.gbps, 1) for lk in topo.links if lk.kind.startswith("NV")}, reverse=True)
     nv = ", ".join(str(g) for g in groups) + f" ({', '.join(f'{x:g}' for x in gbps)} GB/s)" if groups else "none"
@@ -95,6 +89,9 @@ def _caption(topo: NodeTopology) -> str:
 
 def topology_json(topo: NodeTopology) -> dict[str, Any]:
     """The `topology import --json` document (schema in docs/topology.md)."""
+    from oneplus_topology.analysis import nvlink_domains, nvlink_groups, pcie_switch_groups, rails
+    from oneplus_topology.bandwidth import assumptions
+
     return {
         "node": topo.node,
         "gpu_model": topo.gpu_model,
@@ -119,6 +116,9 @@ def import_(
     node: Annotated[str | None, typer.Option("--node", help="Node name (default: the file name)")] = None,
 ) -> None:
     """Read `nvidia-smi topo -m` text and print the node model."""
+    from oneplus_topology.errors import TopologyParseError
+    from oneplus_topology.smi import parse_topo_matrix
+
     try:
         text = file.read_text(encoding="utf-8")
     except OSError as e:
@@ -140,6 +140,9 @@ def import_(
 @app.command("presets")
 def presets(as_json: Annotated[bool, typer.Option("--json", help="Print JSON")] = False) -> None:
     """List the node layouts that ship with OnePlus."""
+    from oneplus_topology.analysis import nvlink_groups
+    from oneplus_topology.presets import CONSTRUCTED_PRESETS, PRESETS, shared_preset
+
     rows = [
         {
             "name": name,
@@ -169,6 +172,9 @@ def cluster(
     as_json: Annotated[bool, typer.Option("--json", help="Print JSON")] = False,
 ) -> None:
     """Load a cluster YAML and show its nodes under leaves and spines."""
+    from oneplus_topology.cluster import load_cluster
+    from oneplus_topology.errors import ClusterConfigError
+
     try:
         c = load_cluster(file)
     except ClusterConfigError as e:
