@@ -76,6 +76,9 @@ class IntakeHttp:
             self.api.add_routes(app)
         for add_routes in self.routes:
             add_routes(app)
+        from .dashboard import mount_dashboard  # the web dashboard at /ui/ (docs/dashboard.md)
+
+        mount_dashboard(app, self.intake.svc)
         return app
 
     async def health(self, request: web.Request) -> web.Response:

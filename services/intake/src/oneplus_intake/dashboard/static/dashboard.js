@@ -1,0 +1,284 @@
+// OnePlus dashboard: plain JS, no build step. Views by location hash: #/ (cluster), #/queue, #/job/<id>.
+// Everything on screen comes from /ui/api/*, polled every POLL_MS; text goes in as text, never as HTML.
+"use strict";
+
+const POLL_MS = 1500;
+const state = { cluster: null, queue: null, job: null, explains: new Map(), timer: null, busy: false };
+
+function h(tag, attrs, ...children) {
+  const el = document.createElement(tag);
+  for (const [k, v] of Object.entries(attrs || {})) {
+    if (v === null || v === undefined || v === false) continue;
+    if (k === "class") el.className = v;
+    else if (k === "style") el.style.cssText = v;
+    else if (k.startsWith("on")) el.addEventListener(k.slice(2), v);
+    else if (k.startsWith("data-")) el.setAttribute(k, String(v));
+    else el.setAttribute(k, String(v));
+  }
+  for (const c of children.flat(Infinity)) {
+    if (c === null || c === undefined || c === false) continue;
+    el.append(c instanceof Node ? c : document.createTextNode(String(c)));
+  }
+  return el;
+}
+
+// replaceChildren that skips empty parts (null, false) and flattens lists.
+function fill(el, ...children) {
+  el.replaceChildren(...children.flat(Infinity).filter((c) => c !== null && c !== undefined && c !== false));
+}
+
+async function api(path) {
+  const res = await fetch("/ui/api/" + path, { cache: "no-store" });
+  let body;
+  try {
+    body = await res.json();
+  } catch (e) {
+    throw new Error(`${path}: HTTP ${res.status}`);
+  }
+  if (!body.ok) throw new Error(body.error || `${path}: HTTP ${res.status}`);
+  return body.result;
+}
+
+function route() {
+  const hash = location.hash.replace(/^#/, "") || "/";
+  if (hash.startsWith("/job/")) return { view: "job", id: decodeURIComponent(hash.slice(5)) };
+  if (hash.startsWith("/queue")) return { view: "queue" };
+  return { view: "cluster" };
+}
+
+function fmtTime(ts) {
+  if (!ts) return "";
+  const d = new Date(ts * 1000);
+  return d.toLocaleTimeString([], { hour12: false }) + "." + String(d.getMilliseconds()).padStart(3, "0");
+}
+
+function jobLink(id, colour) {
+  return h("a", { href: "#/job/" + encodeURIComponent(id), class: "job-link", "data-job": id },
+    colour ? h("span", { class: "swatch", style: `background:${colour}` }) : null, id);
+}
+
+function setError(msg) {
+  const el = document.getElementById("error");
+  el.hidden = !msg;
+  el.textContent = msg || "";
+}
+
+function setLive(ok, when) {
+  const el = document.getElementById("live");
+  el.className = "live " + (ok ? "ok" : "stale");
+  el.textContent = ok ? `live · ${fmtTime(when)}` : "not updating";
+}
+
+function counts(c, extra) {
+  return h("span", { class: "counts" },
+    h("span", { class: "c-free", title: "free GPUs" }, `${c.free} free`), " · ",
+    h("span", { class: "c-held", title: "GPUs held by jobs" }, `${c.held} held`),
+    c.fragmented ? [" · ", h("span", { class: "c-frag", title: "free GPUs in a domain a job uses part of" }, `${c.fragmented} fragmented`)] : null,
+    c.unhealthy ? [" · ", h("span", { class: "c-bad" }, `${c.unhealthy} unhealthy`)] : null,
+    c.unavailable ? [" · ", h("span", { class: "c-off" }, `${c.unavailable} unavailable`)] : null,
+    extra || null);
+}
+
+// ---- cluster ---------------------------------------------------------------------------------------
+
+function gpuTitle(node, dom, g, jobs) {
+  const lines = [`${node.name} GPU ${g.index} (${dom.id}, ${dom.kind})`, `state: ${g.state}`];
+  for (const hd of g.holders) {
+    const j = jobs[hd.job_id] || {};
+    lines.push(`job ${hd.job_id} ${j.name ? "(" + j.name + ")" : ""} rank ${hd.rank} token ${hd.token} ${hd.state}` +
+      (hd.milli < 1000 ? ` ${hd.milli / 10}%` : ""));
+  }
+  if (g.health !== "ok") lines.push(`health: ${g.health}${g.health_reason ? " — " + g.health_reason : ""}`);
+  return lines.join("\n");
+}
+
+function renderGpu(node, dom, g, jobs, focus) {
+  const job = g.job_id ? jobs[g.job_id] : null;
+  const colour = job ? job.colour : null;
+  const dim = focus && g.job_id !== focus;
+  const cls = ["gpu", g.state, g.health !== "ok" ? "h-" + g.health : "", dim ? "dim" : ""].join(" ");
+  const el = h("span", {
+    class: cls, "data-gpu": g.index, "data-state": g.state, "data-health": g.health, "data-job": g.job_id,
+    style: colour ? `background:${colour}` : null, title: gpuTitle(node, dom, g, jobs),
+  }, String(g.index));
+  if (g.job_id) el.addEventListener("click", () => { location.hash = "#/job/" + encodeURIComponent(g.job_id); });
+  return el;
+}
+
+function renderDomain(node, dom, jobs, focus) {
+  const label = dom.kind === "nvlink" ? "NVLink " + dom.id.split("/").pop() : "PCIe only";
+  const extra = dom.kind === "nvlink" && dom.free ? ` · largest free NVLink group ${dom.largest_free_nvlink_group}` : "";
+  return h("div", { class: `domain ${dom.kind} s-${dom.state}`, "data-domain": dom.id, "data-state": dom.state,
+    "data-free": dom.free, "data-held": dom.held, "data-fragmented": dom.fragmented },
+  h("div", { class: "domain-head" }, h("b", {}, label), ` ${dom.gpus.length} GPUs `,
+    h("span", { class: "badge s-" + dom.state }, dom.state)),
+  h("div", { class: "gpus" }, dom.gpus.map((g) => renderGpu(node, dom, g, jobs, focus))),
+  h("div", { class: "domain-foot" }, counts(dom, extra)));
+}
+
+function renderNode(node, jobs, focus) {
+  const status = node.cordoned ? "cordoned" : node.draining ? "draining" : node.status;
+  return h("div", { class: `node st-${status}`, "data-node": node.name },
+    h("div", { class: "node-head" }, h("b", {}, node.name), " ", h("span", { class: "model" }, node.gpu_model),
+      node.nvlink_domain ? h("span", { class: "model" }, ` · NVL domain ${node.nvlink_domain}`) : null,
+      " ", h("span", { class: "badge st-" + status, title: node.reason || "" }, status)),
+    h("div", { class: "domains" }, node.domains.map((d) => renderDomain(node, d, jobs, focus))),
+    h("div", { class: "node-foot" }, counts(node, node.free ? ` · ${node.frag_pct}% of free fragmented` : "")));
+}
+
+function renderLeaf(leaf, jobs, focus) {
+  return h("section", { class: "leaf", "data-leaf": leaf.name },
+    h("h3", {}, "leaf ", leaf.name, leaf.spine ? h("span", { class: "model" }, ` (spine ${leaf.spine})`) : null, " ",
+      focus ? h("span", { class: "model" }, "· the job's nodes") : counts(leaf)),
+    h("div", { class: "nodes" }, leaf.nodes.map((n) => renderNode(n, jobs, focus))));
+}
+
+function renderCluster(c) {
+  const s = c.summary;
+  const doms = Object.entries(s.domains).map(([k, v]) => `${v} ${k}`).join(", ");
+  fill(document.getElementById("cluster-summary"),
+    h("span", { class: "big" }, `${s.nodes} nodes · ${s.leaves} leaves · ${s.total} GPUs`), " ",
+    counts(s, ` · ${s.frag_pct}% of free GPUs fragmented`), h("div", { class: "model" }, "NVLink/PCIe domains: ", doms));
+  const jobs = Object.values(c.jobs).sort((a, b) => a.job_id.localeCompare(b.job_id));
+  fill(document.getElementById("cluster-legend"),
+    h("span", { class: "model" }, jobs.length ? "holding GPUs: " : "no job holds a GPU"),
+    ...jobs.map((j) => h("span", { class: "legend-item", "data-job": j.job_id, title: `${j.state}, ${j.team}/${j.user}` },
+      jobLink(j.job_id, j.colour), ` ${j.name} · ${j.gpus} GPU${j.gpus === 1 ? "" : "s"} · ${j.state}`)));
+  fill(document.getElementById("cluster-leaves"), ...c.leaves.map((l) => renderLeaf(l, c.jobs, null)));
+}
+
+// ---- queue -----------------------------------------------------------------------------------------
+
+function renderExplain(id) {
+  const ex = state.explains.get(id);
+  if (!ex) return null;
+  if (ex.loading) return h("div", { class: "explain", "data-job": id }, "asking the solver…");
+  if (ex.error) return h("div", { class: "explain error", "data-job": id }, ex.error);
+  const r = ex.result;
+  const facts = [
+    ["message", r.message], ["reason", r.reason], ["blocked at", r.level], ["constraint", r.constraint],
+    ["needs GPUs", r.needed_gpus], ["best candidate", r.best_candidate], ["fits now", r.fits_now],
+    ["jobs ahead", (r.ahead || []).join(", ")], ["preempting would fit", (r.preempt_to_fit || []).join(", ")],
+  ].filter(([, v]) => v !== undefined && v !== null && v !== "");
+  return h("div", { class: "explain", "data-job": id }, h("dl", {}, facts.map(([k, v]) => [h("dt", {}, k), h("dd", {}, String(v))])));
+}
+
+async function toggleExplain(id) {
+  if (state.explains.has(id) && !state.explains.get(id).loading) {
+    state.explains.delete(id);
+    if (state.queue) renderQueue(state.queue);
+    return;
+  }
+  state.explains.set(id, { loading: true });
+  if (state.queue) renderQueue(state.queue);
+  try {
+    state.explains.set(id, { result: await api("explain/" + encodeURIComponent(id)) });
+  } catch (e) {
+    state.explains.set(id, { error: String(e.message || e) });
+  }
+  if (state.queue) renderQueue(state.queue);
+}
+
+function renderQueue(q) {
+  document.getElementById("pending-count").textContent = `(${q.pending.length})`;
+  document.getElementById("holding-count").textContent = `(${q.holding.length})`;
+  const rows = [];
+  for (const r of q.pending) {
+    const open = state.explains.has(r.job_id);
+    rows.push(h("tr", { "data-job": r.job_id, class: "pending-row" },
+      h("td", {}, jobLink(r.job_id)), h("td", {}, r.name), h("td", {}, r.queue), h("td", {}, r.user),
+      h("td", {}, r.gpus), h("td", {}, r.time), h("td", { class: "reason" }, r.reason || ""),
+      h("td", { class: "message" }, r.message || ""),
+      h("td", {}, h("button", { class: "explain-btn", "data-job": r.job_id, onclick: () => toggleExplain(r.job_id) },
+        open ? "hide" : "explain"))));
+    if (open) rows.push(h("tr", { class: "explain-row" }, h("td", { colspan: 9 }, renderExplain(r.job_id))));
+  }
+  if (!q.pending.length) rows.push(h("tr", {}, h("td", { colspan: 9, class: "model" }, "nothing pending")));
+  fill(document.querySelector("#pending tbody"), ...rows);
+  fill(document.querySelector("#holding tbody"), ...q.holding.map((r) => h("tr", { "data-job": r.job_id },
+    h("td", {}, jobLink(r.job_id, r.colour)), h("td", {}, r.name), h("td", {}, r.queue), h("td", {}, r.user),
+    h("td", {}, r.st), h("td", {}, r.gpus), h("td", {}, r.time), h("td", {}, r.where))));
+}
+
+// ---- job -------------------------------------------------------------------------------------------
+
+function renderJob(v) {
+  const j = v.job;
+  const spec = j.spec;
+  fill(document.getElementById("job-head"),
+    h("h2", { "data-job": j.job_id }, h("span", { class: "swatch big", style: `background:${v.colour}` }), j.job_id,
+      " ", h("span", { class: "badge job-state", "data-state": j.state }, j.state)),
+    h("p", {}, `${spec.name} · team ${spec.team} · user ${spec.user} · queue ${spec.queue} · priority ${spec.priority}` +
+      ` · attempt ${j.attempt} · token ${j.token ?? "-"} · preemptions ${j.preemptions}`),
+    j.reason ? h("p", { class: "reason" }, j.reason) : null);
+  const p = v.placement;
+  fill(document.getElementById("job-placement"),
+    p.ranks.length
+      ? h("div", {},
+        h("p", {}, `${p.ranks.length} rank${p.ranks.length === 1 ? "" : "s"} in one ${p.domain} · ring ${p.ring_gbps} GB/s · ${p.solver}` +
+          (v.holding ? "" : " (last placement; GPUs no longer held)")),
+        h("table", { class: "rows placement" }, h("thead", {}, h("tr", {}, h("th", {}, "rank"), h("th", {}, "node"), h("th", {}, "GPUs"))),
+          h("tbody", {}, p.ranks.map((r) => h("tr", { "data-rank": r.rank }, h("td", {}, r.rank), h("td", {}, r.node),
+            h("td", {}, r.gpus.join(", ") + (r.gpu_milli ? ` (${r.gpu_milli / 10}% each)` : "")))))))
+      : h("p", { class: "model" }, "not placed"));
+  // The nodes it runs on, from the cluster picture, with its GPUs lit and the rest dimmed.
+  const map = [];
+  if (state.cluster && p.nodes.length) {
+    for (const leaf of state.cluster.leaves) {
+      const mine = leaf.nodes.filter((n) => p.nodes.includes(n.name));
+      if (mine.length) map.push(renderLeaf({ ...leaf, nodes: mine }, state.cluster.jobs, j.job_id));
+    }
+  }
+  fill(document.getElementById("job-map"), ...map);
+  fill(document.getElementById("job-timeline"), ...v.timeline.map((m) =>
+    h("li", { "data-step": m.step }, h("b", {}, m.step), ` ${fmtTime(m.ts)} `, h("span", { class: "model" }, `+${m.after_s}s`))));
+  fill(document.querySelector("#job-events tbody"), ...v.events.map((e) =>
+    h("tr", { "data-type": e.type, class: "event" }, h("td", {}, e.seq ?? ""), h("td", {}, fmtTime(e.ts)),
+      h("td", {}, e.after_s ?? ""), h("td", {}, h("b", {}, e.type)), h("td", { class: "message" }, e.summary))));
+}
+
+// ---- loop ------------------------------------------------------------------------------------------
+
+async function refresh() {
+  if (state.busy) return;
+  state.busy = true;
+  const r = route();
+  try {
+    if (r.view === "cluster") {
+      state.cluster = await api("cluster");
+      renderCluster(state.cluster);
+    } else if (r.view === "queue") {
+      state.queue = await api("queue");
+      renderQueue(state.queue);
+    } else {
+      const [job, cluster] = await Promise.all([api("job/" + encodeURIComponent(r.id)), api("cluster")]);
+      state.cluster = cluster;
+      state.job = job;
+      renderJob(job);
+    }
+    setError("");
+    setLive(true, Date.now() / 1000);
+  } catch (e) {
+    setError(String(e.message || e));
+    setLive(false);
+  } finally {
+    state.busy = false;
+  }
+}
+
+function show() {
+  const r = route();
+  for (const v of ["cluster", "queue", "job"]) document.getElementById("view-" + v).hidden = v !== r.view;
+  for (const a of document.querySelectorAll("nav a")) a.classList.toggle("active", a.dataset.nav === r.view);
+  document.body.dataset.view = r.view;
+  refresh();
+}
+
+document.getElementById("job-form").addEventListener("submit", (ev) => {
+  ev.preventDefault();
+  const id = document.getElementById("job-input").value.trim();
+  if (id) location.hash = "#/job/" + encodeURIComponent(id);
+});
+window.addEventListener("hashchange", show);
+show();
+state.timer = setInterval(refresh, POLL_MS);

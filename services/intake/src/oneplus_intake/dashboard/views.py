@@ -1,0 +1,285 @@
+"""What the dashboard shows, built from what the platform answers: pure functions, no I/O.
+
+`cluster_view`: leaves → nodes → NVLink domains → GPUs, each GPU with the jobs holding it and its health, and per
+domain, node, leaf and cluster the counts of free, held, unhealthy and fragmented GPUs. A node's NVLink domains are
+the connected components of its healthy NVLink graph (`oneplus_topology.nvlink_domains`, what the solver places
+into); the GPUs outside every domain (a PCIe-only node, a GPU with a link down) form one "pcie" group of the node.
+
+Fragmented: a free GPU in a domain that a job already uses part of. A gang that wants the whole domain cannot have
+it, and what is left is smaller than the domain: the free capacity the scheduler cannot hand out whole.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any
+
+from oneplus_contracts import JobRecord, NodeRecord
+from oneplus_contracts.jobindex import HOLDING_STATES
+from oneplus_topology import nvlink_domains, nvlink_groups
+
+NO_LEAF = "(no leaf)"
+EVENT_LIMIT = 500
+
+
+def colour_of(job_id: str) -> str:
+    """A stable colour per job: the same job has the same colour on every page and in every browser."""
+    digest = hashlib.blake2s(job_id.encode(), digest_size=4).digest()
+    hue = int.from_bytes(digest[:2], "big") % 360
+    light = 42 + digest[2] % 16
+    return f"hsl({hue}, 70%, {light}%)"
+
+
+COUNTS = ("total", "free", "held", "unhealthy", "unavailable", "fragmented")
+
+
+def _counts() -> dict[str, int]:
+    return dict.fromkeys(COUNTS, 0)
+
+
+def _add(into: dict[str, Any], part: Mapping[str, Any]) -> None:
+    for key in COUNTS:
+        into[key] += part.get(key, 0)
+
+
+def _frag_pct(c: Mapping[str, Any]) -> float:
+    return round(100.0 * c["fragmented"] / c["free"], 1) if c["free"] else 0.0
+
+
+def holdings(jobs: Iterable[JobRecord]) -> dict[tuple[str, int], list[dict[str, Any]]]:
+    """(node, gpu) → the jobs holding that GPU (several when they share it by `gpu_milli`)."""
+    out: dict[tuple[str, int], list[dict[str, Any]]] = {}
+    for rec in jobs:
+        if rec.state not in HOLDING_STATES or rec.allocation is None:
+            continue
+        for rank in rec.allocation.ranks:
+            for gpu in rank.gpus:
+                holder = {
+                    "job_id": rec.job_id,
+                    "token": rec.token,
+                    "state": rec.state,
+                    "rank": rank.rank,
+                    "milli": rank.gpu_milli or 1000,
+                }
+                out.setdefault((rank.node, gpu), []).append(holder)
+    return out
+
+
+def _gpu_health(node: NodeRecord, index: int) -> tuple[str, str | None]:
+    """("ok" | "unhealthy" | "degraded", why)."""
+    info = next((g for g in node.topology.gpus if g.index == index), None)
+    if index in node.unhealthy_gpus or (info is not None and not info.healthy):
+        return "unhealthy", (info.health_reason if info is not None else None) or "reported unhealthy"
+    if info is not None and info.nvlinks_active < info.nvlinks_total:
+        return "degraded", f"NVLink {info.nvlinks_active}/{info.nvlinks_total} links up"
+    return "ok", None
+
+
+def _domain(
+    node: NodeRecord,
+    domain_id: str,
+    kind: str,
+    gpus: Sequence[int],
+    held: Mapping[tuple[str, int], list[dict[str, Any]]],
+    groups: Sequence[Sequence[int]],
+) -> dict[str, Any]:
+    name = node.topology.node
+    counts = _counts()
+    gpu_rows: list[dict[str, Any]] = []
+    free: set[int] = set()
+    for index in gpus:
+        holders = held.get((name, index), [])
+        health, why = _gpu_health(node, index)
+        if holders:
+            state = "held"
+        elif health == "unhealthy":
+            state = "unhealthy"
+        elif not node.schedulable:
+            state = "unavailable"
+        else:
+            state = "free"
+            free.add(index)
+        counts["total"] += 1
+        counts[state] += 1
+        gpu_rows.append(
+            {
+                "index": index,
+                "state": state,
+                "health": health,
+                "health_reason": why,
+                "job_id": holders[0]["job_id"] if holders else None,
+                "holders": holders,
+            }
+        )
+    if counts["held"] and counts["free"]:
+        counts["fragmented"] = counts["free"]
+    if counts["free"] == counts["total"]:
+        state = "idle"
+    elif not counts["free"]:
+        state = "full" if counts["held"] else "down"
+    elif counts["fragmented"]:
+        state = "fragmented"
+    else:
+        state = "partial"  # free GPUs beside unhealthy or unavailable ones, no job among them
+    # The biggest all-to-all NVLink set still free here: what a gang packed into one NVLink group could get.
+    largest = max((len(free.intersection(g)) for g in groups), default=0) if kind == "nvlink" else 0
+    return {
+        "id": domain_id,
+        "kind": kind,
+        "state": state,
+        "gpus": gpu_rows,
+        "largest_free_nvlink_group": largest,
+        "jobs": sorted({h["job_id"] for g in gpu_rows for h in g["holders"]}),
+        **counts,
+    }
+
+
+def node_view(node: NodeRecord, held: Mapping[tuple[str, int], list[dict[str, Any]]]) -> dict[str, Any]:
+    topo = node.topology
+    domains = nvlink_domains(topo)
+    groups = nvlink_groups(topo)
+    inside = {g for d in domains for g in d}
+    rows = [_domain(node, f"{topo.node}/nv{i}", "nvlink", d, held, groups) for i, d in enumerate(domains)]
+    rest = [g.index for g in topo.gpus if g.index not in inside]
+    if rest:
+        rows.append(_domain(node, f"{topo.node}/pcie", "pcie", rest, held, groups))
+    counts = _counts()
+    for d in rows:
+        _add(counts, d)
+    return {
+        "name": topo.node,
+        "leaf": topo.leaf or NO_LEAF,
+        "spine": topo.spine,
+        "gpu_model": topo.gpu_model,
+        "nvlink_domain": topo.nvlink_domain,
+        "status": node.status,
+        "schedulable": node.schedulable,
+        "cordoned": node.cordoned,
+        "draining": node.draining,
+        "reason": node.reason,
+        "last_heartbeat": node.last_heartbeat,
+        "domains": rows,
+        "frag_pct": _frag_pct(counts),
+        **counts,
+    }
+
+
+def job_legend(jobs: Iterable[JobRecord]) -> dict[str, dict[str, Any]]:
+    return {
+        rec.job_id: {
+            "job_id": rec.job_id,
+            "name": rec.spec.name,
+            "team": rec.spec.team,
+            "user": rec.spec.user,
+            "state": rec.state,
+            "token": rec.token,
+            "gpus": rec.spec.total_gpus,
+            "colour": colour_of(rec.job_id),
+        }
+        for rec in jobs
+        if rec.state in HOLDING_STATES and rec.allocation is not None
+    }
+
+
+def cluster_view(nodes: Iterable[NodeRecord], jobs: Sequence[JobRecord], now: float) -> dict[str, Any]:
+    """The whole picture: leaves (sorted) → nodes (sorted) → domains → GPUs, counts at every level, and the jobs
+    holding GPUs with their colours."""
+    held = holdings(jobs)
+    leaves: dict[str, dict[str, Any]] = {}
+    for node in sorted(nodes, key=lambda n: n.topology.node):
+        view = node_view(node, held)
+        leaf = leaves.setdefault(view["leaf"], {"name": view["leaf"], "spine": view["spine"], "nodes": [], **_counts()})
+        leaf["nodes"].append(view)
+        _add(leaf, view)
+    total = _counts()
+    domain_states: dict[str, int] = {}
+    for leaf in leaves.values():
+        leaf["frag_pct"] = _frag_pct(leaf)
+        _add(total, leaf)
+        for node_row in leaf["nodes"]:
+            for d in node_row["domains"]:
+                domain_states[d["state"]] = domain_states.get(d["state"], 0) + 1
+    return {
+        "ts": now,
+        "summary": {
+            **total,
+            "nodes": sum(len(leaf["nodes"]) for leaf in leaves.values()),
+            "leaves": len(leaves),
+            "frag_pct": _frag_pct(total),
+            "domains": domain_states,
+        },
+        "leaves": [leaves[k] for k in sorted(leaves)],
+        "jobs": job_legend(jobs),
+    }
+
+
+def queue_view(rows: Sequence[Mapping[str, Any]], now: float) -> dict[str, Any]:
+    """The solver's squeue rows split into pending (serving order, with reason) and holding jobs."""
+    pending = [dict(r) for r in rows if r.get("st") == "PD"]
+    holding = [dict(r) | {"colour": colour_of(str(r.get("job_id")))} for r in rows if r.get("st") != "PD"]
+    return {"ts": now, "pending": pending, "holding": holding}
+
+
+def _event_summary(ev: Mapping[str, Any]) -> str:
+    kind = ev.get("type")
+    parts: list[str] = []
+    if kind == "placed":
+        alloc = ev.get("allocation") or {}
+        where = ", ".join(f"{r.get('node')}:{','.join(map(str, r.get('gpus', [])))}" for r in alloc.get("ranks", []))
+        parts.append(f"on {alloc.get('domain', '?')} {where}; token {ev.get('token')}, attempt {ev.get('attempt')}")
+    for key in ("node", "state", "exit_code", "reason", "by", "preemptor", "fault", "source"):
+        value = ev.get(key)
+        if value is not None and value != "":
+            parts.append(f"{key} {value}")
+    if ev.get("warnings"):
+        parts.append("warnings: " + "; ".join(ev["warnings"]))
+    return "; ".join(parts)
+
+
+def timeline(rec: JobRecord) -> list[dict[str, Any]]:
+    """The record's milestones with their times (the latest attempt's), each with seconds since submission."""
+    marks = [
+        ("submitted", rec.submitted_ts),
+        ("placed", rec.placed_ts),
+        ("started", rec.started_ts),
+        ("checkpointed", rec.checkpoint_ts),
+        ("finished", rec.finished_ts),
+    ]
+    out = [{"step": step, "ts": ts, "after_s": round(ts - rec.submitted_ts, 3)} for step, ts in marks if ts]
+    return sorted(out, key=lambda m: m["ts"])
+
+
+def job_view(rec: JobRecord, events: Sequence[Mapping[str, Any]], now: float) -> dict[str, Any]:
+    """One job: its record, where its ranks are, its milestones and its events in stream order."""
+    ranks = []
+    if rec.allocation is not None:
+        ranks = [r.model_dump(mode="json") for r in rec.allocation.ranks]
+    first = rec.submitted_ts
+    rows = [
+        {
+            "seq": ev.get("seq"),
+            "type": ev.get("type"),
+            "ts": ev.get("ts"),
+            "after_s": round(float(ev["ts"]) - first, 3) if isinstance(ev.get("ts"), int | float) else None,
+            "summary": _event_summary(ev),
+            "event": dict(ev),
+        }
+        for ev in events[:EVENT_LIMIT]
+    ]
+    return {
+        "ts": now,
+        "job": rec.model_dump(mode="json"),
+        "colour": colour_of(rec.job_id),
+        "holding": rec.state in HOLDING_STATES and rec.allocation is not None,
+        "placement": {
+            "domain": rec.allocation.domain if rec.allocation else None,
+            "ring_gbps": rec.allocation.ring_gbps if rec.allocation else None,
+            "solver": rec.allocation.solver if rec.allocation else None,
+            "nodes": rec.allocation.nodes if rec.allocation else [],
+            "ranks": ranks,
+        },
+        "timeline": timeline(rec),
+        "events": rows,
+        "events_truncated": len(events) > EVENT_LIMIT,
+    }

@@ -1,0 +1,270 @@
+"""The dashboard's views without a browser or a bus: the cluster tree, its counts and fragmentation, the queue split,
+a job's page, the cache in front of the platform, and the routes' answers."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+from aiohttp import web
+from aiohttp.test_utils import TestClient, TestServer
+from oneplus_contracts import (
+    Allocation,
+    GpuLink,
+    JobRecord,
+    JobSpec,
+    NodeRecord,
+    NodeTopology,
+    RankPlacement,
+)
+from oneplus_contracts.topology import GpuInfo
+from oneplus_intake.dashboard import STATIC_DIR, Dashboard, DashboardError, DashboardSource
+from oneplus_intake.dashboard.source import TtlCache
+from oneplus_intake.dashboard.views import cluster_view, colour_of, job_view, queue_view
+from oneplus_topology import degrade, load_preset
+
+NOW = 1_700_000_000.0
+
+
+def node(preset: str, name: str, leaf: str | None, **kw: Any) -> NodeRecord:
+    topo = load_preset(preset, node=name).model_copy(update={"leaf": leaf, "spine": "spine-0" if leaf else None})
+    return NodeRecord(topology=topo, **kw)
+
+
+def job(job_id: str, state: str, placement: dict[str, list[int]] | None, milli: int = 0, **kw: Any) -> JobRecord:
+    gpus = sum(len(g) for g in (placement or {}).values()) or 1
+    alloc = None
+    if placement is not None:
+        ranks = [
+            RankPlacement(rank=i, node=n, gpus=g, gpu_milli=milli) for i, (n, g) in enumerate(sorted(placement.items()))
+        ]
+        alloc = Allocation(ranks=ranks, domain="node" if len(ranks) == 1 else "leaf")
+    spec = JobSpec(name=f"n-{job_id}", resources={"gpus": gpus}, ranks=1)
+    return JobRecord(
+        job_id=job_id,
+        spec=spec,
+        state=state,
+        submitted_ts=NOW - 60,
+        updated_ts=NOW,
+        allocation=alloc,
+        token=7 if alloc else None,
+        **kw,
+    )
+
+
+def two_pairs(name: str = "pairs-0") -> NodeRecord:
+    """Four GPUs in two NVLink pairs, (0,1) and (2,3), PCIe between the pairs: two NVLink domains."""
+    gpus = [GpuInfo(index=i, name="H100", nvlinks_total=4, nvlinks_active=4) for i in range(4)]
+    links = []
+    for a in range(4):
+        for b in range(a + 1, 4):
+            paired = (a, b) in ((0, 1), (2, 3))
+            links.append(
+                GpuLink(
+                    a=a, b=b, kind="NV4" if paired else "SYS", nvlinks=4 if paired else 0, gbps=100 if paired else 10
+                )
+            )
+    topo = NodeTopology(node=name, gpu_model="H100", gpus=gpus, links=links, leaf="leaf-9")
+    return NodeRecord(topology=topo)
+
+
+def domain(view: dict[str, Any], domain_id: str) -> dict[str, Any]:
+    for leaf in view["leaves"]:
+        for n in leaf["nodes"]:
+            for d in n["domains"]:
+                if d["id"] == domain_id:
+                    found: dict[str, Any] = d
+                    return found
+    raise AssertionError(f"no domain {domain_id}")
+
+
+def test_cluster_tree_holders_health_and_fragmentation() -> None:
+    nodes = [
+        node("l40s_8gpu_pcie_node_sys", "l40s-0", "leaf-1", unhealthy_gpus=[5]),
+        node("h100_sxm_8gpu_nvswitch_nv18", "h100-1", "leaf-0"),
+        node("h100_sxm_8gpu_nvswitch_nv18", "h100-0", "leaf-0"),
+    ]
+    jobs = [
+        job("j-a", "RUNNING", {"h100-0": [0, 1, 2, 3]}),
+        job("j-b", "PLACED", {"l40s-0": [0]}),
+        job("j-done", "SUCCEEDED", {"h100-1": [0, 1]}),  # finished: holds nothing any more
+        job("j-wait", "ACCEPTED", None),
+    ]
+    view = cluster_view(nodes, jobs, NOW)
+
+    assert [leaf["name"] for leaf in view["leaves"]] == ["leaf-0", "leaf-1"]
+    assert [n["name"] for n in view["leaves"][0]["nodes"]] == ["h100-0", "h100-1"]
+    busy = domain(view, "h100-0/nv0")
+    assert busy["kind"] == "nvlink"
+    assert len(busy["gpus"]) == 8
+    assert (busy["held"], busy["free"], busy["fragmented"], busy["state"]) == (4, 4, 4, "fragmented")
+    assert busy["largest_free_nvlink_group"] == 4
+    assert [g["job_id"] for g in busy["gpus"]] == ["j-a"] * 4 + [None] * 4
+    assert busy["gpus"][0]["holders"] == [{"job_id": "j-a", "token": 7, "state": "RUNNING", "rank": 0, "milli": 1000}]
+    idle = domain(view, "h100-1/nv0")
+    assert (idle["held"], idle["free"], idle["fragmented"], idle["state"]) == (0, 8, 0, "idle")
+
+    # No NVLink on an L40S node: its GPUs are one PCIe group, with the unhealthy GPU marked.
+    pcie = domain(view, "l40s-0/pcie")
+    assert pcie["kind"] == "pcie"
+    assert (pcie["held"], pcie["unhealthy"], pcie["free"], pcie["fragmented"]) == (1, 1, 6, 6)
+    bad = pcie["gpus"][5]
+    assert (bad["state"], bad["health"]) == ("unhealthy", "unhealthy")
+
+    s = view["summary"]
+    assert (s["nodes"], s["leaves"], s["total"], s["held"], s["free"], s["unhealthy"]) == (3, 2, 24, 5, 18, 1)
+    assert s["fragmented"] == 10
+    assert s["frag_pct"] == round(100 * 10 / 18, 1)
+    assert s["domains"] == {"fragmented": 2, "idle": 1}
+    leaf0 = view["leaves"][0]
+    assert (leaf0["held"], leaf0["free"], leaf0["fragmented"], leaf0["frag_pct"]) == (4, 12, 4, 33.3)
+    assert set(view["jobs"]) == {"j-a", "j-b"}
+    assert view["jobs"]["j-a"]["colour"] == colour_of("j-a") != colour_of("j-b")
+    assert view["jobs"]["j-a"]["gpus"] == 4
+
+
+def test_a_job_filling_one_of_two_domains_leaves_nothing_fragmented() -> None:
+    n = two_pairs()
+    whole = cluster_view([n], [job("j-x", "RUNNING", {"pairs-0": [0, 1]})], NOW)
+    d0, d1 = domain(whole, "pairs-0/nv0"), domain(whole, "pairs-0/nv1")
+    assert (d0["state"], d0["held"], d0["free"]) == ("full", 2, 0)
+    assert (d1["state"], d1["held"], d1["free"], d1["fragmented"]) == ("idle", 0, 2, 0)
+    assert whole["summary"]["fragmented"] == 0
+
+    split = cluster_view([n], [job("j-x", "RUNNING", {"pairs-0": [1, 2]})], NOW)
+    assert [domain(split, f"pairs-0/nv{i}")["state"] for i in (0, 1)] == ["fragmented", "fragmented"]
+    assert split["summary"]["fragmented"] == 2
+    assert split["summary"]["frag_pct"] == 100.0
+
+
+def test_degraded_gpu_leaves_its_domain_and_shared_gpus_list_every_holder() -> None:
+    topo = degrade(load_preset("h100_4gpu_nv6", node="deg-0"), 3, 0)
+    n = NodeRecord(topology=topo.model_copy(update={"leaf": "leaf-0"}))
+    jobs = [job("j-1", "RUNNING", {"deg-0": [0]}, milli=500), job("j-2", "STARTING", {"deg-0": [0]}, milli=500)]
+    view = cluster_view([n], jobs, NOW)
+    nv = domain(view, "deg-0/nv0")
+    assert [g["index"] for g in nv["gpus"]] == [0, 1, 2]
+    assert [h["job_id"] for h in nv["gpus"][0]["holders"]] == ["j-1", "j-2"]
+    assert nv["gpus"][0]["holders"][0]["milli"] == 500
+    out = domain(view, "deg-0/pcie")
+    assert [(g["index"], g["state"], g["health"]) for g in out["gpus"]] == [(3, "free", "degraded")]
+
+
+def test_unschedulable_node_shows_its_free_gpus_as_unavailable() -> None:
+    n = node("h100_4gpu_nv6", "cord-0", "leaf-0", cordoned=True)
+    view = cluster_view([n], [job("j-1", "PREEMPTING", {"cord-0": [0]})], NOW)
+    d = domain(view, "cord-0/nv0")
+    assert (d["held"], d["free"], d["unavailable"], d["fragmented"], d["state"]) == (1, 0, 3, 0, "full")
+    assert view["leaves"][0]["nodes"][0]["cordoned"] is True
+    alone = cluster_view([n], [], NOW)
+    assert domain(alone, "cord-0/nv0")["state"] == "down"
+
+
+def test_dgx1_largest_free_group_is_smaller_than_the_free_count() -> None:
+    n = node("dgx1_v100", "v100-0", "leaf-0")
+    # The hybrid cube mesh: one NVLink domain, all-to-all groups of four. Take one GPU from each group.
+    view = cluster_view([n], [job("j-1", "RUNNING", {"v100-0": [0, 4]})], NOW)
+    d = domain(view, "v100-0/nv0")
+    assert d["free"] == 6
+    assert d["largest_free_nvlink_group"] == 3
+
+
+def test_queue_view_splits_pending_from_holders() -> None:
+    rows: list[dict[str, Any]] = [
+        {"job_id": "j-r", "st": "R", "name": "a", "gpus": "8", "where": "h100-0", "reason": None, "message": None},
+        {"job_id": "j-p", "st": "PD", "name": "b", "gpus": "16", "where": "(Resources)", "reason": "Resources"},
+    ]
+    q = queue_view(rows, NOW)
+    assert [r["job_id"] for r in q["pending"]] == ["j-p"]
+    assert q["pending"][0]["reason"] == "Resources"
+    assert [r["job_id"] for r in q["holding"]] == ["j-r"]
+    assert q["holding"][0]["colour"] == colour_of("j-r")
+
+
+def test_job_view_placement_timeline_and_events_in_order() -> None:
+    rec = job("j-a", "RUNNING", {"h100-0": [0, 1], "h100-1": [0, 1]}, placed_ts=NOW - 59.5, started_ts=NOW - 59)
+    events = [
+        {"seq": 3, "type": "submitted", "ts": NOW - 60, "source": "cli"},
+        {"seq": 5, "type": "accepted", "ts": NOW - 59.9, "warnings": ["w1"]},
+        {
+            "seq": 9,
+            "type": "placed",
+            "ts": NOW - 59.5,
+            "token": 7,
+            "attempt": 1,
+            "allocation": {"domain": "leaf", "ranks": [{"node": "h100-0", "gpus": [0, 1]}]},
+        },
+        {"seq": 12, "type": "running", "ts": NOW - 59, "node": "h100-0", "token": 7},
+    ]
+    v = job_view(rec, events, NOW)
+    assert v["placement"]["nodes"] == ["h100-0", "h100-1"]
+    assert [(r["node"], r["gpus"]) for r in v["placement"]["ranks"]] == [("h100-0", [0, 1]), ("h100-1", [0, 1])]
+    assert v["holding"] is True
+    assert [m["step"] for m in v["timeline"]] == ["submitted", "placed", "started"]
+    assert v["timeline"][1]["after_s"] == 0.5
+    assert [e["seq"] for e in v["events"]] == [3, 5, 9, 12]
+    assert v["events"][2]["summary"].startswith("on leaf h100-0:0,1; token 7")
+    assert "warnings: w1" in v["events"][1]["summary"]
+    assert v["events"][3]["after_s"] == 1.0
+
+
+async def test_cache_shares_one_fetch_among_concurrent_readers_and_expires() -> None:
+    cache = TtlCache(ttl_s=0.2)
+    calls = 0
+
+    async def fetch() -> int:
+        nonlocal calls
+        calls += 1
+        await asyncio.sleep(0.05)
+        return calls
+
+    assert await asyncio.gather(*(cache.get("k", fetch) for _ in range(20))) == [1] * 20
+    assert await cache.get("k", fetch) == 1
+    await asyncio.sleep(0.25)
+    assert await cache.get("k", fetch) == 2
+
+    async def broken() -> int:
+        raise DashboardError("down", 503)
+
+    for _ in range(2):  # a failure is not cached
+        try:
+            await cache.get("x", broken)
+        except DashboardError as exc:
+            assert exc.status == 503
+
+
+class FakeSource(DashboardSource):
+    def __init__(self) -> None:
+        super().__init__(bus=None)  # type: ignore[arg-type]
+        self.asked: list[str] = []
+
+    async def cluster(self) -> dict[str, Any]:
+        return cluster_view([two_pairs()], [], NOW)
+
+    async def explain(self, job_id: str) -> dict[str, Any]:
+        self.asked.append(job_id)
+        raise DashboardError(f"no job {job_id!r}", 404)
+
+
+async def test_routes_serve_the_page_the_static_files_and_json() -> None:
+    assert {p.name for p in STATIC_DIR.iterdir()} >= {"index.html", "dashboard.js", "dashboard.css"}
+    app = web.Application()
+    source = FakeSource()
+    Dashboard(source).routes(app)
+    async with TestClient(TestServer(app)) as client:
+        r = await client.get("/ui", allow_redirects=False)
+        assert (r.status, r.headers["Location"]) == (302, "/ui/")
+        r = await client.get("/ui/")
+        assert r.status == 200 and "/ui/static/dashboard.js" in await r.text()
+        r = await client.get("/ui/static/dashboard.js")
+        assert r.status == 200 and "POLL_MS" in await r.text()
+        r = await client.get("/ui/static/../__init__.py")
+        assert r.status in (403, 404)
+        r = await client.get("/ui/api/cluster")
+        body = await r.json()
+        assert r.status == 200 and body["ok"] and body["result"]["summary"]["total"] == 4
+        r = await client.get("/ui/api/explain/j-nope")
+        assert (r.status, (await r.json())["ok"]) == (404, False)
+        r = await client.get("/ui/api/explain/a.>")
+        assert r.status == 400
+        assert source.asked == ["j-nope"]
