@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import io
 import json
 import logging
@@ -13,6 +14,7 @@ import time
 from collections.abc import Iterator
 
 import pytest
+from nats.aio.client import Client
 from oneplus_bus.logs import FASTSTREAM_LOGGER, configure_logging, parse_format, parse_level
 from oneplus_bus.metrics import ConfigError
 from oneplus_bus.service import OneplusService
@@ -100,8 +102,12 @@ def test_the_level_filters_and_faststream_is_uncoloured(root_restored: None) -> 
     assert "\x1b[" not in text
 
 
-def test_a_service_process_logs_json_without_colour(servers: Servers, tmp_path: object) -> None:
+async def test_a_service_process_logs_json_without_colour(nc: Client, servers: Servers) -> None:
     """The preemption service as a process: every stderr line is a JSON object, the metrics line among them."""
+    await asyncio.to_thread(run_preemption_process, servers)  # on a wiped bus (the `nc` fixture)
+
+
+def run_preemption_process(servers: Servers) -> None:
     env = {
         **os.environ,
         "NATS_URL": servers.nats_url,
