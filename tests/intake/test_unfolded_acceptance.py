@@ -5,11 +5,12 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
 from intake_process import IntakeProcess, fresh_bus
 from oneplus_contracts import JobSpec
 from oneplus_testing import Servers
 
-from oneplus.client import OnePlusClient
+from oneplus.client import OnePlusClient, PlatformError
 
 
 async def test_show_and_cancel_find_a_job_whose_acceptance_waits_for_the_owner(
@@ -26,5 +27,22 @@ async def test_show_and_cancel_find_a_job_whose_acceptance_waits_for_the_owner(
             assert (rec.job_id, rec.state, rec.spec.name) == (reply.job_id, "ACCEPTED", "early")
             done = await c.cancel(reply.job_id)
             assert done["cancel_requested"] is True
+    finally:
+        proc.stop()
+
+
+async def test_a_wildcard_id_names_no_job_and_never_matches_another(servers: Servers, tmp_path: Path) -> None:
+    """`*` or `>` in an id would turn the fact lookup into a filter matching some other job's acceptance."""
+    await fresh_bus(servers.nats_url)
+    proc = await IntakeProcess(servers.nats_url, tmp_path, env={"ONEPLUS_ACCEPT_WAIT_S": "0.2"}).start()
+    try:
+        async with OnePlusClient.connect(servers.nats_url) as c:
+            reply = await c.submit(JobSpec(name="real", resources={"gpus": 1}), msg_id="wild-1")  # type: ignore[arg-type]
+            assert reply.ok
+            for bad in ("*", ">", "j-*", f"{reply.job_id}.x"):
+                with pytest.raises(PlatformError, match="no job"):
+                    await c.get_job(bad)
+                with pytest.raises(PlatformError, match="no job"):
+                    await c.cancel(bad)
     finally:
         proc.stop()

@@ -17,6 +17,7 @@ import binascii
 import contextlib
 import hashlib
 import json
+import re
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -169,12 +170,18 @@ async def job_list(ledger: JobLedger, archive: JobArchive, payload: dict[str, An
     return await list_page(ledger, archive, parse_query(payload, caller))
 
 
+NAMEABLE = re.compile(r"[A-Za-z0-9_\-=:@+]+")  # what a job id may hold: one NATS subject token, no wildcard
+
+
 async def job_show(ledger: JobLedger, archive: JobArchive, payload: dict[str, Any], caller: Caller) -> JobRecord:
     """The `job-show` ops endpoint: the job's record from the hot view, else from the archive; another team's job
     does not exist, as far as this caller knows."""
     job_id = payload.get("job_id")
     if not isinstance(job_id, str) or not job_id:
         raise OpsError("job_id: name the job to show", 400)
+    if not NAMEABLE.fullmatch(job_id):
+        # A wildcard or a dot would make the lookups below subject filters that match other jobs.
+        raise OpsError(f"no job {job_id!r}", 404)
     try:
         rec, _ = await ledger.get(job_id)
     except InvalidKeyError:  # no job is named that way
