@@ -316,6 +316,43 @@ def _count_nodes(nats_url: str) -> tuple[int, int]:
     return asyncio.run(asyncio.wait_for(count_nodes(nats_url), 15))
 
 
+def http_status(url: str, timeout: float = 2.0) -> str:
+    """ "" when `url` answers 2xx, else why not, in a few words."""
+    import urllib.error
+    import urllib.request
+
+    try:
+        with urllib.request.urlopen(url, timeout=timeout) as resp:
+            return "" if 200 <= resp.status < 300 else f"{url}: HTTP {resp.status}"
+    except urllib.error.HTTPError as exc:
+        return f"{url}: HTTP {exc.code}"
+    except (OSError, ValueError) as exc:
+        return f"{url}: {getattr(exc, 'reason', exc)}"
+
+
+def _ops_answer(nats_url: str, subject: str) -> None:
+    """One ops request answered ok (raises otherwise)."""
+    import json
+
+    import nats
+
+    async def ask() -> None:
+        async def quiet(exc: Exception) -> None:
+            return None
+
+        nc = await nats.connect(nats_url, connect_timeout=3, allow_reconnect=False, error_cb=quiet)
+        try:
+            msg = await nc.request(subject, json.dumps({"limit": 1}).encode(), timeout=3)
+            reply = json.loads(msg.data)
+            if not reply.get("ok"):
+                raise RuntimeError(str(reply.get("error")))
+        finally:
+            with contextlib.suppress(Exception):
+                await asyncio.wait_for(nc.close(), 2)
+
+    asyncio.run(asyncio.wait_for(ask(), 10))
+
+
 @dataclass
 class Platform:
     """The five services as separate processes: intake, registry, solver, preemption, one executor per node, or with
@@ -329,10 +366,54 @@ class Platform:
     extra_env: dict[str, str] = field(default_factory=dict)
     procs: dict[str, subprocess.Popen[bytes]] = field(default_factory=dict)
     fleet: FleetSpec | None = None
+    # The intake's HTTP port (API, /healthz, the dashboard at /ui/): a free one unless given here or by
+    # ONEPLUS_HTTP_PORT in the environment or `extra_env`.
+    http_port: int | None = None
+    # Every process serves Prometheus metrics on a port of its own (ONEPLUS_METRICS_PORT), unless `metrics` is
+    # False or the environment / `extra_env` sets ONEPLUS_METRICS_PORT for all of them.
+    metrics: bool = True
+    metrics_ports: dict[str, int] = field(default_factory=dict)
+
+    def _given(self, name: str) -> str | None:
+        value = self.extra_env.get(name, os.environ.get(name))
+        return value if value not in (None, "") else None
+
+    def intake_http_port(self) -> int | None:
+        """The port the intake's HTTP listener is given (None: switched off by ONEPLUS_HTTP_PORT=off)."""
+        given = self._given("ONEPLUS_HTTP_PORT")
+        if given is not None:
+            return None if given.strip().lower() in ("off", "none", "disabled") else int(given)
+        if self.http_port is None:
+            self.http_port = free_port()
+        return self.http_port
+
+    def process_env(self, name: str) -> dict[str, str]:
+        """`env()` plus this process's own metrics port."""
+        env = self.env()
+        if self.metrics and self._given("ONEPLUS_METRICS_PORT") is None:
+            port = self.metrics_ports.get(name) or free_port()
+            self.metrics_ports[name] = port
+            env["ONEPLUS_METRICS_PORT"] = str(port)
+        return env
+
+    def urls(self) -> dict[str, str]:
+        """Every address of this platform: NATS, Redis, the intake's HTTP API and dashboard, each process's
+        metrics (`metrics <name>`)."""
+        out = {"nats": self.nats_url, "redis": self.redis_url}
+        port = self.intake_http_port()
+        if port:
+            out["http"] = f"http://127.0.0.1:{port}"
+            out["dashboard"] = f"http://127.0.0.1:{port}/ui/"
+        for name, mport in sorted(self.metrics_ports.items()):
+            out[f"metrics {name}"] = f"http://127.0.0.1:{mport}/metrics"
+        return out
 
     def env(self) -> dict[str, str]:
         env = dict(os.environ)
         env.update({"NATS_URL": self.nats_url, "REDIS_URL": self.redis_url, "PYTHONUNBUFFERED": "1"})
+        port = self.intake_http_port()
+        if port is not None and "ONEPLUS_HTTP_PORT" not in self.extra_env:
+            env["ONEPLUS_HTTP_PORT"] = str(port)
         # The executors' outboxes of unsent facts belong to this platform (kept across an executor's restart).
         env.setdefault("ONEPLUS_STATE_DIR", str(self.logdir / "state"))
         if self.fleet is not None and "ONEPLUS_NODE_LOST_AFTER_S" not in {**env, **self.extra_env}:
@@ -347,7 +428,7 @@ class Platform:
 
     def start_service(self, name: str) -> subprocess.Popen[bytes]:
         self.logdir.mkdir(parents=True, exist_ok=True)
-        proc = spawn([sys.executable, "-m", SERVICE_MODULES[name]], self.logdir / f"{name}.log", self.env())
+        proc = spawn([sys.executable, "-m", SERVICE_MODULES[name]], self.logdir / f"{name}.log", self.process_env(name))
         self.procs[name] = proc
         return proc
 
@@ -358,13 +439,14 @@ class Platform:
             argv += ["--leaf", node.leaf]
         if node.spine:
             argv += ["--spine", node.spine]
-        proc = spawn(argv, self.logdir / f"executor-{node.name}.log", self.env())
-        self.procs[f"executor-{node.name}"] = proc
+        name = f"executor-{node.name}"
+        proc = spawn(argv, self.logdir / f"{name}.log", self.process_env(name))
+        self.procs[name] = proc
         return proc
 
     def start_fleet(self, spec: FleetSpec) -> subprocess.Popen[bytes]:
         self.logdir.mkdir(parents=True, exist_ok=True)
-        proc = spawn(spec.argv(), self.logdir / "fleet.log", self.env())
+        proc = spawn(spec.argv(), self.logdir / "fleet.log", self.process_env("fleet"))
         self.procs["fleet"] = proc
         return proc
 
@@ -399,6 +481,27 @@ class Platform:
             pool.shutdown(wait=False, cancel_futures=True)
         raise TimeoutError(f"{seen[0]} nodes listed, {seen[1]} ready, of {want}, after {timeout:.0f}s")
 
+    def wait_ready(self, timeout: float = 300.0) -> float:
+        """Seconds until the platform serves: every node registered and ready, the intake's HTTP /healthz answering,
+        the placement-solver answering an ops request. Raises like `wait_nodes`."""
+        t0 = time.monotonic()
+        self.wait_nodes(timeout=timeout)
+        last = "not asked yet"
+        port = self.intake_http_port()
+        while time.monotonic() - t0 < timeout:
+            dead = self.dead()
+            if dead:
+                raise RuntimeError(f"process exited: {dead} (see {self.logdir})")
+            last = "" if port is None else http_status(f"http://127.0.0.1:{port}/healthz")
+            if not last:
+                try:
+                    _ops_answer(self.nats_url, "oneplus.ops.queue.list")
+                    return time.monotonic() - t0
+                except Exception as exc:
+                    last = f"placement-solver: {exc or type(exc).__name__}"
+            time.sleep(0.5)
+        raise TimeoutError(f"the platform did not answer within {timeout:.0f}s: {last}")
+
     def kill(self, name: str) -> None:
         """SIGKILL one process (crash tests)."""
         proc = self.procs[name]
@@ -414,3 +517,42 @@ class Platform:
     def logs(self, name: str) -> str:
         path = self.logdir / f"{name}.log"
         return path.read_text(errors="replace") if path.exists() else ""
+
+
+def dev_state_path() -> Path:
+    """Where a running `oneplus dev up` describes itself: $ONEPLUS_STATE_HOME/dev.json, else
+    $XDG_STATE_HOME/oneplus/dev.json, else ~/.local/state/oneplus/dev.json."""
+    home = os.environ.get("ONEPLUS_STATE_HOME")
+    if home:
+        return Path(home) / "dev.json"
+    xdg = os.environ.get("XDG_STATE_HOME") or str(Path.home() / ".local" / "state")
+    return Path(xdg) / "oneplus" / "dev.json"
+
+
+def pid_alive(pid: int) -> bool:
+    """The process runs (a zombie, exited but not yet reaped, does not)."""
+    if pid <= 0:
+        return False
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return True
+    return stat.rpartition(")")[2].split()[:1] != ["Z"]
+
+
+def port_open(url: str, timeout: float = 1.0) -> bool:
+    """Something accepts connections at the host:port of `url` (nats://, redis://, http://)."""
+    from urllib.parse import urlsplit
+
+    parts = urlsplit(url)
+    if not parts.hostname or not parts.port:
+        return False
+    with socket.socket() as s:
+        s.settimeout(timeout)
+        return s.connect_ex((parts.hostname, parts.port)) == 0

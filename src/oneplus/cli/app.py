@@ -8,6 +8,7 @@ pandas, the simulator): each command imports what it needs. tests/cli/test_start
 from __future__ import annotations
 
 import json
+import os
 import sys
 import time
 from collections.abc import Awaitable, Callable
@@ -415,7 +416,11 @@ def dev_up(
     With --nodes N or --cluster FILE one process hosts every simulated node instead (docs/fleet.md):
     `oneplus dev up --nodes 512` is 4,096 H100 GPUs.
     """
-    from ..devstack import EmbeddedServers, FleetSpec, Platform, urls_from_env
+    from ..devstack import EmbeddedServers, FleetSpec, Platform, dev_state_path, pid_alive, urls_from_env
+
+    running = _read_state(dev_state_path())
+    if running is not None and pid_alive(int(running.get("pid", 0))):
+        raise fail(f"a `oneplus dev up` runs already (pid {running['pid']}): `oneplus dev status`, `oneplus dev down`")
 
     fleet = None
     if nodes or cluster is not None:
@@ -437,28 +442,45 @@ def dev_up(
     nats_url = nats_url or (servers.nats_url if servers else "")
     redis_url = redis_url or (servers.redis_url if servers else "")
     platform = Platform(nats_url, redis_url, runtime=runtime, fleet=fleet).start()
-    console.print(f"NATS_URL={nats_url}\nREDIS_URL={redis_url}\nlogs: {platform.logdir}")
-    console.print("export those two variables in another shell to use the CLI; Ctrl-C stops everything")
+    state = dev_state_path()
     stopping = waiting = False
 
     def _stop(*_: object) -> None:
         nonlocal stopping
         stopping = True
         if waiting:
-            raise KeyboardInterrupt  # out of the wait for the fleet; the loop below is left by the flag
+            raise KeyboardInterrupt  # out of the wait for readiness; the loop below is left by the flag
 
     signal.signal(signal.SIGTERM, _stop)
     try:
-        if fleet is not None:
-            waiting = True
-            try:
-                took = platform.wait_nodes(timeout=600)
-                console.print(f"{want} simulated nodes ({gpus} GPUs) ready after {took:.1f}s")
-            except (RuntimeError, TimeoutError) as exc:
-                err.print(f"[red]the fleet did not come up:[/] {exc}")
-                stopping = True
-            finally:
-                waiting = False
+        waiting = True
+        try:
+            with console.status("waiting for every node, the intake's HTTP and the placement-solver..."):
+                took = platform.wait_ready(timeout=600)
+        except (RuntimeError, TimeoutError) as exc:
+            err.print(f"[red]the platform did not come up:[/] {escape(str(exc))} (logs: {platform.logdir})")
+            stopping = True
+        finally:
+            waiting = False
+        if not stopping:
+            urls = platform.urls()
+            size = f"{want} simulated nodes ({gpus} GPUs)" if fleet is not None else f"{platform.node_count} nodes"
+            console.print(f"ready after {took:.1f}s: {size}", highlight=False)
+            for name, url in urls.items():
+                console.print(f"  {name:<28} {url}", highlight=False, soft_wrap=True)
+            console.print(f"  {'logs':<28} {platform.logdir}", highlight=False, soft_wrap=True)
+            console.print(
+                f"NATS_URL={nats_url}\nREDIS_URL={redis_url}\n"
+                "export those two variables in another shell to use the CLI; `oneplus dev status` shows this "
+                "again, `oneplus dev down` or Ctrl-C stops everything",
+                highlight=False,
+                soft_wrap=True,
+            )
+            procs = {n: p.pid for n, p in platform.procs.items()}
+            if servers is not None:
+                procs |= {"nats-server": servers.nats_proc.pid if servers.nats_proc else 0}
+                procs |= {"redis-server": servers.redis_proc.pid if servers.redis_proc else 0}
+            _write_state(state, {"pid": os.getpid(), "urls": urls, "logdir": str(platform.logdir), "procs": procs})
         while not stopping:
             dead = platform.dead()
             if dead:
@@ -468,10 +490,104 @@ def dev_up(
     except KeyboardInterrupt:
         pass
     finally:
+        _remove_state(state, os.getpid())
         platform.stop()
         if servers is not None:
             servers.stop()
         console.print("stopped")
+
+
+def _write_state(path: Path, doc: dict[str, Any]) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps({**doc, "started": time.time()}, indent=2) + "\n", encoding="utf-8")
+    tmp.replace(path)
+
+
+def _read_state(path: Path) -> dict[str, Any] | None:
+    try:
+        doc = json.loads(path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        return None
+    except (OSError, ValueError) as exc:
+        raise fail(f"{path}: unreadable ({exc}); remove it if no `oneplus dev up` runs") from None
+    return doc if isinstance(doc, dict) else None
+
+
+def _remove_state(path: Path, pid: int) -> None:
+    """Remove the state file if it is this `dev up`'s (another one may have started since)."""
+    import contextlib
+
+    with contextlib.suppress(OSError, ValueError):
+        if json.loads(path.read_text(encoding="utf-8")).get("pid") == pid:
+            path.unlink()
+
+
+@dev_app.command("status")
+def dev_status(as_json: JsonOpt = False) -> None:
+    """Whether a `oneplus dev up` runs, its URLs and which of them answer; exit 1 when none runs or one is down."""
+    from ..devstack import dev_state_path, http_status, pid_alive, port_open
+
+    path = dev_state_path()
+    doc = _read_state(path)
+    if doc is None:
+        if as_json:
+            dump({"running": False, "state_file": str(path)})
+        else:
+            err.print(f"no `oneplus dev up` runs (no {path})", highlight=False)
+        raise typer.Exit(1)
+    pid = int(doc.get("pid", 0))
+    running = pid > 0 and pid_alive(pid)
+    checks: dict[str, bool] = {}
+    for name, url in (doc.get("urls") or {}).items():
+        if not running:
+            checks[name] = False
+        elif name in ("http", "dashboard"):
+            checks[name] = http_status(url.rstrip("/") + ("/healthz" if name == "http" else "/")) == ""
+        else:
+            checks[name] = port_open(url)
+    ok = running and all(checks.values())
+    if as_json:
+        dump({"running": running, "ok": ok, "pid": pid, "state_file": str(path), **doc, "up": checks})
+    else:
+        state = "running" if running else "not running (stale state file)"
+        console.print(f"oneplus dev up: pid {pid}, {state}; logs {doc.get('logdir')}", highlight=False)
+        for name, url in (doc.get("urls") or {}).items():
+            mark = "up" if checks.get(name) else "DOWN"
+            console.print(f"  {mark:<5}{name:<28} {url}", highlight=False, soft_wrap=True)
+    if not running:
+        _remove_state(path, pid)
+    if not ok:
+        raise typer.Exit(1)
+
+
+@dev_app.command("down")
+def dev_down(
+    timeout: Annotated[float, typer.Option(min=1, help="Seconds to wait for it to stop")] = 60.0,
+) -> None:
+    """Stop a running `oneplus dev up` (SIGTERM, as Ctrl-C) and wait until it has stopped everything."""
+    import signal
+
+    from ..devstack import dev_state_path, pid_alive
+
+    path = dev_state_path()
+    doc = _read_state(path)
+    if doc is None:
+        err.print(f"no `oneplus dev up` runs (no {path})", highlight=False)
+        raise typer.Exit(1)
+    pid = int(doc.get("pid", 0))
+    if pid <= 0 or not pid_alive(pid):
+        path.unlink(missing_ok=True)
+        err.print(f"no `oneplus dev up` runs (pid {pid} is gone); removed the stale {path}", highlight=False)
+        raise typer.Exit(1)
+    os.kill(pid, signal.SIGTERM)
+    deadline = time.monotonic() + timeout
+    while pid_alive(pid) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    if pid_alive(pid):
+        raise fail(f"`oneplus dev up` (pid {pid}) did not stop within {timeout:g}s; its logs: {doc.get('logdir')}", 1)
+    path.unlink(missing_ok=True)
+    console.print(f"stopped `oneplus dev up` (pid {pid})", highlight=False)
 
 
 @app.command()

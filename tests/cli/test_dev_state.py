@@ -1,0 +1,83 @@
+"""`oneplus dev status` / `dev down` read the state file a running `oneplus dev up` writes; `Platform.urls()`."""
+
+from __future__ import annotations
+
+import json
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from oneplus.cli.app import app
+from oneplus.devstack import DEMO_NODES, Platform, dev_state_path
+
+
+@pytest.fixture
+def state_home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    monkeypatch.setenv("ONEPLUS_STATE_HOME", str(tmp_path))
+    return tmp_path
+
+
+def test_status_and_down_say_so_when_no_dev_up_runs(state_home: Path):
+    for cmd in ("status", "down"):
+        result = CliRunner().invoke(app, ["dev", cmd])
+        assert result.exit_code == 1
+        assert "no `oneplus dev up` runs" in result.stderr
+    assert json.loads(CliRunner().invoke(app, ["dev", "status", "--json"]).stdout)["running"] is False
+
+
+def test_a_stale_state_file_is_reported_and_removed(state_home: Path):
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()
+    dev_state_path().write_text(json.dumps({"pid": dead.pid, "urls": {"nats": "nats://127.0.0.1:1"}}))
+    result = CliRunner().invoke(app, ["dev", "down"])
+    assert result.exit_code == 1 and "is gone" in result.stderr
+    assert not dev_state_path().exists()
+    dev_state_path().write_text("{not json")
+    result = CliRunner().invoke(app, ["dev", "status"])
+    assert result.exit_code == 2 and "unreadable" in result.stderr
+
+
+def test_status_checks_the_urls_and_down_stops_the_process(state_home: Path):
+    listener = socket.socket()
+    listener.bind(("127.0.0.1", 0))
+    listener.listen()
+    port = listener.getsockname()[1]
+    proc = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        urls = {"nats": f"nats://127.0.0.1:{port}", "redis": "redis://127.0.0.1:1/0"}
+        dev_state_path().write_text(json.dumps({"pid": proc.pid, "urls": urls, "logdir": "/tmp/x"}))
+        status = CliRunner().invoke(app, ["dev", "status"])
+        assert status.exit_code == 1  # redis is down
+        assert "up   nats" in status.stdout and "DOWN redis" in status.stdout
+        urls["redis"] = f"redis://127.0.0.1:{port}/0"
+        dev_state_path().write_text(json.dumps({"pid": proc.pid, "urls": urls, "logdir": "/tmp/x"}))
+        assert CliRunner().invoke(app, ["dev", "status"]).exit_code == 0
+        down = CliRunner().invoke(app, ["dev", "down", "--timeout", "10"])
+        assert down.exit_code == 0, down.output
+        assert proc.wait(5) is not None
+        assert not dev_state_path().exists()
+    finally:
+        proc.kill()
+        listener.close()
+
+
+def test_platform_urls_name_every_service(monkeypatch: pytest.MonkeyPatch):
+    monkeypatch.delenv("ONEPLUS_HTTP_PORT", raising=False)
+    monkeypatch.delenv("ONEPLUS_METRICS_PORT", raising=False)
+    p = Platform("nats://127.0.0.1:4222", "redis://127.0.0.1:6379/0", nodes=DEMO_NODES[:1])
+    for name in ("intake", "placement-solver", "executor-h100-0"):
+        env = p.process_env(name)
+        assert env["ONEPLUS_METRICS_PORT"] == str(p.metrics_ports[name])
+        assert env["ONEPLUS_HTTP_PORT"] == str(p.http_port)
+    urls = p.urls()
+    assert urls["nats"] == "nats://127.0.0.1:4222" and urls["redis"].startswith("redis://")
+    assert urls["http"] == f"http://127.0.0.1:{p.http_port}"
+    assert urls["dashboard"] == f"http://127.0.0.1:{p.http_port}/ui/"
+    assert urls["metrics intake"].endswith("/metrics") and "metrics executor-h100-0" in urls
+    off = Platform("nats://x:1", "redis://x:2", extra_env={"ONEPLUS_HTTP_PORT": "off"}, metrics=False)
+    assert "ONEPLUS_METRICS_PORT" not in off.process_env("intake") or off.metrics_ports == {}
+    assert "http" not in off.urls()
