@@ -28,7 +28,8 @@ def make_broker(
     if registry is not None:
         middlewares.insert(1, NatsPrometheusMiddleware(registry=registry, app_name=service))
     broker = NatsBroker(
-        settings.nats_url,
+        # Every server of NATS_URL (comma-separated): the broker fails over between a cluster's servers.
+        servers=settings.nats_servers,
         name=f"oneplus-{service}",
         middlewares=middlewares,  # type: ignore[arg-type]
         max_reconnect_attempts=-1,

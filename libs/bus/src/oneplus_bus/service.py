@@ -184,7 +184,7 @@ class OneplusService:
         self.start_metrics()  # first: a scrape sees a service that is still connecting
         # Streams must exist before the subscribers' durable consumers are created.
         nc = await nats.connect(
-            self.settings.nats_url,
+            servers=self.settings.nats_servers,
             max_reconnect_attempts=5,
             connect_timeout=5,
             inbox_prefix=self.settings.inbox_prefix,

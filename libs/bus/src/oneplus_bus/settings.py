@@ -6,6 +6,17 @@ import os
 from dataclasses import dataclass
 
 
+def nats_servers(url: str) -> list[str]:
+    """The servers of a NATS_URL: one URL, or a comma-separated list (every server of a cluster).
+
+    nats-py and FastStream take the list as their `servers`; handed the whole string they fail to connect.
+    """
+    servers = [part.strip() for part in url.split(",") if part.strip()]
+    if not servers:
+        raise ValueError(f"NATS_URL={url!r} names no server")
+    return servers
+
+
 @dataclass(frozen=True)
 class BusSettings:
     nats_url: str
@@ -14,6 +25,11 @@ class BusSettings:
     max_deliver: int = 5
     # Replies and push deliveries arrive under this prefix; a user allowed only its own prefix cannot read others'.
     inbox_prefix: str = "_INBOX"
+
+    @property
+    def nats_servers(self) -> list[str]:
+        """Every server NATS_URL names (comma-separated), for a client that fails over between them."""
+        return nats_servers(self.nats_url)
 
     @classmethod
     def from_env(cls) -> BusSettings:

@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
+import dataclasses
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass
 
 from nats.js import JetStreamContext
 from nats.js.api import StorageType, StreamConfig
-from nats.js.errors import BadRequestError, NotFoundError
+from nats.js.errors import APIError, BadRequestError, NotFoundError
 from nats.js.kv import KeyValue
 from oneplus_contracts import subjects
 
@@ -20,6 +21,26 @@ ARCHIVE_RETENTION_S = 30 * DAY_S  # ONEPLUS_ARCHIVE_RETENTION_S: how long a fini
 ARCHIVE_MAX_BYTES = 10 * 1024**3  # ONEPLUS_ARCHIVE_MAX_BYTES: the archive's disk budget; the oldest go first
 AUDIT_MAX_BYTES = 2 * 1024**3  # the reservation audit's disk budget
 JOBS_STREAM_MAX_MSGS = 10_000_000  # ONEPLUS_JOBS_STREAM_MAX_MSGS: job events kept, whatever their age
+MAX_REPLICAS = 5  # JetStream keeps at most five copies of a stream
+
+
+class StreamSetupError(RuntimeError):
+    """The server refused a stream or bucket as configured (e.g. replicas on a server that is not clustered)."""
+
+
+def stream_replicas(env: Mapping[str, str] | None = None) -> int:
+    """ONEPLUS_STREAM_REPLICAS: copies of every stream and KV bucket (1: one server; 3: a three-server cluster)."""
+    env = os.environ if env is None else env
+    raw = env.get("ONEPLUS_STREAM_REPLICAS", "").strip()
+    if not raw:
+        return 1
+    try:
+        value = int(raw)
+    except ValueError:
+        raise ValueError(f"ONEPLUS_STREAM_REPLICAS={raw!r} is not a whole number (1, or 3 on a cluster)") from None
+    if not 1 <= value <= MAX_REPLICAS:
+        raise ValueError(f"ONEPLUS_STREAM_REPLICAS={raw!r} must be between 1 and {MAX_REPLICAS}")
+    return value
 
 
 @dataclass(frozen=True)
@@ -88,13 +109,19 @@ KV_HISTORY = {
 KV_TTL = {subjects.WEBHOOK_DELIVERIES_KV: subjects.WEBHOOK_DELIVERIES_TTL_S}
 
 
-async def ensure_streams(js: JetStreamContext) -> None:
+async def ensure_streams(js: JetStreamContext, replicas: int | None = None) -> None:
+    """Every stream of `subjects.STREAMS`, with its limits and `replicas` copies (default ONEPLUS_STREAM_REPLICAS).
+
+    A stream that exists with other subjects, limits or replica count is updated to these.
+    """
+    replicas = stream_replicas() if replicas is None else replicas
     for name, subs in subjects.STREAMS.items():
         limits = stream_limits(name)
         cfg = StreamConfig(
             name=name,
             subjects=subs,
             storage=StorageType.FILE,
+            num_replicas=replicas,
             # NATS refuses a dedupe window longer than the stream keeps messages.
             duplicate_window=min(DUPLICATE_WINDOW_S, limits.max_age or DUPLICATE_WINDOW_S),
             max_age=limits.max_age,
@@ -107,23 +134,56 @@ async def ensure_streams(js: JetStreamContext) -> None:
         except NotFoundError:
             try:
                 await js.add_stream(cfg)
-            except BadRequestError:
-                # Another service declared it between our look and our add.
-                await js.stream_info(name)
+            except APIError as exc:
+                try:
+                    # Another service declared it between our look and our add.
+                    await js.stream_info(name)
+                except NotFoundError:
+                    raise _refused("stream", name, replicas, exc) from None
             continue
         # A stream made before its limits were set, or under other knobs, takes the current ones.
-        if sorted(info.config.subjects or []) != sorted(subs) or _limits_of(info.config) != _limits_of(cfg):
-            await js.update_stream(cfg)
+        if (
+            sorted(info.config.subjects or []) != sorted(subs)
+            or _limits_of(info.config) != _limits_of(cfg)
+            or (info.config.num_replicas or 1) != replicas
+        ):
+            try:
+                await js.update_stream(cfg)
+            except APIError as exc:
+                raise _refused("stream", name, replicas, exc) from None
 
 
-async def ensure_kv(js: JetStreamContext) -> dict[str, KeyValue]:
+def _refused(kind: str, name: str, replicas: int, exc: APIError) -> StreamSetupError:
+    hint = " (more than one replica needs a JetStream cluster)" if replicas > 1 else ""
+    return StreamSetupError(
+        f"NATS refused {kind} {name} with {replicas} replica(s){hint}: {exc.description or exc}; "
+        "set ONEPLUS_STREAM_REPLICAS to the copies this NATS can keep"
+    )
+
+
+async def ensure_kv(js: JetStreamContext, replicas: int | None = None) -> dict[str, KeyValue]:
+    """Every KV bucket, with `replicas` copies (default ONEPLUS_STREAM_REPLICAS); an existing one is re-replicated."""
+    replicas = stream_replicas() if replicas is None else replicas
     buckets: dict[str, KeyValue] = {}
     for bucket, history in KV_HISTORY.items():
         try:
             buckets[bucket] = await js.key_value(bucket)
         except (NotFoundError, BadRequestError):
             try:
-                buckets[bucket] = await js.create_key_value(bucket=bucket, history=history, ttl=KV_TTL.get(bucket))
-            except BadRequestError:
-                buckets[bucket] = await js.key_value(bucket)
+                buckets[bucket] = await js.create_key_value(
+                    bucket=bucket, history=history, ttl=KV_TTL.get(bucket), replicas=replicas
+                )
+            except APIError as exc:
+                try:
+                    buckets[bucket] = await js.key_value(bucket)
+                except (NotFoundError, BadRequestError):
+                    raise _refused("KV bucket", bucket, replicas, exc) from None
+            continue
+        # A bucket's data is the stream KV_<bucket>: one made under another replica count takes this one.
+        info = await js.stream_info(f"KV_{bucket}")
+        if (info.config.num_replicas or 1) != replicas:
+            try:
+                await js.update_stream(dataclasses.replace(info.config, num_replicas=replicas))
+            except APIError as exc:
+                raise _refused("KV bucket", bucket, replicas, exc) from None
     return buckets
