@@ -38,6 +38,7 @@ import nats
 import typer
 from nats.aio.client import Client
 from nats.js.api import DeliverPolicy
+from oneplus_bus.settings import nats_servers
 from oneplus_contracts import (
     IllegalTransition,
     JobEvent,
@@ -183,7 +184,7 @@ async def connect(url: str) -> Client:
         return None
 
     return await nats.connect(
-        url,
+        servers=nats_servers(url),
         allow_reconnect=True,
         max_reconnect_attempts=-1,
         reconnect_time_wait=0.2,

@@ -117,7 +117,8 @@ class OnePlusClient:
 
         try:
             nc = await nats.connect(
-                url,
+                # NATS_URL may name every server of a cluster, comma-separated.
+                servers=[u.strip() for u in url.split(",") if u.strip()],
                 connect_timeout=3,
                 max_reconnect_attempts=1,
                 reconnect_time_wait=0.5,

@@ -285,12 +285,13 @@ async def count_nodes(nats_url: str, page: int = 500) -> tuple[int, int]:
     import json
 
     import nats
+    from oneplus_bus.settings import nats_servers
     from oneplus_contracts import subjects
 
     async def quiet(exc: Exception) -> None:
         return None  # a platform still starting refuses connections: the caller asks again
 
-    nc = await nats.connect(nats_url, connect_timeout=3, allow_reconnect=False, error_cb=quiet)
+    nc = await nats.connect(servers=nats_servers(nats_url), connect_timeout=3, allow_reconnect=False, error_cb=quiet)
     listed = ready = 0
     try:
         cursor: str | None = None
@@ -335,12 +336,15 @@ def _ops_answer(nats_url: str, subject: str) -> None:
     import json
 
     import nats
+    from oneplus_bus.settings import nats_servers
 
     async def ask() -> None:
         async def quiet(exc: Exception) -> None:
             return None
 
-        nc = await nats.connect(nats_url, connect_timeout=3, allow_reconnect=False, error_cb=quiet)
+        nc = await nats.connect(
+            servers=nats_servers(nats_url), connect_timeout=3, allow_reconnect=False, error_cb=quiet
+        )
         try:
             msg = await nc.request(subject, json.dumps({"limit": 1}).encode(), timeout=3)
             reply = json.loads(msg.data)
