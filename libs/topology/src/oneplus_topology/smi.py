@@ -4,6 +4,8 @@ Accepted: tab- or space-aligned columns, CRLF, prompt and `#` comment lines befo
 `NIC<n>` (resolved through the "NIC Legend") or by device (`mlx5_0`), NIC rows or none, the columns `CPU Affinity`,
 `NUMA Affinity` and `GPU NUMA ID` in any subset, `N/A` values, and the older `SOC` spelling of `SYS`.
 A multi-node NUMA affinity such as `0,2-17` (Grace: CPU node plus GPU memory nodes) maps to its first node.
+Without a `NUMA Affinity` column (older drivers), each distinct, disjoint `CPU Affinity` list is one NUMA node,
+numbered in the order of its lowest CPU (`0-31` is node 0, `32-63` node 1), as the kernel numbers sockets.
 """
 
 from __future__ import annotations
@@ -206,6 +208,26 @@ def first_numa(value: str | None) -> int | None:
     return int(re.split(r"[,-]", value)[0])
 
 
+def _cpu_set(text: str) -> frozenset[int]:
+    cpus: set[int] = set()
+    for part in text.split(","):
+        lo, _, hi = part.partition("-")
+        cpus.update(range(int(lo), int(hi or lo) + 1))
+    return frozenset(cpus)
+
+
+def numa_from_cpu_affinity(cpu_lists: list[str | None]) -> list[int | None]:
+    """NUMA nodes from CPU affinity when no NUMA column was printed: one node per distinct CPU list, numbered by its
+    lowest CPU. Lists that overlap without being equal say nothing certain: then every node stays unknown."""
+    sets = [None if c in (None, "N/A") else _cpu_set(c) for c in cpu_lists]
+    distinct = sorted({s for s in sets if s}, key=min)
+    for i, a in enumerate(distinct):
+        if any(a & b for b in distinct[i + 1 :]):
+            return [None] * len(cpu_lists)
+    index = {s: n for n, s in enumerate(distinct)}
+    return [index.get(s) if s else None for s in sets]
+
+
 def cpu_count(cpu_lists: list[str]) -> int | None:
     """CPUs in the union of affinity lists such as `0-51,104-155`; None when no list is known."""
     cpus: set[int] = set()
@@ -229,6 +251,8 @@ def _build(m: _Matrix, legend: dict[str, str], gpu_model: str, node: str) -> Nod
     nic_cols = m.devices[m.n_gpus :]
     numa = [first_numa(m.affinity[g].get("NUMA Affinity")) for g in gpu_names]
     cpu_lists = [m.affinity[g].get("CPU Affinity") for g in gpu_names]
+    if "NUMA Affinity" not in m.affinity_columns:
+        numa = numa_from_cpu_affinity(cpu_lists)
     links = [
         GpuLink(a=a, b=b, kind=k, nvlinks=nvlink_count(k), gbps=link_gbps(k, gpu_model))
         for a in range(m.n_gpus)
