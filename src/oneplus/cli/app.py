@@ -82,13 +82,14 @@ def submit(
     from oneplus_jobformats.errors import JobFormatError
     from oneplus_jobformats.load import load_job_document
     from oneplus_jobformats.summary import dry_run_summary
+    from oneplus_jobformats.text import decode_document
 
     try:
-        text = file.read_text(encoding="utf-8")
+        data = file.read_bytes()
     except OSError as exc:
         raise fail(f"cannot read {file}: {exc.strerror}") from exc
     try:
-        tr = load_job_document(text, filename=str(file))
+        tr = load_job_document(decode_document(data, filename=str(file)), filename=str(file))
     except JobFormatError as exc:
         raise fail(str(exc)) from exc
     spec = with_submitter(tr.spec)  # the submitter, unless the document names a user: as sbatch does

@@ -94,17 +94,29 @@ def sbatch(
 
 
 def _read_script(path: str | None, options: list[str]) -> tuple[str, str]:
-    """The script text and its name; sbatch reads standard input when no script is named and there is no --wrap."""
+    """The script text and its name; sbatch reads standard input when no script is named and there is no --wrap.
+    A script that is not UTF-8 is one line naming the byte, not a traceback."""
+    from oneplus_jobformats.errors import JobFormatError
+    from oneplus_jobformats.text import decode_document
+
     if path is None:
         if any(o.startswith("--wrap") for o in options):
             return "", "<wrap>"
         if sys.stdin.isatty():
             raise _fail("sbatch", "no batch script given (name a file, pipe one in, or use --wrap)", 2)
-        return sys.stdin.read(), "<stdin>"
+        buffer = getattr(sys.stdin, "buffer", None)
+        if buffer is None:
+            return sys.stdin.read(), "<stdin>"
+        data, name = buffer.read(), "<stdin>"
+    else:
+        try:
+            data, name = Path(path).read_bytes(), path
+        except OSError as exc:
+            raise _fail("sbatch", f"Unable to open file {path}: {exc.strerror or exc}", 2) from exc
     try:
-        return Path(path).read_text(encoding="utf-8"), path
-    except (OSError, UnicodeDecodeError) as exc:
-        raise _fail("sbatch", f"Unable to open file {path}: {exc}", 2) from exc
+        return decode_document(data, filename=name), name
+    except JobFormatError as exc:
+        raise _fail("sbatch", str(exc), 2) from exc
 
 
 def squeue(

@@ -50,3 +50,21 @@ class LoneSurrogate(ValueError):
         super().__init__(
             f"{where}: holds a lone UTF-16 surrogate escape (\\ud800-\\udfff without its pair), which is not text"
         )
+
+
+def decode_document(data: bytes, *, filename: str) -> str:
+    """A job file's bytes as text: UTF-8 (a UTF-8 byte-order mark is dropped), or one sentence saying where it is
+    not. Kubernetes, Slurm and YAML all read UTF-8; guessing another encoding would change what the job runs."""
+    from .errors import JobFormatError
+
+    try:
+        return data.decode("utf-8-sig")
+    except UnicodeDecodeError as exc:
+        line = data.count(b"\n", 0, exc.start) + 1
+        hint = " (it looks like UTF-16: save it as UTF-8)" if data[:2] in (b"\xff\xfe", b"\xfe\xff") else ""
+        raise JobFormatError(
+            f"is not UTF-8 text: byte 0x{data[exc.start]:02x} at offset {exc.start} cannot be decoded{hint}; "
+            "save the file as UTF-8",
+            filename=filename,
+            where=f"line {line}",
+        ) from None
