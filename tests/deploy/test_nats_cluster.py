@@ -104,7 +104,9 @@ async def connect(url: str) -> Client:
     async def quiet(exc: Exception) -> None:
         return None
 
-    return await nats.connect(servers=url.split(","), error_cb=quiet, max_reconnect_attempts=-1, reconnect_time_wait=0.2)
+    return await nats.connect(
+        servers=url.split(","), error_cb=quiet, max_reconnect_attempts=-1, reconnect_time_wait=0.2
+    )
 
 
 async def until(check: Any, timeout: float = 30.0) -> Any:
