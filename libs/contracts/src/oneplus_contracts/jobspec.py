@@ -11,6 +11,8 @@ from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
+from .features import parse_constraint
+
 SCHEMA_VERSION = "1"
 
 Domain = Literal["node", "leaf", "spine", "cluster"]
@@ -99,6 +101,17 @@ class SimulatedRun(Strict):
     )
 
 
+DependencyType = Literal["after", "afterok", "afterany", "afternotok"]
+
+
+class Dependency(Strict):
+    """Slurm's `--dependency=TYPE:ID[:ID...]`: start after the named OnePlus jobs started (`after`), succeeded
+    (`afterok`), ended (`afterany`) or failed or were cancelled (`afternotok`)."""
+
+    type: DependencyType
+    job_ids: Annotated[list[str], Field(min_length=1)]
+
+
 class JobSpec(Strict):
     schema_version: Literal["1"] = "1"
     name: str
@@ -121,6 +134,20 @@ class JobSpec(Strict):
     pull_policy: PullPolicy = "IfNotPresent"
     labels: dict[str, str] = Field(default_factory=dict)
     simulate: SimulatedRun | None = None
+
+    dependencies: list[Dependency] = Field(default_factory=list, description="Slurm --dependency, all must hold")
+    dependency_any: bool = Field(default=False, description="Slurm's '?' form: any one dependency is enough")
+    singleton: bool = Field(default=False, description="Slurm singleton: one running job per (name, user)")
+    constraint: str | None = Field(
+        default=None, description="Slurm --constraint over node features, e.g. 'h100', 'a100|h100', '[a|b]'"
+    )
+
+    @field_validator("constraint")
+    @classmethod
+    def _readable_constraint(cls, v: str | None) -> str | None:
+        if v is None:
+            return None
+        return parse_constraint(v).text  # a ConstraintError is a ValueError: the spec is refused with its message
 
     @field_validator("name", "team", "queue")
     @classmethod

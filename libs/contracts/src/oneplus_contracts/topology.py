@@ -64,6 +64,9 @@ class NodeTopology(Strict):
     nvlink_domain: str | None = Field(default=None, description="Multi-node NVLink domain (NVL72 clique)")
     nic_gbps_per_gpu: float = 50.0
     labels: dict[str, str] = Field(default_factory=dict)
+    features: list[str] = Field(
+        default_factory=list, description="Slurm-style node features (cluster YAML, executor --features)"
+    )
     source: TopologySource = "nvidia-smi"
 
 
