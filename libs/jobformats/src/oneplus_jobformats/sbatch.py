@@ -18,7 +18,7 @@ from .errors import JobFormatError, Translation, spec_from_fields
 from .priorities import priority_of
 from .quantities import slurm_time_s
 from .sbatch_gang import gang_fields
-from .sbatch_options import UNUSED, Option, SbatchJob, parse_tokens, script_directives
+from .sbatch_options import UNUSED, Option, SbatchJob, dependency_fields, parse_tokens, script_directives
 
 _NAME_BAD = re.compile(r"[^A-Za-z0-9._-]+")
 OUTPUT_LABEL = "slurm/output"
@@ -59,6 +59,7 @@ def parse_sbatch(
     _identity(job, fields, script, list(script_args))
     gang_fields(job, fields)
     _limits(job, fields)
+    dependency_fields(job, fields)
     _report_unused(job)
     spec = spec_from_fields(fields, filename=filename, origin=_origin(job))
     return Translation(spec=spec, warnings=sorted(job.warnings, key=_by_line), kind="sbatch")

@@ -9,7 +9,9 @@ from __future__ import annotations
 import shlex
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
+from oneplus_contracts.features import ConstraintError, parse_constraint
 from oneplus_contracts.slurm import digits
 
 from .errors import JobFormatError
@@ -46,6 +48,8 @@ USED: dict[str, tuple[str, str | None]] = {
     "wrap": (VALUE, None),
     "parsable": (FLAG, None),
     "array": (VALUE, "a"),
+    "dependency": (VALUE, "d"),
+    "constraint": (VALUE, "C"),
 }
 
 # Real sbatch options OnePlus has no use for: accepted, and reported by name.
@@ -56,7 +60,6 @@ UNUSED: dict[str, tuple[str, str | None]] = {
     "mail-type": (VALUE, None),
     "mail-user": (VALUE, None),
     "comment": (VALUE, None),
-    "dependency": (VALUE, "d"),
     "begin": (VALUE, "b"),
     "deadline": (VALUE, None),
     "hold": (FLAG, "H"),
@@ -66,7 +69,6 @@ UNUSED: dict[str, tuple[str, str | None]] = {
     "licenses": (VALUE, "L"),
     "nodelist": (VALUE, "w"),
     "exclude": (VALUE, "x"),
-    "constraint": (VALUE, "C"),
     "cluster-constraint": (VALUE, None),
     "reservation": (VALUE, None),
     "time-min": (VALUE, None),
@@ -285,3 +287,47 @@ class SbatchJob:
         if n < minimum or n > 1_000_000:
             raise self.fail(opt, f"must be between {minimum} and 1000000")
         return n
+
+
+_DEPENDENCY_TYPES = ("after", "afterany", "afterok", "afternotok")
+
+
+def dependency_fields(job: SbatchJob, fields: dict[str, Any]) -> None:
+    """`--dependency` and `--constraint` into the spec's `dependencies`/`singleton`/`dependency_any`/`constraint`.
+
+    Job ids in a dependency are OnePlus job ids. `aftercorr`, `afterburstbuffer` and `+time` are refused.
+    """
+    opt = job.raw("dependency")
+    if opt is not None:
+        text = (opt.value or "").strip()
+        if not text:
+            raise job.fail(opt, "names no dependency")
+        if "," in text and "?" in text:
+            raise job.fail(opt, "mixes ',' (all) and '?' (any); Slurm takes one or the other")
+        any_of = "?" in text
+        deps: list[dict[str, Any]] = []
+        for part in text.split("?" if any_of else ","):
+            part = part.strip()
+            if part == "singleton":
+                fields["singleton"] = True
+                continue
+            kind, colon, ids = part.partition(":")
+            if kind not in _DEPENDENCY_TYPES:
+                known = ", ".join((*_DEPENDENCY_TYPES, "singleton"))
+                raise job.fail(opt, f"{kind!r} is not a dependency OnePlus supports ({known})")
+            job_ids = [j.strip() for j in ids.split(":")] if colon else []
+            if not job_ids or any(not j for j in job_ids):
+                raise job.fail(opt, f"{part!r} names no job id ({kind}:<job_id>[:<job_id>...])")
+            if any("+" in j for j in job_ids):
+                raise job.fail(opt, f"{part!r}: a delay (+minutes) after a dependency is not supported")
+            deps.append({"type": kind, "job_ids": job_ids})
+        if deps:
+            fields["dependencies"] = deps
+            if any_of and len(deps) > 1:
+                fields["dependency_any"] = True
+    copt = job.raw("constraint")
+    if copt is not None:
+        try:
+            fields["constraint"] = parse_constraint(copt.value or "").text
+        except ConstraintError as exc:
+            raise job.fail(copt, str(exc)) from None

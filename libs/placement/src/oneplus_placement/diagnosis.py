@@ -49,6 +49,13 @@ def static_reason(snap: Holdings, req: GangRequest) -> Explanation | None:
     if not by_model:
         have = sorted({s.gpu_model for s in slots})
         return _never(req, "gpu_model", f"needs GPU model {' or '.join(req.models or ())}; this cluster has {have}")
+    by_model = [s for s in by_model if s.matches_features(req.features)]
+    if not by_model:
+        have = sorted({f for s in slots for f in s.features})
+        text = req.features.text if req.features else ""
+        return _never(
+            req, "constraint", f"no node has the features {text!r} asks for; this cluster's features are {have}"
+        )
     if not req.shared:
         biggest = max(by_model, key=lambda s: s.shape.n)
         if biggest.shape.n < req.unit_gpus:
@@ -93,6 +100,8 @@ def diagnose(snap: Holdings, req: GangRequest, search: DomainSearch) -> Explanat
     qualifiers: list[str] = []
     if req.models:
         qualifiers.append(f"on {' or '.join(req.models)} GPUs")
+    if req.features:
+        qualifiers.append(f"on nodes with {req.features.text}")
     if req.exclusive:
         qualifiers.append("on idle nodes")
     if req.group > 1:
@@ -165,7 +174,17 @@ def _best_domain(snap: Holdings, search: DomainSearch, level: str) -> tuple[str 
 def _static_ceiling(snap: Holdings, req: GangRequest, level: str) -> int:
     """Units the largest domain of `level` holds when empty."""
     layout = snap.layout
-    key = ("ceiling", level, req.models, req.unit_gpus, req.group, req.milli, req.unit_cpus, req.unit_memory_mb)
+    key = (
+        "ceiling",
+        level,
+        req.models,
+        req.features,
+        req.unit_gpus,
+        req.group,
+        req.milli,
+        req.unit_cpus,
+        req.unit_memory_mb,
+    )
     got = layout.cache.get(key)
     if isinstance(got, int):
         return got

@@ -37,7 +37,16 @@ def tie_break(i: int, seed: int) -> int:
 
 def static_eligible(layout: Layout, req: GangRequest) -> tuple[bool, ...]:
     """Nodes that could host one unit on an empty cluster: model, size, NVLink domains, CPU, memory."""
-    key = ("eligible", req.models, req.unit_gpus, req.group, req.shared, req.unit_cpus, req.unit_memory_mb)
+    key = (
+        "eligible",
+        req.models,
+        req.features,
+        req.unit_gpus,
+        req.group,
+        req.shared,
+        req.unit_cpus,
+        req.unit_memory_mb,
+    )
     got = layout.cache.get(key)
     if got is None:
         got = tuple(_could_host(s, req) for s in layout.slots)
@@ -46,7 +55,7 @@ def static_eligible(layout: Layout, req: GangRequest) -> tuple[bool, ...]:
 
 
 def _could_host(slot: NodeSlot, req: GangRequest) -> bool:
-    if not slot.matches_model(req.models):
+    if not slot.matches_model(req.models) or not slot.matches_features(req.features):
         return False
     if slot.cpus + 1e-9 < req.unit_cpus or slot.memory_mb < req.unit_memory_mb:
         return False

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from oneplus_contracts import Allocation, JobSpec, RankPlacement
 
@@ -40,6 +40,20 @@ def place_gang(snapshot: Holdings, spec: JobSpec, job_id: str = "", seed: int = 
 
 
 def place_request(snapshot: Holdings, req: GangRequest, seed: int = 0, solver: str = "greedy") -> PlacementResult:
+    if req.features is not None and req.features.matching and len(req.features.any_of) > 1:
+        # Slurm's matching OR [a|b]: every node of the gang has the same one; try each in turn.
+        first: PlacementResult | None = None
+        for alt in req.features.alternatives():
+            got = _place_one(snapshot, replace(req, features=alt), seed, solver)
+            if got.placed:
+                return got
+            first = first or got
+        mixed = _place_one(snapshot, req, seed, solver)  # for the reason only: a mixed placement is not allowed
+        return first if mixed.placed and first is not None else mixed
+    return _place_one(snapshot, req, seed, solver)
+
+
+def _place_one(snapshot: Holdings, req: GangRequest, seed: int, solver: str) -> PlacementResult:
     static = static_reason(snapshot, req)
     if static is not None:
         return PlacementResult(None, static)

@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 from typing import Protocol
 
 from oneplus_contracts import NodeTopology
+from oneplus_contracts.features import FeatureConstraint, node_features
 
 from .shape import NodeShape, shape_of
 
@@ -48,12 +49,16 @@ class NodeSlot:
     memory_mb: int
     nvlink_domain: str | None
     topology: NodeTopology
+    features: frozenset[str] = frozenset()  # its own features and its GPU model's, lower case
 
     def matches_model(self, models: Sequence[str] | None) -> bool:
         if not models:
             return True
         names = [self.gpu_model.lower(), *(g.name.lower() for g in self.topology.gpus)]
         return any(m.lower() in n for m in models for n in names)
+
+    def matches_features(self, constraint: FeatureConstraint | None) -> bool:
+        return constraint is None or constraint.allows(self.features)
 
 
 @dataclass(frozen=True, eq=False)
@@ -113,6 +118,7 @@ class Layout:
                     memory_mb=topo.memory_mb,
                     nvlink_domain=topo.nvlink_domain,
                     topology=topo,
+                    features=node_features(topo.gpu_model, topo.features),
                 )
             )
         return cls(

@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from oneplus_contracts import Domain, JobSpec
+from oneplus_contracts.features import FeatureConstraint, parse_constraint
 
 DOMAINS: tuple[Domain, ...] = ("node", "leaf", "spine", "cluster")
 
@@ -33,6 +34,7 @@ class GangRequest:
     required: bool
     max_leaves: int | None
     exclusive: bool
+    features: FeatureConstraint | None = None  # Slurm --constraint: the node features every node must satisfy
 
     @classmethod
     def of(cls, spec: JobSpec) -> GangRequest:
@@ -60,6 +62,7 @@ class GangRequest:
             required=spec.topology.mode == "required",
             max_leaves=spec.topology.max_leaves,
             exclusive=spec.topology.exclusive,
+            features=parse_constraint(spec.constraint) if spec.constraint else None,
         )
 
     @property
@@ -91,6 +94,7 @@ class GangRequest:
         """Requests with equal keys see the same per-node capacity (a batch shares the work between them)."""
         return (
             self.models,
+            self.features,
             self.unit_gpus,
             self.group,
             self.milli,

@@ -10,7 +10,9 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 
 from oneplus_contracts import Allocation, Domain, JobSpec, RankPlacement
+from oneplus_placement.diagnosis import Explanation, static_reason
 from oneplus_placement.greedy import PlacementResult, place_gang
+from oneplus_placement.request import GangRequest, InvalidRequest
 from oneplus_placement.snapshot import ClusterSnapshot, ClusterState, Layout
 
 from .model import CycleStats
@@ -40,6 +42,14 @@ class Capacity:
     def place(self, spec: JobSpec, job_id: str, seed: int) -> PlacementResult:
         self.stats.placement_calls += 1
         return place_gang(self.state, spec, job_id=job_id, seed=seed)  # reads only: no snapshot copy needed
+
+    def static_reason(self, spec: JobSpec) -> Explanation | None:
+        """Why no node of the cluster could ever host the job (its model, size or features), or None."""
+        try:
+            req = GangRequest.of(spec)
+        except InvalidRequest:
+            return None
+        return static_reason(self.state, req)
 
     def apply(self, alloc: Allocation) -> None:
         self.state.apply(alloc)

@@ -25,6 +25,7 @@ from oneplus_placement.snapshot import AllocationConflict, ClusterSnapshot, Clus
 from .backfill import may_use_block, reserve_block
 from .capacity import Capacity, whole_gpus, working_copy
 from .config import QueueConfig
+from .dependencies import check_dependencies, singleton_key
 from .explain import classify_failure, fmt_ts, shape_key
 from .fairshare import UsageHistory, fairshare_factors
 from .model import CycleDecision, CycleStats, PendingJob, PendingReason, ReasonCode, Reservation, RunningJob
@@ -42,17 +43,21 @@ def schedule_cycle(
     usage: UsageHistory,
     seed: int = 0,
     nominations: Mapping[str, Allocation] | None = None,
+    job_states: Mapping[str, str] | None = None,
 ) -> CycleDecision:
     """Decide this cycle's placements, pending reasons, protected reservation and preemption wishes.
 
     `cluster_state` must hold the allocation of every job in `running` (and nothing of `pending`); it is not changed.
     `nominations` is the previous decision's `nominations`: a preemptor gets exactly the GPUs nominated for it once
     its victims are gone, and until then nobody else gets the ones already free.
+    `job_states`: the states of the jobs that pending jobs' dependencies name (pending and running ones are known
+    from the lists); a job id found nowhere is no job, and a dependency on it can never be satisfied.
     """
     t0 = time.perf_counter()
     stats = CycleStats()
     decision = CycleDecision(now=now, stats=stats)
     factors = fairshare_factors(config, usage.usage_at(now))
+    pending = _dependencies_met(pending, running, job_states or {}, decision)
     ranked, invalid = rank_pending(now, pending, config, factors)
     decision.reasons.update(invalid)
     decision.order = [r.job_id for r in ranked]
@@ -66,6 +71,7 @@ def schedule_cycle(
         budget=rate_budget(now, config, usage),
         seed=seed,
         decision=decision,
+        busy={singleton_key(r.spec) for r in running},
     )
     served = cycle.honour_nominations(ranked, nominations or {})
     for position, job in enumerate(ranked):
@@ -93,6 +99,7 @@ class _Cycle:
     taken: set[str] = field(default_factory=set)  # victims (new or in flight) already promised to someone
     failed: dict[tuple[object, ...], tuple[int, ReasonCode, str]] = field(default_factory=dict)
     no_victims: dict[tuple[object, ...], int] = field(default_factory=dict)  # search key → state version
+    busy: set[tuple[str, str]] = field(default_factory=set)  # (name, user) of jobs holding or given GPUs
     _pool: VictimPool | None = None
     _vacating: list[RunningJob] | None = None
 
@@ -146,6 +153,10 @@ class _Cycle:
         return served
 
     def serve(self, job: RankedJob, position: int) -> None:
+        spec = job.job.spec
+        if spec.singleton and singleton_key(spec) in self.busy:
+            self.reason(job, "Dependency", f"singleton: a job named {spec.name} of {spec.user} holds GPUs")
+            return
         if self.head is not None:
             self.examined_after_head += 1
             if self.examined_after_head > self.config.backfill.scan_limit:
@@ -180,6 +191,11 @@ class _Cycle:
             self.capacity.stats.skipped_by_memo += 1
             self.reason(job, seen[1], seen[2])
             return None
+        if spec.constraint:
+            never = self.capacity.static_reason(spec)
+            if never is not None and never.constraint == "constraint":
+                self.fail(job, key, "BadConstraints", never.message)
+                return None
         held = _gpu_count(self.hold)
         free = self.capacity.free_gpus()
         need = whole_gpus(spec)
@@ -240,6 +256,7 @@ class _Cycle:
     def record_placement(self, job: RankedJob, alloc: Allocation) -> None:
         self.ledger.admit(job.job.queue, job.gpus)
         self.decision.placements[job.job_id] = alloc
+        self.busy.add(singleton_key(job.job.spec))
         self.decision.reasons.pop(job.job_id, None)
         self.placed.append(RunningJob(job.job_id, job.job.spec, alloc, self.now, preemptions=job.job.preemptions))
 
@@ -322,6 +339,7 @@ class _Cycle:
         self.ledger.admit(job.job.queue, job.gpus)
         self.hold_for(alloc, job.job_id)
         self.decision.nominations[job.job_id] = alloc
+        self.busy.add(singleton_key(job.job.spec))
 
     # -- head-of-line protection ------------------------------------------------------------------------------
 
@@ -347,6 +365,31 @@ class _Cycle:
         note = f"; {res.domain} {res.domain_name} ({', '.join(res.nodes)}) is reserved for it {when}"
         if previous is not None:
             self.decision.reasons[job.job_id] = PendingReason(job.job_id, previous.code, previous.message + note)
+
+
+def _dependencies_met(
+    pending: Sequence[PendingJob],
+    running: Sequence[RunningJob],
+    job_states: Mapping[str, str],
+    decision: CycleDecision,
+) -> list[PendingJob]:
+    """The pending jobs whose dependencies hold; the others get `Dependency` or `DependencyNeverSatisfied`."""
+    if not any(p.spec.dependencies for p in pending):
+        return list(pending)
+    known: dict[str, str] = {p.job_id: "ACCEPTED" for p in pending}
+    known.update((r.job_id, "RUNNING") for r in running)
+    known.update(job_states)
+    out: list[PendingJob] = []
+    for p in pending:
+        check = check_dependencies(p.spec, known.get)
+        if check.verdict == "ready":
+            out.append(p)
+        elif check.verdict == "wait":
+            decision.reasons[p.job_id] = PendingReason(p.job_id, "Dependency", check.message)
+        else:
+            decision.reasons[p.job_id] = PendingReason(p.job_id, "DependencyNeverSatisfied", check.message)
+            decision.unsatisfiable[p.job_id] = check.message
+    return out
 
 
 def _gpu_count(alloc: Allocation | None) -> int:

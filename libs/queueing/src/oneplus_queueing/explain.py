@@ -19,6 +19,8 @@ def classify_failure(spec: JobSpec, explanation: Explanation | None, free_gpus: 
     need = whole_gpus(spec)
     if explanation is None:
         return "Resources", f"needs {need} GPUs; {free_gpus} are free"
+    if explanation.constraint == "constraint":
+        return "BadConstraints", explanation.message
     if explanation.constraint in _TOPOLOGY:
         return "Topology", explanation.message
     if explanation.constraint == "capacity" and need and free_gpus >= need:
@@ -41,6 +43,7 @@ def shape_key(spec: JobSpec) -> tuple[object, ...]:
         topo.group_gpus,
         topo.max_leaves,
         topo.exclusive,
+        spec.constraint,
     )
 
 

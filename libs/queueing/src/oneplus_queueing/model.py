@@ -15,6 +15,9 @@ ReasonCode = Literal[
     "QuotaExceeded",  # its queue (or an ancestor) is at guarantee + borrow limit
     "Preempting",  # victims are being evicted for it; the freed GPUs are nominated for it
     "InvalidQueue",  # its queue or priority class is not in the queue config
+    "Dependency",  # its --dependency (or singleton) is not satisfied yet; it is not considered
+    "DependencyNeverSatisfied",  # a dependency can never be satisfied: the job is ended
+    "BadConstraints",  # no node of the cluster has the features its --constraint asks for
 ]
 PreemptionKind = Literal["priority", "reclaim"]
 
@@ -142,4 +145,5 @@ class CycleDecision:
     nominations: dict[str, Allocation] = field(default_factory=dict)  # preemptor → GPUs kept for it
     order: list[str] = field(default_factory=list)  # pending job ids, first to be served first
     scores: dict[str, float] = field(default_factory=dict)
+    unsatisfiable: dict[str, str] = field(default_factory=dict)  # job → why its dependencies never can be met
     stats: CycleStats = field(default_factory=CycleStats)

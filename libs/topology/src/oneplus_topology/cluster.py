@@ -13,6 +13,7 @@ from typing import Annotated, Any
 
 import yaml
 from oneplus_contracts import NodeTopology
+from oneplus_contracts.features import model_feature
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from .bandwidth import nic_gbytes, nic_ring_gbps
@@ -56,6 +57,7 @@ class NodeGroup(_Strict):
     cpus: Annotated[int, Field(gt=0)] | None = None
     memory_mb: Annotated[int, Field(gt=0)] | None = None
     labels: dict[str, str] = Field(default_factory=dict)
+    features: list[str] = Field(default_factory=list, description="Node features for --constraint (Slurm's)")
     nodes_per_nvlink_domain: Annotated[int, Field(gt=0)] | None = Field(
         default=None, description="Nodes per multi-node NVLink domain, e.g. 18 GB200 trays per NVL72"
     )
@@ -63,6 +65,7 @@ class NodeGroup(_Strict):
 
 class NodeOverride(_Strict):
     labels: dict[str, str] = Field(default_factory=dict)
+    features: list[str] = Field(default_factory=list, description="Added to its group's features")
     lldp: str | dict[str, Any] | None = Field(default=None, description="lldpctl -f json output, inline or a file")
     leaf: str | None = None
     spine: str | None = None
@@ -195,6 +198,7 @@ def load_cluster(path: str | Path) -> Cluster:
                 "spine": f"spine{leaf // spec.fabric.leaves_per_spine}",
                 "nic_gbps_per_gpu": spec.fabric.nic_gbytes_per_gpu,
                 "labels": dict(group.labels),
+                "features": _features(base, group.features),
                 "nvlink_domain": nvlink_domain_of(base),
             }
             if group.nodes_per_nvlink_domain:
@@ -216,6 +220,8 @@ def _apply_overrides(path: Path, spec: ClusterFile, nodes: list[NodeTopology]) -
         labels = {**n.labels, **(over.labels if over else {})}
         if not labels and over is None:
             continue
+        if over is not None and over.features:
+            n = n.model_copy(update={"features": _features(n, over.features)})
         place = place_from_labels(labels, spec.fabric.label_levels)
         update: dict[str, Any] = {"labels": labels}
         update |= {k: v for k, v in vars(place).items() if v is not None}
@@ -226,6 +232,17 @@ def _apply_overrides(path: Path, spec: ClusterFile, nodes: list[NodeTopology]) -
                     update["leaf"] = lldp_leaf
             update |= {k: v for k, v in over.model_dump(include={"leaf", "spine", "nvlink_domain"}).items() if v}
         nodes[i] = n.model_copy(update=update)
+
+
+def _features(topo: NodeTopology, extra: list[str]) -> list[str]:
+    """The node's features plus `extra` and its GPU model's (`h100`), lower case, each once, in order."""
+    out: list[str] = []
+    model = model_feature(topo.gpu_model)
+    for f in [*topo.features, *extra, *([model] if model else [])]:
+        f = f.strip().lower()
+        if f and f not in out:
+            out.append(f)
+    return out
 
 
 def synthetic_cluster(
@@ -251,6 +268,7 @@ def synthetic_cluster(
     base = shared_preset(preset).model_copy(
         update={"source": "synthetic", "nic_gbps_per_gpu": fabric.nic_gbytes_per_gpu}
     )
+    base = base.model_copy(update={"features": _features(base, [])})  # its GPU model's feature (`h100`)
     width = max(2, len(str(n_nodes - 1)))
     nodes = []
     for i in range(n_nodes):

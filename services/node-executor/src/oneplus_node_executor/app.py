@@ -20,6 +20,7 @@ from oneplus_bus.metrics import add_metrics_port_argument
 from oneplus_bus.service import OneplusService
 from oneplus_bus.settings import BusSettings
 from oneplus_contracts import NODE_COMMAND_ADAPTER, CancelRanks, LaunchRanks, NodeTopology, subjects
+from oneplus_contracts.features import node_features
 
 from .gpu_health import GpuProbe, nvml_probe
 from .node import KEEP_FINISHED, NodeExecutor
@@ -140,6 +141,11 @@ def main() -> None:
     p.add_argument("--topology", default=os.environ.get("ONEPLUS_TOPOLOGY", "h100_sxm_8gpu_nvswitch_nv18"))
     p.add_argument("--leaf", default=os.environ.get("ONEPLUS_LEAF"))
     p.add_argument("--spine", default=os.environ.get("ONEPLUS_SPINE"))
+    p.add_argument(
+        "--features",
+        default=os.environ.get("ONEPLUS_NODE_FEATURES", ""),
+        help="comma-separated node features for --constraint (the GPU model's, e.g. h100, is always added)",
+    )
     p.add_argument("--runtime", default=os.environ.get("ONEPLUS_RUNTIME", "simulated"))
     p.add_argument("--heartbeat", type=float, default=float(os.environ.get("ONEPLUS_HEARTBEAT_S", "2")))
     p.add_argument(
@@ -159,6 +165,8 @@ def main() -> None:
         p.error(f"--keep-finished {a.keep_finished}: the number of ended jobs to keep cannot be negative")
     topo = load_topology(a.topology, a.node)
     topo = topo.model_copy(update={"leaf": a.leaf or topo.leaf, "spine": a.spine or topo.spine})
+    extra = [f.strip() for f in a.features.split(",") if f.strip()]
+    topo = topo.model_copy(update={"features": sorted(node_features(topo.gpu_model, [*topo.features, *extra]))})
     svc, _ = create_executor(
         topo,
         make_runtime(a.runtime, topo),
