@@ -126,9 +126,7 @@ def _mixed() -> ClusterState:
 
 def test_constraint_routes_jobs_in_a_cycle_and_an_impossible_one_gets_bad_constraints() -> None:
     state = _mixed()
-    jobs = [
-        PendingJob(f"h{i}", spec(f"h{i}", 4).model_copy(update={"constraint": "h100"}), float(i)) for i in range(4)
-    ]
+    jobs = [PendingJob(f"h{i}", spec(f"h{i}", 4).model_copy(update={"constraint": "h100"}), float(i)) for i in range(4)]
     jobs.append(PendingJob("v", spec("v", 1).model_copy(update={"constraint": "v100"}), 10.0))
     d = schedule_cycle(100.0, state, jobs, [], default_config(), UsageHistory())
     assert sorted(d.placements) == ["h0", "h1", "h2", "h3"]

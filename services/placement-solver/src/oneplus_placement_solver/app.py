@@ -15,7 +15,7 @@ import json
 import logging
 import os
 import time
-from collections.abc import Collection, Sequence
+from collections.abc import Collection, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -48,6 +48,7 @@ from oneplus_placement.reports import NodeReports
 from oneplus_placement.snapshot import ClusterState
 from oneplus_queueing.config import QueueConfig, QueueConfigError, default_config, load_queue_config
 from oneplus_queueing.cycle import schedule_cycle
+from oneplus_queueing.dependencies import referenced_jobs
 from oneplus_queueing.fairshare import UsageHistory
 from oneplus_queueing.model import CycleDecision, PendingJob, RunningJob, VictimChoice
 from oneplus_queueing.report import queue_rows, queues_rows, split_records
@@ -110,6 +111,8 @@ class Solver:
         self.config_from_kv = False
         self.decision: CycleDecision | None = None
         self.nominations: dict[str, Allocation] = {}
+        # States of jobs that dependencies name and that have left the hot view (archived: they never change).
+        self.archived_states: dict[str, str | None] = {}
         self.usage: UsageHistory | None = None
         self.usage_queues: tuple[str, ...] = ()
         self._owner: JobOwner | None = None
@@ -513,6 +516,7 @@ class Solver:
             self.metrics.pending_jobs((), None)
             return 0
         offered = self.offered()
+        job_states = await self.dependency_states(pending_recs.values())
         decision = schedule_cycle(
             now,
             offered,
@@ -521,6 +525,7 @@ class Solver:
             self.config,
             usage,
             nominations=self.nominations,
+            job_states=job_states,
         )
         self.decision = decision
         self.metrics.pending_jobs(pending_recs.values(), decision)
@@ -562,7 +567,54 @@ class Solver:
                 usage.record_preemption(now, victim, choice.preemptor, rec.spec.total_gpus)
         if decision.preemptions:
             await self.memory.save_usage(usage, self.usage_queues, force=True)  # the rate limit must survive a crash
+        await self.end_unsatisfiable(decision)
         return len(placed)
+
+    async def dependency_states(self, pending: Iterable[JobRecord]) -> dict[str, str]:
+        """The states of the jobs that pending jobs' dependencies name: the hot view first, then the archive.
+
+        Archived records are final, so each is read once (None: no such job) and kept; a failed read counts as
+        not known yet (the dependent job waits a cycle), never as no job.
+        """
+        wanted = referenced_jobs(r.spec for r in pending if r.spec.dependencies)
+        if not wanted:
+            return {}
+        index = self.owner.index
+        out: dict[str, str] = {}
+        for job_id in wanted:
+            rec = index.get(job_id)
+            if rec is not None:
+                out[job_id] = rec.state
+                continue
+            if job_id not in self.archived_states:
+                try:
+                    got = await self.owner.archive.get(job_id)
+                except Exception as exc:  # the archive unreachable: the dependent job waits
+                    log.warning("dependency %s: archive lookup failed (%s); its dependents wait", job_id, exc)
+                    out[job_id] = "ACCEPTED"
+                    continue
+                if len(self.archived_states) > 100_000:
+                    self.archived_states.clear()
+                self.archived_states[job_id] = got.state if got is not None else None
+            state = self.archived_states[job_id]
+            if state is not None:
+                out[job_id] = state
+        return out
+
+    async def end_unsatisfiable(self, decision: CycleDecision) -> None:
+        """Slurm's DependencyNeverSatisfied (with kill_invalid_depend): the job is cancelled with that reason."""
+        for job_id, why in decision.unsatisfiable.items():
+            rec = self.owner.index.get(job_id)
+            if rec is None or rec.state != "ACCEPTED":
+                continue
+            await self.owner.commit(
+                JobFinished(
+                    event_id=f"dependency-never-{job_id}",
+                    job_id=job_id,
+                    state="CANCELLED",
+                    reason=f"DependencyNeverSatisfied: {why}",
+                )
+            )
 
     async def commit_placed(self, placed: Sequence[tuple[JobRecord, Allocation, int]]) -> None:
         """Record `placed` for every gang of the cycle in one commit, then send their launch commands."""
