@@ -51,7 +51,10 @@ def launch(
         {
             "name": "engine-test",
             "ranks": world,
-            "resources": RankResources(gpus=1, cpus=cpus, memory_mb=memory_mb),
+            # Request = limit, as Slurm's --cpus-per-task/--mem and a Kubernetes limit give (a limit caps).
+            "resources": RankResources(
+                gpus=1, cpus=cpus, memory_mb=memory_mb, cpu_limit=cpus, memory_limit_mb=memory_mb
+            ),
             "image": image,
             "command": command or ["sh", "-c", "sleep 30"],
             **spec,

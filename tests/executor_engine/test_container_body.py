@@ -85,3 +85,30 @@ def test_gpu_node_container_numbers_cuda_devices_from_zero_whatever_the_executor
     assert env["EXTRA"] == "1"
     # Without a device request the container sees the host's GPUs, so the host numbering stays.
     assert container_env(rank_environment(cmd, None)[0], None, gpu_node=False)["CUDA_VISIBLE_DEVICES"] == "4,6"
+
+
+def test_no_limit_means_no_memory_cap_and_a_limit_caps() -> None:
+    """A request reserves, a limit caps (issue 13): without memory_limit_mb the container has no Memory cap."""
+    cmd = launch("job-1", "node-a", [(0, [0])], memory_mb=2048)
+    uncapped = cmd.model_copy(
+        update={
+            "spec": cmd.spec.model_copy(
+                update={"resources": cmd.spec.resources.model_copy(update={"memory_limit_mb": None, "cpu_limit": None})}
+            )
+        }
+    )
+    args = {"local_rank": 0, "gpu_node": False, "network_mode": "none", "cpuset": None, "nano_cpus": None}
+    assert "Memory" not in container_body(uncapped, uncapped.ranks[0], {}, **args)["HostConfig"]  # type: ignore[operator]
+    host = container_body(cmd, cmd.ranks[0], {}, **args)["HostConfig"]
+    assert isinstance(host, dict) and host["Memory"] == 2048 * 1024 * 1024
+
+
+def test_kubernetes_command_is_the_entrypoint_and_args_the_cmd() -> None:
+    args = {"local_rank": 0, "gpu_node": False, "network_mode": "none", "cpuset": None, "nano_cpus": None}
+    cmd = launch("job-1", "node-a", [(0, [0])], entrypoint=["python3", "/opt/mnist.py"], command=["--epochs=1"])
+    body = container_body(cmd, cmd.ranks[0], {}, **args)
+    assert body["Entrypoint"] == ["python3", "/opt/mnist.py"] and body["Cmd"] == ["--epochs=1"]
+    cleared = launch("job-1", "node-a", [(0, [0])], entrypoint=[], command=["sh", "-c", "true"])
+    assert container_body(cleared, cleared.ranks[0], {}, **args)["Entrypoint"] == [""]
+    plain = launch("job-1", "node-a", [(0, [0])])
+    assert "Entrypoint" not in container_body(plain, plain.ranks[0], {}, **args)

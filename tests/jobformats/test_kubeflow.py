@@ -45,7 +45,10 @@ def test_pytorchjob_simple_without_gpus_is_accepted_with_a_share_and_a_warning()
     assert tr.spec.resources.gpus == pytest.approx(0.001)
     assert tr.spec.team == "kubeflow"  # the namespace is the team
     assert tr.spec.pull_policy == "Always"
-    assert tr.spec.command == ["python3", "/opt/mnist/src/mnist.py", "--epochs=1"]
+    # Kubernetes `command` replaces the image's ENTRYPOINT; there are no `args`, so no CMD either.
+    assert tr.spec.entrypoint == ["python3", "/opt/mnist/src/mnist.py", "--epochs=1"]
+    assert tr.spec.command == []
+    assert tr.spec.framework == "pytorchjob"
     assert any("asks for no GPU" in w for w in tr.warnings)
 
 
@@ -165,7 +168,8 @@ def test_trainjob_from_the_interfaces_example_has_three_one_gpu_nodes():
     assert tr.kind == "TrainJob"
     assert (spec.ranks, spec.resources.gpus, spec.resources.cpus, spec.resources.memory_mb) == (3, 1.0, 4.0, 8192)
     assert spec.queue == "user-queue"
-    assert spec.command[0] == "torchrun"
+    assert spec.entrypoint is not None and spec.entrypoint[0] == "torchrun"
+    assert spec.framework == "trainjob"
     assert spec.env["PET_NPROC_PER_NODE"] == "1"
     assert spec.labels["trainer.kubeflow.org/runtime"] == "torch-distributed"
     assert any("no image" in w for w in tr.warnings)

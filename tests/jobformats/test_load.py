@@ -79,7 +79,7 @@ def test_native_validation_errors_are_sentences_naming_the_field(text, message):
         ("name: [unclosed\n", "job.yaml: line 2, column 1: invalid YAML"),
         ('{"name": ', "job.yaml: line 1: invalid JSON"),
         ("- a\n- b\n", "expected a mapping (a job spec or a Kubernetes manifest), got list"),
-        ("name: a\n---\nname: b\n", "holds 2 YAML documents; submit one job per file"),
+        ("name: a\n---\nname: b\n", "several documents holds Kubernetes manifests only"),
         ("#SBATCH --nodes=2\nsrun hostname\n", "job.yaml: line 1: this does not look like a batch script"),
         ("a: &a [*a]\n", None),
         ('{"name": "a", "env": {"X": "\\ud800"}}', "job.yaml: env.X: holds a lone UTF-16 surrogate escape"),

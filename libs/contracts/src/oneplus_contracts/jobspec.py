@@ -19,6 +19,8 @@ Domain = Literal["node", "leaf", "spine", "cluster"]
 ConstraintMode = Literal["required", "preferred"]
 RestartPolicy = Literal["Never", "OnFailure", "Always"]
 PullPolicy = Literal["Always", "IfNotPresent", "Never"]
+# Whose conventions a job's ranks follow: the executor adds that framework's variables (PET_* for torchrun).
+Framework = Literal["pytorchjob", "trainjob", "mpijob", "sbatch"]
 
 _NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
 _SIGNALS = {"SIGUSR1", "SIGUSR2", "SIGTERM", "SIGINT", "SIGHUP", "SIGQUIT", "SIGKILL", "SIGCONT"}
@@ -34,8 +36,14 @@ class RankResources(Strict):
     """What one rank of the gang asks for."""
 
     gpus: Annotated[float, Field(gt=0, le=64, description="GPUs per rank; a value below 1 is a share of one GPU")]
-    cpus: Annotated[float, Field(gt=0, le=1024)] = 1.0
-    memory_mb: Annotated[int, Field(gt=0, le=16 * 1024 * 1024)] = 1024
+    cpus: Annotated[float, Field(gt=0, le=1024, description="CPUs reserved for the rank (a request)")] = 1.0
+    memory_mb: Annotated[int, Field(gt=0, le=16 * 1024 * 1024, description="MiB reserved (a request)")] = 1024
+    cpu_limit: Annotated[float, Field(gt=0, le=1024)] | None = Field(
+        default=None, description="CPUs the rank may use at most (a limit); null: no cap beyond its node's cpuset"
+    )
+    memory_limit_mb: Annotated[int, Field(gt=0, le=16 * 1024 * 1024)] | None = Field(
+        default=None, description="MiB the rank may use at most (a limit); null: no cap"
+    )
     gpu_models: list[str] | None = Field(
         default=None, description="Allowed GPU models (substring match on the device name), e.g. ['H100']"
     )
@@ -126,7 +134,16 @@ class JobSpec(Strict):
     topology: TopologyConstraint = Field(default_factory=TopologyConstraint)
     checkpoint: CheckpointPolicy = Field(default_factory=CheckpointPolicy)
     image: str = "localhost/busybox:latest"
-    command: list[str] = Field(default_factory=list)
+    entrypoint: list[str] | None = Field(
+        default=None,
+        description="Replaces the image's ENTRYPOINT (Kubernetes `command`); [] clears it; null keeps the image's",
+    )
+    command: list[str] = Field(
+        default_factory=list, description="The image's CMD replaced (Kubernetes `args`); empty keeps the image's"
+    )
+    framework: Framework | None = Field(
+        default=None, description="Whose rank environment to add (pytorchjob/trainjob: torchrun's PET_* variables)"
+    )
     env: dict[str, str] = Field(default_factory=dict)
     time_limit_s: Annotated[int, Field(gt=0)] | None = None
     min_runtime_s: Annotated[int, Field(ge=0)] = 0
@@ -134,7 +151,6 @@ class JobSpec(Strict):
     pull_policy: PullPolicy = "IfNotPresent"
     labels: dict[str, str] = Field(default_factory=dict)
     simulate: SimulatedRun | None = None
-
     dependencies: list[Dependency] = Field(default_factory=list, description="Slurm --dependency, all must hold")
     dependency_any: bool = Field(default=False, description="Slurm's '?' form: any one dependency is enough")
     singleton: bool = Field(default=False, description="Slurm singleton: one running job per (name, user)")
@@ -165,6 +181,11 @@ class JobSpec(Strict):
             per_rank = int(self.resources.gpus)
             if g % per_rank and per_rank % g:
                 raise ValueError(f"group_gpus={g} must divide or be a multiple of gpus per rank ({per_rank})")
+        r = self.resources
+        if r.cpu_limit is not None and r.cpus > r.cpu_limit:
+            raise ValueError(f"cpus={r.cpus:g} (the request) is more than cpu_limit={r.cpu_limit:g}")
+        if r.memory_limit_mb is not None and r.memory_mb > r.memory_limit_mb:
+            raise ValueError(f"memory_mb={r.memory_mb} (the request) is more than memory_limit_mb={r.memory_limit_mb}")
         return self
 
     @property

@@ -59,6 +59,13 @@ def gang_fields(r: FieldReader, groups: list[ReplicaGroup], fields: dict[str, An
         resources["cpus"] = max(cpus)
     if mems:
         resources["memory_mb"] = max(mems)
+    # A cap holds only if every replica type has one (one rank shape for all); the largest is kept.
+    cpu_caps = [g.shape.cpu_limit for g in live]
+    if all(c is not None for c in cpu_caps):
+        resources["cpu_limit"] = max(c for c in cpu_caps if c is not None)
+    mem_caps = [g.shape.memory_limit_mb for g in live]
+    if all(m is not None for m in mem_caps):
+        resources["memory_limit_mb"] = max(m for m in mem_caps if m is not None)
     models = next((g.shape.gpu_models for g in live if g.shape.gpu_models), None)
     if models:
         resources["gpu_models"] = models
@@ -76,13 +83,16 @@ def _same_everywhere(r: FieldReader, live: list[ReplicaGroup], fields: dict[str,
     for g in live[1:]:
         for what, a, b in (
             ("image", ref.shape.image, g.shape.image),
-            ("command", ref.shape.command, g.shape.command),
+            ("command", ref.shape.entrypoint, g.shape.entrypoint),
+            ("args", ref.shape.command, g.shape.command),
             ("restartPolicy", ref.restart_policy, g.restart_policy),
         ):
             if a != b:
                 r.warn(g.path, f"{what} {b!r} differs from {ref.role}'s {a!r}; every rank uses {ref.role}'s")
     if ref.shape.image:
         fields["image"] = ref.shape.image
+    if ref.shape.entrypoint is not None:
+        fields["entrypoint"] = ref.shape.entrypoint
     if ref.shape.command:
         fields["command"] = ref.shape.command
     env: dict[str, str] = {}

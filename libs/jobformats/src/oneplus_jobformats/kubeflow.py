@@ -7,12 +7,13 @@ Every field that is read is marked; the rest come back as warnings naming each f
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 from .errors import JobFormatError, Translation, spec_from_fields
 from .fields import FieldReader, child
 from .gang import ReplicaGroup, gang_fields
-from .pods import PodShape, read_env, read_pod_template, read_resources
+from .pods import PodShape, read_command, read_env, read_pod_template, read_resources
 from .priorities import priority_of
 
 QUEUE_LABEL = "kueue.x-k8s.io/queue-name"
@@ -146,6 +147,17 @@ def translate_pytorchjob(doc: dict[str, Any], filename: str) -> Translation:
         g for role in ("Master", "Worker") if (g := _replica_group(r, specs, role, path, main_container="pytorch"))
     ]
     gang_fields(r, groups, fields, origin)
+    # Training Operator v1: spec.nprocPerNode (auto, cpu, gpu or a number; default auto) is torchrun's
+    # --nproc-per-node, given to every replica as PET_NPROC_PER_NODE.
+    nproc = r.string(spec, "nprocPerNode", "spec")
+    if nproc is not None:
+        if nproc not in ("auto", "cpu", "gpu") and not (nproc.isascii() and nproc.isdigit() and int(nproc) > 0):
+            raise r.error("spec.nprocPerNode", f"must be auto, cpu, gpu or a positive number (got {nproc!r})")
+        fields.setdefault("env", {})["PET_NPROC_PER_NODE"] = nproc
+    elastic = r.opt(spec, "elasticPolicy", "spec")
+    if elastic is not None:
+        r.warn("spec.elasticPolicy", "OnePlus runs a fixed gang; PET_NNODES is the replica count, not min:max")
+    fields["framework"] = "pytorchjob"
     _run_policy(r, spec, "spec", fields, origin)
     return _finish(r, fields, origin, "PyTorchJob")
 
@@ -168,6 +180,7 @@ def translate_mpijob(doc: dict[str, Any], filename: str) -> Translation:
         else:
             _skip_launcher(r, specs, child(path, "Launcher"))
     gang_fields(r, groups, fields, origin)
+    fields["framework"] = "mpijob"
     slots = r.integer(spec, "slotsPerWorker", "spec", minimum=1)
     per_worker = max(worker.shape.gpus, 1)
     if slots is not None and slots != per_worker:
@@ -194,36 +207,99 @@ def _skip_launcher(r: FieldReader, specs: dict[str, Any], path: str) -> None:
     r.warn(path, f"the launcher is not a rank: OnePlus starts the Worker ranks itself with rank and world size{said}")
 
 
-def translate_trainjob(doc: dict[str, Any], filename: str) -> Translation:
+def translate_trainjob(
+    doc: dict[str, Any], filename: str, runtimes: dict[str, RuntimeDefaults] | None = None
+) -> Translation:
+    """A TrainJob; `runtimes` are training runtimes given in the same file (by name), whose defaults it takes."""
     r, fields, origin, spec = _start(doc, filename)
     ref = r.mapping(spec, "runtimeRef", "spec", required=True)
     runtime = r.string(ref, "name", "spec.runtimeRef", required=True)
     r.string(ref, "kind", "spec.runtimeRef")
     r.string(ref, "apiGroup", "spec.runtimeRef")
     fields.setdefault("labels", {})[RUNTIME_LABEL] = str(runtime)
+    base = (runtimes or {}).get(str(runtime))
     trainer = r.mapping(spec, "trainer", "spec")
     tp = "spec.trainer"
     nodes = r.integer(trainer, "numNodes", tp, minimum=1)
-    if nodes is None:
-        r.warn(tp, f"numNodes is not set and runtime {runtime!r} is not readable here; the job has 1 node")
+    if nodes is None and base is not None and base.num_nodes is not None:
+        nodes = base.num_nodes
+    elif nodes is None:
+        r.warn(tp, f"numNodes is not set and runtime {runtime!r} is not in this file; the job has 1 node")
     shape = PodShape(resources_path=child(tp, "resourcesPerNode"))
-    shape.image = r.string(trainer, "image", tp)
+    shape.image = r.string(trainer, "image", tp) or (base.shape.image if base else None)
     if shape.image is None:
-        r.warn(
-            tp, f"no image: the runtime {runtime!r} chooses it and OnePlus cannot read runtimes; the default is used"
-        )
-    shape.command = r.string_list(trainer, "command", tp) + r.string_list(trainer, "args", tp)
-    shape.env = read_env(r, trainer, tp)
+        r.warn(tp, f"no image: the runtime {runtime!r} chooses it and is not in this file; the default image is used")
+    read_command(r, trainer, tp, shape)
+    if base is not None:
+        if "command" not in trainer:
+            shape.entrypoint = base.shape.entrypoint
+        if "args" not in trainer:
+            shape.command = base.shape.command
+        shape.env = dict(base.shape.env)
+        for attr in ("gpus", "cpus", "memory_mb", "cpu_limit", "memory_limit_mb"):
+            setattr(shape, attr, getattr(base.shape, attr))
+    shape.env.update(read_env(r, trainer, tp))
     nproc = r.opt(trainer, "numProcPerNode", tp)
-    if nproc is not None:
-        shape.env["PET_NPROC_PER_NODE"] = str(nproc)
-    read_resources(r, r.mapping(trainer, "resourcesPerNode", tp), child(tp, "resourcesPerNode"), shape)
+    if nproc is None and base is not None:
+        nproc = base.num_proc_per_node
+    # Trainer's torch plugin gives torchrun PET_NPROC_PER_NODE (default auto) with PET_NNODES, PET_NODE_RANK,
+    # PET_MASTER_ADDR and PET_MASTER_PORT; OnePlus's executor adds the last four for each rank.
+    shape.env["PET_NPROC_PER_NODE"] = "auto" if nproc is None else str(nproc)
+    if "resourcesPerNode" in trainer:
+        shape.gpus, shape.cpus, shape.memory_mb, shape.cpu_limit, shape.memory_limit_mb = 0, None, None, None, None
+        read_resources(r, r.mapping(trainer, "resourcesPerNode", tp), child(tp, "resourcesPerNode"), shape)
     group = ReplicaGroup(role="node", replicas=1 if nodes is None else nodes, shape=shape, path=tp)
     gang_fields(r, [group], fields, origin)
+    fields["framework"] = "trainjob"
     deadline = r.integer(spec, "activeDeadlineSeconds", "spec", minimum=1)
     if deadline is not None:
         fields["time_limit_s"] = deadline
     return _finish(r, fields, origin, "TrainJob")
+
+
+@dataclass
+class RuntimeDefaults:
+    """What a TrainJob takes from a (Cluster)TrainingRuntime given in the same file."""
+
+    name: str
+    num_nodes: int | None
+    num_proc_per_node: str | None
+    shape: PodShape
+    warnings: list[str]
+
+
+RUNTIME_KINDS = frozenset({"ClusterTrainingRuntime", "TrainingRuntime"})
+
+
+def read_runtime(doc: dict[str, Any], filename: str) -> RuntimeDefaults:
+    """spec.mlPolicy (numNodes, torch.numProcPerNode) and the `node` replicated job's trainer container."""
+    r = FieldReader(doc, filename=filename)
+    r.use("apiVersion")
+    r.use("kind")
+    meta = r.mapping(doc, "metadata", "", required=True)
+    name = r.string(meta, "name", "metadata", required=True)
+    assert name is not None
+    spec = r.mapping(doc, "spec", "", required=True)
+    ml = r.mapping(spec, "mlPolicy", "spec")
+    nodes = r.integer(ml, "numNodes", "spec.mlPolicy", minimum=1)
+    torch = r.mapping(ml, "torch", "spec.mlPolicy")
+    nproc = r.string(torch, "numProcPerNode", "spec.mlPolicy.torch")
+    shape = PodShape()
+    template = r.mapping(spec, "template", "spec")
+    tspec = r.mapping(template, "spec", "spec.template")
+    jobs = r.sequence(tspec, "replicatedJobs", "spec.template.spec")
+    for i, job in enumerate(jobs):
+        jp = f"spec.template.spec.replicatedJobs[{i}]"
+        if not isinstance(job, dict) or job.get("name") != "node":
+            continue
+        r.use(child(jp, "name"))
+        try:
+            pod = job["template"]["spec"]["template"]
+        except (KeyError, TypeError):
+            raise r.error(jp, "the node job has no template.spec.template (a pod template)") from None
+        pod_path = child(child(child(jp, "template"), "spec"), "template")
+        shape = read_pod_template(r, pod, pod_path, main_container="node")
+    return RuntimeDefaults(name=name, num_nodes=nodes, num_proc_per_node=nproc, shape=shape, warnings=r.report_unused())
 
 
 KINDS: dict[tuple[str, str], Translator] = {

@@ -8,12 +8,13 @@ from typing import Any
 import yaml
 
 from .errors import JobFormatError, Translation
-from .kubeflow import translate_manifest
+from .kubeflow import RUNTIME_KINDS, RuntimeDefaults, read_runtime, translate_manifest, translate_trainjob
 from .native import translate_native
 from .sbatch import parse_sbatch
 from .text import LoneSurrogate, loads_unicode
 
 MAX_DOCUMENT_BYTES = 1024 * 1024
+TRAINJOB_API = "trainer.kubeflow.org/v1alpha1"
 
 
 def looks_like_sbatch(text: str) -> bool:
@@ -35,8 +36,58 @@ def load_job_document(text: str, *, filename: str = "<stdin>") -> Translation:
             filename=filename,
             where="line 1",
         )
+    if not stripped.strip():
+        raise JobFormatError("the document is empty", filename=filename)
+    docs = _parse_documents(stripped, filename)
+    if len(docs) > 1:
+        return translate_documents(docs, filename=filename)
     document = parse_mapping(stripped, filename=filename)
     return translate_mapping(document, filename=filename)
+
+
+def translate_documents(docs: list[Any], *, filename: str) -> Translation:
+    """Several YAML documents, as `kubectl apply -f` takes them: exactly one job (PyTorchJob, MPIJob, TrainJob) and
+    any number of training runtimes, which a TrainJob in the file takes its defaults from."""
+    jobs: list[tuple[int, dict[str, Any]]] = []
+    runtimes: dict[str, RuntimeDefaults] = {}
+    for i, doc in enumerate(docs, start=1):
+        where = f"document {i}"
+        if not isinstance(doc, dict):
+            raise JobFormatError(f"expected a mapping, got {type(doc).__name__}", filename=filename, where=where)
+        kind = doc.get("kind")
+        if kind in RUNTIME_KINDS:
+            rt = read_runtime(doc, f"{filename} ({where})")
+            runtimes[rt.name] = rt
+        elif "apiVersion" in doc or "kind" in doc:
+            jobs.append((i, doc))
+        else:
+            raise JobFormatError(
+                "a file of several documents holds Kubernetes manifests only (apiVersion and kind)",
+                filename=filename,
+                where=where,
+            )
+    if len(jobs) != 1:
+        found = ", ".join(f"document {i} ({d.get('kind')})" for i, d in jobs) or "none"
+        raise JobFormatError(
+            f"holds {len(docs)} YAML documents with {len(jobs)} jobs ({found}); give one job per file, with any "
+            "training runtimes it uses",
+            filename=filename,
+        )
+    index, doc = jobs[0]
+    name = f"{filename} (document {index})"
+    if doc.get("kind") == "TrainJob" and str(doc.get("apiVersion")) == TRAINJOB_API:
+        tr = translate_trainjob(doc, name, runtimes)
+        ref = (doc.get("spec") or {}).get("runtimeRef") or {}
+        used = runtimes.get(str(ref.get("name"))) if isinstance(ref, dict) else None
+        if used is not None:
+            tr.warnings += [f"runtime {used.name}: {w}" for w in used.warnings]
+        for rt in runtimes.values():
+            if rt is not used:
+                tr.warnings.append(f"runtime {rt.name}: not referenced by the TrainJob; not used")
+        return tr
+    tr = translate_manifest(doc, name)
+    tr.warnings += [f"runtime {rt.name}: only a TrainJob uses a training runtime; not used" for rt in runtimes.values()]
+    return tr
 
 
 def translate_mapping(document: dict[str, Any], *, filename: str = "<stdin>") -> Translation:

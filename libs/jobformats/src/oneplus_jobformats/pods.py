@@ -24,6 +24,9 @@ class PodShape:
     gpus: int = 0
     cpus: float | None = None
     memory_mb: int | None = None
+    cpu_limit: float | None = None
+    memory_limit_mb: int | None = None
+    entrypoint: list[str] | None = None
     gpu_models: list[str] | None = None
     image: str | None = None
     command: list[str] = field(default_factory=list)
@@ -53,19 +56,42 @@ def read_resources(r: FieldReader, resources: dict[str, Any], path: str, shape: 
         return lq, rq
 
     gl, gr = quantity(GPU_RESOURCE, k8s_whole)
+    if gr is not None and gl is None:
+        # The API server's words: extended resources cannot be overcommitted, so they must be limits.
+        raise r.error(
+            child(rp, GPU_RESOURCE),
+            f"a GPU count only in requests is refused by Kubernetes (Limit must be set for non overcommitable "
+            f"resources); put {GPU_RESOURCE}: {gr} in limits",
+        )
     if gl is not None and gr is not None and gl != gr:
         raise r.error(
             child(rp, GPU_RESOURCE), f"request {gr} differs from limit {gl}; Kubernetes needs them equal for GPUs"
         )
-    shape.gpus += gl if gl is not None else (gr or 0)
+    shape.gpus += gl or 0
+    # A request reserves, a limit caps; a limit alone is also the request (the API server's defaulting).
     cl, cr = quantity("cpu", k8s_cpus)
+    if cl is not None and cr is not None and cr > cl:
+        raise r.error(child(rp, "cpu"), f"request {cr:g} is more than the limit {cl:g}; Kubernetes refuses it")
     cpus = cr if cr is not None else cl
-    if cpus is not None:
+    if cpus:
         shape.cpus = (shape.cpus or 0.0) + cpus
+    if cl:
+        shape.cpu_limit = (shape.cpu_limit or 0.0) + cl
     ml, mr = quantity("memory", k8s_memory_mb)
+    if ml is not None and mr is not None and mr > ml:
+        raise r.error(child(rp, "memory"), f"request {mr} MiB is more than the limit {ml} MiB; Kubernetes refuses it")
     mem = mr if mr is not None else ml
-    if mem is not None:
+    if mem:
         shape.memory_mb = (shape.memory_mb or 0) + mem
+    if ml:
+        shape.memory_limit_mb = (shape.memory_limit_mb or 0) + ml
+
+
+def read_command(r: FieldReader, container: dict[str, Any], path: str, shape: PodShape) -> None:
+    """Kubernetes `command` replaces the image's ENTRYPOINT (and drops its CMD); `args` replace its CMD."""
+    if "command" in container:
+        shape.entrypoint = r.string_list(container, "command", path)
+    shape.command = r.string_list(container, "args", path)
 
 
 def read_env(r: FieldReader, container: dict[str, Any], path: str) -> dict[str, str]:
@@ -115,7 +141,7 @@ def read_pod_template(
         raise r.error(mp, f"must be a mapping (got {type_name(container)})")
     r.string(container, "name", mp)
     shape.image = r.string(container, "image", mp)
-    shape.command = r.string_list(container, "command", mp) + r.string_list(container, "args", mp)
+    read_command(r, container, mp, shape)
     shape.pull_policy = r.string(container, "imagePullPolicy", mp)
     shape.env = read_env(r, container, mp)
     shape.resources_path = child(mp, "resources")

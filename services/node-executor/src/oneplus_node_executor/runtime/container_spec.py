@@ -110,10 +110,13 @@ def container_body(
     """The body of `POST /containers/create` for one rank."""
     host: dict[str, Any] = {
         "NetworkMode": network_mode,
-        "Memory": placement.memory_mb * 1024 * 1024,
         # Restarts are decided by the runtime (it must not restart a rank it stopped on purpose).
         "RestartPolicy": {"Name": "no"},
     }
+    limit = cmd.spec.resources.memory_limit_mb
+    if limit is not None:
+        # A limit caps; the request (placement.memory_mb) only reserves: no limit, no cap (as Kubernetes).
+        host["Memory"] = limit * 1024 * 1024
     if cpuset:
         host["CpusetCpus"] = cpuset
     if nano_cpus:
@@ -133,6 +136,11 @@ def container_body(
     if cmd.spec.simulate is not None:
         # A synthetic job (demo, tests): its command is only shown.
         body["Cmd"] = synthetic_command(cmd.spec, cmd.resume_progress_s)
-    elif cmd.spec.command:
-        body["Cmd"] = list(cmd.spec.command)
+    else:
+        if cmd.spec.entrypoint is not None:
+            # Kubernetes `command`: replaces the image's ENTRYPOINT, and its CMD unless `args` are given.
+            # [""] is the engine's way to clear an ENTRYPOINT.
+            body["Entrypoint"] = list(cmd.spec.entrypoint) or [""]
+        if cmd.spec.command:
+            body["Cmd"] = list(cmd.spec.command)
     return body

@@ -209,7 +209,9 @@ class DockerRuntime:
     async def _create(self, cmd: LaunchRanks, p: RankPlacement, local_rank: int, env: dict[str, str]) -> str:
         host_cpus = await self._host_cpu_set()
         cpuset = self._cpuset_for(p) if self._cpuset_for else numa_cpuset(self.topology, p.gpus, host_cpus)
-        nano = int(min(p.cpus, len(host_cpus)) * 1e9) if self.cpu_limit else None
+        # A CPU limit caps (NanoCpus); the request only reserves: no limit, no cap beyond the rank's cpuset.
+        cap = cmd.spec.resources.cpu_limit
+        nano = int(min(cap, len(host_cpus)) * 1e9) if self.cpu_limit and cap is not None else None
         body = container_body(
             cmd,
             p,

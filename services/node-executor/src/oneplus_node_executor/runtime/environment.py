@@ -36,6 +36,37 @@ PLATFORM_KEYS = frozenset(
 )
 
 
+# torchrun reads its options from PET_<OPTION> (torch.distributed.run); the training operators set these.
+TORCHRUN_KEYS = frozenset({"PET_NNODES", "PET_NODE_RANK", "PET_MASTER_ADDR", "PET_MASTER_PORT"})
+
+
+def framework_environment(
+    framework: str | None, env: dict[str, str], *, rank: int, world_size: int, master_addr: str, master_port: int
+) -> dict[str, str]:
+    """What the job's framework operator gives each replica, beyond OnePlus's own variables.
+
+    PyTorchJob (Training Operator v1) and TrainJob (Trainer v2 torch plugin): every replica (one OnePlus rank) is
+    one torchrun node: PET_NNODES = replicas, PET_NODE_RANK = its index, PET_MASTER_ADDR/PET_MASTER_PORT = the
+    rank-0 replica; PET_NPROC_PER_NODE comes from the manifest (default auto). A PyTorchJob's WORLD_SIZE is
+    replicas x nprocPerNode when that is a number (the operator's rule), else the replica count.
+    """
+    if framework not in ("pytorchjob", "trainjob"):
+        return {}
+    out = {
+        "PET_NNODES": str(world_size),
+        "PET_NODE_RANK": str(rank),
+        "PET_MASTER_ADDR": master_addr,
+        "PET_MASTER_PORT": str(master_port),
+        "PET_NPROC_PER_NODE": env.get("PET_NPROC_PER_NODE", "auto"),
+    }
+    nproc = out["PET_NPROC_PER_NODE"]
+    if framework == "pytorchjob":
+        out["PYTHONUNBUFFERED"] = env.get("PYTHONUNBUFFERED", "1")
+        if nproc.isascii() and nproc.isdigit():
+            out["WORLD_SIZE"] = str(world_size * int(nproc))
+    return out
+
+
 def checkpoint_marker(cmd: LaunchRanks) -> str:
     return cmd.spec.checkpoint.marker_path or DEFAULT_CHECKPOINT_MARKER
 
@@ -124,6 +155,16 @@ def rank_environment(
                 "ONEPLUS_CHECKPOINT_MARKER": marker,
                 "ONEPLUS_CHECKPOINT_SIGNAL": cmd.spec.checkpoint.signal,
             }
+        )
+        env.update(
+            framework_environment(
+                cmd.spec.framework,
+                cmd.spec.env,
+                rank=p.rank,
+                world_size=cmd.world_size,
+                master_addr=cmd.master_addr,
+                master_port=cmd.master_port,
+            )
         )
         if p.gpu_milli:
             env["ONEPLUS_GPU_MILLI"] = str(p.gpu_milli)
