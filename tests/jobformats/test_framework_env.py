@@ -2,8 +2,9 @@
 `command`/`args` as ENTRYPOINT/CMD, and a runtime + TrainJob file as `kubectl apply -f` takes it.
 
 Inputs: `data/manifests/pytorchjob_mnist_nccl.yaml` (kubeflow/training-operator, Apache-2.0, see data/README.md),
-`samples/trainjob_multi_node.yaml` and `samples/trainjob_with_runtime.yaml` (written for these tests from Kubeflow
-Trainer's documented `01-multi-node` TrainJob and its `torch-distributed` ClusterTrainingRuntime, Apache-2.0).
+`samples/trainjob_multi_node.yaml` and `samples/multi_document/trainjob_with_runtime.yaml` (written for these
+tests from Kubeflow Trainer's documented `01-multi-node` TrainJob and its `torch-distributed`
+ClusterTrainingRuntime, Apache-2.0).
 """
 
 from __future__ import annotations
@@ -90,7 +91,7 @@ def test_a_job_without_framework_gets_no_pet_variables() -> None:
 
 
 def test_runtime_plus_trainjob_in_one_file() -> None:
-    tr = load_job_document((SAMPLES / "trainjob_with_runtime.yaml").read_text(), filename="rt.yaml")
+    tr = load_job_document((SAMPLES / "multi_document" / "trainjob_with_runtime.yaml").read_text(), filename="rt.yaml")
     spec = tr.spec
     assert tr.kind == "TrainJob" and spec.framework == "trainjob"
     assert spec.ranks == 2  # the TrainJob's numNodes wins over the runtime's 1
@@ -101,7 +102,7 @@ def test_runtime_plus_trainjob_in_one_file() -> None:
 
 
 def test_several_documents_need_exactly_one_job() -> None:
-    runtime = (SAMPLES / "trainjob_with_runtime.yaml").read_text().split("\n---\n")[0]
+    runtime = (SAMPLES / "multi_document" / "trainjob_with_runtime.yaml").read_text().split("\n---\n")[0]
     with pytest.raises(JobFormatError, match="with 0 jobs"):
         load_job_document(runtime + "\n---\n" + runtime, filename="f.yaml")
     job = (SAMPLES / "pytorchjob_kueue.yaml").read_text()

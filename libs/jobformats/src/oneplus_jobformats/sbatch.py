@@ -6,8 +6,10 @@ splits each node's GPUs evenly among its tasks, then one rank per task. A job wi
 
 from __future__ import annotations
 
+import hashlib
 import re
 import signal as _signal
+import unicodedata
 from collections.abc import Sequence
 from pathlib import PurePath
 from typing import Any
@@ -22,6 +24,8 @@ from .sbatch_options import UNUSED, Option, SbatchJob, dependency_fields, parse_
 
 _NAME_BAD = re.compile(r"[^A-Za-z0-9._-]+")
 OUTPUT_LABEL = "slurm/output"
+NAME_LABEL = "slurm/job-name"
+ACCOUNT_LABEL = "slurm/account"
 
 
 def _merge(script: str, cli_args: Sequence[str], filename: str) -> tuple[dict[str, Option], list[str]]:
@@ -116,7 +120,15 @@ def _check_conflicts(job: SbatchJob) -> None:
 def _identity(job: SbatchJob, fields: dict[str, Any], script: str, script_args: list[str]) -> None:
     """Name, queue, priority, team, image, command and output."""
     name = job.value("job-name")
-    fields["name"] = name if name is not None else _default_name(job.filename)
+    labels: dict[str, str] = fields.setdefault("labels", {})
+    if name is None:
+        fields["name"] = _default_name(job.filename)
+    else:
+        # Slurm takes any job name; OnePlus names are letters, digits, '.', '_' and '-': the name as given is kept
+        # in a label (squeue's NAME), the job id and commands use the spelled one.
+        fields["name"] = _spelled(name, "sbatch")
+        if fields["name"] != name:
+            labels[NAME_LABEL] = name
     partition = job.raw("partition")
     if partition is not None:
         parts = [p for p in (partition.value or "").split(",") if p]
@@ -135,13 +147,17 @@ def _identity(job: SbatchJob, fields: dict[str, Any], script: str, script_args: 
         fields["priority_class"] = first
     account = job.value("account")
     if account:
-        fields["team"] = account
+        # Slurm accounts take any characters (`six@a100`); a OnePlus team is spelled like a name.
+        fields["team"] = _spelled(account, "default")
+        if fields["team"] != account:
+            labels[ACCOUNT_LABEL] = account
+            job.warn(job.options["account"], f"the team is {fields['team']!r} (a team name has no {account!r} form)")
     image = job.value("container-image")
     if image:
         fields["image"] = image
     output = job.value("output")
     if output:
-        fields["labels"] = {OUTPUT_LABEL: output}
+        labels[OUTPUT_LABEL] = output
     wrap = job.value("wrap")
     if wrap is not None:
         if script.strip():
@@ -153,8 +169,22 @@ def _identity(job: SbatchJob, fields: dict[str, Any], script: str, script_args: 
         fields["command"] = [*(interpreter or ["/bin/sh"]), "-c", script, fields["name"], *script_args]
     else:
         raise JobFormatError("no batch script: give a script or --wrap", filename=job.filename)
+    if not labels:
+        del fields["labels"]
     if job.value("requeue") == "no":
         fields["preemptible"] = False  # a job that must not be requeued cannot be preempted and resumed
+
+
+def _spelled(text: str, fallback: str) -> str:
+    """A Slurm name as a OnePlus name: accents dropped (`café` -> `cafe`), other characters as '-'."""
+    if re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}", text):
+        return text
+    folded = unicodedata.normalize("NFKD", text).encode("ascii", "ignore").decode("ascii")
+    cleaned = _NAME_BAD.sub("-", folded).strip("-._")
+    if not cleaned:
+        digest = hashlib.sha256(text.encode("utf-8", "surrogatepass")).hexdigest()[:8]
+        cleaned = f"{fallback}-{digest}"
+    return cleaned[:128]
 
 
 def _default_name(filename: str) -> str:

@@ -93,7 +93,20 @@ def gang_fields(job: SbatchJob, fields: dict[str, Any]) -> None:
     tasks = ntasks or (nodes * per_node if per_node else nodes)
     if per_node and ntasks and ntasks > nodes * per_node:
         raise job.fail(job.options["ntasks"], f"{ntasks} tasks do not fit {nodes} node(s) x {per_node} per node")
-    gpu_type, gpn = _gpus_per_node(job, nodes, tasks)
+    per_gpu = job.count("ntasks-per-gpu")
+    if per_gpu is not None:
+        # sbatch(1): tasks = ntasks-per-gpu x GPUs; not with --ntasks-per-node or --gpus-per-task.
+        for other in ("ntasks-per-node", "gpus-per-task"):
+            if job.has(other):
+                raise job.fail(job.options["ntasks-per-gpu"], f"--ntasks-per-gpu and --{other} are mutually exclusive")
+        gpu_type, gpn = _gpus_per_node(job, nodes, nodes)
+        if not gpn:
+            raise job.fail(job.options["ntasks-per-gpu"], "needs GPUs (--gpus, --gpus-per-node or --gres=gpu)")
+        if ntasks and ntasks != nodes * gpn * per_gpu:
+            raise job.fail(job.options["ntasks"], f"{ntasks} tasks, but --ntasks-per-gpu gives {nodes * gpn * per_gpu}")
+        tasks = nodes * gpn * per_gpu
+    else:
+        gpu_type, gpn = _gpus_per_node(job, nodes, tasks)
     cpus_per_task = job.count("cpus-per-task")
     if gpn:
         if tasks % nodes:
@@ -106,7 +119,7 @@ def gang_fields(job: SbatchJob, fields: dict[str, Any]) -> None:
             ranks, gpus, tasks_per_rank = tasks, gpn // per, 1
         else:
             if per > 1:
-                opt = job.options.get("ntasks-per-node") or job.options["ntasks"]
+                opt = job.options.get("ntasks-per-node") or job.options.get("ntasks") or job.options["ntasks-per-gpu"]
                 job.warn(opt, f"{per} tasks do not split {gpn} GPUs per node evenly; one rank per node runs them all")
             ranks, gpus, tasks_per_rank = nodes, gpn, per
         resources: dict[str, Any] = {"gpus": gpus}
@@ -122,10 +135,19 @@ def gang_fields(job: SbatchJob, fields: dict[str, Any]) -> None:
     elif cpus_per_task or tasks_per_rank > 1:
         resources["cpus"] = (cpus_per_task or 1) * tasks_per_rank
     _memory(job, resources, ranks_per_node=max(1, ranks // nodes))
+    whole_node = resources.pop("whole_node_memory", False)
+    # What Slurm allocates it also enforces (cgroups): an asked-for CPU count or size is request and cap alike.
+    # What was not asked for is reserved at the default and not capped (the dry run says so).
+    if "cpus" in resources:
+        resources["cpu_limit"] = resources["cpus"]
+    if "memory_mb" in resources:
+        resources["memory_limit_mb"] = resources["memory_mb"]
     fields["ranks"] = ranks
     fields["resources"] = resources
     if nodes_given == 1 and ranks > 1:
         fields["topology"] = {"domain": "node", "mode": "required"}
+    if whole_node:
+        fields.setdefault("topology", {})["exclusive"] = True
 
 
 def _gpus_per_node(job: SbatchJob, nodes: int, tasks: int) -> tuple[str | None, int]:
@@ -171,7 +193,9 @@ def _memory(job: SbatchJob, resources: dict[str, Any], *, ranks_per_node: int) -
             raise job.fail(opt, str(exc)) from None
         if name == "mem":
             if mb == 0:
-                job.warn(opt, "all of a node's memory cannot be asked for; each rank gets the default")
+                # sbatch(1): --mem=0 is all of each node's memory: the job takes its nodes whole, without a cap.
+                job.warn(opt, "all of each node's memory: the job's nodes are exclusive to it, memory is not capped")
+                resources["whole_node_memory"] = True
                 return
             resources["memory_mb"] = max(1, mb // ranks_per_node)
         elif name == "mem-per-cpu":

@@ -23,6 +23,7 @@ USED: dict[str, tuple[str, str | None]] = {
     "nodes": (VALUE, "N"),
     "ntasks": (VALUE, "n"),
     "ntasks-per-node": (VALUE, None),
+    "ntasks-per-gpu": (VALUE, None),
     "gres": (VALUE, None),
     "gpus": (VALUE, "G"),
     "gpus-per-node": (VALUE, None),
@@ -86,7 +87,6 @@ UNUSED: dict[str, tuple[str, str | None]] = {
     "threads-per-core": (VALUE, None),
     "ntasks-per-core": (VALUE, None),
     "ntasks-per-socket": (VALUE, None),
-    "ntasks-per-gpu": (VALUE, None),
     "gpus-per-socket": (VALUE, None),
     "gpu-bind": (VALUE, None),
     "gpu-freq": (VALUE, None),
@@ -132,6 +132,8 @@ UNUSED: dict[str, tuple[str, str | None]] = {
 }
 
 ALL = {**USED, **UNUSED}
+# Spellings sbatch takes that are not prefixes of one option: `--cluster` is `--clusters` (sbatch(1)).
+ALIASES = {"cluster": "clusters"}
 SHORT = {short: name for name, (_, short) in ALL.items() if short}
 
 
@@ -151,7 +153,7 @@ class Option:
 def _long(token: str, tokens: Sequence[str], i: int, where: str) -> tuple[Option, int]:
     body = token[2:]
     key, eq, value = body.partition("=")
-    name = key if key in ALL else None
+    name = key if key in ALL else ALIASES.get(key)
     if name is None:
         matches = [n for n in ALL if n.startswith(key)] if key else []
         if len(matches) > 1:
