@@ -32,6 +32,7 @@ from prometheus_client import GC_COLLECTOR, PLATFORM_COLLECTOR, PROCESS_COLLECTO
 from pydantic import BaseModel, ValidationError
 
 from .broker import make_broker
+from .health import remove_health_file, write_health_file
 from .ledger import JobLedger
 from .logs import FASTSTREAM_LOGGER, configure_logging, log_settings_from_env
 from .metrics import MetricsServer, metrics_host_from_env, metrics_port_from_env
@@ -212,6 +213,8 @@ class OneplusService:
             await start()
         for loop in self._loops:
             self._tasks.append(asyncio.create_task(self._guard(loop), name=f"{self.name}:{loop.__name__}"))
+        # Last: a health check (oneplus_bus.health) finds and pings this instance only once all of it is up.
+        write_health_file(self.name, self.micro.id, self.settings.inbox_prefix)
         log.info("%s started (%d ops endpoints, %d loops)", self.name, len(self._ops), len(self._loops))
 
     async def _guard(self, loop: Callable[[], Awaitable[None]]) -> None:
@@ -227,6 +230,7 @@ class OneplusService:
                 await asyncio.sleep(1.0)
 
     async def _on_shutdown(self) -> None:
+        remove_health_file(self.name)
         for t in self._tasks:
             t.cancel()
         for t in self._tasks:
