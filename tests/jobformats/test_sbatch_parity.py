@@ -65,3 +65,13 @@ def test_asked_for_cpus_and_memory_are_request_and_cap_unset_ones_are_uncapped()
     assert (r.cpus, r.cpu_limit, r.memory_mb, r.memory_limit_mb) == (12, 12, 65536, 65536)
     unset = sb("--gpus-per-node=8").spec.resources
     assert (unset.cpu_limit, unset.memory_limit_mb) == (None, None)
+
+
+def test_dry_run_says_what_is_reserved_and_what_caps() -> None:
+    from oneplus_jobformats import dry_run_summary
+
+    tr = sb("--gpus-per-node=8", "--cpus-per-task=12")
+    out = dry_run_summary(tr.spec, tr.warnings, kind=tr.kind)
+    assert out["cpu_limit_per_rank"] == 12 and out["memory_limit_mb_per_rank"] is None
+    assert "memory: no limit; a rank may use its node's free memory" in out["resource_notes"]
+    assert "CPU: capped at 12" in out["resource_notes"]

@@ -37,8 +37,34 @@ def dry_run_summary(spec: JobSpec, warnings: list[str], *, kind: str | None = No
         "domain": spec.topology.domain,
         "gpu_models": spec.resources.gpu_models,
         "image": spec.image,
+        "cpu_limit_per_rank": None if spec.resources.cpu_limit is None else _number(spec.resources.cpu_limit),
+        "memory_limit_mb_per_rank": spec.resources.memory_limit_mb,
+        "resource_notes": resource_notes(spec),
+        "entrypoint": spec.entrypoint,
+        "command": spec.command,
+        "framework": spec.framework,
         "spec": spec.model_dump(mode="json"),
     }
     if kind is not None:
         out["format"] = kind
     return out
+
+
+def resource_notes(spec: JobSpec) -> list[str]:
+    """What a rank reserves and what caps it, said plainly (a request reserves, a limit caps)."""
+    r = spec.resources
+    notes = [f"each rank reserves {_number(r.cpus)} CPU(s) and {r.memory_mb} MiB (requests)"]
+    if r.cpu_limit is None:
+        notes.append("CPU: no limit; a rank may use any CPU of its cpuset (its GPUs' NUMA node)")
+    else:
+        notes.append(f"CPU: capped at {_number(r.cpu_limit)}")
+    if r.memory_limit_mb is None:
+        notes.append("memory: no limit; a rank may use its node's free memory")
+    else:
+        notes.append(f"memory: capped at {r.memory_limit_mb} MiB")
+    if spec.framework in ("pytorchjob", "trainjob"):
+        notes.append(
+            "each rank gets PET_NNODES=ranks, PET_NODE_RANK=its rank, PET_MASTER_ADDR/PET_MASTER_PORT=rank 0's "
+            "MASTER_ADDR/MASTER_PORT, PET_NPROC_PER_NODE, WORLD_SIZE and RANK"
+        )
+    return notes
