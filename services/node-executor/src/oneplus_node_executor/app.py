@@ -135,10 +135,18 @@ def make_runtime(kind: str, topology: NodeTopology) -> Runtime:
     raise SystemExit(f"unknown runtime {kind!r}: use 'simulated' or 'docker'")
 
 
-def main() -> None:
+SIMULATION_TOPOLOGY = "h100_sxm_8gpu_nvswitch_nv18"
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    """The command line; a node that is not declared a simulation must name its topology and runtime."""
     p = argparse.ArgumentParser(prog="oneplus-node-executor")
     p.add_argument("--node", default=os.environ.get("ONEPLUS_NODE"), required="ONEPLUS_NODE" not in os.environ)
-    p.add_argument("--topology", default=os.environ.get("ONEPLUS_TOPOLOGY", "h100_sxm_8gpu_nvswitch_nv18"))
+    p.add_argument(
+        "--topology",
+        default=os.environ.get("ONEPLUS_TOPOLOGY") or None,
+        help="nvml (discover this host), an `nvidia-smi topo -m` file or a preset name; required unless --simulate",
+    )
     p.add_argument("--leaf", default=os.environ.get("ONEPLUS_LEAF"))
     p.add_argument("--spine", default=os.environ.get("ONEPLUS_SPINE"))
     p.add_argument(
@@ -146,7 +154,17 @@ def main() -> None:
         default=os.environ.get("ONEPLUS_NODE_FEATURES", ""),
         help="comma-separated node features for --constraint (the GPU model's, e.g. h100, is always added)",
     )
-    p.add_argument("--runtime", default=os.environ.get("ONEPLUS_RUNTIME", "simulated"))
+    p.add_argument(
+        "--runtime",
+        default=os.environ.get("ONEPLUS_RUNTIME") or None,
+        help="docker (run ranks in containers) or simulated; required unless --simulate",
+    )
+    p.add_argument(
+        "--simulate",
+        action="store_true",
+        default=os.environ.get("ONEPLUS_SIMULATION", "").strip().lower() in {"1", "true", "yes"},
+        help=f"a simulated node (ONEPLUS_SIMULATION=1): defaults --topology {SIMULATION_TOPOLOGY} --runtime simulated",
+    )
     p.add_argument("--heartbeat", type=float, default=float(os.environ.get("ONEPLUS_HEARTBEAT_S", "2")))
     p.add_argument(
         "--keep-finished",
@@ -160,9 +178,23 @@ def main() -> None:
         help="where the executor keeps the facts it has yet to send (default ~/.local/state/oneplus/executor-<node>)",
     )
     add_metrics_port_argument(p)
-    a = p.parse_args()
+    a = p.parse_args(argv)
     if a.keep_finished < 0:
         p.error(f"--keep-finished {a.keep_finished}: the number of ended jobs to keep cannot be negative")
+    missing = [flag for flag, value in (("--topology", a.topology), ("--runtime", a.runtime)) if value is None]
+    if missing and not a.simulate:
+        # Without this, a node deployed without flags would register a preset H100 whose jobs 'succeed'.
+        p.error(
+            f"no {' and no '.join(missing)} given (nor ONEPLUS_TOPOLOGY/ONEPLUS_RUNTIME): a GPU node runs with "
+            "--topology nvml --runtime docker; a simulated node says so with --simulate or ONEPLUS_SIMULATION=1"
+        )
+    a.topology = a.topology or SIMULATION_TOPOLOGY
+    a.runtime = a.runtime or "simulated"
+    return a
+
+
+def main() -> None:
+    a = parse_args()
     topo = load_topology(a.topology, a.node)
     topo = topo.model_copy(update={"leaf": a.leaf or topo.leaf, "spine": a.spine or topo.spine})
     extra = [f.strip() for f in a.features.split(",") if f.strip()]
