@@ -35,9 +35,16 @@ class HttpPlatform:
         return self.intake.request(method, path, body, headers)
 
 
-async def start_platform(nats_url: str, redis_url: str, workdir: Path, nodes: tuple[str, ...] = NODES) -> HttpPlatform:
+async def start_platform(
+    nats_url: str,
+    redis_url: str,
+    workdir: Path,
+    nodes: tuple[str, ...] = NODES,
+    env: dict[str, str] | None = None,
+) -> HttpPlatform:
+    """`env`: the intake's own variables beside NATS_URL and its port (HTTP tokens, an MLflow secret...)."""
     await fresh_bus(nats_url)
-    intake = await IntakeProcess(nats_url, workdir, redis_url=redis_url).start(timeout=90)
+    intake = await IntakeProcess(nats_url, workdir, env=dict(env or {}), redis_url=redis_url).start(timeout=90)
     env = {
         **os.environ,
         "NATS_URL": nats_url,

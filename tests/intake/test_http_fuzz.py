@@ -1,6 +1,8 @@
 """schemathesis against a running intake (its own process, real NATS, the job owner and the topology-registry
 beside it): whatever it sends, no 5xx, and every answer conforms to the OpenAPI document (status, content type,
-body). Bounded: ONEPLUS_FUZZ_EXAMPLES (default 30 per operation, nine operations) raises it for a long hunt."""
+body). The intake takes bearer tokens; the cases carry the platform token, so that the `Oneplus-Team` header the
+fuzzer sends picks the team (a team token would turn most cases into 403s).
+Bounded: ONEPLUS_FUZZ_EXAMPLES (default 30 per operation, nine operations) raises it for a long hunt."""
 
 from __future__ import annotations
 
@@ -18,6 +20,7 @@ import schemathesis
 from http_platform import HttpPlatform, start_platform
 from hypothesis import HealthCheck, Phase, settings
 from oneplus_intake import openapi
+from requests.structures import CaseInsensitiveDict
 from schemathesis.checks import not_a_server_error
 from schemathesis.specs.openapi.checks import (
     content_type_conformance,
@@ -28,6 +31,8 @@ from schemathesis.specs.openapi.checks import (
 EXAMPLES = int(os.environ.get("ONEPLUS_FUZZ_EXAMPLES", "30"))
 CHECKS = [not_a_server_error, status_code_conformance, content_type_conformance, response_schema_conformance]
 schema = schemathesis.openapi.from_dict(openapi.document())
+PLATFORM_TOKEN = "fuzz-platform-token-0123456789"
+TOKENS = {"ONEPLUS_HTTP_ADMIN_TOKEN": PLATFORM_TOKEN, "ONEPLUS_HTTP_TOKENS": "nlp=fuzz-nlp-token-0123456789"}
 
 
 @pytest.fixture(scope="module")
@@ -37,7 +42,9 @@ def platform(servers, tmp_path_factory) -> Iterator[HttpPlatform]:  # type: igno
     # thread lives as long as the processes it started: they die with the thread that spawned them (PDEATHSIG).
     pool = ThreadPoolExecutor(1)
     try:
-        p = pool.submit(asyncio.run, start_platform(servers.nats_url, servers.redis_url, workdir)).result(120)
+        p = pool.submit(asyncio.run, start_platform(servers.nats_url, servers.redis_url, workdir, env=TOKENS)).result(
+            120
+        )
         try:
             yield p
         finally:
@@ -61,5 +68,9 @@ def test_the_served_document_is_the_generated_one(platform: HttpPlatform) -> Non
     derandomize=True,
 )
 def test_every_answer_conforms_and_none_is_a_5xx(case: schemathesis.Case[Any], platform: HttpPlatform) -> None:
-    case.call_and_validate(base_url=platform.intake.base_url, checks=CHECKS, timeout=30)
+    # In the case itself: schemathesis drops an Authorization header passed to call() on a secured operation
+    case.headers = CaseInsensitiveDict({**dict(case.headers or {}), "Authorization": f"Bearer {PLATFORM_TOKEN}"})
+    response = case.call(base_url=platform.intake.base_url, timeout=30)
+    case.validate_response(response, checks=CHECKS)
+    assert response.status_code != 401, response.text  # the token went along: the cases reach the API
     assert platform.intake.alive(), platform.intake.logs()[-2000:]

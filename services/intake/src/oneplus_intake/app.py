@@ -72,6 +72,10 @@ class IntakeService:
     async def start(self) -> None:
         if self.settings is None:
             self.settings = IntakeSettings.from_env()
+        if self.settings.http_port is not None:
+            warning = self.settings.check_listen()  # SettingsError: no tokens on a non-loopback address
+            if warning:
+                log.warning("%s", warning)
         await self.intake.start()
         await self.start_http(self.settings)
 
@@ -85,6 +89,15 @@ class IntakeService:
         if settings.http_port is None:
             log.info("HTTP intake disabled (ONEPLUS_HTTP_PORT=off)")
             return
+        settings.check_listen()  # start() has logged its warning, if any
+        if settings.http_tokens:
+            teams = settings.http_tokens.teams
+            log.info(
+                "HTTP intake authenticated: %d token(s), %d team(s)%s",
+                len(settings.http_tokens),
+                len(teams - {None}),
+                ", platform tokens too" if None in teams else "",
+            )
         webhook = None
         if settings.mlflow_secret:
             webhook = MlflowWebhook(
@@ -96,7 +109,7 @@ class IntakeService:
             )
             log.info("MLflow webhooks on, %d job template(s)", len(webhook.templates.templates))
         api = JobsApi(self, self.svc.nc, self.svc.tracer)
-        app = IntakeHttp(self.intake, webhook, self.svc.tracer, api=api).app()
+        app = IntakeHttp(self.intake, webhook, self.svc.tracer, api=api, tokens=settings.http_tokens).app()
         server = HttpServer(app, settings.http_host, settings.http_port)
         try:
             await server.start()

@@ -137,10 +137,27 @@ def _param(name: str, where: str, description: str, schema: dict[str, Any], **ex
 TEAM_HEADER = _param(
     "Oneplus-Team",
     "header",
-    "The team the request acts for; without it the caller is an operator who sees every team",
+    "With a platform token (or on a loopback intake without tokens): the team the request acts for; without it the "
+    "caller is an operator who sees every team. With a team's token the team is the token's: a header naming "
+    "another is 403",
     {"type": "string"},
 )
-TEAM_QUERY = _param("team", "query", "The team, as the header says it (they must agree)", {"type": "string"})
+TEAM_QUERY = _param(
+    "team", "query", "The team, as the header (or the token) says it: they must agree", {"type": "string"}
+)
+BEARER = "bearer"
+SECURED: list[dict[str, list[str]]] = [{BEARER: []}]
+SECURITY_SCHEMES = {
+    BEARER: {
+        "type": "http",
+        "scheme": "bearer",
+        "description": (
+            "A team's token (the team is the token's) or a platform token (acts for the team `Oneplus-Team` "
+            "names, or every team), from ONEPLUS_HTTP_TOKENS_FILE / ONEPLUS_HTTP_TOKENS / ONEPLUS_HTTP_ADMIN_TOKEN. "
+            "An intake without tokens listens on loopback only and asks for none."
+        ),
+    }
+}
 JOB_ID = _param("job_id", "path", "The job's id (`j-` and twelve hex digits)", {"type": "string"})
 
 
@@ -169,7 +186,8 @@ def document() -> dict[str, Any]:
     def errors(*statuses: int) -> dict[str, Any]:
         why = {
             400: "A parameter or the body is wrong, or the header's team and the `team` parameter disagree",
-            403: "The job names another team than the caller's",
+            401: "No bearer token, or an unknown one (`WWW-Authenticate: Bearer`)",
+            403: "The job, the `Oneplus-Team` header or the `team` parameter names another team than the token's",
             404: "No such job (another team's job does not exist, as far as the caller knows)",
             409: "The job has already ended",
             413: "The body is too large",
@@ -179,7 +197,7 @@ def document() -> dict[str, Any]:
         }
         return {str(s): answer(ErrorAnswer, why[s]) for s in statuses}
 
-    remote = errors(400, 503, 504)
+    remote = errors(400, 401, 403, 503, 504)
     paths: dict[str, Any] = {
         "/v1/jobs": {
             "get": {
@@ -205,7 +223,8 @@ def document() -> dict[str, Any]:
                     *_paging(JOB_PAGE_MAX, "jobs"),
                     TEAM_HEADER,
                 ],
-                "responses": {"200": answer(JobPage, "One page of jobs"), **errors(400)},
+                "security": SECURED,
+                "responses": {"200": answer(JobPage, "One page of jobs"), **errors(400, 401, 403)},
             },
             "post": {
                 "operationId": "submitJob",
@@ -219,11 +238,12 @@ def document() -> dict[str, Any]:
                     ),
                     TEAM_HEADER,
                 ],
+                "security": SECURED,
                 "requestBody": {"required": True, "content": {"application/json": {"schema": ref(JobSpec)}}},
                 "responses": {
                     "201": answer(SubmitAnswer, "Accepted: a new job"),
                     "200": answer(SubmitAnswer, "A retry of a submission already accepted: the same job"),
-                    **errors(400, 403, 413, 422),
+                    **errors(400, 401, 403, 413, 422),
                 },
             },
         },
@@ -232,13 +252,18 @@ def document() -> dict[str, Any]:
                 "operationId": "showJob",
                 "summary": "One job, live or archived",
                 "parameters": [JOB_ID, TEAM_QUERY, TEAM_HEADER],
-                "responses": {"200": answer(JobRecord, "The job's record"), **errors(400, 404)},
+                "security": SECURED,
+                "responses": {"200": answer(JobRecord, "The job's record"), **errors(400, 401, 403, 404)},
             },
             "delete": {
                 "operationId": "cancelJob",
                 "summary": "Cancel a job: its owner stops it and frees its GPUs",
                 "parameters": [JOB_ID, TEAM_QUERY, TEAM_HEADER],
-                "responses": {"202": answer(CancelAnswer, "Cancellation requested"), **errors(400, 404, 409)},
+                "security": SECURED,
+                "responses": {
+                    "202": answer(CancelAnswer, "Cancellation requested"),
+                    **errors(400, 401, 403, 404, 409),
+                },
             },
         },
         "/v1/nodes": {
@@ -246,6 +271,7 @@ def document() -> dict[str, Any]:
                 "operationId": "listNodes",
                 "summary": "One page of the cluster's nodes (100 unless `limit` says otherwise)",
                 "parameters": [*_paging(NODE_PAGE_MAX, "nodes"), TEAM_HEADER],
+                "security": SECURED,
                 "responses": {"200": answer(NodePage, "One page of nodes"), **remote},
             }
         },
@@ -254,6 +280,7 @@ def document() -> dict[str, Any]:
                 "operationId": "listQueueRows",
                 "summary": "The queue as squeue shows it: running jobs, then pending ones with their reason",
                 "parameters": [*_paging(QUEUE_PAGE_MAX, "rows"), TEAM_QUERY, TEAM_HEADER],
+                "security": SECURED,
                 "responses": {"200": answer(QueueRows, "One page of rows"), **remote},
             }
         },
@@ -262,20 +289,23 @@ def document() -> dict[str, Any]:
                 "operationId": "listQueues",
                 "summary": "Every queue: guarantee, limit, use, pending work and fair share",
                 "parameters": [TEAM_QUERY, TEAM_HEADER],
+                "security": SECURED,
                 "responses": {"200": answer(Queues, "The queues, organisations before their teams"), **remote},
             }
         },
         "/healthz": {
             "get": {
                 "operationId": "health",
-                "summary": "Whether the intake answers",
+                "summary": "Whether the intake answers (no token needed)",
+                "security": [],
                 "responses": {"200": answer(Health, "The intake is up")},
             }
         },
         PATH: {
             "get": {
                 "operationId": "openapi",
-                "summary": "This document",
+                "summary": "This document (no token needed)",
+                "security": [],
                 "responses": {"200": answer(Document, "The OpenAPI 3.1 document of this API")},
             }
         },
@@ -287,12 +317,13 @@ def document() -> dict[str, Any]:
             "version": f"{SCHEMA_VERSION}.0.0",
             "description": (
                 "Submit, list, show and cancel jobs, and see nodes and queues, over HTTP: the ops subjects of the "
-                "`oneplus` CLI. Every error is `{ok: false, code, error}`. See docs/http-api.md."
+                "`oneplus` CLI. Every error is `{ok: false, code, error}`. With tokens configured every `/v1` "
+                "operation needs `Authorization: Bearer <token>` and the team is the token's. See docs/http-api.md."
             ),
         },
         "servers": [{"url": "http://127.0.0.1:8080", "description": "The dev stack's intake"}],
         "paths": paths,
-        "components": {"schemas": defs["$defs"]},
+        "components": {"schemas": defs["$defs"], "securitySchemes": SECURITY_SCHEMES},
     }
 
 

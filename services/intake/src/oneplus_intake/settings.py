@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import os
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from oneplus_bus.tenancy import PLATFORM_ACCOUNTS
+
+from .auth import TokenBook, TokenError, is_loopback
 
 DEFAULT_HTTP_PORT = 8080
 
@@ -25,6 +27,23 @@ class IntakeSettings:
     mlflow_templates: Path | None = None
     replay_window_s: int = 300
     platform_accounts: frozenset[str] = PLATFORM_ACCOUNTS
+    http_tokens: TokenBook = field(default_factory=TokenBook)  # empty: no authentication (loopback only)
+    http_insecure: bool = False  # ONEPLUS_HTTP_INSECURE=1: listen beyond loopback without tokens all the same
+
+    def check_listen(self) -> str | None:
+        """Refuse an HTTP listener anyone on the network could use as any team; a warning to log, if any."""
+        if self.http_port is None or self.http_tokens or is_loopback(self.http_host):
+            return None
+        if not self.http_insecure:
+            raise SettingsError(
+                f"ONEPLUS_HTTP_HOST={self.http_host} is not a loopback address and no HTTP tokens are configured: "
+                "set ONEPLUS_HTTP_TOKENS_FILE or ONEPLUS_HTTP_TOKENS (docs/http-api.md#authentication), "
+                "or ONEPLUS_HTTP_INSECURE=1 to serve every team to anyone who reaches the port"
+            )
+        return (
+            f"HTTP intake on {self.http_host} WITHOUT authentication (ONEPLUS_HTTP_INSECURE=1): anyone who reaches "
+            "the port acts for any team"
+        )
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> IntakeSettings:
@@ -37,6 +56,13 @@ class IntakeSettings:
             port = _int(env, "ONEPLUS_HTTP_PORT", 0, 65535)
         templates = env.get("ONEPLUS_MLFLOW_TEMPLATES", "").strip()
         accounts = env.get("ONEPLUS_PLATFORM_ACCOUNTS", "").strip()
+        try:
+            tokens = TokenBook.from_env(env)
+        except TokenError as exc:
+            raise SettingsError(str(exc)) from None
+        insecure = env.get("ONEPLUS_HTTP_INSECURE", "").strip().lower()
+        if insecure not in ("", "0", "1", "true", "false", "yes", "no"):
+            raise SettingsError(f"ONEPLUS_HTTP_INSECURE={insecure!r} must be 1 or 0")
         return cls(
             http_host=env.get("ONEPLUS_HTTP_HOST", "").strip() or "127.0.0.1",
             http_port=port,
@@ -45,6 +71,8 @@ class IntakeSettings:
             mlflow_templates=Path(templates) if templates else None,
             replay_window_s=_int(env, "ONEPLUS_MLFLOW_REPLAY_WINDOW_S", 1, 86400, default=300),
             platform_accounts=frozenset(a.strip() for a in accounts.split(",") if a.strip()) or PLATFORM_ACCOUNTS,
+            http_tokens=tokens,
+            http_insecure=insecure in ("1", "true", "yes"),
         )
 
 

@@ -3,7 +3,8 @@
 
 Submissions answer 201 `{"ok": true, "job_id": ...}` for a new job, 200 for a duplicate, 400 for a body that is not
 a job, 403 for another team's job, 422 for a job that cannot run here. Every error, on every path, is JSON
-`{"ok": false, "code": ..., "error": ...}` and carries no job id. More routes (a dashboard) come in through
+`{"ok": false, "code": ..., "error": ...}` and carries no job id. With tokens configured (auth.py) `/v1/*` and
+`/ui/api/*` need a bearer token and the team is the token's. More routes (a dashboard) come in through
 `IntakeHttp(..., routes=[hook])`: each hook is called with the application to add its own.
 """
 
@@ -19,6 +20,7 @@ from oneplus_jobformats.cloudevents import MAX_BODY_BYTES
 from opentelemetry import trace
 
 from . import openapi
+from .auth import TokenBook, auth_middleware
 from .http_api import JobsApi, caller_headers, error_response, json_response
 from .submissions import CANNOT_RUN, UNREADABLE, WRONG_TEAM, Intake
 from .webhooks import MlflowWebhook
@@ -58,16 +60,21 @@ class IntakeHttp:
         *,
         api: JobsApi | None = None,
         routes: Sequence[RouteHook] = (),
+        tokens: TokenBook | None = None,
     ) -> None:
         self.intake = intake
         self.webhook = webhook
         self.tracer = tracer
         self.api = api
         self.routes = list(routes)
+        self.tokens = tokens or TokenBook()  # empty: no authentication (the intake then listens on loopback only)
         self._openapi: str | None = None
 
     def app(self) -> web.Application:
-        app = web.Application(middlewares=[_errors_as_json], client_max_size=MAX_BODY_BYTES + 1)
+        middlewares: list[Any] = [_errors_as_json]
+        if self.tokens:
+            middlewares.append(auth_middleware(self.tokens))  # auth.py: bearer tokens on /v1/* and /ui/api/*
+        app = web.Application(middlewares=middlewares, client_max_size=MAX_BODY_BYTES + 1)
         app.router.add_post("/v1/jobs", self.post_job)
         app.router.add_post("/webhooks/mlflow", self.post_mlflow)
         app.router.add_get("/healthz", self.health)
@@ -78,7 +85,7 @@ class IntakeHttp:
             add_routes(app)
         from .dashboard import mount_dashboard  # the web dashboard at /ui/ (docs/dashboard.md)
 
-        mount_dashboard(app, self.intake.svc)
+        mount_dashboard(app, self.intake.svc, self.tokens)
         return app
 
     async def health(self, request: web.Request) -> web.Response:
