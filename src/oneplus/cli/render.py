@@ -40,7 +40,8 @@ PENDING_STATES = frozenset({"SUBMITTED", "ACCEPTED"})
 
 def pending_reason(reason: str | None = None, message: str | None = None) -> str:
     """Why a pending job waits, in one word, the same for `queue`, `squeue`, `jobs show` and the dashboard: the
-    solver's reason code (Slurm's names: Priority, Resources, Topology, QuotaExceeded, Preempting, InvalidQueue)
+    solver's reason code (Slurm's names: Priority, Resources, Topology, QuotaExceeded, Preempting, InvalidQueue,
+    Dependency, DependencyNeverSatisfied, BadConstraints)
     from its queue rows (`reason`) or its `explain` answer; before the solver has decided anything, "None", as
     Slurm shows it. `message` (the long form) is never needed for the word and is shown beside it where there is
     room (`jobs show`)."""
