@@ -5,14 +5,70 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from oneplus_contracts import JobSpec, NodeRecord
+from oneplus_placement.explain import explain_pending
+from oneplus_placement.snapshot import ClusterSnapshot, ClusterState
 from oneplus_queueing.config import QueueConfig, QueueConfigError
+
+VERDICTS_KEPT = 4096  # distinct job shapes remembered per cluster shape
 
 
 class Inadmissible(ValueError):
     """The job can never run as asked; the message says why in terms the submitter can act on."""
 
 
-def admit(spec: JobSpec, queues: QueueConfig, nodes: Sequence[NodeRecord]) -> None:
+class EmptyCluster:
+    """The live nodes as if every job had ended and every GPU were healthy: what a gang could ever get.
+
+    Rebuilt only when the nodes' shape changes; verdicts are kept per job shape, so a burst of alike submissions
+    costs one placement attempt, not one each."""
+
+    def __init__(self) -> None:
+        self._key: tuple[tuple[str, int, str, str | None, str | None, tuple[str, ...]], ...] | None = None
+        self._state: ClusterState | None = None
+        self._verdicts: dict[str, str | None] = {}
+
+    def never_fits(self, spec: JobSpec, live: Sequence[NodeRecord]) -> str | None:
+        """Why `spec` could not be placed even on the empty cluster, or None when it could."""
+        key = tuple(
+            sorted(
+                (
+                    n.topology.node,
+                    len(n.topology.gpus),
+                    n.topology.gpu_model,
+                    n.topology.leaf,
+                    n.topology.spine,
+                    tuple(n.topology.features),
+                )
+                for n in live
+            )
+        )
+        if key != self._key:
+            healthy = [
+                n.model_copy(
+                    update={
+                        "status": "ready",
+                        "cordoned": False,
+                        "draining": False,
+                        "unhealthy_gpus": [],
+                        "engine_ok": True,
+                    }
+                )
+                for n in live
+            ]
+            self._state = ClusterSnapshot.from_records("empty", healthy).thaw()
+            self._key, self._verdicts = key, {}
+        shape = spec.model_dump_json(include={"ranks", "resources", "topology", "constraint"})
+        if shape not in self._verdicts:
+            assert self._state is not None
+            why = explain_pending(self._state.mutable_copy(), spec)
+            verdict = None if why.constraint in ("none", "queue") else why.message
+            if len(self._verdicts) >= VERDICTS_KEPT:
+                self._verdicts.clear()
+            self._verdicts[shape] = verdict
+        return self._verdicts[shape]
+
+
+def admit(spec: JobSpec, queues: QueueConfig, nodes: Sequence[NodeRecord], empty: EmptyCluster | None = None) -> None:
     try:
         queues.validate_job(spec)
     except QueueConfigError as exc:
@@ -37,3 +93,8 @@ def admit(spec: JobSpec, queues: QueueConfig, nodes: Sequence[NodeRecord]) -> No
         names = {n.topology.gpu_model for n in live} | {g.name for n in live for g in n.topology.gpus}
         if not any(m.lower() in name.lower() for m in models for name in names):
             raise Inadmissible(f"no node has a GPU model matching {models}; the cluster has {sorted(names)}")
+    if empty is not None:
+        why = empty.never_fits(spec, live)
+        if why is not None:
+            # What `jobs explain` would say of it on an idle cluster: waiting could never help.
+            raise Inadmissible(f"can never run on this cluster, even with every GPU free: {why}")

@@ -35,7 +35,7 @@ from oneplus_jobformats.errors import JobFormatError
 from oneplus_queueing.config import QueueConfig, QueueConfigError
 from pydantic import ValidationError
 
-from .admission import Inadmissible, admit
+from .admission import EmptyCluster, Inadmissible, admit
 
 log = logging.getLogger("oneplus.intake")
 
@@ -73,6 +73,7 @@ class Intake:
             float(os.environ.get("ONEPLUS_ACCEPT_WAIT_S", "2")) if accept_wait_s is None else accept_wait_s
         )
         self._nodes: dict[str, NodeRecord] | None = None
+        self.empty_cluster = EmptyCluster()
         self._config: QueueConfig | None = None
         self._tails: list[StreamTail] = []
 
@@ -149,7 +150,7 @@ class Intake:
         except TenancyError as exc:
             return await self.reject(job_id, str(exc), source, caller.team, exc.code)
         try:
-            admit(spec, await self.queue_config(), await self.nodes())
+            admit(spec, await self.queue_config(), await self.nodes(), self.empty_cluster)
         except (Inadmissible, QueueConfigError, ValidationError) as exc:
             return await self.reject(job_id, str(exc), source, spec.team, CANNOT_RUN)
         event = JobAccepted(event_id=f"accepted-{job_id}", job_id=job_id, spec=spec, source=source, warnings=warnings)
