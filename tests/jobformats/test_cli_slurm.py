@@ -107,6 +107,10 @@ class FakeClient:
         topo = NodeTopology(node="h100-0", gpu_model="H100", gpus=[GpuInfo(index=0)])
         return [NodeRecord(topology=topo)]
 
+    async def ops(self, subject: str, payload: dict[str, Any] | None = None) -> Any:
+        assert subject == "oneplus.ops.queues.list"  # sinfo's partitions are the queues
+        return [{"queue": "default"}, {"queue": "train"}]
+
 
 @pytest.fixture
 def fake(monkeypatch: pytest.MonkeyPatch) -> FakeClient:
@@ -141,5 +145,9 @@ def test_squeue_scancel_sinfo_through_the_client(fake: FakeClient):
     assert result.exit_code == 1
     assert fake.cancelled == ["j-0001"]
     assert "Kill job error on job id nope" in result.stderr
-    assert run("sinfo").stdout.splitlines()[1].split() == ["h100", "up", "infinite", "1", "idle", "h100-0"]
+    sinfo = [line.split() for line in run("sinfo").stdout.splitlines()[1:]]
+    assert sinfo == [
+        ["default", "up", "infinite", "1", "idle", "h100-0"],
+        ["train", "up", "infinite", "1", "idle", "h100-0"],
+    ]
     assert "unrecognized argument(s): --bogus" in run("squeue", "--bogus").stderr

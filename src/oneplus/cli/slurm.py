@@ -56,6 +56,14 @@ def sbatch(
     as_json: Annotated[bool, typer.Option("--json", help="Print JSON")] = False,
     nats: NatsOpt = None,
     team: TeamOpt = None,
+    site_file: Annotated[
+        Path | None,
+        typer.Option(
+            "--site",
+            envvar="ONEPLUS_SITE_FILE",
+            help="The site's QOS -> priority class, partition -> queue, account -> team (YAML)",
+        ),
+    ] = None,
 ) -> None:
     """Submit a batch script: oneplus sbatch OPTIONS... SCRIPT ARGS... (any sbatch option; they override the
     script's #SBATCH directives). Without SCRIPT the script is read from standard input."""
@@ -70,9 +78,15 @@ def sbatch(
         options, script_path, script_args = split_command_line(list(ctx.args))
     except JobFormatError as exc:
         raise _fail("sbatch", str(exc), 2) from exc
+    from oneplus_jobformats.site import EMPTY, SiteMapError, load_site
+
+    try:
+        site = load_site(site_file) if site_file is not None else EMPTY
+    except SiteMapError as exc:
+        raise _fail("sbatch", str(exc), 2) from exc
     script, filename = _read_script(script_path, options)
     try:
-        tr = parse_sbatch(script, options, filename=filename, script_args=script_args)
+        tr = parse_sbatch(script, options, filename=filename, script_args=script_args, site=site)
     except JobFormatError as exc:
         raise _fail("sbatch", str(exc), 2) from exc
     spec = with_submitter(tr.spec)  # like Slurm, the job belongs to whoever submits it (as `oneplus submit`)
@@ -234,18 +248,28 @@ def sinfo(
     """Nodes in Slurm's default sinfo columns: PARTITION AVAIL TIMELIMIT NODES STATE NODELIST."""
     _no_extras("sinfo", ctx)
 
+    from oneplus_contracts import subjects
     from oneplus_contracts.jobindex import HOLDING_STATES
+    from oneplus_jobformats.site import SiteMapError, site_from_env
     from oneplus_jobformats.slurm_tables import render_sinfo
 
-    async def fetch(c: OnePlusClient) -> tuple[list[Any], list[Any]]:
-        # Only the jobs holding GPUs say which nodes are allocated; the archive has nothing to add.
-        return await c.nodes(), await c.list_jobs(state=sorted(HOLDING_STATES))
+    try:
+        site = site_from_env()
+    except SiteMapError as exc:
+        raise _fail("sinfo", str(exc), 2) from exc
 
-    nodes, jobs = _call("sinfo", nats, None, fetch)
+    async def fetch(c: OnePlusClient) -> tuple[list[Any], list[Any], list[Any]]:
+        # Only the jobs holding GPUs say which nodes are allocated; the archive has nothing to add.
+        queues = await c.ops(f"{subjects.PREFIX}.ops.queues.list", {})
+        return await c.nodes(), await c.list_jobs(state=sorted(HOLDING_STATES)), queues
+
+    nodes, jobs, queues = _call("sinfo", nats, None, fetch)
     if as_json:
         print(json.dumps([n.model_dump(mode="json") for n in nodes]))
         return
-    print(render_sinfo(nodes, jobs))
+    # The partitions are the queues, in the site's names: what `sbatch -p` takes.
+    partitions = [site.partition_of(str(q["queue"])) for q in queues if isinstance(q, dict) and q.get("queue")]
+    print(render_sinfo(nodes, jobs, partitions or None))
 
 
 for _command in (sbatch, squeue, scancel, sinfo):

@@ -21,6 +21,7 @@ from .priorities import priority_of
 from .quantities import slurm_time_s
 from .sbatch_gang import gang_fields
 from .sbatch_options import UNUSED, Option, SbatchJob, dependency_fields, parse_tokens, script_directives
+from .site import SiteMap, SiteMapError, site_from_env
 
 _NAME_BAD = re.compile(r"[^A-Za-z0-9._-]+")
 OUTPUT_LABEL = "slurm/output"
@@ -43,12 +44,22 @@ def _merge(script: str, cli_args: Sequence[str], filename: str) -> tuple[dict[st
 
 
 def parse_sbatch(
-    script: str, cli_args: Sequence[str] = (), *, filename: str = "<stdin>", script_args: Sequence[str] = ()
+    script: str,
+    cli_args: Sequence[str] = (),
+    *,
+    filename: str = "<stdin>",
+    script_args: Sequence[str] = (),
+    site: SiteMap | None = None,
 ) -> Translation:
     """Translate an sbatch script; `cli_args` are sbatch options that override the script's directives.
 
     `script_args` are the arguments after the script on sbatch's command line ($1, $2, ... inside the script).
+    `site` maps the site's QOS, partitions and accounts (default: the file named by ONEPLUS_SITE_FILE).
     """
+    try:
+        site = site if site is not None else site_from_env()
+    except SiteMapError as exc:
+        raise JobFormatError(str(exc), filename=filename) from None
     if script.strip() and not script.lstrip("\ufeff").startswith("#!"):
         raise JobFormatError(
             "this does not look like a batch script: the first line must start with #! followed by the path to an "
@@ -60,7 +71,7 @@ def parse_sbatch(
     job = SbatchJob(options, filename)
     fields: dict[str, Any] = {}
     _check_conflicts(job)
-    _identity(job, fields, script, list(script_args))
+    _identity(job, fields, script, list(script_args), site)
     gang_fields(job, fields)
     _limits(job, fields)
     dependency_fields(job, fields)
@@ -117,7 +128,7 @@ def _check_conflicts(job: SbatchJob) -> None:
         raise job.fail(array, "job arrays are not supported; submit one job per array element")
 
 
-def _identity(job: SbatchJob, fields: dict[str, Any], script: str, script_args: list[str]) -> None:
+def _identity(job: SbatchJob, fields: dict[str, Any], script: str, script_args: list[str], site: SiteMap) -> None:
     """Name, queue, priority, team, image, command and output."""
     name = job.value("job-name")
     labels: dict[str, str] = fields.setdefault("labels", {})
@@ -136,17 +147,22 @@ def _identity(job: SbatchJob, fields: dict[str, Any], script: str, script_args: 
             raise job.fail(partition, "needs a partition name")
         if len(parts) > 1:
             job.warn(partition, f"OnePlus queues a job in one queue; using {parts[0]!r}")
-        fields["queue"] = parts[0]
+        fields["queue"] = site.queue_of(parts[0])
     qos = job.raw("qos")
     if qos is not None:
-        first = (qos.value or "").split(",")[0]
+        first = site.priority_class_of((qos.value or "").split(",")[0])
         try:
             fields["priority"] = priority_of(first)
         except ValueError as exc:
-            raise job.fail(qos, str(exc)) from None
+            raise job.fail(qos, f"{exc} (or map the site's QOS names in ONEPLUS_SITE_FILE)") from None
         fields["priority_class"] = first
     account = job.value("account")
-    if account:
+    mapped = site.team_of(account) if account else None
+    if account and mapped:
+        fields["team"] = mapped
+        if mapped != account:
+            labels[ACCOUNT_LABEL] = account
+    elif account:
         # Slurm accounts take any characters (`six@a100`); a OnePlus team is spelled like a name.
         fields["team"] = _spelled(account, "default")
         if fields["team"] != account:

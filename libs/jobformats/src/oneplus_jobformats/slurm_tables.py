@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import re
 from collections import defaultdict
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
 from oneplus_contracts import ACTIVE_STATES, TERMINAL_STATES, JobRecord, NodeRecord
@@ -115,13 +115,20 @@ def gpus_in_use(jobs: Iterable[JobRecord]) -> dict[str, int]:
 _STATE_ORDER = ("mix", "alloc", "idle", "drng", "drain", "down", "down*")
 
 
-def render_sinfo(nodes: Iterable[NodeRecord], jobs: Iterable[JobRecord] = ()) -> str:
-    """One line per partition and node state, with the nodes as a compressed hostlist."""
+def render_sinfo(
+    nodes: Iterable[NodeRecord], jobs: Iterable[JobRecord] = (), partitions: Sequence[str] | None = None
+) -> str:
+    """One line per partition and node state, with the nodes as a compressed hostlist.
+
+    With `partitions` (the queues, in the site's names: what `sbatch -p` takes) every node is in every partition,
+    as every OnePlus queue may use every node; without, a node's partition is its label or GPU model."""
     used = gpus_in_use(jobs)
     groups: dict[tuple[str, str], list[str]] = defaultdict(list)
     for node in nodes:
         name = node.topology.node
-        groups[(partition_of(node), node_state(node, used.get(name, 0)))].append(name)
+        state = node_state(node, used.get(name, 0))
+        for partition in partitions if partitions is not None else [partition_of(node)]:
+            groups[(partition, state)].append(name)
     width = max([len("PARTITION"), *(len(p) for p, _ in groups)])
     lines = [f"{'PARTITION'.ljust(width)} {'AVAIL':>5} {'TIMELIMIT':>10} {'NODES':>6} {'STATE':>6} NODELIST"]
     order = {s: i for i, s in enumerate(_STATE_ORDER)}
