@@ -23,7 +23,7 @@ from nats.aio.client import Client
 from nats.js.errors import APIError
 from oneplus_bus.service import OneplusService
 from oneplus_bus.settings import BusSettings
-from oneplus_bus.streams import ensure_kv, ensure_streams
+from oneplus_bus.streams import KV_HISTORY, ensure_kv, ensure_streams
 from oneplus_contracts import subjects
 
 from oneplus.devstack import find_nats_server, free_port, spawn, wait_port
@@ -161,15 +161,17 @@ async def test_streams_and_buckets_are_kept_on_all_three_servers(admin: Client) 
     await until(lambda: _declare(js, 1))
     assert (await js.stream_info(subjects.JOBS_STREAM)).config.num_replicas == 1
     await until(lambda: _declare(js, 3))
-    for name in [*subjects.STREAMS, f"KV_{subjects.JOBS_KV}", f"KV_{subjects.TOPOLOGY_KV}"]:
+    for name in [*subjects.STREAMS, *(f"KV_{bucket}" for bucket in KV_HISTORY)]:
         info = await js.stream_info(name)
         assert info.config.num_replicas == 3, name
+        await until(lambda name=name: all_current(js, name))  # the new copies catch up within moments
 
-        async def two_followers(name: str = name) -> bool:
-            cluster = (await js.stream_info(name)).cluster
-            return cluster is not None and bool(cluster.leader) and len(cluster.replicas or []) == 2
 
-        await until(two_followers)  # the new copies join within moments of the update
+async def all_current(js: Any, name: str) -> bool:
+    """A leader and two followers that hold everything: the stream survives the loss of any one server."""
+    cluster = (await js.stream_info(name)).cluster
+    replicas = (cluster.replicas or []) if cluster is not None else []
+    return bool(cluster and cluster.leader) and len(replicas) == 2 and all(r.current for r in replicas)
 
 
 async def _declare(js: Any, replicas: int) -> bool:
@@ -219,6 +221,8 @@ async def test_a_service_rides_out_the_loss_of_its_stream_leader(
         await until(lambda: _has(seen, 5))
         await svc.kv[subjects.JOBS_KV].put("cluster-probe", b"before")
 
+        for name in (subjects.FACTS_STREAM, f"KV_{subjects.JOBS_KV}"):
+            await until(lambda name=name: all_current(js, name))
         assert mine.proc is not None
         mine.proc.kill()  # no goodbye: the leader and the service's connection are gone at once
         mine.proc.wait()
