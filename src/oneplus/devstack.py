@@ -10,6 +10,7 @@ import asyncio
 import contextlib
 import ctypes
 import os
+import re
 import shutil
 import signal
 import socket
@@ -28,6 +29,9 @@ _PR_SET_PDEATHSIG = 1
 def _die_with_parent() -> None:
     with contextlib.suppress(Exception):
         ctypes.CDLL("libc.so.6", use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
+
+
+_METRICS_LINE = re.compile(r"metrics on (http://\S+/metrics)")
 
 
 def free_port() -> int:
@@ -392,13 +396,23 @@ class Platform:
         return self.http_port
 
     def process_env(self, name: str) -> dict[str, str]:
-        """`env()` plus this process's own metrics port."""
+        """`env()` plus this process's metrics port: 0, the one the system gives it when it binds (a port picked
+        here and bound later can be taken in between by any outgoing connection); `metrics_urls` reads it back."""
         env = self.env()
         if self.metrics and self._given("ONEPLUS_METRICS_PORT") is None:
-            port = self.metrics_ports.get(name) or free_port()
-            self.metrics_ports[name] = port
-            env["ONEPLUS_METRICS_PORT"] = str(port)
+            self.metrics_ports[name] = 0
+            env["ONEPLUS_METRICS_PORT"] = "0"
         return env
+
+    def metrics_urls(self) -> dict[str, str]:
+        """Each process's metrics URL, as it logged it when it bound (`metrics on http://HOST:PORT/metrics`)."""
+        out: dict[str, str] = {}
+        for name in sorted(self.metrics_ports):
+            found = _METRICS_LINE.findall(self.logs(name))
+            if found:
+                out[name] = found[-1]  # the last start's
+                self.metrics_ports[name] = int(found[-1].rsplit(":", 1)[1].split("/")[0])
+        return out
 
     def urls(self) -> dict[str, str]:
         """Every address of this platform: NATS, Redis, the intake's HTTP API and dashboard, each process's
@@ -408,8 +422,8 @@ class Platform:
         if port:
             out["http"] = f"http://127.0.0.1:{port}"
             out["dashboard"] = f"http://127.0.0.1:{port}/ui/"
-        for name, mport in sorted(self.metrics_ports.items()):
-            out[f"metrics {name}"] = f"http://127.0.0.1:{mport}/metrics"
+        for name, url in self.metrics_urls().items():
+            out[f"metrics {name}"] = url
         return out
 
     def env(self) -> dict[str, str]:

@@ -71,9 +71,14 @@ def test_platform_urls_name_every_service(monkeypatch: pytest.MonkeyPatch):
     p = Platform("nats://127.0.0.1:4222", "redis://127.0.0.1:6379/0", nodes=DEMO_NODES[:1])
     for name in ("intake", "placement-solver", "executor-h100-0"):
         env = p.process_env(name)
-        assert env["ONEPLUS_METRICS_PORT"] == str(p.metrics_ports[name])
+        assert env["ONEPLUS_METRICS_PORT"] == "0"  # the system's pick at bind time: no port race
         assert env["ONEPLUS_HTTP_PORT"] == str(p.http_port)
+    # What each process logs when it binds is what `urls()` reports.
+    p.logdir.mkdir(parents=True, exist_ok=True)
+    for name, port in (("intake", 41001), ("placement-solver", 41002), ("executor-h100-0", 41003)):
+        (p.logdir / f"{name}.log").write_text(f"x INFO metrics on http://127.0.0.1:{port}/metrics\n")
     urls = p.urls()
+    assert urls["metrics placement-solver"] == "http://127.0.0.1:41002/metrics"
     assert urls["nats"] == "nats://127.0.0.1:4222" and urls["redis"].startswith("redis://")
     assert urls["http"] == f"http://127.0.0.1:{p.http_port}"
     assert urls["dashboard"] == f"http://127.0.0.1:{p.http_port}/ui/"

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 import random
+import time
 from collections.abc import AsyncIterator
 from pathlib import Path
 
@@ -183,13 +185,34 @@ async def test_explain_says_which_constraint_blocks_and_cancel_ends_a_pending_jo
         simulate={"duration_s": 0.1},  # type: ignore[arg-type]
     )
     async with OnePlusClient.connect(servers.nats_url) as c:
+        # It could never fit (16 GPUs on one 8-GPU node): refused at submission, with explain's reason.
         reply = await c.submit(spec, msg_id="explain-1")
+        assert not reply.ok and reply.error is not None
+        assert "can never run" in reply.error and "node" in reply.error and "8" in reply.error, reply.error
+        # A job that waits (on a dependency here) is explained and cancelled while pending.
+        first = await c.submit(
+            JobSpec(name="first", resources={"gpus": 1}, simulate={"duration_s": 30}),  # type: ignore[arg-type]
+            msg_id="explain-2",
+        )
+        assert first.ok and first.job_id
+        later = JobSpec(
+            name="later",
+            resources={"gpus": 1},  # type: ignore[arg-type]
+            dependencies=[{"type": "afterok", "job_ids": [first.job_id]}],  # type: ignore[list-item]
+            simulate={"duration_s": 0.1},  # type: ignore[arg-type]
+        )
+        reply = await c.submit(later, msg_id="explain-3")
         assert reply.ok and reply.job_id
-        res = await c.explain(reply.job_id)
-        assert res["pending"] is True and res["fits_now"] is False
-        assert res["level"] == "node" and "16" in res["message"] and "node" in res["message"], res["message"]
+        deadline = time.monotonic() + 20
+        while True:
+            res = await c.explain(reply.job_id)
+            if res.get("reason") == "Dependency" or time.monotonic() > deadline:
+                break
+            await asyncio.sleep(0.3)
+        assert res["pending"] is True and res.get("reason") == "Dependency", res
         rows = {r["job_id"]: r for r in await c.queue()}
         assert rows[reply.job_id]["st"] == "PD"
         await c.cancel(reply.job_id)
+        await c.cancel(first.job_id)
         (rec,) = (await wait_terminal(c, [reply.job_id], timeout=30)).values()
     assert rec.state == "CANCELLED" and rec.allocation is None
