@@ -142,7 +142,8 @@ async def test_a_job_runs_as_containers_with_its_environment_labels_cpuset_and_l
         name="svc-env",
         team="vision",
         ranks=2,
-        resources={"gpus": 1, "cpus": 1.5, "memory_mb": 96},  # type: ignore[arg-type]
+        # Requests reserve, limits cap (Kubernetes' rule): the caps asserted below come from the limits.
+        resources={"gpus": 1, "cpus": 1.5, "memory_mb": 96, "cpu_limit": 1.5, "memory_limit_mb": 96},  # type: ignore[arg-type]
         topology={"domain": "node", "mode": "required"},  # type: ignore[arg-type]
         env={"GREETING": "hello"},
         labels={"owner": "svc-test"},
