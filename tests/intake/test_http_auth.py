@@ -17,6 +17,7 @@ from aiohttp.test_utils import TestClient, TestServer
 from http_platform import HttpPlatform, start_platform
 from intake_process import IntakeProcess, fresh_bus
 from nats.errors import NoRespondersError
+from oneplus_bus.service import OpsError
 from oneplus_bus.tenancy import Caller, caller_of
 from oneplus_contracts import JobRecord, SubmitReply
 from oneplus_intake import openapi
@@ -120,7 +121,8 @@ class FakeJobs:
         return {"jobs": [], "next": None, "team": caller_of(headers, payload.get("team")).team}
 
     async def job_show(self, payload: dict[str, Any], headers: dict[str, str]) -> JobRecord:
-        raise NotImplementedError
+        # No job exists behind this fake: what the intake answers for an unknown one.
+        raise OpsError(f"no job {payload.get('job_id')!r}", 404)
 
     async def job_cancel(self, payload: dict[str, Any], headers: dict[str, str]) -> dict[str, Any]:
         team = caller_of(headers, payload.get("team")).team
