@@ -211,10 +211,8 @@ class Solver:
             t0 = time.monotonic()
             out = await self.fence.rebuild(check, list(self.owner.index.holders.values()), STORE_REBUILD_LEASE_S)
             self.audit.epoch = out.epoch
-            for job_id in out.restored:
-                res = await self.store.get(job_id)
-                if res is not None:
-                    await self.audit.record("restore", job_id, res.token, res.allocation, reason=check.describe())
+            for job_id, token, alloc in out.restored:
+                await self.audit.record("restore", job_id, token, alloc, reason=check.describe())
             await self.audit.flush()
             for job_id, why in out.refused.items():
                 log.error("the reservation of %s could not be put back: %s", job_id, why)

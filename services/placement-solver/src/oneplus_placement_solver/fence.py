@@ -52,7 +52,7 @@ class Rebuild:
     """The outcome of putting the holders' reservations back."""
 
     epoch: int
-    restored: list[str] = field(default_factory=list)
+    restored: list[tuple[str, int, Allocation]] = field(default_factory=list)  # (job, token, allocation) put back
     refused: dict[str, str] = field(default_factory=dict)
 
 
@@ -117,6 +117,6 @@ class StoreFence:
             if isinstance(res, Conflict):
                 out.refused[job_id] = f"{res.reason} {res.key or ''} {res.holder or ''}".strip()
             else:
-                out.restored.append(job_id)
+                out.restored.append((job_id, token, alloc))
         await self.store.set_epoch(epoch)
         return out
