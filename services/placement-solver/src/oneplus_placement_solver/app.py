@@ -324,18 +324,26 @@ class Solver:
     # -- reactions to committed events -----------------------------------------------------------------------------
     async def react(self, applied: Sequence[Applied]) -> None:
         for a in applied:
-            match a.event.type:
-                case "accepted" | "requeued":
-                    self.wake.set()
-                case "node_finished":
-                    ev = a.event
-                    assert isinstance(ev, JobNodeFinished)
-                    self.reports.rank_ended(ev.job_id, ev.token, ev.node, time.time())
-                    await self.settle(a.record)
-                case "cancel_requested":
-                    await self.cancel(a.record)
-                case "finished":
-                    self.wake.set()
+            try:
+                await self.react_one(a)
+            except Exception:
+                # One failed reaction (the store down during a settle, say) must not skip the others in the batch;
+                # reconcile comes back for what it left undone.
+                log.exception("reaction to %s of %s failed; reconcile retries it", a.event.type, a.event.job_id)
+
+    async def react_one(self, a: Applied) -> None:
+        match a.event.type:
+            case "accepted" | "requeued":
+                self.wake.set()
+            case "node_finished":
+                ev = a.event
+                assert isinstance(ev, JobNodeFinished)
+                self.reports.rank_ended(ev.job_id, ev.token, ev.node, time.time())
+                await self.settle(a.record)
+            case "cancel_requested":
+                await self.cancel(a.record)
+            case "finished":
+                self.wake.set()
 
     async def settle(self, rec: JobRecord) -> None:
         """Decide what the nodes' reports mean for the attempt: finish it, requeue it, or stop its other nodes."""
@@ -730,6 +738,10 @@ class Solver:
                 self.wake.set()
             elif rec.state in HOLDING_STATES and rec.allocation and set(rec.nodes_done) >= set(rec.allocation.nodes):
                 await self.settle(rec)
+        for rec in list(index.pending.values()):
+            # A cancel whose reaction was lost (a failed batch, a crash before it ran) still ends its pending job.
+            if rec.cancel_requested and rec.job_id not in reservations and rec.job_id not in self.capacity.held:
+                await self.cancel(rec)
 
     async def reconcile_loop(self) -> None:
         while True:
