@@ -86,3 +86,35 @@ def ideal_ring_gbps(where: Holdings | Layout | ClusterLike, total_gpus: int, gpu
         intra = shape.ring_gbps(top[0]) if top and per_node > 1 else math.inf
         best = max(best, min(intra, fabric_gbps(layout, nodes > biggest_leaf)))
     return best
+
+
+# Boards whose best ring for a shape is at least this share of the cluster's best count as equally good: A100 and
+# H100 NVSwitch boards (2:3) stay interchangeable for best fit, a several-fold loss (NV3 pairs over SYS) is not.
+BOARD_PAR = 0.5
+
+
+def board_shortfall(layout: Layout, shape: NodeShape, size: int, group: int = 1) -> float:
+    """How far this board kind's best ring of `size` GPUs falls short of the best any board of the cluster gets.
+
+    0 for a board at par (see BOARD_PAR), else 1 - ring/best in tenths, so boards of similar speed tie and best fit
+    decides among them. Compared in GB/s across board kinds, not against an empty board of the same kind.
+    """
+    if size < 2:
+        return 0.0
+    key = ("board_shortfall", id(shape), size, group)
+    got = layout.cache.get(key)
+    if isinstance(got, float):
+        return got
+    best = 0.0
+    own = 0.0
+    for s in distinct_shapes(layout):
+        if size > s.n:
+            continue
+        top = s.top(s.full, size, group)
+        ring = s.ring_gbps(top[0]) if top else 0.0
+        best = max(best, ring)
+        if s is shape:
+            own = ring
+    got = 0.0 if best <= 0 or own >= BOARD_PAR * best else round(1.0 - own / best, 1)
+    layout.cache[key] = got
+    return got

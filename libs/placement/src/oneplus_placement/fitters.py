@@ -11,6 +11,7 @@ from abc import ABC, abstractmethod
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from .bandwidth import board_shortfall
 from .layout import Layout, NodeSlot
 from .request import GangRequest
 from .shape import NodeShape, bits
@@ -98,7 +99,7 @@ class Fitter(ABC):
         """Nodes with equal keys (and capacity) fit a request equally well, up to their leaf and the tie-break."""
 
     @abstractmethod
-    def fit_part(self, i: int, units: int) -> tuple[float, float]:
+    def fit_part(self, i: int, units: int) -> tuple[float, ...]:
         """How tightly `units` fill node `i`: smaller is a better (best-fit) choice."""
 
     def node_key(self, i: int, units: int) -> NodeKey:
@@ -137,9 +138,11 @@ class WholeGpuFitter(Fitter):
     def class_key(self, i: int) -> tuple[object, ...]:
         return (id(self.layout.slots[i].shape), self.snap.free[i])
 
-    def fit_part(self, i: int, units: int) -> tuple[float, float]:
-        """Ideal ring for this board first, then the fewest free GPUs left on the node (best fit)."""
-        return self.layout.slots[i].shape.fit(self.snap.free[i], units * self.req.unit_gpus, self.req.group)
+    def fit_part(self, i: int, units: int) -> tuple[float, ...]:
+        """A board kind as fast as the cluster's best first, then the ideal ring for this board, then the fewest
+        free GPUs left on the node (best fit)."""
+        shape, size, group = self.layout.slots[i].shape, units * self.req.unit_gpus, self.req.group
+        return (board_shortfall(self.layout, shape, size, group), *shape.fit(self.snap.free[i], size, group))
 
     def pick(self, i: int, units: int, rails: frozenset[int] | None) -> list[RankPick]:
         shape = self.layout.slots[i].shape
@@ -205,7 +208,7 @@ class ShareFitter(Fitter):
         snap = self.snap
         return (id(self.layout.slots[i].shape), snap.free[i], snap.shares[i], snap.blocked[i])
 
-    def fit_part(self, i: int, units: int) -> tuple[float, float]:
+    def fit_part(self, i: int, units: int) -> tuple[float, ...]:
         """Fewest whole GPUs newly opened for shares, then the node with the fewest free whole GPUs."""
         shared, _ = self._rooms(i)
         in_shared = sum(r for _, r in shared)

@@ -1,0 +1,67 @@
+"""Across board kinds, bandwidth is compared in GB/s: a gang goes to the fastest kind of board that holds it.
+
+The case from the issue: two 8×V100 hybrid-mesh (DGX-1) nodes, two 4×H100 NV6 nodes and one 4×V100 POWER9 node
+(NVLink pairs, SYS between them). Before, `place --gpus 4` returned the POWER9 node (a perfect best fit on its own
+board: 13.8 GB/s where the idle H100 quads give 150).
+"""
+
+from __future__ import annotations
+
+from oneplus_contracts import JobSpec, NodeTopology
+from oneplus_placement import ClusterSnapshot, place_gang
+from oneplus_placement.bandwidth import board_shortfall
+from oneplus_topology import parse_topo_matrix
+from placement_boards import DGX1, H100_QUAD, board, cluster_of
+
+
+def power9_quad(node: str = "p9") -> NodeTopology:
+    """An AC922-style board: GPU0-GPU1 and GPU2-GPU3 are NV3 pairs, SYS (the X-bus) between the pairs."""
+    names = [f"GPU{i}" for i in range(4)]
+    rows = ["\t" + "\t".join(names)]
+    for a in range(4):
+        cells = ["X" if a == b else ("NV3" if a // 2 == b // 2 else "SYS") for b in range(4)]
+        rows.append(f"GPU{a}\t" + "\t".join(cells))
+    return parse_topo_matrix("# gpu_model: Tesla V100-SXM2-16GB\n" + "\n".join(rows) + "\n", node=node)
+
+
+def mixed() -> ClusterSnapshot:
+    # The POWER9 board alone on the second leaf, the fullest: best fit alone prefers it (the issue's pick).
+    boards = [board(DGX1), board(DGX1), board(H100_QUAD), board(H100_QUAD), power9_quad()]
+    return ClusterSnapshot.from_cluster(cluster_of(boards, nodes_per_leaf=4))
+
+
+def four(name: str = "four") -> JobSpec:
+    return JobSpec(name=name, resources={"gpus": 4})  # type: ignore[arg-type]
+
+
+def test_a_four_gpu_gang_goes_to_an_idle_h100_quad_not_the_power9_board() -> None:
+    snap = mixed()
+    got = place_gang(snap, four())
+    assert got.allocation is not None
+    nodes = {r.node for r in got.allocation.ranks}
+    assert nodes <= {"n002", "n003"}, f"placed on {nodes}, the H100 quads are n002/n003"
+    assert got.allocation.score["topology_quality"] == 1.0
+
+
+def test_board_kinds_are_ranked_by_their_ring_against_the_clusters_best() -> None:
+    snap = mixed()
+    layout = snap.layout
+    h100 = next(s.shape for s in layout.slots if s.name == "n002")
+    p9 = next(s.shape for s in layout.slots if s.name == "n004")
+    assert board_shortfall(layout, h100, 4) == 0.0
+    assert board_shortfall(layout, p9, 4) >= 0.8, "13.8 GB/s against 150 GB/s"
+    assert board_shortfall(layout, p9, 1) == 0.0, "a single GPU has no ring: any board will do"
+
+
+def test_once_the_fast_boards_are_taken_the_next_fastest_kind_is_chosen() -> None:
+    snap = mixed()
+    first = place_gang(snap, four("a"))
+    assert first.allocation is not None
+    snap = snap.with_allocation(first.allocation)
+    second = place_gang(snap, four("b"))
+    assert second.allocation is not None
+    snap = snap.with_allocation(second.allocation)
+    third = place_gang(snap, four("c"))
+    assert third.allocation is not None
+    assert {r.node for r in third.allocation.ranks} <= {"n000", "n001"}, "a DGX-1 quad beats the POWER9 pairs"
+    assert third.allocation.ring_gbps > 13.8
