@@ -25,7 +25,12 @@ from redis.exceptions import AuthenticationError, NoPermissionError, ResponseErr
 from oneplus.devstack import find_redis_server, free_port, spawn, stop, wait_port
 
 ACL = Path(__file__).resolve().parents[2] / "deploy" / "redis" / "users.acl"
-PLACEHOLDERS = {"admin": "change-me-admin", "oneplus": "change-me-oneplus"}
+PLACEHOLDERS = {
+    "admin": "change-me-admin",
+    "oneplus": "change-me-oneplus",
+    "replica": "change-me-replica",  # replicas to their primary (masteruser); tests/reservations/test_sentinel_failover
+    "sentinel": "change-me-sentinel",  # the sentinels to every Redis (sentinel auth-user)
+}
 
 
 def sha(password: str) -> str:
@@ -88,6 +93,7 @@ async def test_the_reservation_scripts_run_as_the_oneplus_acl_user(store: Reserv
     assert await store.renew("j1", token) is True
     assert (await store.renew_many([("j1", token)], 30.0))[("j1", token)] is not None
     assert await store.current_token("j1") == token
+    assert await store.r.wait(0, 0) == 0  # WAIT, the commit rule with replicas (REDIS_WAIT_REPLICAS)
     assert {r.job_id for r in await store.all()} == {"j1", "s1"}
     assert len(await store.held_slots()) == 3  # SCAN and GET as that user
     assert await store.release("j1", token) == token

