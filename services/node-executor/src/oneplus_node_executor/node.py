@@ -655,7 +655,7 @@ class NodeExecutor:
 
     async def start(self) -> None:
         self.outbox.start()  # facts left from before a crash go out first
-        self.store = ReservationStore.from_url(self.svc.settings.redis_url, self.svc.settings.cluster)
+        self.store = ReservationStore.connect(self.svc.settings.redis, self.svc.settings.cluster)
         await self.svc.js.publish(
             subjects.node_topology(self.node),
             self.topology.model_dump_json().encode(),

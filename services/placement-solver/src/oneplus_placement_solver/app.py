@@ -149,7 +149,7 @@ class Solver:
     async def start(self) -> None:
         svc = self.svc
         if self._store is None:
-            self._store = ReservationStore.from_url(svc.settings.redis_url, svc.settings.cluster)
+            self._store = ReservationStore.connect(svc.settings.redis, svc.settings.cluster)
         await self.store.load_scripts()
         self._memory = SolverMemory(svc.kv[subjects.SOLVER_STATE_KV])
         self.nominations = await self.memory.load_nominations()
@@ -549,6 +549,12 @@ class Solver:
                     log.error("reservation of %s refused: %s", job_id, res.reason)
                     self.store_ok = False
                     break
+                if isinstance(res, Conflict) and res.not_replicated:
+                    # No Redis replica acknowledged the commit (it was released again): placing waits for the replicas.
+                    sp.set_attribute("oneplus.placed", False)
+                    self.metrics.conflicts.labels("not_replicated").inc()
+                    log.warning("reservation of %s refused: %s", job_id, res.reason)
+                    break
                 if isinstance(res, Conflict):
                     # Another replica took part of it since our snapshot: the next cycle decides on a fresh one.
                     sp.set_attribute("oneplus.placed", False)
@@ -706,6 +712,8 @@ class Solver:
                 if now - res.ts_ms / 1000 > s.lost_reservation_grace_s:
                     await self.release(job_id, res.token, "orphan: no live job")
             elif rec.state == "ACCEPTED" and not rec.cancel_requested:
+                if not await self.store.replicated():  # never recorded placed on a write a failover could lose
+                    continue
                 await self.commit_placed([(rec, res.allocation, res.token)])
             elif rec.terminal or (rec.state == "ACCEPTED" and rec.cancel_requested):
                 await self.release(job_id, res.token, f"job already {rec.state}")
