@@ -69,7 +69,16 @@ def test_mpijob_pi_counts_workers_not_the_launcher_and_reports_unused_fields():
         "spec.mpiReplicaSpecs.Worker.template.spec.containers[0].securityContext.runAsUser",
     ):
         assert field in joined, field
-    assert "mpirun -n 2 /unknown" in joined
+    # mpi-operator v2: the launcher runs mpirun once the workers are up, with slotsPerWorker in its hostfile.
+    launcher = tr.spec.launcher
+    assert launcher is not None
+    assert (launcher.image, launcher.entrypoint, launcher.command) == (
+        "mpioperator/mpi-pi:openmpi",
+        ["mpirun"],
+        ["-n", "2", "/unknown"],
+    )
+    assert launcher.slots_per_worker == 1
+    assert "the launcher's CPU and memory are not reserved" in joined
 
 
 NCCL_TESTS = (SAMPLES / "mpijob_nccl_tests.yaml").read_text()
@@ -82,9 +91,10 @@ def test_mpijob_nccl_tests_gives_two_eight_gpu_ranks_and_the_deadline():
     assert not any("slotsPerWorker" in w for w in tr.warnings)  # 8 slots = 8 GPUs per worker: consistent
 
 
-def test_mpijob_slots_that_disagree_with_gpus_are_reported():
+def test_mpijob_slots_per_worker_are_the_hostfile_slots_whatever_the_gpus():
     tr = from_yaml(NCCL_TESTS.replace("slotsPerWorker: 8", "slotsPerWorker: 4"))
-    assert any(w.startswith("spec.slotsPerWorker") for w in tr.warnings)
+    assert tr.spec.launcher is not None and tr.spec.launcher.slots_per_worker == 4
+    assert not any(w.startswith("spec.slotsPerWorker") for w in tr.warnings)  # as mpi-operator: slots are the user's
 
 
 def test_mpijob_v1_training_operator_form_uses_main_container():

@@ -111,3 +111,69 @@ def test_the_jobs_own_failure_is_the_reason_even_when_the_stopped_node_sorts_fir
 def test_a_job_failure_beside_a_platform_fault_fails_the_job() -> None:
     out = attempt_outcome(rec(done={"a": 137, "b": 2}, infra_nodes=["a"]))
     assert (out.state, out.exit_code) == ("FAILED", 2)
+
+
+# -- an MPIJob ends with its launcher (mpi-operator v2) ------------------------------------------------------------
+
+MPI_SPEC = JobSpec.model_validate(
+    {
+        "name": "pi",
+        "ranks": 2,
+        "resources": {"gpus": 1},
+        "framework": "mpijob",
+        "launcher": {"entrypoint": ["mpirun"], "command": ["-n", "2", "/pi"]},
+    }
+)
+
+
+def mpi_rec(done: dict[str, int], reasons: dict[str, str] | None = None, **kw: object) -> JobRecord:
+    update: dict[str, object] = {"spec": MPI_SPEC, "node_reasons": reasons or {}, **kw}
+    return rec(done=done).model_copy(update=update)
+
+
+def test_a_launcher_that_ends_stops_the_workers_still_running_elsewhere() -> None:
+    # "a" is the first node: its launcher exited 0 while the sshd workers on "b" still run.
+    out = attempt_outcome(mpi_rec({"a": 0}))
+    assert (out.action, out.stop_nodes, out.exit_code) == ("stop_others", ("b",), 0)
+    assert "launcher" in out.reason
+
+
+def test_the_launcher_exit_is_the_jobs_and_the_stopped_workers_exit_is_not() -> None:
+    stopped = {"b": "cancelled: the launcher ended: stopping the workers"}
+    out = attempt_outcome(mpi_rec({"a": 0, "b": 143}, {"a": "the launcher exited with code 0", **stopped}))
+    assert (out.action, out.state, out.exit_code) == ("finish", "SUCCEEDED", 0)
+    out = attempt_outcome(mpi_rec({"a": 2, "b": 143}, {"a": "the launcher exited with code 2", **stopped}))
+    assert (out.action, out.state, out.exit_code) == ("finish", "FAILED", 2)
+    assert "launcher" in out.reason and "code 2" in out.reason
+
+
+def test_a_worker_that_fails_before_the_launcher_ends_fails_the_job_as_any_rank() -> None:
+    out = attempt_outcome(mpi_rec({"b": 1}))
+    assert (out.action, out.stop_nodes) == ("stop_others", ("a",))
+    out = attempt_outcome(mpi_rec({"b": 1, "a": 143}, {"a": "cancelled: rank on b exited with code 1"}))
+    assert (out.action, out.state, out.exit_code) == ("finish", "FAILED", 1)
+
+
+def test_a_lost_launcher_node_requeues_an_mpijob_as_any_platform_fault() -> None:
+    out = attempt_outcome(
+        mpi_rec({"a": 137, "b": 143}, {"a": "node lost", "b": "cancelled: node lost"}, infra_nodes=["a"])
+    )
+    assert out.action == "requeue"
+
+
+def test_a_cancelled_mpijob_ends_cancelled() -> None:
+    out = attempt_outcome(mpi_rec({"a": 143, "b": 143}, cancel_requested=True, reason="cancelled by ann"))
+    assert (out.action, out.state) == ("finish", "CANCELLED")
+
+
+def test_launch_commands_say_how_many_ranks_each_node_runs_and_the_known_addresses() -> None:
+    alloc = Allocation(
+        ranks=[
+            RankPlacement(rank=0, node="a", gpus=[0]),
+            RankPlacement(rank=1, node="a", gpus=[1]),
+            RankPlacement(rank=2, node="b", gpus=[0]),
+        ]
+    )
+    cmds = launch_commands(rec(), alloc, 4, {"a": "10.0.0.1", "c": "10.0.0.3"})
+    assert [c.ranks_per_node for c in cmds] == [[2, 1], [2, 1]]
+    assert all(c.hosts == {"a": "10.0.0.1"} for c in cmds)  # only the job's nodes, only known addresses

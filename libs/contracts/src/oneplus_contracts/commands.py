@@ -28,6 +28,14 @@ class LaunchRanks(_Command):
     nodes: list[str]
     master_addr: str
     master_port: int = 29500
+    ranks_per_node: list[int] = Field(
+        default_factory=list, description="How many of the job's ranks each of `nodes` runs (an MPI hostfile's slots)"
+    )
+    hosts: dict[str, str] = Field(
+        default_factory=dict,
+        description="Node name → address, for the nodes whose address is known: the ranks' "
+        "/etc/hosts, so that MASTER_ADDR and an MPI hostfile's names resolve in the containers",
+    )
     resume_from_checkpoint_ts: float | None = None
     resume_progress_s: float = Field(default=0.0, ge=0, description="Work done up to the last checkpoint")
 

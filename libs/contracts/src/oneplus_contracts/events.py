@@ -212,6 +212,9 @@ class JobRecord(Strict):
     nodes_started: list[str] = Field(
         default_factory=list, description="nodes whose executor has reported on its ranks, for this attempt"
     )
+    nodes_running: list[str] = Field(
+        default_factory=list, description="nodes whose executor has reported its ranks running, for this attempt"
+    )
     nodes_done: dict[str, int] = Field(default_factory=dict, description="node → exit code, for this attempt")
     node_reasons: dict[str, str] = Field(
         default_factory=dict, description="node → why its ranks ended (the executor's words), for this attempt"

@@ -120,6 +120,19 @@ class Dependency(Strict):
     job_ids: Annotated[list[str], Field(min_length=1)]
 
 
+class MpiLauncher(Strict):
+    """An MPIJob's Launcher (mpi-operator v2): one more container on the job's first node, started once every worker
+    rank runs, with the workers in /etc/mpi/hostfile; the job ends when it ends (the workers are then stopped)."""
+
+    image: str | None = Field(default=None, description="The launcher's image; null: the job's image")
+    entrypoint: list[str] | None = Field(default=None, description="Kubernetes `command` of the launcher")
+    command: list[str] = Field(default_factory=list, description="Kubernetes `args` of the launcher")
+    env: dict[str, str] = Field(default_factory=dict)
+    slots_per_worker: Annotated[int, Field(ge=1, le=4096)] = Field(
+        default=1, description="slotsPerWorker: the `slots=` of each worker in the hostfile"
+    )
+
+
 class JobSpec(Strict):
     schema_version: Literal["1"] = "1"
     name: str
@@ -157,6 +170,9 @@ class JobSpec(Strict):
     constraint: str | None = Field(
         default=None, description="Slurm --constraint over node features, e.g. 'h100', 'a100|h100', '[a|b]'"
     )
+    launcher: MpiLauncher | None = Field(
+        default=None, description="MPIJob: the launcher that runs mpirun once the workers (the ranks) are up"
+    )
 
     @field_validator("constraint")
     @classmethod
@@ -181,6 +197,8 @@ class JobSpec(Strict):
             per_rank = int(self.resources.gpus)
             if g % per_rank and per_rank % g:
                 raise ValueError(f"group_gpus={g} must divide or be a multiple of gpus per rank ({per_rank})")
+        if self.launcher is not None and self.framework != "mpijob":
+            raise ValueError("a launcher is an MPIJob's (framework mpijob)")
         r = self.resources
         if r.cpu_limit is not None and r.cpus > r.cpu_limit:
             raise ValueError(f"cpus={r.cpus:g} (the request) is more than cpu_limit={r.cpu_limit:g}")

@@ -75,6 +75,7 @@ def apply_event(rec: JobRecord | None, event: JobEvent) -> JobRecord:
                     "token": event.token,
                     "attempt": event.attempt,
                     "nodes_started": [],
+                    "nodes_running": [],
                     "nodes_done": {},
                     "node_reasons": {},
                     "infra_nodes": [],
@@ -99,6 +100,9 @@ def apply_event(rec: JobRecord | None, event: JobEvent) -> JobRecord:
                     "state": "RUNNING",
                     "started_ts": started,
                     "nodes_started": _with(r, event.node),
+                    "nodes_running": r.nodes_running
+                    if event.node in r.nodes_running
+                    else [*r.nodes_running, event.node],
                     "updated_ts": event.ts,
                 }
             )
@@ -158,6 +162,7 @@ def apply_event(rec: JobRecord | None, event: JobEvent) -> JobRecord:
                     "allocation": None,
                     "token": None,
                     "nodes_started": [],
+                    "nodes_running": [],
                     "nodes_done": {},
                     "node_reasons": {},
                     "infra_nodes": [],

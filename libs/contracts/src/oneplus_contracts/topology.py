@@ -68,6 +68,9 @@ class NodeTopology(Strict):
         default_factory=list, description="Slurm-style node features (cluster YAML, executor --features)"
     )
     source: TopologySource = "nvidia-smi"
+    address: str | None = Field(
+        default=None, description="Where the other nodes reach this one (IP); jobs' containers resolve its name to it"
+    )
 
 
 class GpuHealth(Strict):

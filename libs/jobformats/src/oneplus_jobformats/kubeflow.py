@@ -15,10 +15,13 @@ from .fields import FieldReader, child
 from .gang import ReplicaGroup, gang_fields
 from .pods import PodShape, read_command, read_env, read_pod_template, read_resources
 from .priorities import priority_of
+from .site import SiteMapError, apply_default_share, site_from_env
 
 QUEUE_LABEL = "kueue.x-k8s.io/queue-name"
 PRIORITY_LABEL = "kueue.x-k8s.io/priority-class"
 RUNTIME_LABEL = "trainer.kubeflow.org/runtime"
+
+MPI_IMPLEMENTATIONS = ("OpenMPI", "Intel", "MPICH")  # the launcher gets the hostfile variables of all three
 
 Translator = Callable[[dict[str, Any], str], Translation]
 
@@ -117,8 +120,12 @@ def _replica_group(
 
 
 def _finish(r: FieldReader, fields: dict[str, Any], origin: dict[str, str], kind: str) -> Translation:
+    try:
+        notes = apply_default_share(fields, site_from_env())
+    except SiteMapError as exc:
+        raise JobFormatError(str(exc), filename=r.filename) from None
     spec = spec_from_fields(fields, filename=r.filename, origin=origin)
-    return Translation(spec=spec, warnings=r.report_unused(), kind=kind)
+    return Translation(spec=spec, warnings=[*r.report_unused(), *notes], kind=kind)
 
 
 def _start(doc: dict[str, Any], filename: str) -> tuple[FieldReader, dict[str, Any], dict[str, str], dict[str, Any]]:
@@ -163,6 +170,8 @@ def translate_pytorchjob(doc: dict[str, Any], filename: str) -> Translation:
 
 
 def translate_mpijob(doc: dict[str, Any], filename: str) -> Translation:
+    """mpi-operator v2: the Worker replicas are the ranks; the Launcher runs beside the first rank once every worker
+    runs, with the workers in /etc/mpi/hostfile (`<node> slots=<slotsPerWorker>`), and the job ends with it."""
     r, fields, origin, spec = _start(doc, filename)
     path = "spec.mpiReplicaSpecs"
     specs = r.mapping(spec, "mpiReplicaSpecs", "spec", required=True)
@@ -173,21 +182,19 @@ def translate_mpijob(doc: dict[str, Any], filename: str) -> Translation:
     if worker is None:
         raise r.error(child(path, "Worker"), "an MPIJob needs a Worker replica type")
     groups = [worker]
-    if "Launcher" in specs:
-        if launcher_is_rank:
-            launcher = _replica_group(r, specs, "Launcher", path, main_container=main)
-            groups = [g for g in (launcher, worker) if g]
-        else:
-            _skip_launcher(r, specs, child(path, "Launcher"))
+    launcher = _replica_group(r, specs, "Launcher", path, main_container=main)
+    if launcher is not None and launcher_is_rank:
+        groups = [launcher, worker]  # the launcher's pod is also a worker: one more rank, listed in the hostfile
     gang_fields(r, groups, fields, origin)
     fields["framework"] = "mpijob"
     slots = r.integer(spec, "slotsPerWorker", "spec", minimum=1)
-    per_worker = max(worker.shape.gpus, 1)
-    if slots is not None and slots != per_worker:
-        r.warn(
-            "spec.slotsPerWorker",
-            f"{slots} slots but each worker has {worker.shape.gpus} GPU(s); one OnePlus rank per worker",
-        )
+    impl = r.string(spec, "mpiImplementation", "spec")
+    if impl is not None and impl not in MPI_IMPLEMENTATIONS:
+        raise r.error("spec.mpiImplementation", f"must be one of {', '.join(MPI_IMPLEMENTATIONS)} (got {impl!r})")
+    if launcher is not None:
+        _launcher_fields(r, launcher, 1 if slots is None else slots, fields, origin)
+    else:
+        r.warn(path, "no Launcher: the workers run by themselves and the job ends when they all end")
     _run_policy(r, spec, "spec", fields, origin)
     legacy_clean = r.opt(spec, "cleanPodPolicy", "spec")
     if legacy_clean is not None:
@@ -195,16 +202,26 @@ def translate_mpijob(doc: dict[str, Any], filename: str) -> Translation:
     return _finish(r, fields, origin, "MPIJob")
 
 
-def _skip_launcher(r: FieldReader, specs: dict[str, Any], path: str) -> None:
-    r.use(path)
-    said = ""
-    try:
-        first = specs["Launcher"]["template"]["spec"]["containers"][0]
-        words = [*(first.get("command") or []), *(first.get("args") or [])]
-        said = f" (its command {' '.join(str(w) for w in words)!r} does not run)" if words else ""
-    except (KeyError, IndexError, TypeError, AttributeError):
-        pass  # a malformed launcher is still not a rank; nothing more to say about it
-    r.warn(path, f"the launcher is not a rank: OnePlus starts the Worker ranks itself with rank and world size{said}")
+def _launcher_fields(
+    r: FieldReader, launcher: ReplicaGroup, slots: int, fields: dict[str, Any], origin: dict[str, str]
+) -> None:
+    if launcher.replicas != 1:
+        raise r.error(child(launcher.path, "replicas"), f"an MPIJob has exactly one launcher (got {launcher.replicas})")
+    shape = launcher.shape
+    if shape.gpus:
+        r.warn(
+            shape.resources_path,
+            f"the launcher asks for {shape.gpus} GPU(s); OnePlus runs it beside the first worker without GPUs",
+        )
+    elif shape.cpus or shape.memory_mb:
+        r.warn(shape.resources_path, "the launcher's CPU and memory are not reserved: it runs beside the first worker")
+    spec: dict[str, Any] = {"slots_per_worker": slots, "command": shape.command, "env": shape.env}
+    if shape.image:
+        spec["image"] = shape.image
+    if shape.entrypoint is not None:
+        spec["entrypoint"] = shape.entrypoint
+    fields["launcher"] = spec
+    origin["launcher"] = launcher.path
 
 
 def translate_trainjob(

@@ -89,8 +89,10 @@ def read_resources(r: FieldReader, resources: dict[str, Any], path: str, shape: 
 
 def read_command(r: FieldReader, container: dict[str, Any], path: str, shape: PodShape) -> None:
     """Kubernetes `command` replaces the image's ENTRYPOINT (and drops its CMD); `args` replace its CMD."""
-    if "command" in container:
+    if container.get("command") is not None:
         shape.entrypoint = r.string_list(container, "command", path)
+    else:
+        r.opt(container, "command", path)  # `command:` with no value is unset, as Kubernetes reads it
     shape.command = r.string_list(container, "args", path)
 
 

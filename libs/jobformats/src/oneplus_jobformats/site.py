@@ -9,6 +9,11 @@ carry those names. `ONEPLUS_SITE_FILE` (or `oneplus sbatch --site FILE`) names a
 
 A QOS maps to a priority class name or a number; a partition to a queue; an account to a team. A name the file
 does not list is used as it is (a QOS must then be a known priority class).
+
+    default_share: {cpus_per_gpu: 12, memory_mb_per_gpu: 120000}
+
+is the node's share a rank gets when its job sets no CPU (or no memory): that much per GPU of the rank, reserved and
+capped (Slurm's DefCpuPerGPU / DefMemPerGPU). Without it, unset CPU and memory mean no limit (as Kubernetes).
 """
 
 from __future__ import annotations
@@ -16,6 +21,7 @@ from __future__ import annotations
 import os
 from functools import lru_cache
 from pathlib import Path
+from typing import Any
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
@@ -29,8 +35,21 @@ class SiteMapError(ValueError):
     """The site file cannot be used; the message names the file and the entry."""
 
 
+class NodeShare(BaseModel):
+    """Per GPU of a rank: what a job that sets no CPU (no memory) gets, as a request and as a limit."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    cpus_per_gpu: float | None = Field(default=None, gt=0, le=1024)
+    memory_mb_per_gpu: int | None = Field(default=None, gt=0, le=16 * 1024 * 1024)
+
+
 class SiteMap(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
+
+    default_share: NodeShare | None = Field(
+        default=None, description="CPU and memory per GPU for jobs that set none (else: no limit)"
+    )
 
     qos: dict[str, str] = Field(default_factory=dict, description="Slurm QOS -> priority class name or number")
     partitions: dict[str, str] = Field(default_factory=dict, description="Slurm partition -> OnePlus queue")
@@ -106,3 +125,33 @@ def site_from_env() -> SiteMap:
     except OSError as exc:
         raise SiteMapError(f"{SITE_FILE_ENV}={path}: cannot be read: {exc.strerror or exc}") from None
     return _cached(path, mtime)
+
+
+MIN_SHARE_CPUS = 0.1  # a GPU-share rank still gets this much CPU from a per-GPU default
+MIN_SHARE_MB = 64
+
+
+def apply_default_share(fields: dict[str, Any], site: SiteMap) -> list[str]:
+    """Give `fields["resources"]` the site's per-GPU share where the job set no CPU or no memory (neither request nor
+    limit); returns what was done, in words for the dry run."""
+    share = site.default_share
+    resources = fields.get("resources")
+    if share is None or not isinstance(resources, dict):
+        return []
+    gpus = float(resources.get("gpus") or 0)
+    notes: list[str] = []
+    if share.cpus_per_gpu is not None and "cpus" not in resources and "cpu_limit" not in resources:
+        cpus = max(round(share.cpus_per_gpu * gpus, 3), MIN_SHARE_CPUS)
+        resources["cpus"] = resources["cpu_limit"] = cpus
+        notes.append(
+            f"resources: no CPU set; the site's default share ({share.cpus_per_gpu:g} CPU per GPU, {SITE_FILE_ENV}) "
+            f"gives each rank {cpus:g} CPU(s), reserved and capped"
+        )
+    if share.memory_mb_per_gpu is not None and "memory_mb" not in resources and "memory_limit_mb" not in resources:
+        mem = max(round(share.memory_mb_per_gpu * gpus), MIN_SHARE_MB)
+        resources["memory_mb"] = resources["memory_limit_mb"] = mem
+        notes.append(
+            f"resources: no memory set; the site's default share ({share.memory_mb_per_gpu} MiB per GPU, "
+            f"{SITE_FILE_ENV}) gives each rank {mem} MiB, reserved and capped"
+        )
+    return notes

@@ -85,3 +85,30 @@ def check_dependencies(spec: JobSpec, state_of: Callable[[str], str | None]) -> 
 
 def singleton_key(spec: JobSpec) -> tuple[str, str]:
     return spec.name, spec.user
+
+
+MAX_CYCLE_WALK = 10_000  # jobs looked at when checking a new job's dependencies for a cycle
+
+
+def dependency_cycle(job_id: str, spec: JobSpec, depends_on: Callable[[str], Iterable[str] | None]) -> list[str] | None:
+    """The chain `job_id -> ... -> job_id` that the new job's dependencies would close, or None.
+
+    Job ids come from submission ids, which a client may choose, so a job can name a job not submitted yet (or its
+    own id); a later job naming it back would make both wait for ever. `depends_on(id)` is the job ids an existing
+    job's dependencies name (None: no such job)."""
+    seen: dict[str, str | None] = {}
+    stack: list[tuple[str, str | None]] = [(j, None) for d in spec.dependencies for j in d.job_ids]
+    while stack and len(seen) < MAX_CYCLE_WALK:
+        current, parent = stack.pop()
+        if current in seen:
+            continue
+        seen[current] = parent
+        if current == job_id:
+            chain = [current]
+            step = parent
+            while step is not None:
+                chain.append(step)
+                step = seen[step]
+            return [job_id, *reversed(chain)]
+        stack.extend((j, current) for j in depends_on(current) or ())
+    return None

@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Awaitable, Callable, Iterable, Sequence
 
 from oneplus_contracts import JobSpec, NodeRecord
 from oneplus_placement.explain import explain_pending
 from oneplus_placement.snapshot import ClusterSnapshot, ClusterState
 from oneplus_queueing.config import QueueConfig, QueueConfigError
+from oneplus_queueing.dependencies import MAX_CYCLE_WALK, dependency_cycle
 
 VERDICTS_KEPT = 4096  # distinct job shapes remembered per cluster shape
 
@@ -98,3 +99,25 @@ def admit(spec: JobSpec, queues: QueueConfig, nodes: Sequence[NodeRecord], empty
         if why is not None:
             # What `jobs explain` would say of it on an idle cluster: waiting could never help.
             raise Inadmissible(f"can never run on this cluster, even with every GPU free: {why}")
+
+
+async def refuse_dependency_cycle(
+    job_id: str, spec: JobSpec, depends_on: Callable[[str], Awaitable[Iterable[str] | None]]
+) -> None:
+    """Inadmissible when the job's dependencies lead back to itself (a chain that would wait for ever).
+
+    `depends_on(id)`: the ids an existing job's dependencies name (None: no such job), read once per job."""
+    if not spec.dependencies:
+        return
+    known: dict[str, list[str] | None] = {}
+    frontier = [j for d in spec.dependencies for j in d.job_ids]
+    while frontier and len(known) < MAX_CYCLE_WALK:
+        wanted = [j for j in dict.fromkeys(frontier) if j not in known and j != job_id]
+        frontier = []
+        for j in wanted:
+            found = await depends_on(j)
+            known[j] = None if found is None else list(found)
+            frontier.extend(known[j] or [])
+    cycle = dependency_cycle(job_id, spec, lambda j: known.get(j))
+    if cycle is not None:
+        raise Inadmissible(f"--dependency makes a cycle ({' -> '.join(cycle)}): the job would wait for itself for ever")

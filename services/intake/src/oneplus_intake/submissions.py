@@ -35,7 +35,7 @@ from oneplus_jobformats.errors import JobFormatError
 from oneplus_queueing.config import QueueConfig, QueueConfigError
 from pydantic import ValidationError
 
-from .admission import EmptyCluster, Inadmissible, admit
+from .admission import EmptyCluster, Inadmissible, admit, refuse_dependency_cycle
 
 log = logging.getLogger("oneplus.intake")
 
@@ -111,6 +111,13 @@ class Intake:
             return list(self._nodes.values())
         return [NodeRecord.model_validate_json(v) for v in await latest_values(self.svc.js, subjects.TOPOLOGY_KV)]
 
+    async def dependencies_of(self, job_id: str) -> list[str] | None:
+        """The job ids an existing job's dependencies name; None when there is no such job (or it has ended)."""
+        rec, _ = await self.svc.ledger.get(job_id)
+        if rec is None or rec.terminal:
+            return None  # an ended job waits for nothing: no cycle goes through it
+        return [j for d in rec.spec.dependencies for j in d.job_ids]
+
     async def reject(self, job_id: str, reason: str, source: str, team: str | None, status: int) -> Outcome:
         log.info("rejected %s: %s", job_id, reason)
         await self.svc.ledger.publish(
@@ -151,6 +158,7 @@ class Intake:
             return await self.reject(job_id, str(exc), source, caller.team, exc.code)
         try:
             admit(spec, await self.queue_config(), await self.nodes(), self.empty_cluster)
+            await refuse_dependency_cycle(job_id, spec, self.dependencies_of)
         except (Inadmissible, QueueConfigError, ValidationError) as exc:
             return await self.reject(job_id, str(exc), source, spec.team, CANNOT_RUN)
         event = JobAccepted(event_id=f"accepted-{job_id}", job_id=job_id, spec=spec, source=source, warnings=warnings)

@@ -165,6 +165,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         default=os.environ.get("ONEPLUS_SIMULATION", "").strip().lower() in {"1", "true", "yes"},
         help=f"a simulated node (ONEPLUS_SIMULATION=1): defaults --topology {SIMULATION_TOPOLOGY} --runtime simulated",
     )
+    p.add_argument(
+        "--address",
+        default=os.environ.get("ONEPLUS_NODE_ADDRESS") or None,
+        help="where other nodes reach this one (IP): jobs' containers resolve this node's name to it",
+    )
     p.add_argument("--heartbeat", type=float, default=float(os.environ.get("ONEPLUS_HEARTBEAT_S", "2")))
     p.add_argument(
         "--keep-finished",
@@ -196,7 +201,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 def main() -> None:
     a = parse_args()
     topo = load_topology(a.topology, a.node)
-    topo = topo.model_copy(update={"leaf": a.leaf or topo.leaf, "spine": a.spine or topo.spine})
+    topo = topo.model_copy(
+        update={"leaf": a.leaf or topo.leaf, "spine": a.spine or topo.spine, "address": a.address or topo.address}
+    )
     extra = [f.strip() for f in a.features.split(",") if f.strip()]
     topo = topo.model_copy(update={"features": sorted(node_features(topo.gpu_model, [*topo.features, *extra]))})
     svc, _ = create_executor(

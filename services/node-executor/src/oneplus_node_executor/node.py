@@ -47,9 +47,9 @@ from oneplus_reservations.store import RenewStatus
 from .gpu_health import GpuProbe, fold_probe, health_changes, heartbeat_gpus, probe_failed
 from .outbox import Outbox
 from .retention import FinishedRanks
-from .runtime.base import EngineUnavailable, LaunchFailed, RunningRanks, Runtime, StaleToken
+from .runtime.base import EngineUnavailable, LauncherRuntime, LaunchFailed, RunningRanks, Runtime, StaleToken
 from .runtime.docker import DockerRuntime
-from .runtime.environment import rank_environment
+from .runtime.environment import launcher_environment, rank_environment
 from .runtime.preemption import PreemptOutcome, preempt_with_checkpoint
 from .runtime.reconcile import ReconcilePlan, plan_reconcile, reconcile_node
 
@@ -67,6 +67,7 @@ FENCE_GRACE_S = 5.0  # SIGTERM → SIGKILL for ranks whose reservation is gone
 GPU_FREE_WAIT_S = STOP_GRACE_S + 5.0  # how long a launch waits for a fenced-out holder of its GPUs to exit
 STORE_RESET_WAIT_S = 20.0  # how long a launch waits for the solver to rebuild a reset reservation store
 REMEMBER_ENDS = 4096  # (job, token) attempts whose end this node recorded: a late launch of one starts nothing
+LAUNCHER_POLL_S = 0.5  # how often an MPIJob's first node asks whether every worker runs, before its launcher starts
 FENCED_OUT = "reservation lost (fenced out)"
 INFRA: Fault = "infrastructure"
 
@@ -214,6 +215,52 @@ class NodeExecutor:
                 token=cmd.token,
             )
         )
+        if cmd.spec.launcher is not None and cmd.node_rank == 0:
+            task = asyncio.create_task(self.run_launcher(cmd), name=f"launcher:{cmd.job_id}")
+            self.handshakes.add(task)
+            task.add_done_callback(self.handshakes.discard)
+
+    # -- an MPIJob's launcher ------------------------------------------------------------------------------------
+
+    async def workers_running(self, cmd: LaunchRanks) -> bool | None:
+        """Whether every node of the attempt has reported its ranks running; None: the attempt is over."""
+        rec, _ = await self.svc.ledger.get(cmd.job_id)
+        if rec is None:
+            return False
+        if rec.token != cmd.token or rec.terminal:
+            return None
+        return set(cmd.nodes) <= set(rec.nodes_running)
+
+    async def run_launcher(self, cmd: LaunchRanks) -> None:
+        """mpi-operator v2: the launcher starts once every worker runs; the job then ends with it (runtime.wait)."""
+        runtime = self.runtime
+        if not isinstance(runtime, LauncherRuntime):
+            log.warning(
+                "%s: runtime %s cannot start launchers; %s runs without one", self.node, runtime.name, cmd.job_id
+            )
+            return
+        while True:
+            if self.closing or self.tokens.get(cmd.job_id) != cmd.token or cmd.job_id not in self.alive:
+                return  # the ranks here ended (or were stopped) before every worker ran
+            try:
+                ready = await self.workers_running(cmd)
+            except Exception as exc:
+                log.warning("%s: asking whether the workers of %s run failed: %s", self.node, cmd.job_id, exc)
+                ready = False
+            if ready is None:
+                return
+            if ready:
+                break
+            await asyncio.sleep(LAUNCHER_POLL_S)
+        try:
+            await runtime.launch_launcher(cmd, launcher_environment(cmd))
+        except (EngineUnavailable, LaunchFailed) as exc:
+            infra = isinstance(exc, EngineUnavailable)
+            if isinstance(exc, EngineUnavailable):
+                await self.engine_down(exc)
+            self.stop_reasons[cmd.job_id] = (f"launch failed: launcher: {exc}", INFRA if infra else "job")
+            with contextlib.suppress(Exception):
+                await self.runtime.stop(cmd.job_id, grace_s=STOP_GRACE_S)
 
     async def current_token(self, job_id: str) -> int | None:
         """The reservation's token; a store found reset is given time to be rebuilt (then StoreResetPending)."""

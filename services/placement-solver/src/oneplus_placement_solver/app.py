@@ -454,7 +454,9 @@ class Solver:
         command sent again within its duplicate window: resending after a crash reaches only the nodes that missed
         it."""
         futures = []
-        for cmd in launch_commands(rec, alloc, token):
+        records = self.capacity.records
+        addresses = {n: a for n in alloc.nodes if n in records and (a := records[n].topology.address)}
+        for cmd in launch_commands(rec, alloc, token, addresses):
             if nodes is not None and cmd.node not in nodes:
                 continue
             headers = {"Nats-Msg-Id": cmd.command_id}

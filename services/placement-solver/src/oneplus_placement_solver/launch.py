@@ -3,14 +3,20 @@
 from __future__ import annotations
 
 import zlib
+from collections.abc import Mapping
 
 from oneplus_contracts import Allocation, JobRecord, LaunchRanks
 
 MASTER_PORT_BASE = 29500
 
 
-def launch_commands(rec: JobRecord, alloc: Allocation, token: int) -> list[LaunchRanks]:
+def launch_commands(
+    rec: JobRecord, alloc: Allocation, token: int, addresses: Mapping[str, str] | None = None
+) -> list[LaunchRanks]:
+    """`addresses`: node → address where the registry knows one (the containers' /etc/hosts entries)."""
     nodes = alloc.nodes
+    per_node = [sum(1 for r in alloc.ranks if r.node == n) for n in nodes]
+    hosts = {n: a for n, a in (addresses or {}).items() if n in nodes and a}
     # A port per job keeps two gangs that share a master node from colliding.
     port = MASTER_PORT_BASE + zlib.crc32(rec.job_id.encode()) % 2000
     cmds: list[LaunchRanks] = []
@@ -28,6 +34,8 @@ def launch_commands(rec: JobRecord, alloc: Allocation, token: int) -> list[Launc
                 nodes=nodes,
                 master_addr=nodes[0],
                 master_port=port,
+                ranks_per_node=per_node,
+                hosts=hosts,
                 resume_from_checkpoint_ts=rec.checkpoint_ts,
                 resume_progress_s=rec.progress_s,
             )

@@ -57,6 +57,9 @@ def attempt_outcome(rec: JobRecord, infra_retries: int = INFRA_RETRIES) -> Attem
             # Every rank finished its work by itself while the preemption was under way: nothing to resume.
             return AttemptOutcome("finish", "SUCCEEDED", "all ranks exited 0 (before the preemption stopped them)", 0)
         return AttemptOutcome("requeue", reason=rec.reason or "preempted")
+    launcher = _launcher_outcome(rec, infra_retries)
+    if launcher is not None:
+        return launcher
     if pending:
         if failed and not cancel_requested:
             node, code = next(iter(failed.items()))
@@ -83,3 +86,29 @@ def attempt_outcome(rec: JobRecord, infra_retries: int = INFRA_RETRIES) -> Attem
         node = next(n for n in causes if not _infra(rec, n))
         return AttemptOutcome("finish", "FAILED", _node_failed(rec, node, failed[node]), exit_code=failed[node])
     return AttemptOutcome("finish", "SUCCEEDED", "all ranks exited 0", exit_code=0)
+
+
+def _launcher_outcome(rec: JobRecord, infra_retries: int) -> AttemptOutcome | None:
+    """An MPIJob with a launcher ends with its launcher (mpi-operator v2): once the launcher's node (the first) has
+    reported, the other nodes' workers are stopped and their exit is not the job's. None: the general rule decides
+    (no launcher, the launcher still runs, or the launcher was itself stopped because a worker failed first)."""
+    if rec.spec.launcher is None or rec.allocation is None or rec.cancel_requested:
+        return None
+    first = rec.allocation.nodes[0]
+    if first not in rec.nodes_done or rec.node_reasons.get(first, "").startswith(STOPPED):
+        return None
+    if _infra(rec, first) and rec.nodes_done[first] != 0:
+        return None  # the platform ended the launcher's node: requeue or fail as for any node
+    code = rec.nodes_done[first]
+    why = rec.node_reasons.get(first) or f"launcher exited with code {code}"
+    pending = tuple(n for n in rec.allocation.nodes if n not in rec.nodes_done)
+    if pending:
+        return AttemptOutcome(
+            "stop_others",
+            reason=f"the launcher ended ({why}): stopping the workers",
+            stop_nodes=pending,
+            exit_code=code,
+        )
+    if code == 0:
+        return AttemptOutcome("finish", "SUCCEEDED", f"the launcher exited 0 on {first} ({why})", exit_code=0)
+    return AttemptOutcome("finish", "FAILED", f"the launcher on {first} exited with code {code}: {why}", exit_code=code)

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import Protocol, runtime_checkable
 
 from oneplus_contracts import LaunchRanks
 
@@ -69,3 +69,10 @@ class Runtime(Protocol):
     async def healthy(self) -> tuple[bool, str | None]: ...
 
     async def close(self) -> None: ...
+
+
+@runtime_checkable
+class LauncherRuntime(Protocol):
+    """A runtime that can start an MPIJob's launcher beside the ranks of its first node (the container runtime)."""
+
+    async def launch_launcher(self, cmd: LaunchRanks, env: dict[str, str]) -> None: ...

@@ -22,8 +22,15 @@ LABEL_TOKEN = "oneplus.token"
 LABEL_NODE = "oneplus.node"
 LABEL_MARKER = "oneplus.checkpoint_marker"
 LABEL_RESTART = "oneplus.restart_policy"
+LABEL_ROLE = "oneplus.role"  # "launcher": an MPIJob's launcher (its rank label is one past the last worker)
+LABEL_LAUNCHER_HERE = "oneplus.launcher_here"  # on the ranks of the node where their job's launcher runs
+ROLE_LAUNCHER = "launcher"
 
 _NAME_UNSAFE = re.compile(r"[^A-Za-z0-9_.-]")
+
+
+def launcher_name(job_id: str, token: int) -> str:
+    return f"oneplus-{_NAME_UNSAFE.sub('_', job_id)}-launcher-t{token}"
 
 
 def container_name(job_id: str, rank: int, token: int) -> str:
@@ -42,6 +49,12 @@ class RankIdentity:
     local_rank: int
     marker_path: str
     restart_policy: str
+    role: str = "rank"
+    launcher_here: bool = False
+
+    @property
+    def is_launcher(self) -> bool:
+        return self.role == ROLE_LAUNCHER
 
 
 def rank_labels(cmd: LaunchRanks, placement: RankPlacement, local_rank: int) -> dict[str, str]:
@@ -58,6 +71,8 @@ def rank_labels(cmd: LaunchRanks, placement: RankPlacement, local_rank: int) -> 
             LABEL_RESTART: cmd.spec.restart_policy,
         }
     )
+    if cmd.spec.launcher is not None and cmd.node_rank == 0:
+        labels[LABEL_LAUNCHER_HERE] = "true"
     return labels
 
 
@@ -74,6 +89,8 @@ def identity_from_labels(labels: dict[str, str] | None) -> RankIdentity | None:
             local_rank=int(labels.get(LABEL_LOCAL_RANK, "0")),
             marker_path=labels.get(LABEL_MARKER, ""),
             restart_policy=labels.get(LABEL_RESTART, "Never"),
+            role=labels.get(LABEL_ROLE, "rank"),
+            launcher_here=labels.get(LABEL_LAUNCHER_HERE) == "true",
         )
     except (KeyError, ValueError):
         return None
@@ -121,6 +138,8 @@ def container_body(
         host["CpusetCpus"] = cpuset
     if nano_cpus:
         host["NanoCpus"] = nano_cpus
+    if cmd.hosts:
+        host["ExtraHosts"] = extra_hosts(cmd)
     if gpu_node and placement.gpus:
         host["DeviceRequests"] = [gpu_device_request(placement.gpus)]
         # NCCL over InfiniBand pins memory; the default memlock limit makes registration fail.
@@ -143,4 +162,46 @@ def container_body(
             body["Entrypoint"] = list(cmd.spec.entrypoint) or [""]
         if cmd.spec.command:
             body["Cmd"] = list(cmd.spec.command)
+    return body
+
+
+def extra_hosts(cmd: LaunchRanks) -> list[str]:
+    """`/etc/hosts` entries (`name:address`) of the job's nodes whose address is known: MASTER_ADDR and an MPI
+    hostfile name nodes, and these make the names resolve inside the containers."""
+    return [f"{name}:{addr}" for name, addr in sorted(cmd.hosts.items())]
+
+
+def launcher_body(cmd: LaunchRanks, env: dict[str, str], *, network_mode: str) -> dict[str, Any]:
+    """The body of an MPIJob launcher's container: no GPU, the launcher's image and command, labelled as the job's
+    launcher (rank label one past the last worker, so that it is listed, stopped and removed with the ranks)."""
+    launcher = cmd.spec.launcher
+    assert launcher is not None, "only an MPIJob with a launcher has a launcher container"
+    labels = {k: v for k, v in cmd.spec.labels.items() if not k.startswith("oneplus.")}
+    labels.update(
+        {
+            LABEL_MANAGED: "true",
+            LABEL_JOB: cmd.job_id,
+            LABEL_RANK: str(cmd.world_size),
+            LABEL_LOCAL_RANK: "0",
+            LABEL_TOKEN: str(cmd.token),
+            LABEL_NODE: cmd.node,
+            LABEL_MARKER: checkpoint_marker(cmd),
+            LABEL_RESTART: "Never",
+            LABEL_ROLE: ROLE_LAUNCHER,
+        }
+    )
+    host: dict[str, Any] = {"NetworkMode": network_mode, "RestartPolicy": {"Name": "no"}}
+    if cmd.hosts:
+        host["ExtraHosts"] = extra_hosts(cmd)
+    body: dict[str, Any] = {
+        "Image": launcher.image or cmd.spec.image,
+        "Env": [f"{k}={v}" for k, v in sorted(env.items())],
+        "Labels": labels,
+        "StopSignal": "SIGTERM",
+        "HostConfig": host,
+    }
+    if launcher.entrypoint is not None:
+        body["Entrypoint"] = list(launcher.entrypoint) or [""]
+    if launcher.command:
+        body["Cmd"] = list(launcher.command)
     return body

@@ -7,9 +7,11 @@ labels (job, rank, fencing token, node), so a restarted executor finds, adopts o
 from __future__ import annotations
 
 import asyncio
+import io
 import json
 import math
 import tarfile
+import time
 from collections.abc import AsyncIterator, Callable, Iterable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
@@ -29,12 +31,14 @@ from .container_spec import (
     container_env,
     container_name,
     identity_from_labels,
+    launcher_body,
+    launcher_name,
 )
 from .cpuset import numa_cpuset
 from .docker_engine import engine_errors, ensure_image, unreachable
 from .docker_logs import merge_lines, split_lines
-from .environment import local_ranks, rank_environment, validate_launch
-from .exits import RankEnd, rank_end, should_restart, summarize
+from .environment import MPI_HOSTFILE, local_ranks, mpi_hostfile, rank_environment, validate_launch
+from .exits import RankEnd, describe_end, rank_end, should_restart, summarize
 
 # Engine states in which a container still counts as a live rank ("configured" is Podman's "created").
 LIVE_STATES = frozenset({"created", "configured", "running", "paused", "restarting"})
@@ -45,6 +49,8 @@ CpusetFor = Callable[[RankPlacement], str | None]
 
 # How long one wait call may block before the container's state is inspected again.
 WAIT_POLL_S = 5.0
+LAUNCHER_POLL_S = 0.5  # how often the launcher's node looks for the launcher until it exists
+LAUNCHER_STOP_GRACE_S = 5.0  # SIGTERM → SIGKILL for the workers once their launcher has ended
 
 
 @dataclass(frozen=True)
@@ -199,6 +205,31 @@ class DockerRuntime:
             await self._remove([c for c in await self._find(cmd.job_id) if c.identity.token == cmd.token])
             raise
 
+    async def launch_launcher(self, cmd: LaunchRanks, env: dict[str, str]) -> None:
+        """Start an MPIJob's launcher beside this node's ranks, with the workers' hostfile at /etc/mpi/hostfile.
+        Idempotent: a launcher of this token that exists already is left as it is."""
+        launcher = cmd.spec.launcher
+        if launcher is None:
+            return
+        existing = [c for c in await self._find(cmd.job_id) if c.identity.is_launcher and c.identity.token == cmd.token]
+        if existing and existing[0].state not in NOT_STARTED:
+            return
+        image = launcher.image or cmd.spec.image
+        await ensure_image(
+            self._client(), self.url, image, cmd.spec.pull_policy, node=self.node, pull_timeout_s=self.pull_timeout_s
+        )
+        body = launcher_body(cmd, env, network_mode=self.network_mode)
+        try:
+            async with self._engine("creating the launcher") as docker:
+                if existing:
+                    container = docker.containers.container(existing[0].id)
+                else:
+                    container = await docker.containers.create(body, name=launcher_name(cmd.job_id, cmd.token))
+                await container.put_archive("/", _hostfile_tar(mpi_hostfile(cmd)))  # type: ignore[no-untyped-call]
+                await container.start()
+        except aiodocker.DockerError as e:
+            raise LaunchFailed(f"starting the launcher of job {cmd.job_id} failed: {e.message}") from e
+
     async def _host_cpu_set(self) -> frozenset[int]:
         if self._host_cpus is None:
             async with self._engine("reading engine info") as docker:
@@ -246,16 +277,45 @@ class DockerRuntime:
 
     async def wait(self, job_id: str) -> RanksExit:
         ranks = await self._current(job_id)
+        if any(c.identity.is_launcher or c.identity.launcher_here for c in ranks):
+            return await self._wait_with_launcher(job_id, ranks)
         ends = await asyncio.gather(*(self._wait_rank(c) for c in ranks))
-        code, reason = summarize(list(ends), stopped_reason=self._stopping.get(job_id))
+        return await self._ranks_exit(job_id, list(ends))
+
+    async def _ranks_exit(self, job_id: str, ends: list[RankEnd], reason: str | None = None) -> RanksExit:
+        code, said = summarize(ends, stopped_reason=self._stopping.get(job_id))
         ack = await self.checkpoint_acknowledged(job_id)
         return RanksExit(
             exit_code=code,
-            reason=reason,
+            reason=said if reason is None or job_id in self._stopping else reason,
             per_rank={e.rank: e.exit_code for e in ends},
             checkpointed=ack is not None,
             checkpoint_ts=ack,
         )
+
+    async def _wait_with_launcher(self, job_id: str, ranks: list[RankContainer]) -> RanksExit:
+        """An MPIJob on its launcher's node: the job's end here is the launcher's (mpi-operator v2). Until the launcher
+        exists, a worker that ends by itself ends the wait; once it has ended, the workers here are stopped."""
+        workers = [c for c in ranks if not c.identity.is_launcher]
+        token = max(c.identity.token for c in ranks)
+        workers_done = asyncio.ensure_future(asyncio.gather(*(self._wait_rank(c) for c in workers)))
+        try:
+            launcher = next((c for c in ranks if c.identity.is_launcher), None)
+            while launcher is None:
+                done, _ = await asyncio.wait({workers_done}, timeout=LAUNCHER_POLL_S)
+                if done:
+                    return await self._ranks_exit(job_id, list(workers_done.result()))
+                found = await self._find(job_id)
+                launcher = next((c for c in found if c.identity.is_launcher and c.identity.token == token), None)
+            end = await self._wait_rank(launcher)
+        finally:
+            if not workers_done.done():
+                workers_done.cancel()
+        # The workers (sshd, typically) never end by themselves: stop the ones here; their exit is not the job's.
+        live = [c for c in await self._find(job_id) if c.state in LIVE_STATES and not c.identity.is_launcher]
+        await asyncio.gather(*(self._stop_one(c, LAUNCHER_STOP_GRACE_S) for c in live))
+        said = describe_end(end).replace(f"rank {end.rank}", "the launcher", 1)
+        return await self._ranks_exit(job_id, [end], reason=f"{said} (the job ends with its launcher)")
 
     async def _wait_rank(self, c: RankContainer) -> RankEnd:
         """Wait for one rank; restart it while its policy says so and the executor is not stopping the job."""
@@ -400,7 +460,7 @@ class DockerRuntime:
         for c in ranks:
             async with self._engine("reading logs") as docker:
                 chunks = await docker.containers.container(c.id).log(stdout=True, stderr=True)
-            prefix = f"[rank {c.identity.rank}] " if rank is None else ""
+            prefix = _log_prefix(c) if rank is None else ""
             out.extend(prefix + line for line in "".join(chunks).splitlines())
         return out
 
@@ -411,7 +471,7 @@ class DockerRuntime:
 
         def follow(c: RankContainer) -> AsyncIterator[str]:
             chunks: AsyncIterator[str] = docker.containers.container(c.id).log(stdout=True, stderr=True, follow=True)
-            prefix = f"[rank {c.identity.rank}] " if rank is None else ""
+            prefix = _log_prefix(c) if rank is None else ""
             return split_lines(chunks, prefix)
 
         try:
@@ -419,3 +479,22 @@ class DockerRuntime:
                 yield line
         except (aiohttp.ClientError, OSError) as e:
             raise unreachable(self.url, "following logs", str(e) or type(e).__name__) from e
+
+
+def _log_prefix(c: RankContainer) -> str:
+    return "[launcher] " if c.identity.is_launcher else f"[rank {c.identity.rank}] "
+
+
+def _hostfile_tar(text: str) -> bytes:
+    """A tar of the MPI hostfile, for the engine's archive upload into the launcher before it starts."""
+    data = text.encode()
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w") as tar:
+        for d in ("etc", "etc/mpi"):
+            info = tarfile.TarInfo(d)
+            info.type, info.mode, info.mtime = tarfile.DIRTYPE, 0o755, int(time.time())
+            tar.addfile(info)
+        info = tarfile.TarInfo(MPI_HOSTFILE.lstrip("/"))
+        info.size, info.mode, info.mtime = len(data), 0o644, int(time.time())
+        tar.addfile(info, io.BytesIO(data))
+    return buf.getvalue()

@@ -50,6 +50,8 @@ def framework_environment(
     rank-0 replica; PET_NPROC_PER_NODE comes from the manifest (default auto). A PyTorchJob's WORLD_SIZE is
     replicas x nprocPerNode when that is a number (the operator's rule), else the replica count.
     """
+    if framework == "mpijob":
+        return {MPI_ROLE_KEY: "worker"}
     if framework not in ("pytorchjob", "trainjob"):
         return {}
     out = {
@@ -65,6 +67,53 @@ def framework_environment(
         if nproc.isascii() and nproc.isdigit():
             out["WORLD_SIZE"] = str(world_size * int(nproc))
     return out
+
+
+# mpi-operator v2: where the launcher finds its hostfile, and the variables it gives Open MPI (and Intel MPI/MPICH).
+MPI_HOSTFILE = "/etc/mpi/hostfile"
+MPI_ROLE_KEY = "K_MPI_JOB_ROLE"
+
+
+def mpi_hostfile(cmd: LaunchRanks) -> str:
+    """The workers as mpi-operator writes them: `<host> slots=<slotsPerWorker>` per worker; OnePlus's workers are its
+    ranks, named by their node (ranks that share a node are one line with their slots added)."""
+    slots = cmd.spec.launcher.slots_per_worker if cmd.spec.launcher else 1
+    counts = cmd.ranks_per_node or _even_split(cmd.world_size, len(cmd.nodes))
+    return "".join(f"{node} slots={slots * n}\n" for node, n in zip(cmd.nodes, counts, strict=False) if n > 0)
+
+
+def _even_split(world: int, nodes: int) -> list[int]:
+    if nodes <= 0:
+        return []
+    base, extra = divmod(world, nodes)
+    return [base + (1 if i < extra else 0) for i in range(nodes)]
+
+
+def launcher_environment(cmd: LaunchRanks) -> dict[str, str]:
+    """The launcher's environment: the job's env, the launcher's own, and what mpi-operator v2 sets for mpirun."""
+    launcher = cmd.spec.launcher
+    slots = launcher.slots_per_worker if launcher else 1
+    env = {**cmd.spec.env, **(launcher.env if launcher else {})}
+    env.update(
+        {
+            MPI_ROLE_KEY: "launcher",
+            "OMPI_MCA_orte_default_hostfile": MPI_HOSTFILE,
+            "OMPI_MCA_orte_keep_fqdn_hostnames": "true",
+            "OMPI_MCA_orte_set_default_slots": str(slots),
+            "OMPI_MCA_plm_rsh_args": "-o ConnectionAttempts=10",
+            "OMPI_MCA_rmaps_base_oversubscribe": "true",
+            "I_MPI_HYDRA_HOST_FILE": MPI_HOSTFILE,
+            "HYDRA_HOST_FILE": MPI_HOSTFILE,
+            "NVIDIA_VISIBLE_DEVICES": "void",
+            "CUDA_VISIBLE_DEVICES": "",
+            "ONEPLUS_JOB_ID": cmd.job_id,
+            "ONEPLUS_TOKEN": str(cmd.token),
+            "ONEPLUS_NODE": cmd.node,
+            "WORLD_SIZE": str(cmd.world_size),
+            "NNODES": str(max(len(cmd.nodes), 1)),
+        }
+    )
+    return env
 
 
 def checkpoint_marker(cmd: LaunchRanks) -> str:
