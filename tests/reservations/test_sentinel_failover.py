@@ -56,6 +56,26 @@ SERVICE = "oneplus"
 DOWN_AFTER_MS = 1000
 
 
+SENTINEL_CONF = Path(__file__).resolve().parents[2] / "deploy" / "redis" / "sentinel.conf"
+
+
+def sentinel_conf(port: int, primary_port: int, password: str, workdir: Path) -> str:
+    """deploy/redis/sentinel.conf on loopback ports, with a shorter down-after, and the ACL lines it documents."""
+    text = SENTINEL_CONF.read_text()
+    swaps = {
+        "port 26379\n": f"port {port}\nbind 127.0.0.1\ndir {workdir}\n",
+        f"sentinel monitor {SERVICE} redis 6379 2\n": f"sentinel monitor {SERVICE} 127.0.0.1 {primary_port} 2\n",
+        f"down-after-milliseconds {SERVICE} 5000\n": f"down-after-milliseconds {SERVICE} {DOWN_AFTER_MS}\n",
+        f"sentinel failover-timeout {SERVICE} 60000\n": f"sentinel failover-timeout {SERVICE} 10000\n",
+        f"#   sentinel auth-user {SERVICE} sentinel\n": f"sentinel auth-user {SERVICE} sentinel\n",
+        f"#   sentinel auth-pass {SERVICE} <the sentinel user's password>\n": f"sentinel auth-pass {SERVICE} {password}\n",  # noqa: E501
+    }
+    for old, new in swaps.items():
+        assert old in text, f"deploy/redis/sentinel.conf: no line {old.strip()!r}"
+        text = text.replace(old, new)
+    return text
+
+
 @dataclass
 class SentinelCluster:
     workdir: Path
@@ -92,14 +112,7 @@ class SentinelCluster:
 
     def start_sentinel(self, i: int, port: int) -> None:
         conf = self.workdir / f"sentinel-{i}.conf"  # a sentinel rewrites its own file: one each
-        conf.write_text(
-            f"port {port}\nbind 127.0.0.1\ndir {self.workdir}\n"
-            f"sentinel monitor {SERVICE} 127.0.0.1 {self.primary_port} 2\n"
-            f"sentinel auth-user {SERVICE} sentinel\nsentinel auth-pass {SERVICE} {self.passwords['sentinel']}\n"
-            f"sentinel down-after-milliseconds {SERVICE} {DOWN_AFTER_MS}\n"
-            f"sentinel failover-timeout {SERVICE} 10000\n"
-            f"sentinel parallel-syncs {SERVICE} 1\n"
-        )
+        conf.write_text(sentinel_conf(port, self.primary_port, self.passwords["sentinel"], self.workdir))
         name = f"sentinel-{i}"
         self.procs[name] = spawn([find_redis_server(), str(conf), "--sentinel"], self.workdir / f"{name}.log")
         wait_port(port, proc=self.procs[name])
@@ -362,3 +375,56 @@ async def test_the_store_follows_a_sentinel_failover_and_never_goes_back(
 
 async def _has(r: aioredis.Redis, key: str) -> bool:
     return bool(await r.exists(key))
+
+
+# -- the deployment files ------------------------------------------------------------------------------------------
+def test_the_compose_sentinel_override_matches_the_sentinel_conf() -> None:
+    """deploy/redis/compose.sentinel.yaml over compose.yaml, checked without Docker: the services that use Redis go
+    through the three sentinels, under the name sentinel.conf monitors; every container has a health check."""
+    import yaml
+
+    root = Path(__file__).resolve().parents[2]
+    base = yaml.safe_load((root / "compose.yaml").read_text())["services"]
+    over = yaml.safe_load((root / "deploy" / "redis" / "compose.sentinel.yaml").read_text())["services"]
+    conf = SENTINEL_CONF.read_text()
+    monitor = next(line.split() for line in conf.splitlines() if line.startswith("sentinel monitor "))
+    assert monitor[2:5] == [SERVICE, "redis", "6379"] and "redis" in base
+    sentinels = sorted(name for name in over if name.startswith("sentinel-"))
+    assert len(sentinels) == 3 and int(monitor[5]) == 2  # quorum 2 of 3
+    for name in sentinels:
+        assert "/etc/redis/sentinel.conf" in over[name]["volumes"][0] and "--sentinel" in over[name]["command"][-1]
+    replicas = [name for name in over if name.startswith("redis-replica-")]
+    assert len(replicas) == 2 and all("--replicaof" in over[r]["command"] for r in replicas)
+    for name in base:
+        if name == "placement-solver" or name.startswith("executor-"):  # the services that use Redis
+            env = over[name]["environment"]
+            assert parse_sentinels(env["REDIS_SENTINELS"]) == tuple((s, 26379) for s in sentinels), name
+            assert env["REDIS_SENTINEL_SERVICE"] == SERVICE, name
+    for name, svc in over.items():
+        merged = {**base.get(name, {}), **svc}
+        assert merged.get("healthcheck", {}).get("test"), f"{name} has no health check"
+        for dep in svc.get("depends_on", {}):
+            assert dep in over or dep in base, f"{name} -> {dep}"
+
+
+def test_the_kubernetes_services_reach_redis_through_its_sentinels() -> None:
+    import yaml
+
+    base = Path(__file__).resolve().parents[2] / "deploy" / "k8s" / "base"
+    docs = [d for f in sorted(base.glob("*.yaml")) for d in yaml.safe_load_all(f.read_text()) if d]
+    conf = next(d for d in docs if d["kind"] == "ConfigMap" and d["metadata"]["name"] == "oneplus-redis-config")
+    monitor = next(line.split() for line in conf["data"]["sentinel.conf"].splitlines() if "sentinel monitor" in line)
+    sts = next(d for d in docs if d["kind"] == "StatefulSet" and d["metadata"]["name"] == "oneplus-redis")
+    pods = [f"oneplus-redis-{i}.oneplus-redis" for i in range(sts["spec"]["replicas"])]
+    seen = 0
+    for d in docs:
+        if d["kind"] not in ("Deployment", "DaemonSet"):
+            continue
+        for c in d["spec"]["template"]["spec"]["containers"]:
+            env = {e["name"]: e.get("value") for e in c.get("env", [])}
+            assert "REDIS_URL" not in env, f"{d['metadata']['name']}: a fixed primary does not follow a failover"
+            if "REDIS_SENTINELS" in env:
+                seen += 1
+                assert parse_sentinels(env["REDIS_SENTINELS"]) == tuple((p, 26379) for p in pods)
+                assert RedisSettings.from_env(env).wait_replicas == 1 and env["REDIS_SENTINEL_SERVICE"] == monitor[2]
+    assert seen >= 2  # the solver and the executor at least
