@@ -13,7 +13,6 @@ from collections.abc import AsyncIterator
 
 import aiodocker
 import pytest
-from conftest import remove_node_containers
 from executor_engine_support import BUSYBOX, new_job_id
 from oneplus_contracts import JobSpec, LaunchRanks, RankPlacement
 from oneplus_node_executor.runtime.docker import DockerRuntime
@@ -73,7 +72,8 @@ async def second_node(engine_url: str) -> AsyncIterator[DockerRuntime]:
     try:
         yield rt
     finally:
-        await remove_node_containers(engine_url, name)
+        for ranks in await rt.list_managed():
+            await rt.remove(ranks.job_id)
         await rt.close()
 
 
