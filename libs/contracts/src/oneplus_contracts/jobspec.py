@@ -109,6 +109,19 @@ class SimulatedRun(Strict):
     )
 
 
+class SlurmBatch(Strict):
+    """A Slurm batch job (framework "sbatch"): its script runs once, on the node of rank 0, with the Slurm batch
+    environment; `srun` in it starts step tasks on the job's nodes. What the batch environment needs:"""
+
+    job_name: str = Field(description="SLURM_JOB_NAME: the name as given to sbatch")
+    ntasks: Annotated[int, Field(ge=1)] = Field(description="SLURM_NTASKS: tasks of the allocation")
+    ntasks_per_node: Annotated[int, Field(ge=1)] = Field(description="SLURM_NTASKS_PER_NODE; what one step may use")
+    cpus_per_task: Annotated[int, Field(ge=1)] | None = Field(default=None, description="SLURM_CPUS_PER_TASK")
+    submit_dir: str | None = Field(default=None, description="SLURM_SUBMIT_DIR: where sbatch ran")
+    partition: str | None = Field(default=None, description="SLURM_JOB_PARTITION: as given to sbatch")
+    account: str | None = Field(default=None, description="SLURM_JOB_ACCOUNT: as given to sbatch")
+
+
 DependencyType = Literal["after", "afterok", "afterany", "afternotok"]
 
 
@@ -157,6 +170,9 @@ class JobSpec(Strict):
     framework: Framework | None = Field(
         default=None, description="Whose rank environment to add (pytorchjob/trainjob: torchrun's PET_* variables)"
     )
+    slurm: SlurmBatch | None = Field(
+        default=None, description="A Slurm batch job's allocation (framework 'sbatch'): batch environment and srun"
+    )
     env: dict[str, str] = Field(default_factory=dict)
     time_limit_s: Annotated[int, Field(gt=0)] | None = None
     min_runtime_s: Annotated[int, Field(ge=0)] = 0
@@ -199,6 +215,8 @@ class JobSpec(Strict):
                 raise ValueError(f"group_gpus={g} must divide or be a multiple of gpus per rank ({per_rank})")
         if self.launcher is not None and self.framework != "mpijob":
             raise ValueError("a launcher is an MPIJob's (framework mpijob)")
+        if self.slurm is not None and self.framework != "sbatch":
+            raise ValueError("slurm (a batch allocation) is an sbatch job's (framework sbatch)")
         r = self.resources
         if r.cpu_limit is not None and r.cpus > r.cpu_limit:
             raise ValueError(f"cpus={r.cpus:g} (the request) is more than cpu_limit={r.cpu_limit:g}")

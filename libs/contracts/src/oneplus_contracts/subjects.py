@@ -99,6 +99,16 @@ def node_commands_of(node: str) -> str:
     return f"{PREFIX}.cmd.node.{node}.*"
 
 
+def slurm_step(node: str) -> str:
+    """Core NATS request to a node's executor: run its tasks of a Slurm job step (srun in a batch script)."""
+    return f"{PREFIX}.ops.node.{node}.slurm-step"
+
+
+def slurm_release(node: str) -> str:
+    """Core NATS request to a node's executor: the batch script ended, release the job's holders there."""
+    return f"{PREFIX}.ops.node.{node}.slurm-release"
+
+
 PREEMPTION_REQUEST = f"{PREFIX}.cmd.preemption.request"
 
 

@@ -7,6 +7,7 @@ splits each node's GPUs evenly among its tasks, then one rank per task. A job wi
 from __future__ import annotations
 
 import hashlib
+import os
 import re
 import signal as _signal
 import unicodedata
@@ -50,11 +51,16 @@ def parse_sbatch(
     filename: str = "<stdin>",
     script_args: Sequence[str] = (),
     site: SiteMap | None = None,
+    submit_dir: str | None = None,
 ) -> Translation:
     """Translate an sbatch script; `cli_args` are sbatch options that override the script's directives.
 
     `script_args` are the arguments after the script on sbatch's command line ($1, $2, ... inside the script).
     `site` maps the site's QOS, partitions and accounts (default: the file named by ONEPLUS_SITE_FILE).
+    `submit_dir` is SLURM_SUBMIT_DIR (default: this process's working directory, where sbatch runs).
+
+    The job is a Slurm batch job (framework "sbatch"): its script runs once, on the node of rank 0, with the Slurm
+    batch environment; the other ranks hold the allocation and run the tasks of the script's `srun` steps.
     """
     try:
         site = site if site is not None else site_from_env()
@@ -75,9 +81,22 @@ def parse_sbatch(
     gang_fields(job, fields)
     _limits(job, fields)
     dependency_fields(job, fields)
+    _batch(job, fields, submit_dir)
     _report_unused(job)
     spec = spec_from_fields(fields, filename=filename, origin=_origin(job))
     return Translation(spec=spec, warnings=sorted(job.warnings, key=_by_line), kind="sbatch")
+
+
+def _batch(job: SbatchJob, fields: dict[str, Any], submit_dir: str | None) -> None:
+    """What the batch environment needs beyond the ranks (gang_fields put ntasks and ntasks_per_node)."""
+    fields["framework"] = "sbatch"
+    slurm: dict[str, Any] = fields.setdefault("slurm", {})
+    slurm["job_name"] = job.value("job-name") or fields["name"]
+    slurm["submit_dir"] = submit_dir if submit_dir is not None else os.getcwd()
+    for key, option in (("partition", "partition"), ("account", "account")):
+        given = job.value(option)
+        if given:
+            slurm[key] = given
 
 
 def _by_line(warning: str) -> tuple[int, int]:
@@ -248,12 +267,12 @@ def _checkpoint(job: SbatchJob, opt: Option) -> dict[str, Any]:
     """`--signal=[{R|B}:]<sig>[@<secs>]`: the checkpoint signal and the grace before the end."""
     text = (opt.value or "").strip()
     where, colon, rest = text.partition(":")
-    if colon and where in ("R", "B", "RB", "BR"):
-        if "B" in where:
-            job.warn(opt, "B: (batch shell only) is not kept; OnePlus signals every rank")
-        if "R" in where:
+    flags = where if colon and where in ("R", "B", "RB", "BR") else ""
+    if flags:
+        if "R" in flags:
             job.warn(opt, "the R: flag is not used by OnePlus")
         text = rest
+    # B: or not, OnePlus signals the batch shell (B:'s meaning), not the tasks of srun steps (docs/submitting.md).
     sig, at, secs = text.partition("@")
     grace = 60  # sbatch(1): the default sig_time
     if at:

@@ -144,6 +144,11 @@ def gang_fields(job: SbatchJob, fields: dict[str, Any]) -> None:
         resources["memory_limit_mb"] = resources["memory_mb"]
     fields["ranks"] = ranks
     fields["resources"] = resources
+    # The allocation the batch environment describes and a step (srun) may use: tasks and tasks per node.
+    slurm: dict[str, Any] = fields.setdefault("slurm", {})
+    slurm.update({"ntasks": tasks, "ntasks_per_node": per_node or -(-tasks // nodes)})
+    if cpus_per_task:
+        slurm["cpus_per_task"] = cpus_per_task
     if nodes_given == 1 and ranks > 1:
         fields["topology"] = {"domain": "node", "mode": "required"}
     if whole_node:

@@ -25,6 +25,7 @@ from oneplus_contracts.features import node_features
 from .gpu_health import GpuProbe, nvml_probe
 from .node import KEEP_FINISHED, NodeExecutor
 from .outbox import state_dir_from_env
+from .runtime import slurm
 from .runtime.base import Runtime
 from .runtime.docker import DockerRuntime
 
@@ -95,6 +96,15 @@ def create_executor(
     @svc.ops("node-logs", f"{subjects.PREFIX}.ops.node.{node}.logs")
     async def node_logs(payload: dict[str, Any], headers: dict[str, str]) -> dict[str, Any]:
         return await ex.logs(payload)
+
+    # A Slurm batch job's steps: the batch node asks the others to run their tasks, then to release their holders.
+    @svc.ops("slurm-step", subjects.slurm_step(node))
+    async def slurm_step(payload: dict[str, Any], headers: dict[str, str]) -> slurm.NodeStepReply:
+        return await slurm.serve_node_step(ex.runtime, payload)
+
+    @svc.ops("slurm-release", subjects.slurm_release(node))
+    async def slurm_release(payload: dict[str, Any], headers: dict[str, str]) -> dict[str, int]:
+        return await slurm.serve_release(ex.runtime, payload)
 
     svc.on_start(ex.start)
     svc.background(ex.heartbeat_loop)

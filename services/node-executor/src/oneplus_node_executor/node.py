@@ -47,6 +47,7 @@ from oneplus_reservations.store import RenewStatus
 from .gpu_health import GpuProbe, fold_probe, health_changes, heartbeat_gpus, probe_failed
 from .outbox import Outbox
 from .retention import FinishedRanks
+from .runtime import slurm
 from .runtime.base import EngineUnavailable, LauncherRuntime, LaunchFailed, RunningRanks, Runtime, StaleToken
 from .runtime.docker import DockerRuntime
 from .runtime.environment import launcher_environment, rank_environment
@@ -201,6 +202,10 @@ class NodeExecutor:
             await self.node_finished(cmd.job_id, cmd.token, LAUNCH_FAILED_EXIT, f"launch failed: {exc}")
             return
         self.start_watch(cmd.job_id, cmd.token, gpus)
+        steps = slurm.start_step_server(self.runtime, cmd, self.svc.nc)  # a Slurm batch job's srun, on its batch node
+        if steps is not None:
+            self.handshakes.add(steps)
+            steps.add_done_callback(self.handshakes.discard)
         try:
             status = await self.rstore().renew_status(cmd.job_id, cmd.token, LEASE_S)
         except Exception as exc:  # the heartbeat renews it; the ranks run either way

@@ -15,12 +15,14 @@ import time
 from collections.abc import AsyncIterator, Callable, Iterable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import aiodocker
 import aiohttp
 from oneplus_contracts import LaunchRanks, NodeTopology, RankPlacement
 
+from . import slurm
 from .base import EngineUnavailable, LaunchFailed, RanksExit, RunningRanks, StaleToken
 from .container_spec import (
     LABEL_JOB,
@@ -80,6 +82,7 @@ class DockerRuntime:
         max_restarts: int = 3,
         pull_timeout_s: float = 600.0,
         ping_timeout_s: float = 3.0,
+        slurm_spool_root: Path | None = None,
     ) -> None:
         self.url = url
         self.topology = node_topology
@@ -94,6 +97,7 @@ class DockerRuntime:
         self._cpuset_for = cpuset_for
         self._host_cpus = frozenset(host_cpus) if host_cpus is not None else None
         self._docker: aiodocker.Docker | None = None
+        self.slurm_spool_root = slurm_spool_root or slurm.spool_root()  # srun's requests (Slurm batch jobs)
         self._restarts: dict[str, int] = {}  # container id → restarts done by this runtime
         self._stopping: dict[str, str] = {}  # job id → why the executor stopped it
         self._marker_baseline: dict[str, float | None] = {}  # container id → marker mtime when signalled
@@ -253,6 +257,9 @@ class DockerRuntime:
             cpuset=cpuset,
             nano_cpus=nano,
         )
+        if slurm.is_batch_job(cmd.spec):  # the batch script on rank 0, holders elsewhere, srun mounted in all
+            spool = slurm.prepare_spool(self.slurm_spool_root, cmd.job_id, cmd.token) if p.rank == 0 else None
+            slurm.adjust_body(body, cmd, p, spool)
         name = container_name(cmd.job_id, p.rank, cmd.token)
         try:
             async with self._engine("creating a container") as docker:
@@ -417,6 +424,7 @@ class DockerRuntime:
         await self._remove(found)
         if token is None:
             self._stopping.pop(job_id, None)
+        slurm.remove_spools(self.slurm_spool_root, job_id, token)
         return len(found)
 
     async def _remove(self, containers: list[RankContainer]) -> None:

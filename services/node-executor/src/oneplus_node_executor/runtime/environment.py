@@ -9,6 +9,8 @@ from collections.abc import Iterable
 
 from oneplus_contracts import LaunchRanks, NodeTopology, RankPlacement
 
+from .slurm import allocation_environment as slurm_environment
+
 DEFAULT_CHECKPOINT_MARKER = "/tmp/oneplus-checkpoint"
 
 # Variables the platform owns: a job's own env never overrides them (the gang would not rendezvous).
@@ -215,6 +217,8 @@ def rank_environment(
                 master_port=cmd.master_port,
             )
         )
+        if cmd.spec.framework == "sbatch":
+            env.update(slurm_environment(cmd, p))  # the Slurm batch job's allocation (runtime/slurm.py)
         if p.gpu_milli:
             env["ONEPLUS_GPU_MILLI"] = str(p.gpu_milli)
         if cmd.resume_from_checkpoint_ts is not None:

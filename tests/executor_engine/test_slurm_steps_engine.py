@@ -1,0 +1,131 @@
+"""A two-node Slurm batch job on the real engine: the script runs once, `srun` runs its tasks on both nodes.
+
+Two executor nodes on the one engine (their containers told apart by the node label); the batch node's step server
+reaches the other node's runtime directly, where the service uses the executors' NATS request subjects.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import pytest
+from oneplus_contracts import LaunchRanks, RankPlacement
+from oneplus_jobformats.sbatch import parse_sbatch
+from oneplus_node_executor.runtime import slurm
+from oneplus_node_executor.runtime.docker import DockerRuntime
+from oneplus_node_executor.runtime.environment import rank_environment
+
+pytestmark = pytest.mark.engine
+
+BATCH = """#!/bin/sh
+#SBATCH --nodes=2
+#SBATCH --ntasks-per-node=1
+#SBATCH --mem=64M
+echo "batch on $SLURMD_NODENAME procid=$SLURM_PROCID nnodes=$SLURM_NNODES ntasks=$SLURM_NTASKS"
+srun sh -c 'echo task $SLURMD_NODENAME $SLURM_PROCID step=$SLURM_STEP_ID of $SLURM_STEP_NUM_TASKS'
+echo "srun exit $?"
+srun -l sh -c 'echo labelled; exit $SLURM_PROCID'
+echo "srun exit $?"
+srun --pty sh
+echo "srun exit $?"
+srun -n 3 sh -c 'echo never'
+echo "srun exit $?"
+echo "batch done"
+"""
+
+
+@pytest.fixture
+async def two_nodes(engine_url: str, tmp_path: Path) -> AsyncIterator[dict[str, DockerRuntime]]:
+    stem = "slurm-" + uuid.uuid4().hex[:6]
+    names = [f"{stem}-a", f"{stem}-b"]
+    runtimes = {n: DockerRuntime(engine_url, node=n, slurm_spool_root=tmp_path / "spool") for n in names}
+    try:
+        yield runtimes
+    finally:
+        for rt in runtimes.values():
+            for ranks in await rt.list_managed():
+                await rt.remove(ranks.job_id)
+            await rt.close()
+
+
+def node_launch(spec_script: str, job_id: str, nodes: list[str], node_rank: int) -> LaunchRanks:
+    spec = parse_sbatch(spec_script, filename="steps.sh", submit_dir="/home/me").spec
+    node = nodes[node_rank]
+    return LaunchRanks(
+        job_id=job_id,
+        node=node,
+        token=1,
+        spec=spec,
+        ranks=[RankPlacement(rank=node_rank, node=node, gpus=[], cpus=1, memory_mb=64)],
+        world_size=len(nodes),
+        node_rank=node_rank,
+        nodes=nodes,
+        master_addr=nodes[0],
+    )
+
+
+async def test_batch_script_runs_once_and_srun_runs_a_task_per_node(two_nodes: dict[str, DockerRuntime]) -> None:
+    nodes = list(two_nodes)
+    job_id = "job-" + uuid.uuid4().hex[:10]
+    cmds = [node_launch(BATCH, job_id, nodes, i) for i in range(2)]
+    for cmd in reversed(cmds):  # the holders first, as a launch that reaches node b before node a would
+        await two_nodes[cmd.node].launch(cmd, rank_environment(cmd, None))
+
+    async def transport(node: str, step: slurm.NodeStep) -> slurm.NodeStepReply:
+        return await slurm.run_tasks(two_nodes[node], step)
+
+    async def release(node: str, rel: slurm.Release) -> None:
+        await slurm.release_holders(two_nodes[node], rel.job_id)
+
+    batch = two_nodes[nodes[0]]
+    spool = slurm.spool_dir(batch.slurm_spool_root, job_id, 1)
+    server = asyncio.create_task(slurm.StepServer(batch, cmds[0], spool, transport, release).run())
+    ends = await asyncio.wait_for(asyncio.gather(*(two_nodes[n].wait(job_id) for n in nodes)), 90)
+    await asyncio.wait_for(server, 10)
+    lines = await batch.logs(job_id, 0, follow=False)
+    a, b = nodes
+    assert lines == [
+        f"batch on {a} procid=0 nnodes=2 ntasks=2",
+        f"task {a} 0 step=0 of 2",
+        f"task {b} 1 step=0 of 2",
+        "srun exit 0",
+        "0: labelled",
+        "1: labelled",
+        "srun exit 1",  # the worst task's status
+        "srun: error: unrecognized option '--pty' (OnePlus's srun takes -n, -N, --ntasks-per-node and -l; "
+        "see docs/submitting.md)",
+        "srun exit 1",
+        "srun: error: 3 tasks are more than the allocation: 2 node(s) x 1 task(s) per node",
+        "srun exit 1",
+        "batch done",
+    ]
+    # The batch script's end is the job's: the holders were released and exit 0 on both nodes.
+    assert [(e.exit_code, e.per_rank) for e in ends] == [(0, {0: 0}), (0, {1: 0})]
+    assert list(spool.iterdir()) == []
+
+
+async def test_a_failing_batch_script_fails_its_node_and_releases_the_other(
+    two_nodes: dict[str, DockerRuntime],
+) -> None:
+    nodes = list(two_nodes)
+    job_id = "job-" + uuid.uuid4().hex[:10]
+    script = "#!/bin/sh\n#SBATCH --nodes=2\n#SBATCH --ntasks-per-node=1\nsrun true && exit 7\n"
+    cmds = [node_launch(script, job_id, nodes, i) for i in range(2)]
+    for cmd in cmds:
+        await two_nodes[cmd.node].launch(cmd, rank_environment(cmd, None))
+
+    async def transport(node: str, step: slurm.NodeStep) -> slurm.NodeStepReply:
+        return await slurm.run_tasks(two_nodes[node], step)
+
+    async def release(node: str, rel: slurm.Release) -> None:
+        await slurm.release_holders(two_nodes[node], rel.job_id)
+
+    batch = two_nodes[nodes[0]]
+    spool = slurm.spool_dir(batch.slurm_spool_root, job_id, 1)
+    server = asyncio.create_task(slurm.StepServer(batch, cmds[0], spool, transport, release).run())
+    ends = await asyncio.wait_for(asyncio.gather(*(two_nodes[n].wait(job_id) for n in nodes)), 90)
+    await asyncio.wait_for(server, 10)
+    assert [e.exit_code for e in ends] == [7, 0]

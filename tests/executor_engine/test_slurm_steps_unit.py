@@ -1,0 +1,285 @@
+"""Slurm batch jobs without an engine: the allocation's environment, srun's options and layout, the shim's protocol."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import shutil
+from pathlib import Path
+
+import pytest
+from oneplus_contracts import LaunchRanks, RankPlacement
+from oneplus_jobformats.sbatch import parse_sbatch
+from oneplus_node_executor.runtime import slurm
+from oneplus_node_executor.runtime.container_spec import container_body
+from oneplus_node_executor.runtime.environment import rank_environment
+from oneplus_node_executor.runtime.slurm import (
+    NodeStep,
+    NodeStepReply,
+    Release,
+    SrunError,
+    SrunOptions,
+    StepServer,
+    TaskResult,
+    parse_srun,
+    plan_step,
+    task_environment,
+)
+
+SCRIPT = "#!/bin/sh\n#SBATCH --job-name='two nodes'\n#SBATCH --nodes=2\n#SBATCH --ntasks-per-node=2\n" + (
+    "#SBATCH --cpus-per-task=3\n#SBATCH --partition=batch\nsrun hostname\n"
+)
+
+
+def batch_launch(node: str, node_rank: int, ranks: list[int], *, nodes: tuple[str, ...] = ("n0", "n1")) -> LaunchRanks:
+    spec = parse_sbatch(SCRIPT, filename="two.sh", submit_dir="/home/me/run").spec
+    return LaunchRanks(
+        job_id="job-1",
+        node=node,
+        token=3,
+        spec=spec,
+        ranks=[RankPlacement(rank=r, node=node, gpus=[], cpus=3, memory_mb=64) for r in ranks],
+        world_size=spec.ranks,
+        node_rank=node_rank,
+        nodes=list(nodes),
+        master_addr="n0",
+    )
+
+
+def test_sbatch_records_a_batch_job_and_its_allocation() -> None:
+    spec = parse_sbatch(SCRIPT, filename="two.sh", submit_dir="/home/me/run").spec
+    assert spec.framework == "sbatch" and spec.ranks == 4
+    assert spec.slurm is not None
+    assert (spec.slurm.ntasks, spec.slurm.ntasks_per_node, spec.slurm.cpus_per_task) == (4, 2, 3)
+    assert (spec.slurm.job_name, spec.slurm.submit_dir, spec.slurm.partition) == ("two nodes", "/home/me/run", "batch")
+
+
+def test_batch_rank_gets_the_batch_environment_and_other_ranks_the_allocation() -> None:
+    env = rank_environment(batch_launch("n0", 0, [0, 1]), None)
+    batch, other = env[0], env[1]
+    assert batch["SLURM_JOB_ID"] == "job-1" and batch["SLURM_JOB_NAME"] == "two nodes"
+    assert (batch["SLURM_JOB_NODELIST"], batch["SLURM_NNODES"], batch["SLURM_JOB_NUM_NODES"]) == ("n0,n1", "2", "2")
+    assert (batch["SLURM_NTASKS"], batch["SLURM_NTASKS_PER_NODE"], batch["SLURM_CPUS_PER_TASK"]) == ("4", "2", "3")
+    assert (batch["SLURM_NODEID"], batch["SLURM_PROCID"], batch["SLURM_LOCALID"]) == ("0", "0", "0")
+    assert (batch["SLURM_SUBMIT_DIR"], batch["SLURM_JOB_PARTITION"], batch["SLURMD_NODENAME"]) == (
+        "/home/me/run",
+        "batch",
+        "n0",
+    )
+    assert batch["PATH"].startswith(slurm.CONTAINER_BIN + ":")
+    assert "SLURM_PROCID" not in other and other["SLURM_NODEID"] == "0"
+    second = rank_environment(batch_launch("n1", 1, [2, 3]), None)[2]
+    assert (second["SLURM_NODEID"], second["SLURMD_NODENAME"]) == ("1", "n1")
+
+
+def test_only_rank_zero_runs_the_script_the_others_hold_and_every_one_has_srun(tmp_path: Path) -> None:
+    cmd = batch_launch("n0", 0, [0, 1])
+    bodies = []
+    for local, p in enumerate(cmd.ranks):
+        body = container_body(
+            cmd, p, {}, local_rank=local, gpu_node=False, network_mode="none", cpuset=None, nano_cpus=None
+        )
+        slurm.adjust_body(body, cmd, p, tmp_path if p.rank == 0 else None)
+        bodies.append(body)
+    assert bodies[0]["Cmd"] == cmd.spec.command and "srun hostname" in bodies[0]["Cmd"][2]
+    assert bodies[1]["Cmd"] == slurm.holder_command() and bodies[1]["Entrypoint"] == [""]
+    assert bodies[0]["HostConfig"]["Binds"] == [
+        f"{slurm.SHIM_DIR}:{slurm.CONTAINER_BIN}:ro",
+        f"{tmp_path}:{slurm.CONTAINER_SPOOL}:rw",
+    ]
+    assert bodies[1]["HostConfig"]["Binds"] == [f"{slurm.SHIM_DIR}:{slurm.CONTAINER_BIN}:ro"]
+    assert os.access(slurm.SHIM_DIR / "srun", os.X_OK)
+
+
+def test_srun_options() -> None:
+    assert parse_srun(["hostname"]) == SrunOptions(None, None, None, False, ["hostname"])
+    assert parse_srun(["-n", "4", "-N2", "-l", "sh", "-c", "echo -n x"]) == SrunOptions(
+        4, 2, None, True, ["sh", "-c", "echo -n x"]
+    )
+    assert parse_srun(["--ntasks=3", "--nodes=1", "--ntasks-per-node=3", "--label", "--", "-x"]) == SrunOptions(
+        3, 1, 3, True, ["-x"]
+    )
+    assert parse_srun(["-n4", "--mpi=pmix", "--export=ALL", "--overlap", "-K", "a.out"]).argv == ["a.out"]
+
+
+@pytest.mark.parametrize(
+    ("args", "said"),
+    [
+        (["--pty", "bash"], "unrecognized option '--pty'"),
+        (["--het-group=0", "x"], "unrecognized option '--het-group=0'"),
+        (["-n", "0", "x"], "expected a whole number of at least 1"),
+        (["-n", "two", "x"], "expected a whole number"),
+        (["-n"], "-n needs a value"),
+        (["-l"], "no command to run"),
+        (["--export=NONE", "x"], "only --export=ALL"),
+    ],
+)
+def test_bad_srun_options_are_refused_with_srun_s_words(args: list[str], said: str) -> None:
+    with pytest.raises(SrunError, match=said) as caught:
+        parse_srun(args)
+    assert str(caught.value).startswith("srun: error: ")
+
+
+def test_step_layout_is_block_distributed_over_the_allocation() -> None:
+    nodes = ["n0", "n1"]
+    every = plan_step(parse_srun(["x"]), nodes, 2, 4)
+    assert [(t.procid, t.node, t.nodeid, t.localid) for t in every] == [
+        (0, "n0", 0, 0),
+        (1, "n0", 0, 1),
+        (2, "n1", 1, 0),
+        (3, "n1", 1, 1),
+    ]
+    one_each = plan_step(parse_srun(["-n", "2", "x"]), nodes, 2, 4)
+    assert [(t.node, t.localid) for t in one_each] == [("n0", 0), ("n1", 0)]
+    assert [t.node for t in plan_step(parse_srun(["-n", "1", "x"]), nodes, 2, 4)] == ["n0"]
+    assert len(plan_step(parse_srun(["-N", "1", "x"]), nodes, 2, 4)) == 2
+    assert len(plan_step(parse_srun(["--ntasks-per-node=1", "x"]), nodes, 2, 4)) == 2
+    uneven = plan_step(parse_srun(["-n", "3", "x"]), nodes, 2, 4)
+    assert [t.node for t in uneven] == ["n0", "n0", "n1"]
+
+
+@pytest.mark.parametrize(
+    ("args", "said"),
+    [
+        (["-n", "5", "x"], "5 tasks are more than the allocation: 2 node.s. x 2 task.s. per node"),
+        (["-N", "3", "x"], "3 nodes asked for, the job's allocation has 2"),
+        (["--ntasks-per-node=3", "x"], "--ntasks-per-node=3 is more than the allocation's 2"),
+        (["-N", "2", "-n", "1", "x"], "1 task.s. cannot run on 2 nodes"),
+        (["-n", "3", "--ntasks-per-node=1", "x"], "3 tasks do not fit 2 node.s. x 1 per node"),
+    ],
+)
+def test_a_step_past_the_allocation_is_refused(args: list[str], said: str) -> None:
+    with pytest.raises(SrunError, match=said):
+        plan_step(parse_srun(args), ["n0", "n1"], 2, 4)
+
+
+def test_each_task_gets_its_step_identity() -> None:
+    tasks = plan_step(parse_srun(["-n", "3", "x"]), ["n0", "n1"], 2, 4)
+    env = task_environment("job-1", 2, tasks, tasks[2])
+    assert (env["SLURM_PROCID"], env["SLURM_LOCALID"], env["SLURM_NODEID"], env["SLURMD_NODENAME"]) == (
+        "2",
+        "0",
+        "1",
+        "n1",
+    )
+    assert (env["SLURM_STEP_ID"], env["SLURM_NTASKS"], env["SLURM_STEP_NUM_TASKS"]) == ("2", "3", "3")
+    assert (env["SLURM_STEP_NODELIST"], env["SLURM_STEP_TASKS_PER_NODE"], env["SLURM_NNODES"]) == ("n0,n1", "2,1", "2")
+
+
+# -- the shim and the step server, with the tasks run by a stand-in ------------------------------------------------
+
+
+class FakeNodes:
+    """Runs each node's share of a step by echoing who each task is; task 1 exits 3."""
+
+    def __init__(self) -> None:
+        self.steps: list[tuple[str, NodeStep]] = []
+        self.released: list[str] = []
+
+    async def run(self, node: str, step: NodeStep) -> NodeStepReply:
+        self.steps.append((node, step))
+        results = [
+            TaskResult(
+                procid=t.procid,
+                exit_code=3 if t.procid == 1 else 0,
+                stdout=f"{t.env['SLURMD_NODENAME']} {t.env['SLURM_PROCID']} {' '.join(step.argv)}\n",
+                stderr="oops\n" if t.procid == 1 else "",
+            )
+            for t in step.tasks
+        ]
+        return NodeStepReply(results=results)
+
+    async def release(self, node: str, rel: Release) -> None:
+        self.released.append(node)
+
+
+def pending(spool: Path) -> list[Path]:
+    return sorted(spool.glob("*.req"))
+
+
+async def run_shim(spool: Path, server: StepServer, *args: str) -> tuple[int, str, str]:
+    """The real shim (a POSIX sh) against the server's request handling, served until it has its answer."""
+    shell = shutil.which("sh")
+    assert shell is not None
+    proc = await asyncio.create_subprocess_exec(
+        shell,
+        str(slurm.SHIM_DIR / "srun"),
+        *args,
+        env={"PATH": os.environ.get("PATH", "/usr/bin:/bin"), slurm.SPOOL_ENV: str(spool)},
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE,
+    )
+    communicate = asyncio.ensure_future(proc.communicate())
+    while not communicate.done():
+        for req in pending(spool):
+            await server._serve(req)
+        server._collect_acks()
+        await asyncio.sleep(0.02)
+    out, err = communicate.result()
+    server._collect_acks()
+    assert proc.returncode is not None
+    return proc.returncode, out.decode(), err.decode()
+
+
+def server_for(spool: Path, fake: FakeNodes) -> StepServer:
+    # The batch node is named apart from the job's nodes, so every node's tasks go through the stand-in.
+    cmd = batch_launch("batch-host", 0, [0])
+    return StepServer(None, cmd, spool, fake.run, fake.release)  # type: ignore[arg-type]
+
+
+async def test_shim_round_trip_labels_output_and_exits_with_the_worst_task(tmp_path: Path) -> None:
+    spool = slurm.prepare_spool(tmp_path, "job-1", 3)
+    fake = FakeNodes()
+    code, out, err = await run_shim(spool, server_for(spool, fake), "-l", "-n", "3", "echo", "a b")
+    assert code == 3
+    assert out.splitlines() == ["0: n0 0 echo a b", "1: n0 1 echo a b", "2: n1 2 echo a b"]
+    assert err == "1: oops\n"
+    assert [(node, [t.procid for t in step.tasks]) for node, step in fake.steps] == [("n0", [0, 1]), ("n1", [2])]
+    assert fake.steps[0][1].argv == ["echo", "a b"] and fake.steps[0][1].cwd
+    assert list(spool.iterdir()) == []  # every file of the request is gone once the shim has read the answer
+    # The next srun is the next step.
+    code, out, _ = await run_shim(spool, server_for(spool, fake), "-n", "1", "true")
+    assert code == 0 and out == "n0 0 true\n"
+
+
+async def test_shim_refuses_an_unknown_option_on_stderr(tmp_path: Path) -> None:
+    spool = slurm.prepare_spool(tmp_path, "job-1", 3)
+    fake = FakeNodes()
+    code, out, err = await run_shim(spool, server_for(spool, fake), "--pty", "bash")
+    assert (code, out) == (1, "")
+    assert err.startswith("srun: error: unrecognized option '--pty'")
+    assert fake.steps == []
+
+
+async def test_shim_refuses_more_tasks_than_the_allocation(tmp_path: Path) -> None:
+    spool = slurm.prepare_spool(tmp_path, "job-1", 3)
+    fake = FakeNodes()
+    code, _, err = await run_shim(spool, server_for(spool, fake), "-n", "9", "hostname")
+    assert code == 1 and "9 tasks are more than the allocation" in err
+    assert fake.steps == []
+
+
+async def test_srun_outside_a_batch_job_says_so(tmp_path: Path) -> None:
+    proc = await asyncio.create_subprocess_exec(
+        "sh",
+        str(slurm.SHIM_DIR / "srun"),
+        "hostname",
+        env={"PATH": os.environ.get("PATH", "/usr/bin:/bin"), slurm.SPOOL_ENV: str(tmp_path / "none")},
+        stderr=asyncio.subprocess.PIPE,
+    )
+    _, err = await proc.communicate()
+    assert proc.returncode == 1 and b"srun runs in the batch script of a OnePlus sbatch job" in err
+
+
+def test_spool_files_are_never_read_through_a_link(tmp_path: Path) -> None:
+    secret = tmp_path / "secret"
+    secret.write_text("host file")
+    spool = slurm.prepare_spool(tmp_path, "job-1", 3)
+    (spool / "7.arg0").symlink_to(secret)
+    with pytest.raises(OSError):
+        slurm._read(spool / "7.arg0")
+    (spool / "7.out").symlink_to(secret)
+    slurm._write(spool / "7.out", "answer")
+    assert secret.read_text() == "host file" and (spool / "7.out").read_text() == "answer"
+    slurm.remove_spools(tmp_path, "job-1", 3)
+    assert not spool.exists()
