@@ -58,3 +58,17 @@ async def test_only_the_first_node_runs_a_launcher() -> None:
     await asyncio.sleep(0.8)
     assert rt.launchers == []
     await rt.close()
+
+
+async def test_a_restarted_first_node_starts_a_launcher_that_never_started() -> None:
+    rt = WithLauncher()
+    ex, svc, store = executor(rt)
+    cmd = await placed(svc, store, "j-re", spec(**MPI))
+    await rt.launch(cmd, {})  # the workers started before the executor's restart; the launcher did not
+    await svc.ledger.record(JobRunning(job_id="j-re", node=NODE, token=1))
+    await ex.reconcile()
+    assert ex.tokens == {"j-re": 1}
+    await until(lambda: bool(rt.launchers))
+    job, env = rt.launchers[0]
+    assert job == "j-re" and env["OMPI_MCA_orte_default_hostfile"] == "/etc/mpi/hostfile"
+    await rt.close()

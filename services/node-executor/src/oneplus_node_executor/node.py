@@ -236,6 +236,36 @@ class NodeExecutor:
             return None
         return set(cmd.nodes) <= set(rec.nodes_running)
 
+    async def resume_launcher(self, job_id: str, token: int) -> None:
+        """After a restart on an MPIJob's first node: its launcher, if it never started, starts once the workers run.
+        The command is rebuilt from the job's record (no node addresses: those names are left to DNS)."""
+        try:
+            rec, _ = await self.svc.ledger.get(job_id)
+        except Exception as exc:
+            log.warning("%s: reading %s to resume its launcher failed: %s", self.node, job_id, exc)
+            return
+        if rec is None or rec.spec.launcher is None or rec.allocation is None or rec.token != token:
+            return
+        nodes = rec.allocation.nodes
+        if not nodes or nodes[0] != self.node:
+            return
+        cmd = LaunchRanks(
+            command_id=f"launcher-{job_id}-{token}",
+            job_id=job_id,
+            node=self.node,
+            token=token,
+            spec=rec.spec,
+            ranks=[r for r in rec.allocation.ranks if r.node == self.node],
+            world_size=len(rec.allocation.ranks),
+            node_rank=0,
+            nodes=nodes,
+            master_addr=nodes[0],
+            ranks_per_node=[sum(1 for r in rec.allocation.ranks if r.node == n) for n in nodes],
+        )
+        task = asyncio.create_task(self.run_launcher(cmd), name=f"launcher:{job_id}")
+        self.handshakes.add(task)
+        task.add_done_callback(self.handshakes.discard)
+
     async def run_launcher(self, cmd: LaunchRanks) -> None:
         """mpi-operator v2: the launcher starts once every worker runs; the job then ends with it (runtime.wait)."""
         runtime = self.runtime
@@ -507,6 +537,8 @@ class NodeExecutor:
                 alloc = allocations.get((ranks.job_id, ranks.token))
                 gpus = self.local_gpus(alloc.ranks) if alloc is not None else {}
                 self.start_watch(ranks.job_id, ranks.token, gpus, alive=not ranks.exited)
+                if not ranks.exited:
+                    await self.resume_launcher(ranks.job_id, ranks.token)
         for orphan in plan.orphans:
             log.warning("%s: removed orphan ranks of %s (token %s)", self.node, orphan.job_id, orphan.token)
         for job_id, token in plan.leaked.items():
