@@ -7,12 +7,15 @@ reaches the other node's runtime directly, where the service uses the executors'
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import json
 import uuid
 from collections.abc import AsyncIterator
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
-from oneplus_contracts import LaunchRanks, RankPlacement
+from oneplus_contracts import LaunchRanks, RankPlacement, subjects
 from oneplus_jobformats.sbatch import parse_sbatch
 from oneplus_node_executor.runtime import slurm
 from oneplus_node_executor.runtime.docker import DockerRuntime
@@ -41,7 +44,8 @@ echo "batch done"
 async def two_nodes(engine_url: str, tmp_path: Path) -> AsyncIterator[dict[str, DockerRuntime]]:
     stem = "slurm-" + uuid.uuid4().hex[:6]
     names = [f"{stem}-a", f"{stem}-b"]
-    runtimes = {n: DockerRuntime(engine_url, node=n, slurm_spool_root=tmp_path / "spool") for n in names}
+    # A spool folder per node, as the default (ONEPLUS_SLURM_SPOOL_ROOT/<node>) gives.
+    runtimes = {n: DockerRuntime(engine_url, node=n, slurm_spool_root=tmp_path / "spool" / n) for n in names}
     try:
         yield runtimes
     finally:
@@ -129,3 +133,59 @@ async def test_a_failing_batch_script_fails_its_node_and_releases_the_other(
     ends = await asyncio.wait_for(asyncio.gather(*(two_nodes[n].wait(job_id) for n in nodes)), 90)
     await asyncio.wait_for(server, 10)
     assert [e.exit_code for e in ends] == [7, 0]
+
+
+class LoopbackNats:
+    """The executors' request subjects, answered in-process by each node's handlers as the ops adapter answers."""
+
+    def __init__(self, runtimes: dict[str, DockerRuntime]) -> None:
+        self.runtimes = runtimes
+        self.asked: list[str] = []
+
+    async def request(self, subject: str, payload: bytes = b"", timeout: float = 0.5) -> SimpleNamespace:
+        self.asked.append(subject)
+        body = {**json.loads(payload), "team": "stamped-by-the-server"}
+        for node, rt in self.runtimes.items():
+            if subject == subjects.slurm_step(node):
+                result: object = (await slurm.serve_node_step(rt, body)).model_dump(mode="json")
+                break
+            if subject == subjects.slurm_release(node):
+                result = await slurm.serve_release(rt, body)
+                break
+        else:
+            raise AssertionError(f"no node answers {subject}")
+        return SimpleNamespace(data=json.dumps({"ok": True, "result": result}).encode())
+
+
+async def test_a_restarted_executor_serves_srun_again_over_the_request_subjects(
+    two_nodes: dict[str, DockerRuntime],
+) -> None:
+    nodes = list(two_nodes)
+    job_id = "job-" + uuid.uuid4().hex[:10]
+    script = (
+        "#!/bin/sh\n#SBATCH --nodes=2\n#SBATCH --ntasks-per-node=1\n"
+        "sleep 2\nsrun sh -c 'echo $SLURMD_NODENAME $SLURM_PROCID'\necho \"srun exit $?\"\n"
+    )
+    cmds = [node_launch(script, job_id, nodes, i) for i in range(2)]
+    for cmd in cmds:
+        await two_nodes[cmd.node].launch(cmd, rank_environment(cmd, None))
+    batch = two_nodes[nodes[0]]
+    bus = LoopbackNats(two_nodes)
+    first = slurm.start_step_server(batch, cmds[0], lambda: bus)
+    assert first is not None
+    assert slurm.start_step_server(batch, cmds[0], lambda: bus) is None  # one server per attempt
+    first.cancel()  # the executor stops before the script's srun: nothing is released
+    with contextlib.suppress(asyncio.CancelledError):
+        await first
+    assert bus.asked == []
+    again = slurm.resume_step_server(batch, job_id, 1, lambda: bus)  # the restarted executor adopts the ranks
+    assert again is not None
+    assert slurm.resume_step_server(two_nodes[nodes[1]], job_id, 1, lambda: bus) is None  # not the batch node
+    ends = await asyncio.wait_for(asyncio.gather(*(two_nodes[n].wait(job_id) for n in nodes)), 90)
+    await asyncio.wait_for(again, 10)
+    a, b = nodes
+    assert await batch.logs(job_id, 0, follow=False) == [f"{a} 0", f"{b} 1", "srun exit 0"]
+    assert [e.exit_code for e in ends] == [0, 0]
+    assert bus.asked == [subjects.slurm_step(b), subjects.slurm_release(b)]
+    await batch.remove(job_id)
+    assert list(batch.slurm_spool_root.iterdir()) == []  # the spool and the kept launch go with the job

@@ -283,3 +283,38 @@ def test_spool_files_are_never_read_through_a_link(tmp_path: Path) -> None:
     assert secret.read_text() == "host file" and (spool / "7.out").read_text() == "answer"
     slurm.remove_spools(tmp_path, "job-1", 3)
     assert not spool.exists()
+
+
+def test_removing_one_job_s_spools_leaves_a_job_whose_id_it_prefixes(tmp_path: Path) -> None:
+    mine = slurm.prepare_spool(tmp_path, "job-a", 1)
+    (tmp_path / "job-a-t1.launch.json").write_text("{}")
+    other = slurm.prepare_spool(tmp_path, "job-a-t5", 2)
+    slurm.remove_spools(tmp_path, "job-a")
+    assert not mine.exists() and not (tmp_path / "job-a-t1.launch.json").exists()
+    assert other.exists()
+
+
+async def test_a_node_without_the_container_runtime_answers_a_step_with_an_error() -> None:
+    step = NodeStep(job_id="job-1", step_id=0, argv=["true"], tasks=[]).model_dump(mode="json")
+    reply = await slurm.serve_node_step(object(), {**step, "team": "stamped"})
+    assert reply.results == [] and reply.error is not None and "cannot run step tasks" in reply.error
+    assert await slurm.serve_release(object(), {"job_id": "job-1", "team": "stamped"}) == {"released": 0}
+    assert slurm.resume_step_server(object(), "job-1", 1, lambda: None) is None  # type: ignore[arg-type,return-value]
+
+
+async def test_a_step_taken_by_an_executor_that_then_stopped_fails_and_is_not_run_again(tmp_path: Path) -> None:
+    spool = slurm.prepare_spool(tmp_path, "job-1", 3)
+    fake = FakeNodes()
+    # What the shim and a stopped executor left: a request, taken (its step under way), never answered.
+    (spool / "41.arg0").write_text("hostname")
+    (spool / "41.cwd").write_text("/\n")
+    (spool / "41.taken").write_text("1\nend\n")
+    server = server_for(spool, fake)
+    server._answer_interrupted()
+    assert (spool / "41.rc").read_text() == "1\n"
+    assert "executor restarted while this step ran" in (spool / "41.err").read_text()
+    assert not (spool / "41.taken").exists() and fake.steps == []
+    # A request served normally leaves no taken marker behind.
+    code, out, _ = await run_shim(spool, server, "-n", "1", "true")
+    assert (code, out) == (0, "n0 0 true\n")
+    assert not list(spool.glob("*.taken"))

@@ -202,10 +202,7 @@ class NodeExecutor:
             await self.node_finished(cmd.job_id, cmd.token, LAUNCH_FAILED_EXIT, f"launch failed: {exc}")
             return
         self.start_watch(cmd.job_id, cmd.token, gpus)
-        steps = slurm.start_step_server(self.runtime, cmd, self.svc.nc)  # a Slurm batch job's srun, on its batch node
-        if steps is not None:
-            self.handshakes.add(steps)
-            steps.add_done_callback(self.handshakes.discard)
+        self.serve_slurm_steps(slurm.start_step_server(self.runtime, cmd, lambda: self.svc.nc))
         try:
             status = await self.rstore().renew_status(cmd.job_id, cmd.token, LEASE_S)
         except Exception as exc:  # the heartbeat renews it; the ranks run either way
@@ -364,6 +361,13 @@ class NodeExecutor:
             self.alive[job_id] = (token, dict(gpus or {}))
         self.ended[job_id] = asyncio.Event()
         self.spawn_watcher(job_id, token, delay_s=0.0)
+        # A Slurm batch job's srun service on its batch node, again after a restart (runtime/slurm.py).
+        self.serve_slurm_steps(slurm.resume_step_server(self.runtime, job_id, token, lambda: self.svc.nc))
+
+    def serve_slurm_steps(self, task: asyncio.Task[None] | None) -> None:
+        if task is not None:
+            self.handshakes.add(task)
+            task.add_done_callback(self.handshakes.discard)
 
     def spawn_watcher(self, job_id: str, token: int, delay_s: float) -> None:
         task = asyncio.create_task(self.watch(job_id, token, delay_s), name=f"watch:{job_id}")

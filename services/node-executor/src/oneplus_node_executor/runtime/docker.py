@@ -97,7 +97,7 @@ class DockerRuntime:
         self._cpuset_for = cpuset_for
         self._host_cpus = frozenset(host_cpus) if host_cpus is not None else None
         self._docker: aiodocker.Docker | None = None
-        self.slurm_spool_root = slurm_spool_root or slurm.spool_root()  # srun's requests (Slurm batch jobs)
+        self.slurm_spool_root = slurm_spool_root or slurm.spool_root(self.node)  # srun's requests (Slurm batch jobs)
         self._restarts: dict[str, int] = {}  # container id → restarts done by this runtime
         self._stopping: dict[str, str] = {}  # job id → why the executor stopped it
         self._marker_baseline: dict[str, float | None] = {}  # container id → marker mtime when signalled

@@ -68,8 +68,10 @@ def is_batch_rank(placement: RankPlacement) -> bool:
     return placement.rank == 0
 
 
-def spool_root() -> Path:
-    return Path(os.environ.get(SPOOL_ROOT_ENV) or DEFAULT_SPOOL_ROOT)
+def spool_root(node: str | None = None) -> Path:
+    """Where this node's executor keeps its batch jobs' spools: a folder per node (several may share a host)."""
+    root = Path(os.environ.get(SPOOL_ROOT_ENV) or DEFAULT_SPOOL_ROOT)
+    return root / node if node else root
 
 
 def spool_dir(root: Path, job_id: str, token: int) -> Path:
@@ -84,13 +86,24 @@ def prepare_spool(root: Path, job_id: str, token: int) -> Path:
     return path
 
 
+def _launch_file(root: Path, job_id: str, token: int) -> Path:
+    """The batch node's launch, kept beside (not in: the job writes there) the spool for a restarted executor."""
+    return root / f"{job_id}-t{token}.launch.json"
+
+
 def remove_spools(root: Path, job_id: str, token: int | None = None) -> None:
     """The spool directories of the job's attempts (of one token, or all), with what is left in them."""
     if not root.is_dir():
         return
     for path in root.glob(f"{job_id}-t*"):
-        if path.name.rpartition("-t")[2] == str(token) or (token is None and path.name.rpartition("-t")[2].isdigit()):
+        rest = path.name[len(job_id) + 2 :].removesuffix(".launch.json")
+        if not rest.isdigit() or (token is not None and int(rest) != token):
+            continue
+        if path.is_dir():
             shutil.rmtree(path, ignore_errors=True)
+        else:
+            with contextlib.suppress(OSError):
+                path.unlink()
 
 
 # -- the allocation's environment ----------------------------------------------------------------------------------
@@ -467,17 +480,30 @@ class StepServer:
         self.next_step = 0
 
     async def run(self) -> None:
-        """Serve requests until the batch container has ended, then release the holders (every node's)."""
-        try:
-            polls = 0
-            while polls % BATCH_CHECK_EVERY or await self._batch_running():
-                polls += 1
-                for req in sorted(self.spool.glob("*.req")):
-                    await self._serve(req)
-                self._collect_acks()
-                await asyncio.sleep(POLL_S)
-        finally:
-            await self._release_all()
+        """Serve requests until the batch container has ended, then release the holders (every node's).
+
+        Cancelled (the executor stops), it releases nothing: the batch script may still run, and a restarted executor
+        serves it again (`resume_step_server`)."""
+        while True:
+            try:
+                await self._serve_until_the_batch_ends()
+                break
+            except asyncio.CancelledError:
+                raise
+            except Exception:
+                log.exception("serving the srun requests of %s failed; serving them again", self.cmd.job_id)
+                await asyncio.sleep(1.0)
+        await self._release_all()
+
+    async def _serve_until_the_batch_ends(self) -> None:
+        self._answer_interrupted()
+        polls = 0
+        while polls % BATCH_CHECK_EVERY or await self._batch_running():
+            polls += 1
+            for req in sorted(self.spool.glob("*.req")):
+                await self._serve(req)
+            self._collect_acks()
+            await asyncio.sleep(POLL_S)
 
     async def _batch_running(self) -> bool:
         try:
@@ -519,15 +545,30 @@ class StepServer:
         except (OSError, ValueError) as e:
             out, err, code = "", f"srun: error: the request could not be read: {e}\n", SRUN_USAGE_EXIT
         else:
+            # Taken before it runs: an executor restarted meanwhile answers it as interrupted, never runs it twice.
+            with contextlib.suppress(OSError):
+                os.replace(req, self.spool / f"{rid}.taken")
             out, err, code = await self.step(args, cwd)
-        with contextlib.suppress(OSError):
-            os.unlink(req)
+        self._answer(rid, out, err, code)
+
+    def _answer(self, rid: str, out: str, err: str, code: int) -> None:
+        for left in (f"{rid}.req", f"{rid}.taken"):
+            with contextlib.suppress(OSError):
+                os.unlink(self.spool / left)
         try:
             _write(self.spool / f"{rid}.out", out)
             _write(self.spool / f"{rid}.err", err)
             _write(self.spool / f"{rid}.rc", f"{code}\n")  # last: the shim waits for this file
         except OSError as e:
             log.warning("%s: answering srun request %s failed: %s", self.cmd.job_id, rid, e)
+
+    def _answer_interrupted(self) -> None:
+        """Steps a previous executor took and did not answer: their srun fails (its tasks may have run)."""
+        for taken in self.spool.glob("*.taken"):
+            rid = taken.name[: -len(".taken")]
+            if not (self.spool / f"{rid}.rc").exists():
+                why = "srun: error: the node's executor restarted while this step ran; its outcome is unknown\n"
+                self._answer(rid, "", why, 1)
 
     async def step(self, args: list[str], cwd: str | None) -> tuple[str, str, int]:
         """Run one srun: (stdout, stderr, exit status)."""
@@ -632,11 +673,48 @@ def _is_docker(runtime: object) -> TypeGuard[DockerRuntime]:
     return isinstance(runtime, DockerRuntime)
 
 
-def start_step_server(runtime: object, cmd: LaunchRanks, nc: _Requester) -> asyncio.Task[None] | None:
-    """On the batch node of a batch job, after its launch: serve its srun requests until the batch script ends."""
+_SERVING: dict[tuple[int, str, int], asyncio.Task[None]] = {}  # (runtime, job, token) → its step server
+
+
+def start_step_server(runtime: object, cmd: LaunchRanks, nc: Callable[[], _Requester]) -> asyncio.Task[None] | None:
+    """On the batch node of a batch job, after its launch: serve its srun requests until the batch script ends.
+    The launch is kept on the host, so that a restarted executor serves them again (`resume_step_server`)."""
     if not is_batch_job(cmd.spec) or not any(is_batch_rank(p) for p in cmd.ranks) or not _is_docker(runtime):
         return None
-    transport, release = nats_transports(nc)
+    key = (id(runtime), cmd.job_id, cmd.token)
+    running = _SERVING.get(key)
+    if running is not None and not running.done():
+        return None
+    saved = _launch_file(runtime.slurm_spool_root, cmd.job_id, cmd.token)
+    try:
+        if not saved.exists():
+            saved.parent.mkdir(parents=True, exist_ok=True)
+            saved.write_text(cmd.model_dump_json())
+    except OSError as e:
+        log.warning("keeping the launch of %s for a restart failed: %s", cmd.job_id, e)
+    transport, release = nats_transports(nc())
     spool = spool_dir(runtime.slurm_spool_root, cmd.job_id, cmd.token)
     server = StepServer(runtime, cmd, spool, transport, release)
-    return asyncio.create_task(server.run(), name=f"srun:{cmd.job_id}")
+    task = asyncio.create_task(server.run(), name=f"srun:{cmd.job_id}")
+    _SERVING[key] = task
+    task.add_done_callback(lambda _t: _SERVING.pop(key, None) if _SERVING.get(key) is _t else None)
+    return task
+
+
+def resume_step_server(
+    runtime: object, job_id: str, token: int, nc: Callable[[], _Requester]
+) -> asyncio.Task[None] | None:
+    """After an executor restart, for ranks it adopts: the step server of a batch job whose batch node this is."""
+    if not _is_docker(runtime):
+        return None
+    saved = _launch_file(runtime.slurm_spool_root, job_id, token)
+    try:
+        cmd = LaunchRanks.model_validate_json(saved.read_bytes())
+    except FileNotFoundError:
+        return None
+    except (OSError, ValueError) as e:
+        log.warning("the kept launch of %s (token %s) cannot be read: %s", job_id, token, e)
+        return None
+    if runtime.node is not None and cmd.node != runtime.node:
+        return None  # another node's, in a spool folder they share
+    return start_step_server(runtime, cmd, nc)
