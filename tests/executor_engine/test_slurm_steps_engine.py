@@ -189,3 +189,37 @@ async def test_a_restarted_executor_serves_srun_again_over_the_request_subjects(
     assert bus.asked == [subjects.slurm_step(b), subjects.slurm_release(b)]
     await batch.remove(job_id)
     assert list(batch.slurm_spool_root.iterdir()) == []  # the spool and the kept launch go with the job
+
+
+async def test_two_ranks_per_node_the_script_once_and_each_task_in_its_own_rank_s_container(
+    two_nodes: dict[str, DockerRuntime],
+) -> None:
+    nodes = list(two_nodes)
+    job_id = "job-" + uuid.uuid4().hex[:10]
+    script = (
+        "#!/bin/sh\n#SBATCH --nodes=2\n#SBATCH --ntasks-per-node=2\n#SBATCH --mem=64M\necho batch $SLURM_NTASKS\n"
+        "srun sh -c 'echo task $SLURM_PROCID local $SLURM_LOCALID on $SLURMD_NODENAME in rank $RANK'\n"
+    )
+    cmds = []
+    for i, node in enumerate(nodes):
+        cmd = node_launch(script, job_id, nodes, i)
+        cmd.ranks = [RankPlacement(rank=2 * i + j, node=node, gpus=[], cpus=1, memory_mb=64) for j in range(2)]
+        cmd.world_size = 4
+        cmds.append(cmd)
+        await two_nodes[node].launch(cmd, rank_environment(cmd, None))
+    bus = LoopbackNats(two_nodes)
+    batch = two_nodes[nodes[0]]
+    server = slurm.start_step_server(batch, cmds[0], lambda: bus)
+    assert server is not None
+    ends = await asyncio.wait_for(asyncio.gather(*(two_nodes[n].wait(job_id) for n in nodes)), 90)
+    await asyncio.wait_for(server, 10)
+    a, b = nodes
+    assert await batch.logs(job_id, 0, follow=False) == [
+        "batch 4",
+        f"task 0 local 0 on {a} in rank 0",
+        f"task 1 local 1 on {a} in rank 1",
+        f"task 2 local 0 on {b} in rank 2",
+        f"task 3 local 1 on {b} in rank 3",
+    ]
+    assert await batch.logs(job_id, 1, follow=False) == []  # the other rank of the batch node held, ran no script
+    assert [(e.exit_code, e.per_rank) for e in ends] == [(0, {0: 0, 1: 0}), (0, {2: 0, 3: 0})]
