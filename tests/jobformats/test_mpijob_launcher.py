@@ -98,11 +98,39 @@ def test_the_launcher_gets_the_operators_mpi_variables_and_the_workers_their_rol
     assert env["OMPI_MCA_orte_keep_fqdn_hostnames"] == "true"
     assert env["OMPI_MCA_orte_set_default_slots"] == "8"
     assert env["OMPI_MCA_plm_rsh_args"] == "-o ConnectionAttempts=10"
-    assert env["HYDRA_HOST_FILE"] == env["I_MPI_HYDRA_HOST_FILE"] == MPI_HOSTFILE
+    assert "HYDRA_HOST_FILE" not in env and "I_MPI_HYDRA_HOST_FILE" not in env  # Open MPI's only
     assert (env["K_MPI_JOB_ROLE"], env["NVIDIA_VISIBLE_DEVICES"]) == ("launcher", "void")
     assert env["OMPI_ALLOW_RUN_AS_ROOT"] == "1"
     workers = rank_environment(cmd, None)
     assert workers[0]["K_MPI_JOB_ROLE"] == "worker" and "OMPI_ALLOW_RUN_AS_ROOT" not in workers[0]
+
+
+@pytest.mark.parametrize(
+    ("implementation", "line", "variables"),
+    [
+        ("MPICH", "gpu-a:1", {"HYDRA_HOST_FILE": MPI_HOSTFILE, "HYDRA_LAUNCH_EXTRA_ARGS": "-o ConnectionAttempts=10"}),
+        (
+            "Intel",
+            "gpu-a:1",
+            {
+                "I_MPI_HYDRA_HOST_FILE": MPI_HOSTFILE,
+                "I_MPI_HYDRA_BOOTSTRAP_EXEC_EXTRA_ARGS": "-o ConnectionAttempts=10",
+                "I_MPI_PERHOST": "1",
+            },
+        ),
+    ],
+)
+def test_intel_mpi_and_mpich_get_their_hostfile_form_and_variables(
+    implementation: str, line: str, variables: dict[str, str]
+) -> None:
+    text = (PUBLIC / "mpijob_pi_mpich.yaml").read_text().replace("MPICH", implementation)
+    spec = load_job_document(text, filename="pi.yaml").spec
+    assert spec.launcher is not None and spec.launcher.implementation == implementation
+    cmd = launch(spec, ["gpu-a", "gpu-b"], "gpu-a")
+    assert mpi_hostfile(cmd) == f"{line}\ngpu-b:1\n"
+    env = launcher_environment(cmd)
+    assert {k: env[k] for k in variables} == variables
+    assert not any(k.startswith("OMPI_MCA_") for k in env)
 
 
 def test_the_launcher_container_has_no_gpu_and_the_workers_names_resolve() -> None:

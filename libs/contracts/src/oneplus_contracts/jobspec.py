@@ -133,6 +133,9 @@ class Dependency(Strict):
     job_ids: Annotated[list[str], Field(min_length=1)]
 
 
+MpiImplementation = Literal["OpenMPI", "Intel", "MPICH"]
+
+
 class MpiLauncher(Strict):
     """An MPIJob's Launcher (mpi-operator v2): one more container on the job's first node, started once every worker
     rank runs, with the workers in /etc/mpi/hostfile; the job ends when it ends (the workers are then stopped)."""
@@ -143,6 +146,9 @@ class MpiLauncher(Strict):
     env: dict[str, str] = Field(default_factory=dict)
     slots_per_worker: Annotated[int, Field(ge=1, le=4096)] = Field(
         default=1, description="slotsPerWorker: the `slots=` of each worker in the hostfile"
+    )
+    implementation: MpiImplementation = Field(
+        default="OpenMPI", description="mpiImplementation: the hostfile's form and the variables the launcher gets"
     )
 
 

@@ -21,7 +21,7 @@ QUEUE_LABEL = "kueue.x-k8s.io/queue-name"
 PRIORITY_LABEL = "kueue.x-k8s.io/priority-class"
 RUNTIME_LABEL = "trainer.kubeflow.org/runtime"
 
-MPI_IMPLEMENTATIONS = ("OpenMPI", "Intel", "MPICH")  # the launcher gets the hostfile variables of all three
+MPI_IMPLEMENTATIONS = ("OpenMPI", "Intel", "MPICH")  # mpi-operator's: the hostfile's form and the launcher's env
 
 Translator = Callable[[dict[str, Any], str], Translation]
 
@@ -193,6 +193,7 @@ def translate_mpijob(doc: dict[str, Any], filename: str) -> Translation:
         raise r.error("spec.mpiImplementation", f"must be one of {', '.join(MPI_IMPLEMENTATIONS)} (got {impl!r})")
     if launcher is not None:
         _launcher_fields(r, launcher, 1 if slots is None else slots, fields, origin)
+        fields["launcher"]["implementation"] = impl or "OpenMPI"
     else:
         r.warn(path, "no Launcher: the workers run by themselves and the job ends when they all end")
     _run_policy(r, spec, "spec", fields, origin)

@@ -306,14 +306,23 @@ class DockerRuntime:
         workers = [c for c in ranks if not c.identity.is_launcher]
         token = max(c.identity.token for c in ranks)
         workers_done = asyncio.ensure_future(asyncio.gather(*(self._wait_rank(c) for c in workers)))
+        # A launcher still being created (not started) has not ended: the engine's wait would return at once.
+        started = [c for c in ranks if c.identity.is_launcher and c.state not in NOT_STARTED]
         try:
-            launcher = next((c for c in ranks if c.identity.is_launcher), None)
+            launcher = started[0] if started else None
             while launcher is None:
                 done, _ = await asyncio.wait({workers_done}, timeout=LAUNCHER_POLL_S)
                 if done:
                     return await self._ranks_exit(job_id, list(workers_done.result()))
                 found = await self._find(job_id)
-                launcher = next((c for c in found if c.identity.is_launcher and c.identity.token == token), None)
+                launcher = next(
+                    (
+                        c
+                        for c in found
+                        if c.identity.is_launcher and c.identity.token == token and c.state not in NOT_STARTED
+                    ),
+                    None,
+                )
             end = await self._wait_rank(launcher)
         finally:
             if not workers_done.done():

@@ -74,14 +74,18 @@ def framework_environment(
 # mpi-operator v2: where the launcher finds its hostfile, and the variables it gives Open MPI (and Intel MPI/MPICH).
 MPI_HOSTFILE = "/etc/mpi/hostfile"
 MPI_ROLE_KEY = "K_MPI_JOB_ROLE"
+MPI_SSH_ARGS = "-o ConnectionAttempts=10"
 
 
 def mpi_hostfile(cmd: LaunchRanks) -> str:
-    """The workers as mpi-operator writes them: `<host> slots=<slotsPerWorker>` per worker; OnePlus's workers are its
-    ranks, named by their node (ranks that share a node are one line with their slots added)."""
-    slots = cmd.spec.launcher.slots_per_worker if cmd.spec.launcher else 1
+    """The workers as mpi-operator writes them: `<host> slots=<slotsPerWorker>` per worker (Open MPI), `<host>:<slots>`
+    (Intel MPI, MPICH); OnePlus's workers are its ranks, named by their node (ranks that share a node are one line
+    with their slots added)."""
+    launcher = cmd.spec.launcher
+    slots = launcher.slots_per_worker if launcher else 1
     counts = cmd.ranks_per_node or _even_split(cmd.world_size, len(cmd.nodes))
-    return "".join(f"{node} slots={slots * n}\n" for node, n in zip(cmd.nodes, counts, strict=False) if n > 0)
+    form = "{node} slots={slots}\n" if launcher is None or launcher.implementation == "OpenMPI" else "{node}:{slots}\n"
+    return "".join(form.format(node=node, slots=slots * n) for node, n in zip(cmd.nodes, counts, strict=False) if n > 0)
 
 
 def _even_split(world: int, nodes: int) -> list[int]:
@@ -94,18 +98,31 @@ def _even_split(world: int, nodes: int) -> list[int]:
 def launcher_environment(cmd: LaunchRanks) -> dict[str, str]:
     """The launcher's environment: the job's env, the launcher's own, and what mpi-operator v2 sets for mpirun."""
     launcher = cmd.spec.launcher
-    slots = launcher.slots_per_worker if launcher else 1
+    slots = str(launcher.slots_per_worker if launcher else 1)
     env = {**cmd.spec.env, **(launcher.env if launcher else {})}
+    implementation = launcher.implementation if launcher else "OpenMPI"
+    if implementation == "Intel":
+        env.update(
+            {
+                "I_MPI_HYDRA_HOST_FILE": MPI_HOSTFILE,
+                "I_MPI_HYDRA_BOOTSTRAP_EXEC_EXTRA_ARGS": MPI_SSH_ARGS,
+                "I_MPI_PERHOST": slots,
+            }
+        )
+    elif implementation == "MPICH":
+        env.update({"HYDRA_HOST_FILE": MPI_HOSTFILE, "HYDRA_LAUNCH_EXTRA_ARGS": MPI_SSH_ARGS})
+    else:
+        env.update(
+            {
+                "OMPI_MCA_orte_keep_fqdn_hostnames": "true",
+                "OMPI_MCA_orte_default_hostfile": MPI_HOSTFILE,
+                "OMPI_MCA_plm_rsh_args": MPI_SSH_ARGS,
+                "OMPI_MCA_orte_set_default_slots": slots,
+            }
+        )
     env.update(
         {
             MPI_ROLE_KEY: "launcher",
-            "OMPI_MCA_orte_default_hostfile": MPI_HOSTFILE,
-            "OMPI_MCA_orte_keep_fqdn_hostnames": "true",
-            "OMPI_MCA_orte_set_default_slots": str(slots),
-            "OMPI_MCA_plm_rsh_args": "-o ConnectionAttempts=10",
-            "OMPI_MCA_rmaps_base_oversubscribe": "true",
-            "I_MPI_HYDRA_HOST_FILE": MPI_HOSTFILE,
-            "HYDRA_HOST_FILE": MPI_HOSTFILE,
             "NVIDIA_VISIBLE_DEVICES": "void",
             "CUDA_VISIBLE_DEVICES": "",
             "ONEPLUS_JOB_ID": cmd.job_id,
