@@ -387,6 +387,7 @@ async def test_an_insecure_intake_beyond_loopback_warns(tmp_path: Path, caplog: 
         return None
 
     it.intake.start = nothing  # type: ignore[method-assign]
+    it.start_hot_view = nothing  # type: ignore[method-assign]
     it.start_http = lambda s: nothing()  # type: ignore[method-assign,assignment]
     with caplog.at_level(logging.WARNING, logger="oneplus.intake"):
         await it.start()

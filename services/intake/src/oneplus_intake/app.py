@@ -21,6 +21,7 @@ from oneplus_contracts import JobCancelRequested, JobRecord, subjects
 
 from . import joblist
 from .deliveries import NatsDeliveryLedger
+from .hotview import HotView
 from .http_api import JobsApi
 from .settings import IntakeSettings
 from .submissions import Intake, job_id_for
@@ -42,6 +43,7 @@ class IntakeService:
         self.svc = svc
         self.settings = settings
         self.intake = Intake(svc)
+        self.hot: HotView | None = None  # the job list's copy of the hot view, kept from start to stop
         self.http: HttpServer | None = None
 
     @property
@@ -77,13 +79,21 @@ class IntakeService:
             if warning:
                 log.warning("%s", warning)
         await self.intake.start()
+        await self.start_hot_view()
         await self.start_http(self.settings)
+
+    async def start_hot_view(self) -> None:
+        self.hot = HotView(self.svc.js)
+        await self.hot.start()
 
     async def stop(self) -> None:
         if self.http is not None:
             await self.http.stop()
             self.http = None
         await self.intake.stop()
+        if self.hot is not None:
+            await self.hot.stop()
+            self.hot = None
 
     async def start_http(self, settings: IntakeSettings) -> None:
         if settings.http_port is None:
@@ -144,7 +154,7 @@ class IntakeService:
     async def job_list(self, payload: dict[str, Any], headers: dict[str, str]) -> dict[str, Any]:
         """One page of jobs (joblist.py): limit, cursor, state, since, user; `{"jobs": [...], "next": ...}`."""
         svc = self.svc
-        return await joblist.job_list(svc.ledger, JobArchive(svc.js), payload, self.tenant(headers, payload))
+        return await joblist.job_list(svc.ledger, JobArchive(svc.js), payload, self.tenant(headers, payload), self.hot)
 
     async def job_cancel(self, payload: dict[str, Any], headers: dict[str, str]) -> dict[str, Any]:
         rec, caller = await self.visible_job(payload, headers)

@@ -1,10 +1,10 @@
 """`oneplus.ops.job.list` and `oneplus.ops.job.show`: the hot view first, then the archive, a page at a time.
 
-The hot view is the `jobs` KV bucket (live jobs and those finished less than ONEPLUS_MIN_JOB_AGE_S ago), read
-whole, filtered and sorted by (submitted_ts, job_id); the archive (oneplus_bus.archive) follows, in the order jobs
-were archived. A request names its filters (`state`, `since`, `user`; the team is the caller's), a `limit` and
-the `cursor` the previous page returned; a reply is `{"jobs": [record, ...], "next": cursor or null}` and never
-grows past PAGE_BYTES, well under NATS' max_payload (1 MB by default), however many jobs match.
+The hot view is the `jobs` KV bucket (live jobs and those finished less than ONEPLUS_MIN_JOB_AGE_S ago), kept in the
+intake's memory (hotview.py), filtered and sorted by (submitted_ts, job_id); the archive (oneplus_bus.archive)
+follows, in the order jobs were archived. A request names its filters (`state`, `since`, `user`; the team is the
+caller's), a `limit` and the `cursor` the previous page returned; a reply is `{"jobs": [record, ...], "next": cursor
+or null}` and never grows past PAGE_BYTES, well under NATS' max_payload (1 MB by default), however many jobs match.
 
 A page is what the platform held when it was read: a job that moves from the hot view to the archive between two
 pages of one listing can show up on both, and the reader keeps its first sighting (OnePlusClient.iter_jobs does).
@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import base64
 import binascii
+import bisect
 import contextlib
 import hashlib
 import json
@@ -22,11 +23,13 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from nats.js.errors import InvalidKeyError
-from oneplus_bus.archive import JobArchive, matches, parse_since, parse_states
+from oneplus_bus.archive import JobArchive, parse_since, parse_states
 from oneplus_bus.ledger import JobLedger, latest_values
 from oneplus_bus.service import OpsError
 from oneplus_bus.tenancy import Caller
 from oneplus_contracts import TERMINAL_STATES, JobRecord, subjects
+
+from .hotview import HotRow, HotView
 
 DEFAULT_LIMIT = 100
 MAX_LIMIT = 1000
@@ -122,22 +125,31 @@ def _decode_cursor(raw: str) -> dict[str, Any]:
     return result
 
 
-async def list_page(ledger: JobLedger, archive: JobArchive, query: JobQuery) -> dict[str, Any]:
+async def hot_rows(ledger: JobLedger, hot: HotView | None, query: JobQuery) -> tuple[list[HotRow], set[str]]:
+    """The hot view's rows that match, in listing order, and every job id it holds."""
+    if hot is not None and hot.following:
+        await hot.synced()
+        rows = list(hot.rows.values())
+    else:  # no copy kept (a tool, a test): read the bucket
+        rows = [HotRow.of(v) for v in await latest_values(ledger.js, subjects.JOBS_KV)]
+    keep = [r for r in rows if r.matches(states=query.states, since=query.since, user=query.user, team=query.team)]
+    keep.sort(key=lambda r: (r.submitted_ts, r.job_id))
+    return keep, {r.job_id for r in rows}
+
+
+async def list_page(
+    ledger: JobLedger, archive: JobArchive, query: JobQuery, hot: HotView | None = None
+) -> dict[str, Any]:
     """One page of the job list: `{"jobs": [...], "next": cursor or None}`."""
     jobs: list[dict[str, Any]] = []
     used = 0
     hot_ids: set[str] = set()
     if not query.in_archive:
-        hot = [JobRecord.model_validate_json(v) for v in await latest_values(ledger.js, subjects.JOBS_KV)]
-        hot_ids = {r.job_id for r in hot}
-        rows = sorted(
-            (r for r in hot if matches(r, states=query.states, since=query.since, user=query.user, team=query.team)),
-            key=lambda r: (r.submitted_ts, r.job_id),
-        )
-        for rec in rows:
-            if query.after is not None and (rec.submitted_ts, rec.job_id) <= query.after:
-                continue
-            row = rec.model_dump(mode="json")
+        rows, hot_ids = await hot_rows(ledger, hot, query)
+        if query.after is not None:
+            rows = rows[bisect.bisect_right(rows, query.after, key=lambda r: (r.submitted_ts, r.job_id)) :]
+        for hot_row in rows:
+            row = hot_row.record().model_dump(mode="json")
             size = len(json.dumps(row).encode()) + 2
             if len(jobs) >= query.limit or (jobs and used + size > PAGE_BYTES):
                 last = jobs[-1]
@@ -165,9 +177,11 @@ async def list_page(ledger: JobLedger, archive: JobArchive, query: JobQuery) -> 
     return {"jobs": jobs, "next": query.cursor(archive=nxt) if nxt is not None else None}
 
 
-async def job_list(ledger: JobLedger, archive: JobArchive, payload: dict[str, Any], caller: Caller) -> dict[str, Any]:
+async def job_list(
+    ledger: JobLedger, archive: JobArchive, payload: dict[str, Any], caller: Caller, hot: HotView | None = None
+) -> dict[str, Any]:
     """The `job-list` ops endpoint: parse the request, serve one page."""
-    return await list_page(ledger, archive, parse_query(payload, caller))
+    return await list_page(ledger, archive, parse_query(payload, caller), hot)
 
 
 NAMEABLE = re.compile(r"[A-Za-z0-9_\-=:@+]+")  # what a job id may hold: one NATS subject token, no wildcard
