@@ -110,7 +110,7 @@ def chaos_workload(n: int, seed: int, duration_s: tuple[float, float] = (1.0, 4.
 # -- the fault schedule ------------------------------------------------------------------------------------------------
 @dataclass
 class Fault:
-    kind: str  # kill | nats-outage | pause | redis-reset
+    kind: str  # kill | nats-outage | pause | redis-reset (and oneplus.multihost's)
     target: str  # a Platform process name, "nats" or "redis"
     down_s: float  # how long it stays down (killed) or stopped (paused)
     gap_s: float  # quiet time before it, after the previous fault's recovery
@@ -128,6 +128,11 @@ class Fault:
             "nats-outage": "NATS killed",
             "pause": f"SIGSTOP {self.target}",
             "redis-reset": "Redis killed, empty",
+            # oneplus.multihost's faults
+            "nats-leader-kill": f"SIGKILL {self.target} (NATS, jobs stream leader)",
+            "nats-partition": f"{self.target} (NATS) cut off the network",
+            "redis-failover": f"SIGKILL Redis primary {self.target} (Sentinel failover)",
+            "rolling-restart": "every service and executor restarted once",
         }[self.kind]
 
 
@@ -241,7 +246,7 @@ class ChaosRun:
         self.servers = EmbeddedServers(workdir=self.workdir / "servers")
         self.platform: Platform | None = None
         self.gangs = chaos_workload(cfg.gangs, cfg.seed, cfg.duration_s, cfg.cancels)
-        self.faults = schedule(cfg.profile, cfg.seed, tuple(n.name for n in DEMO_NODES))
+        self.faults = self.fault_schedule()
         self.obs = Observed()
         self.submitted: dict[int, str] = {}  # gang index → job id
         self.refused: dict[int, str] = {}  # gang index → why the intake refused it for good
@@ -250,6 +255,9 @@ class ChaosRun:
         self.notes: list[str] = []
         self.t0 = 0.0
         self.paused: int | None = None
+
+    def fault_schedule(self) -> list[Fault]:
+        return schedule(self.cfg.profile, self.cfg.seed, tuple(n.name for n in DEMO_NODES))
 
     def log(self, text: str) -> None:
         console.print(f"[dim]{time.monotonic() - self.t0:7.1f}s[/] {text}")
@@ -301,12 +309,23 @@ class ChaosRun:
             await asyncio.sleep(0.5)
         self.cancel_refused[job_id] = "no answer to the cancel request"
 
+    async def aim(self, f: Fault) -> None:
+        """Settle what a fault hits when it depends on the moment (a stream's leader, the current primary)."""
+
     async def inject(self, f: Fault, c: OnePlusClient) -> None:
-        p = self.platform
-        assert p is not None
+        await self.aim(f)
         f.at_s = round(time.monotonic() - self.t0, 2)
         began = time.monotonic()
         self.log(f"[bold red]fault[/] {f.label} for {f.down_s:g}s")
+        await self.apply_fault(f)
+        f.lasted_s = round(time.monotonic() - began, 2)
+        end_wall, end_mono = time.time(), time.monotonic()
+        await self.measure_recovery(f, c, end_wall, end_mono)
+
+    async def apply_fault(self, f: Fault) -> None:
+        """Do the fault and undo it (restart, resume) after `f.down_s`."""
+        p = self.platform
+        assert p is not None
         if f.kind == "kill":
             p.kill(f.target)
             await asyncio.sleep(f.down_s)
@@ -332,8 +351,10 @@ class ChaosRun:
             self.servers.kill_redis()
             await asyncio.sleep(f.down_s)
             await asyncio.to_thread(self.servers.start_redis)
-        f.lasted_s = round(time.monotonic() - began, 2)
-        end_wall, end_mono = time.time(), time.monotonic()
+        else:
+            raise ValueError(f"unknown fault kind {f.kind!r}")
+
+    async def measure_recovery(self, f: Fault, c: OnePlusClient, end_wall: float, end_mono: float) -> None:
         # Recovery: the platform answers a job list; the next placement after the fault's end.
         while not await answers_list(c):
             if time.monotonic() - end_mono > 120:
@@ -394,20 +415,35 @@ class ChaosRun:
         self.notes.append(f"not every job ended within {timeout:g} s")
         return jobs
 
+    def platform_env(self) -> dict[str, str]:
+        return {
+            "ONEPLUS_HEARTBEAT_S": str(self.cfg.heartbeat_s),
+            "ONEPLUS_NODE_LOST_AFTER_S": str(self.cfg.node_lost_after_s),
+        }
+
+    def start_world(self) -> str:
+        """Start the servers and the platform; the NATS URL the harness connects to."""
+        self.servers.start()
+        self.platform = Platform(
+            self.servers.nats_url, self.servers.redis_url, nodes=DEMO_NODES, logdir=self.workdir / "logs",
+            extra_env=self.platform_env(),
+        ).start()  # fmt: skip
+        return self.servers.nats_url
+
+    def stop_world(self) -> None:
+        if self.platform is not None:
+            self.platform.stop()
+        self.servers.stop()
+
+    async def reservations_left(self) -> list[str]:
+        return await check_reservations(self.servers.redis_url)
+
     async def run(self) -> ChaosResult:
         cfg = self.cfg
         self.t0 = time.monotonic()
-        self.servers.start()
-        extra = {
-            "ONEPLUS_HEARTBEAT_S": str(cfg.heartbeat_s),
-            "ONEPLUS_NODE_LOST_AFTER_S": str(cfg.node_lost_after_s),
-        }
-        self.platform = Platform(
-            self.servers.nats_url, self.servers.redis_url, nodes=DEMO_NODES, logdir=self.workdir / "logs",
-            extra_env=extra,
-        ).start()  # fmt: skip
+        nats_url = self.start_world()
         self.log(f"servers and services started; logs in {self.workdir}")
-        nc = await connect(self.servers.nats_url)
+        nc = await connect(nats_url)
         try:
             c = OnePlusClient(nc, timeout=5.0)
             await wait_for_platform(c, len(DEMO_NODES), timeout=180)
@@ -432,9 +468,7 @@ class ChaosRun:
                     os.kill(self.paused, signal.SIGCONT)
             with contextlib.suppress(Exception):
                 await asyncio.wait_for(nc.close(), 5)
-            if self.platform is not None:
-                self.platform.stop()
-            self.servers.stop()
+            self.stop_world()
 
     # -- checking ------------------------------------------------------------------------------------------------------
     async def check(self, nc: Client, c: OnePlusClient, jobs: dict[str, JobRecord]) -> ChaosResult:
@@ -458,7 +492,7 @@ class ChaosRun:
         inv["no dead letters"] = await check_dead_letters(nc)
         inv["every service alive at the end"] = await self.check_alive(c)
         inv["job records equal a replay of the event stream"] = check_replay(by_job, jobs)
-        inv["no reservation left in Redis once every job ended"] = await check_reservations(self.servers.redis_url)
+        inv["no reservation left in Redis once every job ended"] = await self.reservations_left()
         self.notes.extend(await consumer_lag(nc))
         if self.cancel_refused:
             self.notes.append(f"cancels refused (the job had already ended): {self.cancel_refused}")

@@ -381,6 +381,12 @@ class Platform:
     # False or the environment / `extra_env` sets ONEPLUS_METRICS_PORT for all of them.
     metrics: bool = True
     metrics_ports: dict[str, int] = field(default_factory=dict)
+    # Where each process runs: an argv prefix by process name ("executor-*" and "fleet" included), e.g.
+    # `ip netns exec HOST` for the multi-host lab (oneplus.multihost); "*" for every process not named.
+    hosts: dict[str, list[str]] = field(default_factory=dict)
+
+    def on_host(self, name: str, argv: list[str]) -> list[str]:
+        return [*self.hosts.get(name, self.hosts.get("*", [])), *argv]
 
     def _given(self, name: str) -> str | None:
         value = self.extra_env.get(name, os.environ.get(name))
@@ -446,7 +452,8 @@ class Platform:
 
     def start_service(self, name: str) -> subprocess.Popen[bytes]:
         self.logdir.mkdir(parents=True, exist_ok=True)
-        proc = spawn([sys.executable, "-m", SERVICE_MODULES[name]], self.logdir / f"{name}.log", self.process_env(name))
+        argv = self.on_host(name, [sys.executable, "-m", SERVICE_MODULES[name]])
+        proc = spawn(argv, self.logdir / f"{name}.log", self.process_env(name))
         self.procs[name] = proc
         return proc
 
@@ -458,13 +465,13 @@ class Platform:
         if node.spine:
             argv += ["--spine", node.spine]
         name = f"executor-{node.name}"
-        proc = spawn(argv, self.logdir / f"{name}.log", self.process_env(name))
+        proc = spawn(self.on_host(name, argv), self.logdir / f"{name}.log", self.process_env(name))
         self.procs[name] = proc
         return proc
 
     def start_fleet(self, spec: FleetSpec) -> subprocess.Popen[bytes]:
         self.logdir.mkdir(parents=True, exist_ok=True)
-        proc = spawn(spec.argv(), self.logdir / "fleet.log", self.process_env("fleet"))
+        proc = spawn(self.on_host("fleet", spec.argv()), self.logdir / "fleet.log", self.process_env("fleet"))
         self.procs["fleet"] = proc
         return proc
 
