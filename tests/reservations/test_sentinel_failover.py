@@ -149,6 +149,28 @@ async def _sentinels_ready(ports: list[int], replicas: int) -> bool:
     return True
 
 
+async def _primary_port(sentinel_port: int) -> int:
+    async with aioredis.Redis(port=sentinel_port) as s:
+        addr: tuple[str, int] = await s.sentinel_get_master_addr_by_name(SERVICE)  # type: ignore[assignment]
+    return int(addr[1])
+
+
+async def _sentinels_agree(c: SentinelCluster) -> bool:
+    ports = {await _primary_port(p) for p in c.sentinel_ports}
+    return len(ports) == 1 and ports <= set(c.replica_ports)
+
+
+async def _sentinels_see_replicas_up(ports: list[int], replicas: int) -> bool:
+    """Every sentinel has a fresh, healthy view of every replica (one it thinks down is not promoted)."""
+    for port in ports:
+        async with aioredis.Redis(port=port) as s:
+            seen: list[dict[str, Any]] = await s.sentinel_slaves(SERVICE)
+            healthy = [r for r in seen if not r["is_sdown"] and r.get("master-link-status") == "ok"]
+            if len(healthy) < replicas:
+                return False
+    return True
+
+
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SentinelCluster]:
     yield from _sentinel_cluster(tmp_path_factory.mktemp("sentinel"))
@@ -186,6 +208,7 @@ async def _ready(cluster: SentinelCluster) -> None:
     for port in cluster.replica_ports:
         await _until("the replicas are in sync", lambda port=port: _replica_up(cluster, port))
     await _until("every sentinel sees the others and the replicas", lambda: _sentinels_ready(cluster.sentinel_ports, 2))
+    await _until("the sentinels see the replicas up", lambda: _sentinels_see_replicas_up(cluster.sentinel_ports, 2))
 
 
 @pytest.fixture
@@ -310,6 +333,8 @@ async def _reserve_until_placed(store: ReservationStore, job: str, a: Allocation
         except RedisError:  # the primary gone, or no primary named yet
             await asyncio.sleep(0.1)
             continue
+        if isinstance(res, Conflict) and "already holds" in res.reason and res.key and await store.replicated():
+            return int(res.key), attempts  # a commit whose reply was cut off: reconcile takes it up the same way
         if isinstance(res, Conflict):
             assert res.not_replicated, res
             await asyncio.sleep(0.1)
@@ -347,6 +372,7 @@ async def test_the_store_follows_a_sentinel_failover_and_never_goes_back(
     for port in cluster.replica_ports:
         await _until("the replicas are back in sync", lambda port=port: _replica_up(cluster, port))
     assert await store.replicated() is True
+    await _until("the sentinels see both replicas up", lambda: _sentinels_see_replicas_up(cluster.sentinel_ports, 2))
 
     # The primary dies. The same client keeps committing, as the solver's cycle does, until one goes through.
     cluster.procs["primary"].kill()
@@ -356,10 +382,10 @@ async def test_the_store_follows_a_sentinel_failover_and_never_goes_back(
     failover_s = time.monotonic() - t0
     print(f"\nfailover: the next reservation was committed {failover_s:.2f} s after SIGKILL ({attempts} attempts)")
 
-    async with aioredis.Redis(port=cluster.sentinel_ports[0]) as s:
-        addr: tuple[str, int] = await s.sentinel_get_master_addr_by_name(SERVICE)  # type: ignore[assignment]
-    promoted_port = int(addr[1])
-    assert promoted_port in cluster.replica_ports  # the sentinels promoted a replica
+    # The sentinels promoted a replica (the one that failed over tells the others within a couple of seconds).
+    await _until("every sentinel names the promoted replica", lambda: _sentinels_agree(cluster), 20)
+    promoted_port = await _primary_port(cluster.sentinel_ports[0])
+    assert promoted_port in cluster.replica_ports
     for job, token in before.items():  # every acknowledged commit survived the failover
         held = await store.get(job)
         assert held is not None and held.token == token, job
