@@ -229,3 +229,27 @@ def test_split_command_line_separates_options_script_and_its_arguments():
 def test_script_arguments_reach_the_script():
     spec = parse_sbatch(script("--gpus=1"), filename="run.sh", script_args=["--lr", "3e-4"]).spec
     assert spec.command[-3:] == ["run.sh", "--lr", "3e-4"]
+
+
+def test_a_site_default_share_fills_the_cpu_and_memory_a_script_leaves_unset(tmp_path, monkeypatch):
+    from oneplus_jobformats.site import load_site
+
+    site_file = tmp_path / "site.yaml"
+    site_file.write_text("default_share: {cpus_per_gpu: 8, memory_mb_per_gpu: 65536}\n")
+    site = load_site(site_file)
+    bare = parse_sbatch(script("--nodes=1", "--gpus-per-node=4"), site=site)
+    assert bare.spec.resources.cpus == bare.spec.resources.cpu_limit == 32
+    assert bare.spec.resources.memory_mb == bare.spec.resources.memory_limit_mb == 4 * 65536
+    assert any("default share" in w for w in bare.warnings), bare.warnings
+    own = parse_sbatch(script("--nodes=1", "--gpus-per-node=4", "--cpus-per-task=6", "--mem=100G"), site=site)
+    assert own.spec.resources.cpus == 6 and own.spec.resources.memory_mb == 100 * 1024, "what the script sets stands"
+
+
+def test_a_script_that_arrives_over_the_bus_has_no_submit_dir_of_the_intakes(monkeypatch, tmp_path):
+    from oneplus_jobformats.cloudevents import decode_submission
+
+    monkeypatch.chdir(tmp_path)
+    local = parse_sbatch(script("--nodes=1", "--gpus-per-node=1"))
+    assert local.spec.slurm is not None and local.spec.slurm.submit_dir == str(tmp_path), "sbatch's own directory"
+    sub = decode_submission({}, script("--nodes=1", "--gpus-per-node=1").encode())
+    assert sub.spec.slurm is not None and sub.spec.slurm.submit_dir is None

@@ -106,7 +106,8 @@ def _text(body: bytes) -> str:
 
 
 def _plain(body: bytes) -> Submission:
-    translation = load_job_document(_text(body), filename="<message>")
+    # Not this process's directory: the submitter's is not known here.
+    translation = load_job_document(_text(body), filename="<message>", submit_dir="")
     return Submission(None, None, None, translation.spec, translation.warnings, "plain", {}, translation.kind)
 
 
@@ -204,7 +205,7 @@ def _data_to_job(data: Any, content_type: str) -> Translation:
     if isinstance(data, str):
         if _JSON_TYPE.fullmatch(content_type.strip().lower()):
             return translate_mapping(parse_mapping(data, filename=where), filename=where)
-        return load_job_document(data, filename=where)
+        return load_job_document(data, filename=where, submit_dir="")
     raise _fail(f"the event data must be an object or text, got {type(data).__name__}")
 
 

@@ -21,13 +21,15 @@ def looks_like_sbatch(text: str) -> bool:
     return "#SBATCH" in text and text.lstrip("\ufeff").startswith("#!")
 
 
-def load_job_document(text: str, *, filename: str = "<stdin>") -> Translation:
-    """A native JobSpec (YAML/JSON), a PyTorchJob, MPIJob, TrainJob or an sbatch script, as a JobSpec."""
+def load_job_document(text: str, *, filename: str = "<stdin>", submit_dir: str | None = None) -> Translation:
+    """A native JobSpec (YAML/JSON), a PyTorchJob, MPIJob, TrainJob or an sbatch script, as a JobSpec.
+
+    `submit_dir`: an sbatch script's SLURM_SUBMIT_DIR (default: this process's working directory; "" unknown)."""
     if len(text) > MAX_DOCUMENT_BYTES:
         raise JobFormatError(f"document is larger than {MAX_DOCUMENT_BYTES} bytes", filename=filename)
     stripped = text.lstrip("\ufeff")
     if looks_like_sbatch(stripped):
-        return parse_sbatch(stripped, filename=filename)
+        return parse_sbatch(stripped, filename=filename, submit_dir=submit_dir)
     if stripped.lstrip().startswith("#SBATCH"):
         # Slurm's own words for this mistake.
         raise JobFormatError(

@@ -22,7 +22,7 @@ from .priorities import priority_of
 from .quantities import slurm_time_s
 from .sbatch_gang import gang_fields
 from .sbatch_options import UNUSED, Option, SbatchJob, dependency_fields, parse_tokens, script_directives
-from .site import SiteMap, SiteMapError, site_from_env
+from .site import SiteMap, SiteMapError, apply_default_share, site_from_env
 
 _NAME_BAD = re.compile(r"[^A-Za-z0-9._-]+")
 OUTPUT_LABEL = "slurm/output"
@@ -57,7 +57,8 @@ def parse_sbatch(
 
     `script_args` are the arguments after the script on sbatch's command line ($1, $2, ... inside the script).
     `site` maps the site's QOS, partitions and accounts (default: the file named by ONEPLUS_SITE_FILE).
-    `submit_dir` is SLURM_SUBMIT_DIR (default: this process's working directory, where sbatch runs).
+    `submit_dir` is SLURM_SUBMIT_DIR (default: this process's working directory, where sbatch runs; "" when it is
+    not known, as for a script that arrives over the bus: the ranks then get no SLURM_SUBMIT_DIR).
 
     The job is a Slurm batch job (framework "sbatch"): its script runs once, on the node of rank 0, with the Slurm
     batch environment; the other ranks hold the allocation and run the tasks of the script's `srun` steps.
@@ -80,6 +81,8 @@ def parse_sbatch(
     _identity(job, fields, script, list(script_args), site)
     gang_fields(job, fields)
     _limits(job, fields)
+    # Slurm's DefMemPerGPU/DefCpuPerGPU: what a job that sets no CPU or memory gets, from the site map.
+    job.warnings.extend(apply_default_share(fields, site))
     dependency_fields(job, fields)
     _batch(job, fields, submit_dir)
     _report_unused(job)
@@ -92,7 +95,7 @@ def _batch(job: SbatchJob, fields: dict[str, Any], submit_dir: str | None) -> No
     fields["framework"] = "sbatch"
     slurm: dict[str, Any] = fields.setdefault("slurm", {})
     slurm["job_name"] = job.value("job-name") or fields["name"]
-    slurm["submit_dir"] = submit_dir if submit_dir is not None else os.getcwd()
+    slurm["submit_dir"] = (submit_dir or None) if submit_dir is not None else os.getcwd()
     for key, option in (("partition", "partition"), ("account", "account")):
         given = job.value(option)
         if given:
