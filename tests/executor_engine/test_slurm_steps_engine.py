@@ -28,6 +28,7 @@ BATCH = """#!/bin/sh
 #SBATCH --ntasks-per-node=1
 #SBATCH --mem=64M
 echo "batch on $SLURMD_NODENAME procid=$SLURM_PROCID nnodes=$SLURM_NNODES ntasks=$SLURM_NTASKS"
+echo "master $(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1) of $(scontrol show hostnames | wc -l)"
 srun sh -c 'echo task $SLURMD_NODENAME $SLURM_PROCID step=$SLURM_STEP_ID of $SLURM_STEP_NUM_TASKS'
 echo "srun exit $?"
 srun -l sh -c 'echo labelled; exit $SLURM_PROCID'
@@ -93,6 +94,7 @@ async def test_batch_script_runs_once_and_srun_runs_a_task_per_node(two_nodes: d
     a, b = nodes
     assert lines == [
         f"batch on {a} procid=0 nnodes=2 ntasks=2",
+        f"master {a} of 2",  # the launch scripts' MASTER_ADDR idiom, with the busybox image's awk
         f"task {a} 0 step=0 of 2",
         f"task {b} 1 step=0 of 2",
         "srun exit 0",

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import os
 import shutil
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -318,3 +319,39 @@ async def test_a_step_taken_by_an_executor_that_then_stopped_fails_and_is_not_ru
     code, out, _ = await run_shim(spool, server, "-n", "1", "true")
     assert (code, out) == (0, "n0 0 true\n")
     assert not list(spool.glob("*.taken"))
+
+
+# -- scontrol: the hostlist idiom of launch scripts ----------------------------------------------------------------
+def scontrol(*args: str, nodelist: str | None = None) -> subprocess.CompletedProcess[str]:
+    env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin")}
+    if nodelist is not None:
+        env["SLURM_JOB_NODELIST"] = nodelist
+    return subprocess.run(
+        ["sh", str(slurm.SHIM_DIR / "scontrol"), *args], env=env, capture_output=True, text=True, check=False
+    )
+
+
+def test_scontrol_show_hostnames_expands_slurm_hostlists() -> None:
+    got = scontrol("show", "hostnames", "gpu-[01-03,07],h100-0,rack[1-2]-n[0-1]")
+    assert got.returncode == 0, got.stderr
+    assert got.stdout.split() == [
+        "gpu-01", "gpu-02", "gpu-03", "gpu-07", "h100-0", "rack1-n0", "rack1-n1", "rack2-n0", "rack2-n1",
+    ]  # fmt: skip
+    first = scontrol("show", "hostnames", nodelist="h100-0,h100-1")
+    assert first.stdout.splitlines()[0] == "h100-0", "the job's own nodelist when none is given"
+
+
+@pytest.mark.parametrize(
+    ("args", "said"),
+    [
+        (("show", "jobs"), "only 'scontrol show hostnames"),
+        (("update", "JobId=1"), "only 'scontrol show hostnames"),
+        (("show", "hostnames", "a[3-1]"), "bad range 3-1"),
+        (("show", "hostnames", "a[1-2"), "unbalanced brackets"),
+        (("show", "hostnames", "a[x]"), "bad range x"),
+        (("show", "hostnames"), "SLURM_JOB_NODELIST is not set"),
+    ],
+)
+def test_scontrol_refuses_what_it_does_not_do_in_one_line(args: tuple[str, ...], said: str) -> None:
+    got = scontrol(*args)
+    assert got.returncode == 1 and said in got.stderr and got.stderr.count("\n") == 1, got.stderr
