@@ -135,3 +135,12 @@ def test_dry_run_summary_keeps_shares_fractional_and_max_leaves_null_when_uncons
     assert summary["total_gpus"] == 0.75
     assert summary["max_leaves"] is None
     assert summary["time_limit_s"] is None
+
+
+def test_text_that_only_looks_like_a_surrogate_escape_is_text_and_a_pair_is_one_character() -> None:
+    from oneplus_jobformats.text import LoneSurrogate, loads_unicode
+
+    assert loads_unicode('{"a": "\\\\ud800"}') == {"a": "\\ud800"}, "an escaped backslash, then the letters"
+    assert loads_unicode('{"a": "\\uD83D\\uDE00"}') == {"a": "\U0001f600"}
+    with pytest.raises(LoneSurrogate, match=r"^b\[1\]: holds a lone"):
+        loads_unicode('{"b": ["ok", "\\udc00"]}')
