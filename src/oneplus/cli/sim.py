@@ -19,6 +19,7 @@ if TYPE_CHECKING:
 
 # oneplus_sim.policies.POLICY_NAMES and oneplus_sim.fgd.SCORERS, for the help texts (tests/cli keeps them equal).
 POLICY_NAMES = ("oneplus", "k8s-default", "slurm-tree", "kueue-tas", "fifo-firstfit")
+TIME_LIMIT_MODELS = ("user", "oracle")  # oneplus_sim.estimates.TIME_LIMIT_MODELS
 SCORERS = ("fgd", "bestfit", "random", "dotprod", "gpuclustering", "gpupacking", "oneplus")
 
 app = typer.Typer(no_args_is_help=True)
@@ -82,6 +83,13 @@ def run(
         Path | None,
         typer.Option(help="Queue-config YAML merged over the oneplus policy's own, e.g. `job_size: {weight: 500}`"),
     ] = None,
+    time_limits: Annotated[
+        str,
+        typer.Option(
+            help="Jobs' time limits: `user` (seeded model of user requests: round values, several times the run "
+            "time; docs/simulator.md) or `oracle` (the exact run time)"
+        ),
+    ] = "user",
 ) -> None:
     """Replay a trace with several policies in one process and write their figures as JSON."""
     from oneplus_sim.cluster import ClusterError
@@ -92,10 +100,20 @@ def run(
     unknown = [p for p in names if p not in POLICY_NAMES]
     if unknown or not names:
         raise _fail(f"--policy: unknown {', '.join(unknown) or '(empty)'}; choose from {', '.join(POLICY_NAMES)}")
+    if time_limits not in TIME_LIMIT_MODELS:
+        raise _fail(f"--time-limits: unknown {time_limits!r}; choose from {', '.join(TIME_LIMIT_MODELS)}")
     oneplus_config = _oneplus_config(queue_config) if queue_config is not None else None
     try:
         spec = ReplaySpec(
-            cluster, trace, names, parse_window(window), max_jobs, seed, load, oneplus_config=oneplus_config
+            cluster,
+            trace,
+            names,
+            parse_window(window),
+            max_jobs,
+            seed,
+            load,
+            oneplus_config=oneplus_config,
+            time_limits=time_limits,
         )
         with _progress() as bar:
             tasks: dict[str, Any] = {}
@@ -110,6 +128,12 @@ def run(
         raise _fail(str(e)) from None
     _write_json(json_out, replay.report)
     _table(replay.report)
+    limits: dict[str, Any] = replay.report["time_limits"]  # type: ignore[assignment]
+    seed_note = f", seed {limits['seed']}" if "seed" in limits else ""
+    ratio = limits.get("median_limit_over_runtime")
+    console.print(
+        f"time limits: {limits['model']}{seed_note}" + (f" (median limit / run time {ratio})" if ratio else "")
+    )
     console.print(f"report: {json_out}")
     if plot is not None:
         from oneplus_sim.plots import write_plots

@@ -46,8 +46,9 @@ class Running:
     end_s: float
 
     def limit_end_s(self) -> float:
-        """When a scheduler that only knows the trace duration as the time limit expects the job to end."""
-        return self.start_s + self.job.duration_s - self.done_at_start
+        """When a scheduler that knows only the job's time limit expects it to end: the limit less the work done
+        before this start (with oracle limits, start + the remaining run time)."""
+        return self.start_s + self.job.limit_s - self.done_at_start
 
 
 @dataclass(slots=True)

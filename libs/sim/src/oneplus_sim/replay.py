@@ -12,6 +12,7 @@ from oneplus_queueing.config import QueueConfig
 
 from .cluster import SimCluster, load_cluster
 from .engine import SimResult, Simulation
+from .estimates import assign_time_limits
 from .metrics import figures
 from .policies import make_policy
 from .trace import SimJob, TraceError, TraceRules, cut, load_trace
@@ -29,6 +30,7 @@ class ReplaySpec:
     preempt_grace_s: float = 30.0
     rules: TraceRules | None = None
     oneplus_config: QueueConfig | None = None  # None: sim_queue_config()
+    time_limits: str = "user"  # `user`: the seeded model of oneplus_sim.estimates; `oracle`: the run time
 
 
 @dataclass
@@ -39,6 +41,7 @@ class Replay:
 
 
 def prepare_jobs(spec: ReplaySpec, cluster: SimCluster) -> tuple[list[SimJob], dict[str, object], TraceRules]:
+    """Cut the trace, apply the rules and the time-limit model once: every policy replays copies of these jobs."""
     if isinstance(spec.trace, (str, Path)):
         trace = load_trace(spec.trace)
         raw, source, dropped = trace.jobs, str(spec.trace), trace.dropped
@@ -53,6 +56,7 @@ def prepare_jobs(spec: ReplaySpec, cluster: SimCluster) -> tuple[list[SimJob], d
         (fit if _can_ever_fit(cluster, j) else rejected).append(j)
     if not fit:
         raise TraceError("no job of the selection fits on this cluster")
+    limits = assign_time_limits(fit, spec.time_limits, spec.seed)
     info: dict[str, object] = {
         "source": source,
         "jobs_selected": len(jobs),
@@ -61,6 +65,7 @@ def prepare_jobs(spec: ReplaySpec, cluster: SimCluster) -> tuple[list[SimJob], d
         "window": list(spec.window) if spec.window else None,
         "max_jobs": spec.max_jobs,
         "load": spec.load,
+        "time_limits": limits,
     }
     return fit, info, rules
 
@@ -86,6 +91,7 @@ def run_replay(spec: ReplaySpec, on_progress: Callable[[str, int, int], None] | 
         "trace": trace_info,
         "seed": spec.seed,
         "rules": rules.describe(),
+        "time_limits": trace_info["time_limits"],  # which model ran, its seed and its overestimate
         "preempt_grace_s": spec.preempt_grace_s,
         "policies": {},
     }

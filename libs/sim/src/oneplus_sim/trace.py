@@ -40,6 +40,8 @@ class SimJob:
     preemptible: bool = True
     checkpoint_interval_s: float | None = None
     comm_fraction: float = 0.0
+    # Set by estimates.assign_time_limits; None: the run time itself (oracle)
+    time_limit_s: float | None = None
     # Progress, in seconds of ideal (trace) run time
     done_s: float = 0.0
     saved_s: float = 0.0
@@ -49,6 +51,11 @@ class SimJob:
     @property
     def whole_gpus(self) -> int:
         return int(self.gpus) if self.gpu_milli == 0 else 0
+
+    @property
+    def limit_s(self) -> float:
+        """The time limit schedulers see: the requested one, or the run time when none was assigned (oracle)."""
+        return self.time_limit_s if self.time_limit_s is not None else self.duration_s
 
     @property
     def remaining_s(self) -> float:
@@ -282,6 +289,7 @@ def cut(
             gpu_milli=j.gpu_milli,
             gpu_models=j.gpu_models,
             qos=j.qos,
+            time_limit_s=j.time_limit_s,
         )
         c.order = i
         out.append(c)

@@ -5,7 +5,7 @@
 | fifo-firstfit | strict FIFO, first fit, no topology |
 | k8s-default | GPUs are counts, LeastAllocated spread, lowest free GPU indexes, all-or-nothing gang |
 | kueue-tas | BestFit over topology levels (leaf, node), BestEffortFIFO queue, lowest GPU indexes |
-| slurm-tree | fewest leaves, best-fit nodes, GPUs by NVLink count, EASY backfill on trace durations |
+| slurm-tree | fewest leaves, best-fit nodes, GPUs by NVLink count, EASY backfill on time limits |
 
 None of them preempts.
 """
@@ -245,7 +245,7 @@ class SlurmTree:
             else:
                 shadow, reserved = reservation
                 p = self.place(FreeView(ctx.occ), job, exclude=reserved)
-                if p is None and ctx.now + job.remaining_s <= shadow:
+                if p is None and ctx.now + job.limit_s - job.done_s <= shadow:  # by its limit, not its run time
                     p = self.place(FreeView(ctx.occ), job)
                     if p is None:
                         memo.add(job)

@@ -90,7 +90,7 @@ def job_spec(job: SimJob, grace_s: float, leaf_required: bool = False) -> JobSpe
             grace_s=math.ceil(grace_s),
             interval_s=math.ceil(job.checkpoint_interval_s) if job.checkpoint_interval_s else None,
         ),
-        time_limit_s=max(1, math.ceil(job.duration_s)),
+        time_limit_s=max(1, math.ceil(job.limit_s)),
         **({"topology": topology} if topology else {}),
     )
 
