@@ -4,8 +4,12 @@ Other services report facts (`JobLedger.report`, on `oneplus.fact.job.<job>.<typ
 batches, folds each with `apply_event`, and publishes only what applied on the job-event stream, then writes the
 record to the `jobs` KV bucket (the hot view that other services and a restarted owner read). A fact that does
 not apply is refused and counted, never half-applied. Finished jobs leave the hot view after `min_age_s` for the
-archive. Commits are serialised, so the KV projection always holds every event up to the last committed sequence
-but (after a crash) the last one: a restarted owner lists the projection and replays the stream after it.
+archive. Commits are serialised; a crash can leave any events of the last commit out of the projection (it is
+written record by record), so a restarted owner lists the projection and replays the stream after the sequence it
+last saw wholly projected (`solver_state`, saved each expire tick): each event applies only to a record whose
+sequence is below its own. A commit whose acknowledgements did not all come back (the bus dropped) may have stored
+some of its events: before the next commit the owner reads the stream after its last sequence and folds what is
+there, so its records never lag the stream they publish to.
 """
 
 from __future__ import annotations
@@ -63,6 +67,8 @@ class JobOwner:
         self.saved_seq = 0
         self.min_age_s = min_age_s
         self.index = JobIndex()
+        self.stale = False  # a commit failed after publishing: the stream may hold events the index lacks
+        self.unprojected: dict[str, JobRecord] = {}  # folded, but their hot-view write not confirmed yet
         self._lock = asyncio.Lock()
         self._listeners: list[OnApplied] = []
         self.refused = Counter(
@@ -81,23 +87,34 @@ class JobOwner:
         """List the hot view once, then replay the job stream after it; returns how many events were replayed."""
         records = [JobRecord.model_validate_json(v) for v in await latest_values(self.js, subjects.JOBS_KV)]
         self.index = JobIndex.of(records)
+        # Not after the highest record: the last commit's other records may not have been projected.
+        start = self.index.last_seq
         if self.state_kv is not None:
             self.saved_seq = await projected_seq(self.state_kv)
+            start = self.saved_seq
             self.index.last_seq = max(self.index.last_seq, self.saved_seq)
-        replayed = 0
-        for seq, data, headers in await read_stream(self.js, subjects.JOBS_STREAM, self.index.last_seq + 1):
-            try:
-                event = parse_job_event(data)
-            except ValidationError:
-                log.error("job stream message %d is not a job event; skipped", seq)
-                continue
-            rec = self.index.apply(event, seq, headers.get("traceparent"))
-            if rec is not None:
-                replayed += 1
-                await self._project([rec])
+        replayed = await self._replay_after(start)
         log.info(
             "job owner: %d records, %d events replayed, at sequence %d", len(records), replayed, self.index.last_seq
         )
+        return replayed
+
+    async def _replay_after(self, seq: int) -> int:
+        """Fold the job stream's events after `seq` into the index (each only where it is newer than the record) and
+        project what changed; how many applied."""
+        replayed = 0
+        changed: dict[str, JobRecord] = {}
+        for at, data, headers in await read_stream(self.js, subjects.JOBS_STREAM, seq + 1):
+            try:
+                event = parse_job_event(data)
+            except ValidationError:
+                log.error("job stream message %d is not a job event; skipped", at)
+                continue
+            rec = self.index.apply(event, at, headers.get("traceparent"))
+            if rec is not None:
+                replayed += 1
+                changed[rec.job_id] = rec
+        await self._project(list(changed.values()))
         return replayed
 
     # -- commits ---------------------------------------------------------------------------------------------------
@@ -111,6 +128,10 @@ class JobOwner:
     async def _commit_locked(
         self, events: Sequence[JobEvent], traceparents: Sequence[str | None]
     ) -> tuple[list[Applied], list[JobRecord | None]]:
+        if self.stale:
+            caught = await self._replay_after(self.index.last_seq)
+            self.stale = False
+            log.warning("job owner: %d event(s) of a commit cut off by the bus were in the stream; folded", caught)
         staged: list[tuple[int, JobEvent, JobRecord | None, JobRecord, asyncio.Future[PubAck]]] = []
         out: list[JobRecord | None] = [None] * len(events)
         # Records folded in this batch, so two events of one job in one batch see each other.
@@ -143,7 +164,11 @@ class JobOwner:
         records: list[JobRecord] = []
         # Bounded: an ack lost with a dropped connection would hold the owner's lock for ever. Nothing is folded
         # into the index before every ack is in; a retry's publish is dropped as a duplicate by its event id.
-        acks = await wait_acks([fut for *_, fut in staged])
+        try:
+            acks = await wait_acks([fut for *_, fut in staged])
+        except BaseException:
+            self.stale = bool(staged)  # some may be stored: catch up from the stream before folding anything more
+            raise
         for (i, event, before, new, _), ack in zip(staged, acks, strict=True):
             rec = new.model_copy(update={"seq": int(ack.seq)})
             out[i] = rec
@@ -155,12 +180,19 @@ class JobOwner:
         return applied, out
 
     async def _project(self, records: Sequence[JobRecord]) -> None:
-        """Write records to the `jobs` KV bucket (pipelined: one round trip for the batch)."""
+        """Write records to the `jobs` KV bucket (pipelined: one round trip for the batch). Records whose write is
+        not confirmed are kept and written again first next time: until then no sequence is saved as projected."""
+        for rec in records:
+            self.unprojected[rec.job_id] = rec
+        todo = list(self.unprojected.values())
         futures = [
             await self.js.publish_async(f"$KV.{subjects.JOBS_KV}.{rec.job_id}", rec.model_dump_json().encode())
-            for rec in records
+            for rec in todo
         ]
         await wait_acks(futures)
+        for rec in todo:
+            if self.unprojected.get(rec.job_id) is rec:
+                del self.unprojected[rec.job_id]
 
     async def _notify(self, applied: Sequence[Applied]) -> None:
         if not applied:
@@ -233,6 +265,7 @@ class JobOwner:
             gone = self.index.expire(time.time() if now is None else now, self.min_age_s)
             for rec in gone:
                 await self.archive.put(rec)  # archived first: a crash in between leaves it in both, never neither
+                self.unprojected.pop(rec.job_id, None)  # its key is purged below: never written back
             # Purged, not deleted: a delete leaves a marker per key, which every read of the hot view would still walk
             # through (20,000 markers after 20,000 jobs); a purge of the key's subject leaves nothing.
             for start in range(0, len(gone), PURGE_BATCH):
@@ -240,6 +273,8 @@ class JobOwner:
             # Under the commit lock every event up to last_seq is in the hot view or the archive: a restart, or an
             # informer listing an emptied view, resumes after it rather than at the stream's first event.
             seq = self.index.last_seq
+            if self.unprojected:
+                await self._project([])  # a sequence is saved as projected only once every record of it is
             if self.state_kv is not None and seq > self.saved_seq:
                 await self.state_kv.put(PROJECTED_SEQ_KEY, str(seq).encode())
                 self.saved_seq = seq

@@ -1,0 +1,78 @@
+"""The job owner's records never lag the stream it publishes to, whatever the bus cuts off.
+
+CI's chaos run found a replay of the job stream that disagreed with the records: the stream held a `node_finished`
+after a requeue the owner's index never had. A commit whose acknowledgements were cut off (NATS killed) may have
+stored its events; and a crash mid-projection may leave some of the last commit's records out of the hot view.
+"""
+
+from __future__ import annotations
+
+import pytest
+from nats.aio.client import Client
+from oneplus_bus.archive import JobArchive
+from oneplus_bus.ledger import read_stream
+from oneplus_bus.streams import ensure_kv, ensure_streams
+from oneplus_contracts import JobAccepted, JobFinished, parse_job_event, subjects
+from oneplus_placement_solver import owner as owner_module
+from oneplus_placement_solver.owner import JobOwner
+from test_cycle_store_ops import spec
+
+
+async def new_owner(nc: Client) -> JobOwner:
+    js = nc.jetstream()
+    await ensure_streams(js)
+    kv = await ensure_kv(js)
+    owner = JobOwner(js, JobArchive(js), min_age_s=3600, state_kv=kv[subjects.SOLVER_STATE_KV])
+    await owner.bootstrap()
+    return owner
+
+
+def cancelled(job_id: str) -> JobFinished:
+    return JobFinished(event_id=f"c-{job_id}", job_id=job_id, state="CANCELLED", reason="cancelled by test")
+
+
+async def test_a_restart_replays_the_records_of_the_last_commit_that_never_reached_the_hot_view(nc: Client) -> None:
+    owner = await new_owner(nc)
+    await owner.commit(*[JobAccepted(event_id=f"a-{j}", job_id=j, spec=spec(0)) for j in ("a", "b")])
+    await owner.expire()  # saves the projected sequence, as each expire tick does
+    before = owner.index.get("a")
+    await owner.commit(cancelled("a"), cancelled("b"))
+    # A crash between the two hot-view writes of that commit: b's landed, a's did not.
+    kv = await nc.jetstream().key_value(subjects.JOBS_KV)
+    await kv.put("a", before.model_dump_json().encode())
+
+    again = await new_owner(nc)
+    assert again.index.get("a").state == "CANCELLED", "replayed from the last wholly projected sequence"
+    assert again.index.get("b").state == "CANCELLED"
+    assert "a" not in again.index.pending
+    entry = await kv.get("a")
+    assert entry.value is not None and b'"CANCELLED"' in entry.value, "and the hot view mended"
+
+
+async def test_a_commit_whose_acks_were_cut_off_is_caught_up_before_the_next_fold(
+    nc: Client, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    owner = await new_owner(nc)
+    await owner.commit(JobAccepted(event_id="a-x", job_id="x", spec=spec(0)))
+    real = owner_module.wait_acks
+    calls = 0
+
+    async def cut_off(futures):  # type: ignore[no-untyped-def]
+        nonlocal calls
+        calls += 1
+        got = await real(futures)  # stored by the server...
+        if calls == 1:
+            raise TimeoutError("nats: timeout")  # ...but the acknowledgement never came back
+        return got
+
+    monkeypatch.setattr(owner_module, "wait_acks", cut_off)
+    with pytest.raises(TimeoutError):
+        await owner.commit(cancelled("x"))
+    assert owner.index.get("x").state == "ACCEPTED" and owner.stale
+    # The next commit folds the stored event first: the index never decides on a state the stream has left.
+    await owner.commit(JobAccepted(event_id="a-y", job_id="y", spec=spec(1)))
+    assert owner.index.get("x").state == "CANCELLED" and not owner.stale
+    # The fact redelivered after the failed commit is refused, not published a second time.
+    assert await owner.commit(cancelled("x")) == [None]
+    events = [parse_job_event(d) for _, d, _ in await read_stream(nc.jetstream(), subjects.JOBS_STREAM, 1)]
+    assert [(e.job_id, e.type) for e in events] == [("x", "accepted"), ("x", "finished"), ("y", "accepted")]
