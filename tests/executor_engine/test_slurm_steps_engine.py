@@ -37,6 +37,12 @@ srun --pty sh
 echo "srun exit $?"
 srun -n 3 sh -c 'echo never'
 echo "srun exit $?"
+export MY_VAR="hello world" MASTER_PORT=6000
+last=$(scontrol show hostnames | tail -n 1)
+srun --jobid "$SLURM_JOB_ID" -W 60 -w "$last" sh -c 'echo on $SLURMD_NODENAME $SLURM_NODEID $MY_VAR $MASTER_PORT $RANK'
+echo "srun exit $?"
+srun --jobid other-job sh -c 'echo never'
+echo "srun exit $?"
 echo "batch done"
 """
 
@@ -101,10 +107,16 @@ async def test_batch_script_runs_once_and_srun_runs_a_task_per_node(two_nodes: d
         "0: labelled",
         "1: labelled",
         "srun exit 1",  # the worst task's status
-        "srun: error: unrecognized option '--pty' (OnePlus's srun takes -n, -N, --ntasks-per-node and -l; "
-        "see docs/submitting.md)",
+        "srun: error: unrecognized option '--pty' (OnePlus's srun takes -n, -N, --ntasks-per-node, -w, -l and "
+        "--export; see docs/submitting.md)",
         "srun exit 1",
         "srun: error: 3 tasks are more than the allocation: 2 node(s) x 1 task(s) per node",
+        "srun exit 1",
+        # The exported variables reach the task (--export=ALL); RANK is its own container's; -w placed it.
+        f"on {b} 0 hello world 6000 1",
+        "srun exit 0",
+        f"srun: error: --jobid=other-job: this batch script's job is {job_id}; a step runs only on its own job's "
+        "allocation in OnePlus",
         "srun exit 1",
         "batch done",
     ]

@@ -112,13 +112,106 @@ def test_srun_options() -> None:
         (["-n", "two", "x"], "expected a whole number"),
         (["-n"], "-n needs a value"),
         (["-l"], "no command to run"),
-        (["--export=NONE", "x"], "only --export=ALL"),
+        (["--export=ALL,1BAD", "x"], "'1BAD' is not ALL, NONE, NAME or NAME=value"),
+        (["--wait=soon", "x"], "expected a number of seconds"),
+        (["-W"], "-W needs a value"),
+        (["--distribution=cyclic", "x"], "in blocks only .cyclic is not supported"),
+        (["-m", "cyclic:block", "x"], "in blocks only .cyclic is not supported"),
+        (["--distribution=arbitrary", "x"], "in blocks only .arbitrary is not supported"),
+        (["--distribution=plane=4", "x"], "in blocks only .plane=4 is not supported"),
+        (["--distribution=sideways", "x"], "invalid distribution 'sideways'"),
+        (["-w", "/etc/hosts", "x"], "a file of node names is not supported"),
+        (["-w", "n[3-1]", "x"], "bad range"),
     ],
 )
 def test_bad_srun_options_are_refused_with_srun_s_words(args: list[str], said: str) -> None:
     with pytest.raises(SrunError, match=said) as caught:
         parse_srun(args)
     assert str(caught.value).startswith("srun: error: ")
+
+
+def test_srun_options_of_real_launch_scripts_are_accepted() -> None:
+    # --wait and -K: accepted (every task is waited for); --jobid naming this job; block-first distributions.
+    for args in (
+        ["--wait=60", "--kill-on-bad-exit=1", "--jobid", "job-1", "x"],
+        ["-W", "60", "--jobid=job-1", "x"],
+        ["-W0", "x"],
+        ["--distribution=block:block", "x"],
+        ["-m", "block", "x"],
+        ["--distribution", "block:cyclic", "x"],
+        ["--distribution=block:fcyclic:block,Pack", "x"],
+        ["--distribution=*:block", "x"],
+        ["--cpus-per-task=6", "--distribution=block:block", "--kill-on-bad-exit", "x"],
+    ):
+        assert parse_srun(args, job_id="job-1").argv == ["x"], args
+    assert parse_srun(["--jobid", "job-1", "x"]).jobid == "job-1"
+
+
+def test_srun_jobid_of_another_job_is_refused() -> None:
+    with pytest.raises(SrunError, match=r"--jobid=job-9: this batch script.s job is job-1; a step runs only on its"):
+        parse_srun(["--jobid", "job-9", "x"], job_id="job-1")
+
+
+def test_srun_export_forms() -> None:
+    every = parse_srun(["x"])
+    assert (every.export_all, every.export_names, every.export_set) == (True, (), ())
+    assert parse_srun(["--export=ALL", "x"]).export_all
+    none = parse_srun(["--export=NONE", "x"])
+    assert (none.export_all, none.export_names, none.export_set) == (False, (), ())
+    some = parse_srun(["--export", "FOO,BAR=1=2", "x"])
+    assert (some.export_all, some.export_names, some.export_set) == (False, ("FOO",), (("BAR", "1=2"),))
+    more = parse_srun(["--export=ALL,NCCL_DEBUG=INFO", "x"])
+    assert (more.export_all, more.export_set) == (True, (("NCCL_DEBUG", "INFO"),))
+
+
+def test_srun_nodelist_places_the_step_on_the_named_nodes() -> None:
+    nodes = ["node-0", "node-1", "node-2", "node-3"]
+    one = plan_step(parse_srun(["--nodes=1", "--ntasks=1", "-w", "node-2", "x"]), nodes, 2, 8)
+    assert [(t.node, t.nodeid, t.localid) for t in one] == [("node-2", 0, 0)]  # SLURM_NODEID: the step's node index
+    # Bracket hostlists; the step's nodes in the allocation's order; the allocation's tasks per node on each.
+    two = plan_step(parse_srun(["--nodelist=node-[3,1]", "x"]), nodes, 2, 8)
+    assert [(t.node, t.nodeid) for t in two] == [("node-1", 0), ("node-1", 0), ("node-3", 1), ("node-3", 1)]
+    glued = plan_step(parse_srun(["-wnode-0,node-1", "-n", "2", "x"]), nodes, 2, 8)
+    assert [t.node for t in glued] == ["node-0", "node-1"]
+    # -N past the list: the list's nodes and the allocation's next ones.
+    grown = plan_step(parse_srun(["-N", "3", "-w", "node-2", "--ntasks-per-node=1", "x"]), nodes, 2, 8)
+    assert [t.node for t in grown] == ["node-0", "node-1", "node-2"]
+
+
+@pytest.mark.parametrize(
+    ("args", "said"),
+    [
+        (["-w", "node-7", "x"], "--nodelist names node-7, not in the job's allocation .node-0, node-1."),
+        (["-w", "node-[0-1]", "-N", "1", "x"], "--nodelist names 2 nodes, more than -N/--nodes=1"),
+        (["-w", "node-[0-1]", "-n", "1", "x"], "1 task.s. cannot run on 2 nodes"),
+        (["-w", "node-1", "-n", "3", "x"], "3 tasks are more than the allocation: 1 node.s. x 2 task.s. per node"),
+    ],
+)
+def test_srun_nodelist_past_the_allocation_is_refused(args: list[str], said: str) -> None:
+    with pytest.raises(SrunError, match=said):
+        plan_step(parse_srun(args), ["node-0", "node-1"], 2, 4)
+
+
+def test_tasks_per_node_are_written_as_slurm_writes_them() -> None:
+    assert slurm.tasks_per_node_text([8, 8]) == "8(x2)"
+    assert slurm.tasks_per_node_text([2, 2, 1]) == "2(x2),1"
+    assert slurm.tasks_per_node_text([1, 2, 2, 2, 1]) == "1,2(x3),1"
+    assert slurm.tasks_per_node_text([4]) == "4"
+    tasks = plan_step(parse_srun(["x"]), ["n0", "n1"], 2, 4)
+    env = task_environment("job-1", 0, tasks, tasks[0])
+    assert env["SLURM_TASKS_PER_NODE"] == env["SLURM_STEP_TASKS_PER_NODE"] == "2(x2)"
+
+
+def test_a_batch_job_without_gpus_has_no_slurm_gpus_on_node() -> None:
+    env = rank_environment(batch_launch("n0", 0, [0, 1]), None)
+    assert "SLURM_GPUS_ON_NODE" not in env[0] and "SLURM_GPUS_ON_NODE" not in env[1]
+    text = SCRIPT.replace("#SBATCH --partition=batch\n", "#SBATCH --partition=batch\n#SBATCH --gpus-per-node=2\n")
+    spec = parse_sbatch(text, filename="g.sh", submit_dir="/home/me/run").spec
+    cmd = batch_launch("n0", 0, [0, 1]).model_copy(update={"spec": spec})
+    cmd = cmd.model_copy(
+        update={"ranks": [RankPlacement(rank=r, node="n0", gpus=[r], cpus=3, memory_mb=64) for r in (0, 1)]}
+    )
+    assert rank_environment(cmd, None)[0]["SLURM_GPUS_ON_NODE"] == "2"
 
 
 def test_step_layout_is_block_distributed_over_the_allocation() -> None:
@@ -198,7 +291,9 @@ def pending(spool: Path) -> list[Path]:
     return sorted(spool.glob("*.req"))
 
 
-async def run_shim(spool: Path, server: StepServer, *args: str) -> tuple[int, str, str]:
+async def run_shim(
+    spool: Path, server: StepServer, *args: str, env: dict[str, str] | None = None
+) -> tuple[int, str, str]:
     """The real shim (a POSIX sh) against the server's request handling, served until it has its answer."""
     shell = shutil.which("sh")
     assert shell is not None
@@ -206,7 +301,7 @@ async def run_shim(spool: Path, server: StepServer, *args: str) -> tuple[int, st
         shell,
         str(slurm.SHIM_DIR / "srun"),
         *args,
-        env={"PATH": os.environ.get("PATH", "/usr/bin:/bin"), slurm.SPOOL_ENV: str(spool)},
+        env={"PATH": os.environ.get("PATH", "/usr/bin:/bin"), slurm.SPOOL_ENV: str(spool), **(env or {})},
         stdout=asyncio.subprocess.PIPE,
         stderr=asyncio.subprocess.PIPE,
     )
@@ -241,6 +336,40 @@ async def test_shim_round_trip_labels_output_and_exits_with_the_worst_task(tmp_p
     # The next srun is the next step.
     code, out, _ = await run_shim(spool, server_for(spool, fake), "-n", "1", "true")
     assert code == 0 and out == "n0 0 true\n"
+
+
+async def test_shim_hands_the_batch_shells_exported_variables_to_every_task(tmp_path: Path) -> None:
+    spool = slurm.prepare_spool(tmp_path, "job-1", 3)
+    fake = FakeNodes()
+    big = "x" * 60_000  # environments can be tens of KB
+    exported = {"NCCL_DEBUG": "INFO", "ODD": "a b\nc='d'\"$e", "BIG": big, "HOSTNAME": "batch", "SLURM_PROCID": "0"}
+    code, _, _ = await run_shim(spool, server_for(spool, fake), "-n", "3", "true", env=exported)
+    assert code == 3  # the stand-in's task 1 exits 3
+    for _, step in fake.steps:
+        assert step.env["NCCL_DEBUG"] == "INFO" and step.env["ODD"] == "a b\nc='d'\"$e" and step.env["BIG"] == big
+        assert "HOSTNAME" not in step.env and "SLURM_PROCID" not in step.env  # the shell's own; the step's own
+        assert all(t.env["SLURM_PROCID"] == str(t.procid) for t in step.tasks)
+    assert list(spool.iterdir()) == []
+    fake.steps.clear()
+    await run_shim(spool, server_for(spool, fake), "--export=NONE", "true", env=exported)
+    assert all(step.env == {} for _, step in fake.steps)
+    fake.steps.clear()
+    await run_shim(spool, server_for(spool, fake), "--export=NCCL_DEBUG,A=1", "true", env=exported)
+    assert all(step.env == {"NCCL_DEBUG": "INFO", "A": "1"} for _, step in fake.steps)
+
+
+def test_exported_variables_unchanged_since_the_batch_container_started_are_each_containers_own(
+    tmp_path: Path,
+) -> None:
+    cmd = batch_launch("n0", 0, [0, 1])
+    server = StepServer(None, cmd, tmp_path, FakeNodes().run, FakeNodes().release)  # type: ignore[arg-type]
+    start = rank_environment(cmd, None, in_container=True)[0]
+    exported = {**start, "MASTER_PORT": "6000", "WORLD_SIZE": "16", "PATH": "/venv/bin:" + start["PATH"], "FOO": "1"}
+    passed = server.passed_environment(parse_srun(["x"]), exported)
+    # What the script set or changed passes (as Slurm's --export=ALL); RANK, CUDA_VISIBLE_DEVICES, SLURM_NODEID...
+    # as the batch container had them stay each task's container's own.
+    assert passed == {"MASTER_PORT": "6000", "WORLD_SIZE": "16", "PATH": "/venv/bin:" + start["PATH"], "FOO": "1"}
+    assert server.passed_environment(parse_srun(["--export=NONE", "x"]), exported) == {}
 
 
 async def test_shim_refuses_an_unknown_option_on_stderr(tmp_path: Path) -> None:

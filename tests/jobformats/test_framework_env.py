@@ -145,3 +145,62 @@ def test_request_reserves_and_limit_caps() -> None:
     inverted_mem = capped.replace("memory: 16Gi", "memory: 1Gi")
     with pytest.raises(JobFormatError, match=r"requests\.memory: request 8192 MiB is more than the limit 1024 MiB"):
         load_job_document(inverted_mem, filename="t.yaml")
+
+
+def _elastic(policy: str) -> str:
+    text = (SAMPLES / "pytorchjob_kueue.yaml").read_text()
+    return text.replace("spec:\n  runPolicy:", f"spec:\n  elasticPolicy:\n{policy}  runPolicy:", 1)
+
+
+def test_elastic_policy_gives_the_operators_rendezvous_variables() -> None:
+    policy = (
+        "    rdzvBackend: c10d\n    minReplicas: 1\n    maxReplicas: 4\n    maxRestarts: 7\n    rdzvId: run-1\n"
+        "    rdzvConf:\n    - {key: join_timeout, value: '600'}\n    - {key: last_call_timeout, value: '5'}\n"
+    )
+    tr = load_job_document(_elastic(policy), filename="j.yaml")
+    env = rank_environment(_launch(tr.spec, ["a", "b"], "b"), None)[1]
+    assert env["PET_RDZV_BACKEND"] == "c10d" and env["PET_RDZV_ENDPOINT"] == "10.0.0.1:29500"
+    assert (env["PET_NNODES"], env["PET_MAX_RESTARTS"], env["PET_RDZV_ID"]) == ("1:4", "7", "run-1")
+    assert env["PET_RDZV_CONF"] == "join_timeout=600,last_call_timeout=5"
+    assert env["PET_NODE_RANK"] == "1" and env["PET_MASTER_ADDR"] == "10.0.0.1"
+    assert any("never adds or removes one" in w and "PET_NNODES=1:4" in w for w in tr.warnings)
+
+
+def test_elastic_policy_bounds_default_as_the_operator_defaults_them() -> None:
+    # No bounds: min = max = the Worker replicas (3, beside 1 Master); one bound: the other is the same; the
+    # backend defaults to c10d.
+    for policy, nnodes in (
+        ("    maxRestarts: 3\n", "3:3"),
+        ("    maxReplicas: 5\n", "5:5"),
+        ("    minReplicas: 2\n", "2:2"),
+    ):
+        spec = load_job_document(_elastic(policy), filename="j.yaml").spec
+        env = rank_environment(_launch(spec, ["a", "b"], "a"), None)[0]
+        assert env["PET_NNODES"] == nnodes
+        assert env["PET_RDZV_BACKEND"] == "c10d" and env["PET_RDZV_ENDPOINT"] == "10.0.0.1:29500"
+        assert ("PET_MAX_RESTARTS" in env) == ("maxRestarts" in policy)
+
+
+@pytest.mark.parametrize(
+    ("policy", "said"),
+    [
+        ("    rdzvBackend: zookeeper\n", r"rdzvBackend: must be one of c10d, etcd, etcd-v2"),
+        ("    minReplicas: 3\n    maxReplicas: 2\n", r"minReplicas: must not be more than maxReplicas"),
+        ("    maxRestarts: -1\n", r"maxRestarts: must be >= 0"),
+    ],
+)
+def test_a_bad_elastic_policy_is_refused(policy: str, said: str) -> None:
+    with pytest.raises(JobFormatError, match=said):
+        load_job_document(_elastic(policy), filename="j.yaml")
+
+
+def test_elastic_policy_rendezvous_host_and_port_are_named_as_unused() -> None:
+    tr = load_job_document(_elastic("    rdzvHost: etcd-svc\n    rdzvPort: 2379\n"), filename="j.yaml")
+    assert any(w.startswith("spec.elasticPolicy.rdzvHost: not used") for w in tr.warnings)
+    assert any(w.startswith("spec.elasticPolicy.rdzvPort: not used") for w in tr.warnings)
+
+
+def test_a_pytorchjob_without_elastic_policy_gets_no_rendezvous_variables() -> None:
+    spec = load_job_document((SAMPLES / "pytorchjob_kueue.yaml").read_text(), filename="j.yaml").spec
+    env = rank_environment(_launch(spec, ["a", "b"], "a"), None)[0]
+    assert not any(k.startswith("PET_RDZV") for k in env) and env["PET_NNODES"] == "2"

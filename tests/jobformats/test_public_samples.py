@@ -67,24 +67,7 @@ SITE_MAPPED: dict[str, SiteMap] = {
 
 # Goldens whose content is not what the framework would do: the gap, named. Strict: fixing it fails the xfail, and
 # the golden is then regenerated and read again.
-_NO_GPU_ON_NODE = (
-    "runtime/slurm.py allocation_environment: a job that asks for no GPU (its rank holds the 0.001 share) gets "
-    "SLURM_GPUS_ON_NODE=1; Slurm sets it only when GPUs are allocated, and scripts size their launchers by it"
-)
-XFAIL: dict[str, str] = {
-    "pytorchjob_elastic_echo.yaml": (
-        "elasticPolicy: the training operator gives every worker PET_RDZV_BACKEND (c10d), PET_RDZV_ENDPOINT (worker 0 "
-        "and its port) and PET_MAX_RESTARTS; OnePlus sets none, and `torch.distributed.run --rdzv_backend=c10d` with "
-        "no endpoint rendezvous on localhost: the two workers never meet (the golden holds the operator's variables)"
-    ),
-    "pytorchjob_elastic_imagenet.yaml": (
-        "elasticPolicy: the operator gives PET_RDZV_BACKEND=c10d, PET_RDZV_ENDPOINT (worker 0) and "
-        "PET_MAX_RESTARTS=100; OnePlus sets none (torchrun falls back to a static rendezvous, which meets, but a "
-        "failing worker ends the job instead of restarting the group up to 100 times; only PET_NNODES is warned about)"
-    ),
-    "mle_cron_hourly.slurm": _NO_GPU_ON_NODE,
-    "mle_fs_watchdog.slurm": _NO_GPU_ON_NODE,
-}
+XFAIL: dict[str, str] = {}
 
 # The variables a rank gets from the platform and its framework (not the job's own, not the volatile ones).
 _KEEP = re.compile(
@@ -326,39 +309,7 @@ SCRIPT_STEPS_REFUSED: dict[str, tuple[list[str], str]] = {
         r"unrecognized option '--container-image=",
     ),
 }
-_NO_WAIT = (
-    "runtime/slurm.py parse_srun refuses --wait (and --jobid): Slurm takes --wait=60 (end the step 60 s after the "
-    "first task ends) and --jobid naming the job's own allocation; the script's training step never starts"
-)
-_NO_NODELIST = (
-    "runtime/slurm.py parse_srun refuses -w/--nodelist: Slurm runs the step on the named nodes of the allocation "
-    "(the Ray head/worker, vLLM and training steps are placed by it)"
-)
-_NO_DISTRIBUTION = (
-    "runtime/slurm.py parse_srun refuses --distribution=block:block (Slurm's default layout, block over nodes, "
-    "block over sockets): the training step never starts"
-)
-STEP_XFAIL: dict[str, str] = {
-    **{
-        f"{name}[0]": _NO_WAIT
-        for name in (
-            "bigscience_tr11_176b_ml.slurm",
-            "bigscience_tr11_setup_test_n2.slurm",
-            "bigscience_tr1_13b_round1.slurm",
-            "mle_accelerate_launcher.slurm",
-            "mle_example.slurm",
-            "mle_lightning_launcher.slurm",
-            "mle_srun_launcher.slurm",
-            "mle_torchrun_launcher.slurm",
-            "openr1_train.slurm",
-        )
-    },
-    "openr1_generate.slurm[0]": _NO_NODELIST,
-    "openr1_generate.slurm[1]": _NO_NODELIST,
-    "openr1_serve_r1.slurm[0]": _NO_NODELIST,
-    "olmo_c4_small_on_lumi.sh[0]": _NO_DISTRIBUTION,
-    "olmo_mitchish65.sh[0]": _NO_DISTRIBUTION,
-}
+STEP_XFAIL: dict[str, str] = {}
 
 
 def _steps() -> list[Any]:
@@ -393,12 +344,6 @@ def test_an_srun_option_of_a_plugin_the_site_lacks_is_refused(name: str) -> None
         _plan(name, argv)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="runtime/slurm_bin/srun sends only its arguments and working directory: the variables the batch script "
-    "exported (mle_srun_launcher.slurm: MASTER_ADDR, MASTER_PORT=6000, WORLD_SIZE=$SLURM_NPROCS; OLMo's NCCL_*/"
-    "PYTHONPATH; a venv's PATH) never reach the step's tasks, where Slurm's srun (--export=ALL) passes them all",
-)
 def test_srun_hands_the_batch_shells_exported_variables_to_its_tasks(tmp_path: Path) -> None:
     shim = SHIM_DIR / "srun"
     env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), SPOOL_ENV: str(tmp_path), "MASTER_PORT": "6000"}

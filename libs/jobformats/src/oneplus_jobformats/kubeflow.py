@@ -145,6 +145,69 @@ def _unknown_roles(r: FieldReader, specs: dict[str, Any], path: str, known: tupl
             raise r.error(child(path, role), f"unknown replica type; use {' and '.join(known)}")
 
 
+# The rendezvous backends torch.distributed.run knows (the operator's RDZVBackend enum: c10d, etcd, etcd-v2).
+_RDZV_BACKENDS = ("c10d", "etcd", "etcd-v2")
+
+
+def _elastic_policy(r: FieldReader, spec: dict[str, Any], specs: dict[str, Any], fields: dict[str, Any]) -> None:
+    """Training Operator v1.9 elasticPolicy (`pytorch/elastic.go`): torchrun's elastic options as PET_* variables,
+    kept in the job's env; the executor adds PET_RDZV_ENDPOINT (rank 0's node and port, where the operator names
+    worker 0) for a job whose env has PET_RDZV_BACKEND. min/maxReplicas default to each other, then to the Worker
+    replicas, and PET_NNODES is `min:max`. OnePlus starts the replicas together and never adds or removes one."""
+    path = "spec.elasticPolicy"
+    policy = r.mapping(spec, "elasticPolicy", "spec")
+    if "elasticPolicy" not in spec:
+        return
+    r.use(path)
+    env = fields.setdefault("env", {})
+    backend = r.string(policy, "rdzvBackend", path) or "c10d"
+    if backend not in _RDZV_BACKENDS:
+        raise r.error(f"{path}.rdzvBackend", f"must be one of {', '.join(_RDZV_BACKENDS)} (got {backend!r})")
+    env["PET_RDZV_BACKEND"] = backend
+    low = r.integer(policy, "minReplicas", path, minimum=1)
+    high = r.integer(policy, "maxReplicas", path, minimum=1)
+    worker = specs.get("Worker")
+    count = worker.get("replicas", 1) if isinstance(worker, dict) else 1
+    replicas = count if isinstance(count, int) and not isinstance(count, bool) else 1
+    low, high = low or high or replicas, high or low or replicas
+    if low > high:
+        raise r.error(f"{path}.minReplicas", f"must not be more than maxReplicas ({low} > {high})")
+    env["PET_NNODES"] = f"{low}:{high}"
+    if low != high:
+        started = fields.get("ranks", replicas)
+        r.warn(
+            path,
+            f"OnePlus starts the {started} replica(s) together and never adds or removes one; torchrun gets "
+            f"PET_NNODES={low}:{high} and may go on with fewer after a failure",
+        )
+    restarts = r.integer(policy, "maxRestarts", path)
+    if restarts is not None:
+        env["PET_MAX_RESTARTS"] = str(restarts)
+    rdzv_id = r.string(policy, "rdzvId", path)
+    if rdzv_id is not None:
+        env["PET_RDZV_ID"] = rdzv_id
+    conf = r.sequence(policy, "rdzvConf", path)
+    if conf:
+        r.use(f"{path}.rdzvConf")
+        pairs = []
+        for i, item in enumerate(conf):
+            if not isinstance(item, dict) or not isinstance(item.get("key"), str):
+                raise r.error(f"{path}.rdzvConf[{i}]", "must be a mapping with key and value")
+            pairs.append(f"{item['key']}={item.get('value', '')}")
+        env["PET_RDZV_CONF"] = ",".join(pairs)
+    if r.boolean(policy, "standalone", path):
+        env["PET_STANDALONE"] = ""
+    nproc = r.integer(policy, "nProcPerNode", path, minimum=1)
+    if nproc is not None:
+        env.setdefault("PET_NPROC_PER_NODE", str(nproc))
+    for key in ("rdzvHost", "rdzvPort"):
+        if r.opt(policy, key, path) is not None:
+            r.warn(f"{path}.{key}", "not used: the rendezvous is rank 0's node and the port OnePlus gives it "
+                   "(PET_RDZV_ENDPOINT)")  # fmt: skip
+    if r.opt(policy, "metrics", path) is not None:
+        r.warn(f"{path}.metrics", "not used: OnePlus does not scale a job's replicas by its metrics")
+
+
 def translate_pytorchjob(doc: dict[str, Any], filename: str) -> Translation:
     r, fields, origin, spec = _start(doc, filename)
     path = "spec.pytorchReplicaSpecs"
@@ -161,9 +224,7 @@ def translate_pytorchjob(doc: dict[str, Any], filename: str) -> Translation:
         if nproc not in ("auto", "cpu", "gpu") and not (nproc.isascii() and nproc.isdigit() and int(nproc) > 0):
             raise r.error("spec.nprocPerNode", f"must be auto, cpu, gpu or a positive number (got {nproc!r})")
         fields.setdefault("env", {})["PET_NPROC_PER_NODE"] = nproc
-    elastic = r.opt(spec, "elasticPolicy", "spec")
-    if elastic is not None:
-        r.warn("spec.elasticPolicy", "OnePlus runs a fixed gang; PET_NNODES is the replica count, not min:max")
+    _elastic_policy(r, spec, specs, fields)
     fields["framework"] = "pytorchjob"
     _run_policy(r, spec, "spec", fields, origin)
     return _finish(r, fields, origin, "PyTorchJob")

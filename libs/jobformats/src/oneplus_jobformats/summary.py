@@ -67,4 +67,9 @@ def resource_notes(spec: JobSpec) -> list[str]:
             "each rank gets PET_NNODES=ranks, PET_NODE_RANK=its rank, PET_MASTER_ADDR/PET_MASTER_PORT=rank 0's "
             "MASTER_ADDR/MASTER_PORT, PET_NPROC_PER_NODE, WORLD_SIZE and RANK"
         )
+        if "PET_RDZV_BACKEND" in spec.env:
+            notes.append(
+                f"elastic: PET_NNODES={spec.env.get('PET_NNODES', spec.ranks)}, PET_RDZV_BACKEND="
+                f"{spec.env['PET_RDZV_BACKEND']}, PET_RDZV_ENDPOINT=rank 0's MASTER_ADDR:MASTER_PORT"
+            )
     return notes

@@ -25,6 +25,7 @@ import contextlib
 import json
 import logging
 import os
+import re
 import shutil
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
@@ -32,6 +33,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol, TypeGuard
 
 from oneplus_contracts import JobSpec, LaunchRanks, RankPlacement, subjects
+from oneplus_contracts.slurm import expand_hostlist
 from pydantic import BaseModel, ConfigDict, Field
 
 if TYPE_CHECKING:
@@ -132,8 +134,7 @@ def allocation_environment(cmd: LaunchRanks, placement: RankPlacement) -> dict[s
         "SLURM_NTASKS": str(ntasks),
         "SLURM_NPROCS": str(ntasks),
         "SLURM_NTASKS_PER_NODE": str(per_node),
-        "SLURM_TASKS_PER_NODE": f"{per_node}(x{len(nodes)})" if len(nodes) > 1 else str(per_node),
-        "SLURM_GPUS_ON_NODE": str(gpus_here),
+        "SLURM_TASKS_PER_NODE": tasks_per_node_text([per_node] * len(nodes)),
         "SLURM_NODEID": str(cmd.node_rank),
         "SLURMD_NODENAME": cmd.node,
         "SLURM_JOB_PARTITION": (slurm.partition if slurm is not None and slurm.partition else spec.queue),
@@ -143,6 +144,8 @@ def allocation_environment(cmd: LaunchRanks, placement: RankPlacement) -> dict[s
         "PATH": PATH,
         SPOOL_ENV: CONTAINER_SPOOL,
     }
+    if spec.resources.whole_gpus and gpus_here:  # a job without GPUs (its 0.001 share) has none, as in Slurm
+        env["SLURM_GPUS_ON_NODE"] = str(gpus_here)
     if slurm is not None and slurm.cpus_per_task:
         env["SLURM_CPUS_PER_TASK"] = str(slurm.cpus_per_task)
     if slurm is not None and slurm.submit_dir:
@@ -185,13 +188,23 @@ class SrunOptions:
     ntasks_per_node: int | None
     label: bool
     argv: list[str]
+    nodelist: tuple[str, ...] | None = None  # -w/--nodelist, expanded
+    jobid: str | None = None  # --jobid, checked against the job when known
+    export_all: bool = True  # --export: ALL (the default) passes the batch shell's exported variables
+    export_names: tuple[str, ...] = ()  # --export=NAME,...: those only
+    export_set: tuple[tuple[str, str], ...] = ()  # --export=...,NAME=value
 
 
 _VALUED = {"-n": "ntasks", "--ntasks": "ntasks", "-N": "nodes", "--nodes": "nodes"}
 _VALUED.update({"--ntasks-per-node": "ntasks-per-node"})
+# Options taking a value that OnePlus reads itself (beside the counts above).
+_READ_VALUED = {"-w", "--nodelist", "--jobid", "-m", "--distribution", "--export", "-W", "--wait"}
 # Accepted and without effect here (the step runs in the job's containers as they are).
 _IGNORED_VALUED = {"-J", "--job-name", "--mpi", "--cpu-bind", "-c", "--cpus-per-task"}
-_IGNORED_FLAGS = {"--exact", "--overlap", "--export", "-u", "--unbuffered", "-K", "--kill-on-bad-exit"}
+_IGNORED_FLAGS = {"--exact", "--overlap", "-u", "--unbuffered", "-K", "--kill-on-bad-exit"}
+# Short options whose value may be glued on (-n4, -wnode1).
+_SHORT_VALUED = ("-n", "-N", "-J", "-c", "-w", "-m", "-W")
+_EXPORT_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 
 
 def _count(name: str, text: str) -> int:
@@ -200,10 +213,61 @@ def _count(name: str, text: str) -> int:
     return int(text)
 
 
-def parse_srun(args: Sequence[str]) -> SrunOptions:
-    """srun's command line: the options OnePlus honours (-n, -N, --ntasks-per-node, -l), then the task's command."""
+def _nodelist(text: str) -> tuple[str, ...]:
+    if "/" in text:
+        raise SrunError(f"srun: error: --nodelist={text!r}: a file of node names is not supported by OnePlus; "
+                        "give the names (node-a,node-b or node-[1-2])")  # fmt: skip
+    try:
+        names = expand_hostlist(text)
+    except ValueError as e:
+        raise SrunError(f"srun: error: --nodelist={text!r}: {e}") from None
+    if not names:
+        raise SrunError("srun: error: --nodelist names no node")
+    return tuple(dict.fromkeys(names))
+
+
+def _distribution(text: str) -> None:
+    """Slurm's -m/--distribution: node level[:socket level[:core level]][,Pack|NoPack]. The node level decides which
+    node each task runs on; OnePlus lays tasks out in blocks, so only block (or *, its default) is honoured. The
+    levels below place tasks on sockets and cores inside a node, which the job's containers do not split."""
+    node_level = text.split(",")[0].split(":")[0]
+    if node_level in ("block", "*", ""):
+        return
+    if node_level in ("cyclic", "arbitrary", "plane") or node_level.startswith("plane="):
+        raise SrunError(f"srun: error: --distribution={text}: OnePlus distributes a step's tasks over nodes in "
+                        f"blocks only ({node_level} is not supported; use block, the default)")  # fmt: skip
+    raise SrunError(f"srun: error: --distribution={text}: invalid distribution {node_level!r}")
+
+
+def _export(text: str) -> tuple[bool, tuple[str, ...], tuple[tuple[str, str], ...]]:
+    """--export: ALL (the default), NONE/NIL, or NAME and NAME=value items, ALL among them to keep the rest."""
+    every = False
+    names: list[str] = []
+    sets: list[tuple[str, str]] = []
+    for item in text.split(","):
+        name, eq, value = item.partition("=")
+        if not eq and name in ("ALL", ""):
+            every = True
+        elif not eq and name in ("NONE", "NIL"):
+            continue
+        elif _EXPORT_NAME.fullmatch(name):
+            if eq:
+                sets.append((name, value))
+            else:
+                names.append(name)
+        else:
+            raise SrunError(f"srun: error: --export={text}: {item!r} is not ALL, NONE, NAME or NAME=value")
+    return every, tuple(names), tuple(sets)
+
+
+def parse_srun(args: Sequence[str], job_id: str | None = None) -> SrunOptions:
+    """srun's command line: the options OnePlus honours (-n, -N, --ntasks-per-node, -w, -l, --export, ...), then
+    the task's command. `job_id`, when given, is the job's: --jobid naming another job is refused."""
     counts: dict[str, int] = {}
     label = False
+    nodelist: tuple[str, ...] | None = None
+    jobid: str | None = None
+    export: tuple[bool, tuple[str, ...], tuple[tuple[str, str], ...]] = (True, (), ())
     i = 0
     args = list(args)
     while i < len(args):
@@ -215,13 +279,13 @@ def parse_srun(args: Sequence[str]) -> SrunOptions:
             break
         name, eq, value = arg.partition("=")
         short_value = None
-        if not eq and len(arg) > 2 and arg[1] != "-" and arg[:2] in ("-n", "-N", "-J", "-c"):
+        if not eq and len(arg) > 2 and arg[1] != "-" and arg[:2] in _SHORT_VALUED:
             name, short_value = arg[:2], arg[2:]  # -n4
         if name in ("-l", "--label"):
             if eq:
                 raise SrunError(f"srun: error: {name} takes no value")
             label = True
-        elif name in _VALUED or name in _IGNORED_VALUED:
+        elif name in _VALUED or name in _IGNORED_VALUED or name in _READ_VALUED:
             if eq:
                 given = value
             elif short_value is not None:
@@ -233,17 +297,40 @@ def parse_srun(args: Sequence[str]) -> SrunOptions:
                 given = args[i]
             if name in _VALUED:
                 counts[_VALUED[name]] = _count(_VALUED[name], given)
+            elif name in ("-w", "--nodelist"):
+                nodelist = _nodelist(given)
+            elif name == "--jobid":
+                if job_id is not None and given != job_id:
+                    raise SrunError(f"srun: error: --jobid={given}: this batch script's job is {job_id}; a step "
+                                    "runs only on its own job's allocation in OnePlus")  # fmt: skip
+                jobid = given
+            elif name in ("-m", "--distribution"):
+                _distribution(given)
+            elif name == "--export":
+                export = _export(given)
+            elif name in ("-W", "--wait") and not (given.isascii() and given.isdigit()):
+                raise SrunError(f"srun: error: {name}={given!r}: expected a number of seconds")
         elif name in _IGNORED_FLAGS:
-            if name == "--export" and value.split(",")[0] not in ("ALL", ""):
-                raise SrunError(f"srun: error: {arg}: only --export=ALL (the default) is supported by OnePlus")
+            pass
         else:
             raise SrunError(f"srun: error: unrecognized option {arg!r} (OnePlus's srun takes -n, -N, "
-                            "--ntasks-per-node and -l; see docs/submitting.md)")  # fmt: skip
+                            "--ntasks-per-node, -w, -l and --export; see docs/submitting.md)")  # fmt: skip
         i += 1
     argv = args[i:]
     if not argv:
         raise SrunError("srun: error: no command to run")
-    return SrunOptions(counts.get("ntasks"), counts.get("nodes"), counts.get("ntasks-per-node"), label, argv)
+    return SrunOptions(
+        counts.get("ntasks"),
+        counts.get("nodes"),
+        counts.get("ntasks-per-node"),
+        label,
+        argv,
+        nodelist=nodelist,
+        jobid=jobid,
+        export_all=export[0],
+        export_names=export[1],
+        export_set=export[2],
+    )
 
 
 # -- the step's layout ---------------------------------------------------------------------------------------------
@@ -253,17 +340,37 @@ def parse_srun(args: Sequence[str]) -> SrunOptions:
 class StepTask:
     procid: int
     node: str
-    nodeid: int  # the node's index in the job's node list (SLURM_NODEID)
+    nodeid: int  # the node's index in the step's nodes (SLURM_NODEID)
     localid: int
 
 
+def _step_nodes(opts: SrunOptions, nodes: Sequence[str]) -> tuple[list[str], int | None]:
+    """The nodes a step may use, in the allocation's order, and how many it must use (None: up to the layout).
+    -w/--nodelist: the named nodes all, and with -N past their number, the allocation's next ones (as Slurm)."""
+    if opts.nodelist is None:
+        return list(nodes), opts.nodes
+    outside = [n for n in opts.nodelist if n not in nodes]
+    if outside:
+        raise SrunError(f"srun: error: --nodelist names {', '.join(outside)}, not in the job's allocation "
+                        f"({', '.join(nodes)})")  # fmt: skip
+    named = [n for n in nodes if n in opts.nodelist]
+    if opts.nodes is not None and opts.nodes < len(named):
+        raise SrunError(f"srun: error: --nodelist names {len(named)} nodes, more than -N/--nodes={opts.nodes}")
+    if opts.nodes is None or opts.nodes == len(named):
+        return named, len(named)
+    extra = [n for n in nodes if n not in opts.nodelist][: opts.nodes - len(named)]
+    chosen = set(named) | set(extra)
+    return [n for n in nodes if n in chosen], opts.nodes
+
+
 def plan_step(opts: SrunOptions, nodes: Sequence[str], capacity_per_node: int, job_ntasks: int) -> list[StepTask]:
-    """The step's tasks, block-distributed: consecutive ranks fill the first nodes; refused past the allocation."""
+    """The step's tasks, block-distributed: consecutive ranks fill the first nodes; refused past the allocation.
+    SLURM_NODEID is the node's index in the step (0 on the step's first node)."""
     if not nodes:
         raise SrunError("srun: error: the job has no nodes")
-    n_nodes = opts.nodes
-    if n_nodes is not None and n_nodes > len(nodes):
-        raise SrunError(f"srun: error: {n_nodes} nodes asked for, the job's allocation has {len(nodes)}")
+    if opts.nodes is not None and opts.nodes > len(nodes):
+        raise SrunError(f"srun: error: {opts.nodes} nodes asked for, the job's allocation has {len(nodes)}")
+    nodes, n_nodes = _step_nodes(opts, nodes)
     if opts.ntasks_per_node is not None:
         if opts.ntasks_per_node > capacity_per_node:
             raise SrunError(
@@ -275,9 +382,12 @@ def plan_step(opts: SrunOptions, nodes: Sequence[str], capacity_per_node: int, j
     elif opts.ntasks is not None:
         ntasks = opts.ntasks
         n_nodes = n_nodes or min(len(nodes), ntasks)
+    elif opts.nodes is None and opts.nodelist is None:
+        n_nodes = len(nodes)
+        ntasks = job_ntasks
     else:
         n_nodes = n_nodes or len(nodes)
-        ntasks = job_ntasks if opts.nodes is None else n_nodes * capacity_per_node
+        ntasks = n_nodes * capacity_per_node
     if ntasks < n_nodes:
         raise SrunError(f"srun: error: {ntasks} task(s) cannot run on {n_nodes} nodes (at least one per node)")
     per_node = [ntasks // n_nodes + (1 if i < ntasks % n_nodes else 0) for i in range(n_nodes)]
@@ -293,6 +403,19 @@ def plan_step(opts: SrunOptions, nodes: Sequence[str], capacity_per_node: int, j
         for localid in range(count):
             tasks.append(StepTask(len(tasks), nodes[nodeid], nodeid, localid))
     return tasks
+
+
+def tasks_per_node_text(counts: Sequence[int]) -> str:
+    """Slurm's form of tasks per node: runs of equal counts as `N(xM)`, e.g. `8(x2),4`."""
+    parts: list[str] = []
+    i = 0
+    while i < len(counts):
+        j = i
+        while j + 1 < len(counts) and counts[j + 1] == counts[i]:
+            j += 1
+        parts.append(f"{counts[i]}(x{j - i + 1})" if j > i else str(counts[i]))
+        i = j + 1
+    return ",".join(parts)
 
 
 def task_environment(job_id: str, step_id: int, tasks: Sequence[StepTask], task: StepTask) -> dict[str, str]:
@@ -314,8 +437,8 @@ def task_environment(job_id: str, step_id: int, tasks: Sequence[StepTask], task:
         "SLURM_STEP_NUM_NODES": str(len(step_nodes)),
         "SLURM_NNODES": str(len(step_nodes)),
         "SLURM_STEP_NODELIST": ",".join(step_nodes),
-        "SLURM_STEP_TASKS_PER_NODE": ",".join(str(c) for c in counts),
-        "SLURM_TASKS_PER_NODE": ",".join(str(c) for c in counts),
+        "SLURM_STEP_TASKS_PER_NODE": tasks_per_node_text(counts),
+        "SLURM_TASKS_PER_NODE": tasks_per_node_text(counts),
         "SLURM_LOCAL_NODE_TASKS": str(on_node),
     }
 
@@ -341,6 +464,9 @@ class NodeStep(_Model):
     argv: list[str]
     cwd: str | None = None
     tasks: list[TaskRun]
+    # The batch shell's exported variables the step passes (--export), once for all tasks; each task's own `env`
+    # (its SLURM_* step identity) is laid over them.
+    env: dict[str, str] = Field(default_factory=dict)
 
 
 class TaskResult(_Model):
@@ -393,7 +519,7 @@ async def run_tasks(runtime: DockerRuntime, step: NodeStep) -> NodeStepReply:
 async def _exec(runtime: DockerRuntime, cid: str, step: NodeStep, task: TaskRun) -> TaskResult:
     async with runtime._engine("running a step task") as docker:
         container = docker.containers.container(cid)
-        kwargs: dict[str, Any] = {"environment": task.env}
+        kwargs: dict[str, Any] = {"environment": {**step.env, **task.env}}
         if step.cwd:
             kwargs["workdir"] = step.cwd
         ex = await container.exec(step.argv, stdout=True, stderr=True, **kwargs)
@@ -455,6 +581,13 @@ def _write(path: Path, text: str) -> None:
     os.replace(tmp, path)
 
 
+_UNKNOWN = "\0"  # a value no variable has
+# The batch shell's variables that are its own process's, never a task's.
+_SHELL_OWN = frozenset({"HOSTNAME", "PWD", "OLDPWD", "SHLVL", "_", "PPID", "PS1", "PS2", "PS4", "IFS", "OPTIND"})
+# The step's own (srun sets them per task; the shell's values are the batch step's).
+_STEP_OWN_PREFIXES = ("SLURM_STEP", "SLURM_PROCID", "SLURM_LOCALID", "SLURM_NODEID", "SLURMD_NODENAME")
+
+
 def _labelled(text: str, procid: int, label: bool) -> str:
     if not label or not text:
         return text
@@ -478,6 +611,7 @@ class StepServer:
         self.transport = transport
         self.release = release
         self.next_step = 0
+        self._start_env: dict[str, str] | None = None
 
     async def run(self) -> None:
         """Serve requests until the batch container has ended, then release the holders (every node's).
@@ -542,13 +676,14 @@ class StepServer:
             argc = int(lines[0])
             args = [_read(self.spool / f"{rid}.arg{i}") for i in range(argc)]
             cwd = _read(self.spool / f"{rid}.cwd").strip() or None
+            exported = self._exported(rid)
         except (OSError, ValueError) as e:
             out, err, code = "", f"srun: error: the request could not be read: {e}\n", SRUN_USAGE_EXIT
         else:
             # Taken before it runs: an executor restarted meanwhile answers it as interrupted, never runs it twice.
             with contextlib.suppress(OSError):
                 os.replace(req, self.spool / f"{rid}.taken")
-            out, err, code = await self.step(args, cwd)
+            out, err, code = await self.step(args, cwd, exported)
         self._answer(rid, out, err, code)
 
     def _answer(self, rid: str, out: str, err: str, code: int) -> None:
@@ -570,11 +705,63 @@ class StepServer:
                 why = "srun: error: the node's executor restarted while this step ran; its outcome is unknown\n"
                 self._answer(rid, "", why, 1)
 
-    async def step(self, args: list[str], cwd: str | None) -> tuple[str, str, int]:
+    def _exported(self, rid: str) -> dict[str, str] | None:
+        """The environment srun ran with (`<id>.env`, NUL-separated NAME=value as /proc/self/environ has it); None
+        from a shim that sent none."""
+        try:
+            text = _read(self.spool / f"{rid}.env")
+        except FileNotFoundError:
+            return None
+        out: dict[str, str] = {}
+        for item in text.split("\0"):
+            name, eq, value = item.partition("=")
+            if eq and name and "\n" not in name:
+                out[name] = value
+        return out
+
+    def _batch_start_environment(self) -> dict[str, str]:
+        """What the batch container started with (as the executor gave it): unchanged, such a variable is the
+        container's own, and every task's container has its own value of it."""
+        if self._start_env is None:
+            from .environment import PLATFORM_KEYS, rank_environment
+
+            topo = getattr(self.runtime, "topology", None)
+            try:
+                envs = rank_environment(self.cmd, topo, in_container=getattr(self.runtime, "gpu_node", True))
+                batch = next(envs[p.rank] for p in self.cmd.ranks if is_batch_rank(p))
+            except (ValueError, StopIteration) as e:
+                # Not known: the platform's and the allocation's variables are then never passed.
+                log.warning("%s: the batch container's environment is not known (%s)", self.cmd.job_id, e)
+                batch = {k: _UNKNOWN for k in PLATFORM_KEYS}
+                allocation = allocation_environment(self.cmd, RankPlacement(rank=0, node="-", gpus=[]))
+                batch.update({k: _UNKNOWN for k in allocation})
+            self._start_env = batch
+        return self._start_env
+
+    def passed_environment(self, opts: SrunOptions, exported: dict[str, str] | None) -> dict[str, str]:
+        """The batch shell's variables a step's tasks get (Slurm's --export): all of them by default, the named ones
+        with --export=NAME,..., none with NONE; NAME=value items set. Left out: what the shell did not change from
+        the batch container's start (each task's container has its own value: RANK, CUDA_VISIBLE_DEVICES,
+        SLURMD_NODENAME, ...) and the shell's own per-process ones."""
+        exported = exported or {}
+        start = self._batch_start_environment()
+        names = exported if opts.export_all else opts.export_names
+        picked = {k: exported[k] for k in names if k in exported}
+        out = {
+            k: v
+            for k, v in picked.items()
+            if k not in _SHELL_OWN and start.get(k) not in (v, _UNKNOWN) and not k.startswith(_STEP_OWN_PREFIXES)
+        }
+        out.update(dict(opts.export_set))
+        return out
+
+    async def step(
+        self, args: list[str], cwd: str | None, exported: dict[str, str] | None = None
+    ) -> tuple[str, str, int]:
         """Run one srun: (stdout, stderr, exit status)."""
         spec = self.cmd.spec
         try:
-            opts = parse_srun(args)
+            opts = parse_srun(args, job_id=self.cmd.job_id)
             ntasks = spec.slurm.ntasks if spec.slurm is not None else self.cmd.world_size
             nodes = self.cmd.nodes or [self.cmd.node]
             # The solver may pack a CPU-only job on fewer nodes than --nodes asked for: their tasks still fit.
@@ -584,10 +771,12 @@ class StepServer:
             return "", f"{e}\n", SRUN_USAGE_EXIT
         step_id = self.next_step
         self.next_step += 1
+        passed = self.passed_environment(opts, exported)
         by_node: dict[str, NodeStep] = {}
         for t in tasks:
             ns = by_node.setdefault(
-                t.node, NodeStep(job_id=self.cmd.job_id, step_id=step_id, argv=opts.argv, cwd=cwd, tasks=[])
+                t.node,
+                NodeStep(job_id=self.cmd.job_id, step_id=step_id, argv=opts.argv, cwd=cwd, tasks=[], env=passed),
             )
             ns.tasks.append(
                 TaskRun(procid=t.procid, localid=t.localid, env=task_environment(self.cmd.job_id, step_id, tasks, t))
