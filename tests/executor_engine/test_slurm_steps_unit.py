@@ -415,6 +415,24 @@ def test_spool_files_are_never_read_through_a_link(tmp_path: Path) -> None:
     assert not spool.exists()
 
 
+async def test_a_request_whose_environment_is_a_link_is_refused_and_one_without_runs(tmp_path: Path) -> None:
+    secret = tmp_path / "secret"
+    secret.write_text("TOKEN=host secret")
+    spool = slurm.prepare_spool(tmp_path, "job-1", 3)
+    fake = FakeNodes()
+    server = server_for(spool, fake)
+    for rid in ("7", "8"):
+        (spool / f"{rid}.arg0").write_text("true")
+        (spool / f"{rid}.cwd").write_text("/\n")
+    (spool / "7.env").symlink_to(secret)
+    for rid in ("7", "8"):  # 8: a shim of before the environment was sent
+        (spool / f"{rid}.req").write_text("1\nend\n")
+        await server._serve(spool / f"{rid}.req")
+    assert (spool / "7.rc").read_text() == "1\n" and "the request could not be read" in (spool / "7.err").read_text()
+    assert (spool / "8.rc").read_text() == "3\n"  # ran (the stand-in's task 1 exits 3), with nothing exported
+    assert [step.env for _, step in fake.steps] == [{}, {}]
+
+
 def test_removing_one_job_s_spools_leaves_a_job_whose_id_it_prefixes(tmp_path: Path) -> None:
     mine = slurm.prepare_spool(tmp_path, "job-a", 1)
     (tmp_path / "job-a-t1.launch.json").write_text("{}")
