@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
+from collections.abc import Callable
 
 from nats.aio.client import Client
 from nats.js.errors import BucketNotFoundError, NotFoundError
@@ -24,3 +26,12 @@ async def wipe_bus(nc: Client) -> None:
     for bucket in (subjects.JOBS_KV, subjects.TOPOLOGY_KV, subjects.QUEUES_KV, subjects.SOLVER_STATE_KV):
         with contextlib.suppress(NotFoundError, BucketNotFoundError):
             await js.delete_key_value(bucket)
+
+
+async def until(check: Callable[[], object], timeout: float = 5.0) -> None:
+    """Until `check()` is true (polled every 10 ms); AssertionError after `timeout` seconds."""
+    deadline = asyncio.get_running_loop().time() + timeout
+    while not check():
+        if asyncio.get_running_loop().time() > deadline:
+            raise AssertionError("condition not reached in time")
+        await asyncio.sleep(0.01)

@@ -18,6 +18,7 @@ import pytest
 from oneplus_contracts import LaunchRanks, RankPlacement, subjects
 from oneplus_jobformats.sbatch import parse_sbatch
 from oneplus_node_executor.runtime import slurm
+from oneplus_node_executor.runtime.base import RanksExit
 from oneplus_node_executor.runtime.docker import DockerRuntime
 from oneplus_node_executor.runtime.environment import rank_environment
 
@@ -78,6 +79,24 @@ def node_launch(spec_script: str, job_id: str, nodes: list[str], node_rank: int)
     )
 
 
+async def serve_steps_until_the_end(
+    runtimes: dict[str, DockerRuntime], batch_cmd: LaunchRanks, spool: Path
+) -> list[RanksExit]:
+    """The batch node's step server, with the peers' tasks run in-process, until every node's ranks ended."""
+
+    async def transport(node: str, step: slurm.NodeStep) -> slurm.NodeStepReply:
+        return await slurm.run_tasks(runtimes[node], step)
+
+    async def release(node: str, rel: slurm.Release) -> None:
+        await slurm.release_holders(runtimes[node], rel.job_id)
+
+    batch = runtimes[batch_cmd.node]
+    server = asyncio.create_task(slurm.StepServer(batch, batch_cmd, spool, transport, release).run())
+    ends = await asyncio.wait_for(asyncio.gather(*(rt.wait(batch_cmd.job_id) for rt in runtimes.values())), 90)
+    await asyncio.wait_for(server, 10)
+    return list(ends)
+
+
 async def test_batch_script_runs_once_and_srun_runs_a_task_per_node(two_nodes: dict[str, DockerRuntime]) -> None:
     nodes = list(two_nodes)
     job_id = "job-" + uuid.uuid4().hex[:10]
@@ -85,17 +104,9 @@ async def test_batch_script_runs_once_and_srun_runs_a_task_per_node(two_nodes: d
     for cmd in reversed(cmds):  # the holders first, as a launch that reaches node b before node a would
         await two_nodes[cmd.node].launch(cmd, rank_environment(cmd, None))
 
-    async def transport(node: str, step: slurm.NodeStep) -> slurm.NodeStepReply:
-        return await slurm.run_tasks(two_nodes[node], step)
-
-    async def release(node: str, rel: slurm.Release) -> None:
-        await slurm.release_holders(two_nodes[node], rel.job_id)
-
     batch = two_nodes[nodes[0]]
     spool = slurm.spool_dir(batch.slurm_spool_root, job_id, 1)
-    server = asyncio.create_task(slurm.StepServer(batch, cmds[0], spool, transport, release).run())
-    ends = await asyncio.wait_for(asyncio.gather(*(two_nodes[n].wait(job_id) for n in nodes)), 90)
-    await asyncio.wait_for(server, 10)
+    ends = await serve_steps_until_the_end(two_nodes, cmds[0], spool)
     lines = await batch.logs(job_id, 0, follow=False)
     a, b = nodes
     assert lines == [
@@ -135,17 +146,9 @@ async def test_a_failing_batch_script_fails_its_node_and_releases_the_other(
     for cmd in cmds:
         await two_nodes[cmd.node].launch(cmd, rank_environment(cmd, None))
 
-    async def transport(node: str, step: slurm.NodeStep) -> slurm.NodeStepReply:
-        return await slurm.run_tasks(two_nodes[node], step)
-
-    async def release(node: str, rel: slurm.Release) -> None:
-        await slurm.release_holders(two_nodes[node], rel.job_id)
-
     batch = two_nodes[nodes[0]]
     spool = slurm.spool_dir(batch.slurm_spool_root, job_id, 1)
-    server = asyncio.create_task(slurm.StepServer(batch, cmds[0], spool, transport, release).run())
-    ends = await asyncio.wait_for(asyncio.gather(*(two_nodes[n].wait(job_id) for n in nodes)), 90)
-    await asyncio.wait_for(server, 10)
+    ends = await serve_steps_until_the_end(two_nodes, cmds[0], spool)
     assert [e.exit_code for e in ends] == [7, 0]
 
 

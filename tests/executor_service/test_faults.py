@@ -27,16 +27,9 @@ from oneplus_contracts import (
 from oneplus_node_executor.node import FENCED_OUT, LAUNCH_FAILED_EXIT, LOST_EXIT, NodeExecutor
 from oneplus_node_executor.runtime.simulated import SimulatedRuntime
 from oneplus_reservations import ReservationStore
+from oneplus_testing import until
 
 LONG = {"simulate": {"duration_s": 60}}
-
-
-async def until(check, timeout: float = 5.0) -> None:  # type: ignore[no-untyped-def]
-    deadline = asyncio.get_running_loop().time() + timeout
-    while not check():
-        if asyncio.get_running_loop().time() > deadline:
-            raise AssertionError("condition not reached in time")
-        await asyncio.sleep(0.01)
 
 
 def on_redis(store: ReservationStore, runtime: SimulatedRuntime) -> tuple[NodeExecutor, Service]:

@@ -7,6 +7,7 @@ import asyncio
 from executor_fakes import NODE, executor, placed, spec
 from oneplus_contracts import JobRunning, LaunchRanks
 from oneplus_node_executor.runtime.simulated import SimulatedRuntime
+from oneplus_testing import until
 
 
 class WithLauncher(SimulatedRuntime):
@@ -16,14 +17,6 @@ class WithLauncher(SimulatedRuntime):
 
     async def launch_launcher(self, cmd: LaunchRanks, env: dict[str, str]) -> None:
         self.launchers.append((cmd.job_id, env))
-
-
-async def until(check, timeout: float = 5.0) -> None:  # type: ignore[no-untyped-def]
-    deadline = asyncio.get_running_loop().time() + timeout
-    while not check():
-        if asyncio.get_running_loop().time() > deadline:
-            raise AssertionError("condition not reached in time")
-        await asyncio.sleep(0.01)
 
 
 MPI = {"framework": "mpijob", "launcher": {"command": ["mpirun", "hostname"]}, "simulate": {"duration_s": 30}}

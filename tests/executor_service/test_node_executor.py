@@ -12,16 +12,9 @@ from oneplus_contracts import CancelRanks, JobPreempting, LaunchRanks, PreemptRa
 from oneplus_node_executor.node import LAUNCH_FAILED_EXIT, LOST_EXIT, WATCH_TRIES
 from oneplus_node_executor.runtime.base import EngineUnavailable, LaunchFailed, RanksExit
 from oneplus_node_executor.runtime.simulated import SimulatedRuntime
+from oneplus_testing import until
 
 FAST = {"simulate": {"duration_s": 0.1}}
-
-
-async def until(check, timeout: float = 5.0) -> None:  # type: ignore[no-untyped-def]
-    deadline = asyncio.get_running_loop().time() + timeout
-    while not check():
-        if asyncio.get_running_loop().time() > deadline:
-            raise AssertionError("condition not reached in time")
-        await asyncio.sleep(0.01)
 
 
 async def test_a_launched_job_runs_and_its_node_end_is_recorded_with_the_runtime_reason() -> None:

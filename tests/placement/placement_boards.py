@@ -13,14 +13,19 @@ PCIE_SWITCHES = "pcie_pix_pxb_8gpu"
 H100_QUAD = "h100_4gpu_nv6"
 
 
+def islands_topo(gpus: int, island: int, link: str, model: str, node: str) -> NodeTopology:
+    """`gpus` GPUs in NVLink islands of `island` (`link` inside each, e.g. NV6), SYS between the islands."""
+    names = [f"GPU{i}" for i in range(gpus)]
+    rows = ["\t" + "\t".join(names)]
+    for a in range(gpus):
+        cells = ["X" if a == b else (link if a // island == b // island else "SYS") for b in range(gpus)]
+        rows.append(f"GPU{a}\t" + "\t".join(cells))
+    return parse_topo_matrix(f"# gpu_model: {model}\n" + "\n".join(rows) + "\n", node=node)
+
+
 def two_islands_topo(node: str = "islands") -> NodeTopology:
     """Two 4-GPU NVLink islands (NV6 inside each), SYS between them: no NVLink domain of 8."""
-    names = [f"GPU{i}" for i in range(8)]
-    rows = ["\t" + "\t".join(names)]
-    for a in range(8):
-        cells = ["X" if a == b else ("NV6" if a // 4 == b // 4 else "SYS") for b in range(8)]
-        rows.append(f"GPU{a}\t" + "\t".join(cells))
-    return parse_topo_matrix("# gpu_model: NVIDIA H100 80GB HBM3\n" + "\n".join(rows) + "\n", node=node)
+    return islands_topo(8, 4, "NV6", "NVIDIA H100 80GB HBM3", node)
 
 
 def cluster_of(

@@ -10,18 +10,12 @@ from __future__ import annotations
 from oneplus_contracts import JobSpec, NodeTopology
 from oneplus_placement import ClusterSnapshot, place_gang
 from oneplus_placement.bandwidth import board_shortfall
-from oneplus_topology import parse_topo_matrix
-from placement_boards import DGX1, H100_QUAD, board, cluster_of
+from placement_boards import DGX1, H100_QUAD, board, cluster_of, islands_topo
 
 
 def power9_quad(node: str = "p9") -> NodeTopology:
     """An AC922-style board: GPU0-GPU1 and GPU2-GPU3 are NV3 pairs, SYS (the X-bus) between the pairs."""
-    names = [f"GPU{i}" for i in range(4)]
-    rows = ["\t" + "\t".join(names)]
-    for a in range(4):
-        cells = ["X" if a == b else ("NV3" if a // 2 == b // 2 else "SYS") for b in range(4)]
-        rows.append(f"GPU{a}\t" + "\t".join(cells))
-    return parse_topo_matrix("# gpu_model: Tesla V100-SXM2-16GB\n" + "\n".join(rows) + "\n", node=node)
+    return islands_topo(4, 2, "NV3", "Tesla V100-SXM2-16GB", node)
 
 
 def mixed() -> ClusterSnapshot:

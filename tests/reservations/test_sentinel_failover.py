@@ -15,11 +15,9 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
-import os
 import secrets
 import signal
 import subprocess
-import sys
 import time
 import uuid
 from collections.abc import AsyncIterator, Generator, Iterator
@@ -44,6 +42,7 @@ from oneplus_testing import Servers
 from oneplus_topology.presets import load_preset
 from redis.asyncio.sentinel import MasterNotFoundError
 from redis.exceptions import RedisError
+from test_redis_auth import assert_solver_refuses_to_start
 
 from oneplus.devstack import find_redis_server, free_port, spawn, stop, wait_port
 
@@ -298,26 +297,8 @@ async def test_no_sentinel_answering_is_one_clear_line() -> None:
 def test_the_placement_solver_does_not_start_with_an_unknown_sentinel_service(
     servers: Servers, cluster: SentinelCluster, tmp_path: Path
 ) -> None:
-    env = {
-        **os.environ,
-        "NATS_URL": servers.nats_url,
-        "REDIS_SENTINELS": cluster.sentinels,
-        "REDIS_SENTINEL_SERVICE": "no-such-service",
-        "ONEPLUS_CLUSTER": f"t{uuid.uuid4().hex[:8]}",
-        "PYTHONUNBUFFERED": "1",
-    }
-    log = tmp_path / "placement-solver.log"
-    proc = spawn([sys.executable, "-m", "oneplus_placement_solver"], log, env)
-    try:
-        deadline = time.monotonic() + 60
-        while proc.poll() is None and time.monotonic() < deadline:
-            time.sleep(0.2)
-        text = log.read_text(errors="replace")
-        assert proc.returncode not in (None, 0), text[-3000:]
-        assert "no primary named 'no-such-service'" in text, text[-3000:]
-        assert "placement-solver started" not in text
-    finally:
-        stop([proc])
+    redis_env = {"REDIS_SENTINELS": cluster.sentinels, "REDIS_SENTINEL_SERVICE": "no-such-service"}
+    assert_solver_refuses_to_start(servers.nats_url, redis_env, tmp_path, "no primary named 'no-such-service'")
 
 
 # -- the failover --------------------------------------------------------------------------------------------------

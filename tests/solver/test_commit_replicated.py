@@ -6,32 +6,14 @@ replicas do not hold it. Against the embedded Redis, which has no replica: every
 
 from __future__ import annotations
 
-import asyncio
-import time
-
 import redis.asyncio as aioredis
 from nats.aio.client import Client
 from oneplus_bus.settings import BusSettings
-from oneplus_contracts import Allocation, JobAccepted, JobSpec, NodeRecord, RankPlacement, subjects
-from oneplus_placement_solver.app import Solver, SolverSettings, build_solver
+from oneplus_contracts import Allocation, JobAccepted, RankPlacement
+from oneplus_placement_solver.app import SolverSettings, build_solver
 from oneplus_reservations import ReservationStore
 from oneplus_testing import Servers, wipe_bus
-from oneplus_topology.presets import load_preset
-
-
-def spec(i: int, gpus: int = 4) -> JobSpec:
-    return JobSpec(name=f"j{i}", resources={"gpus": gpus}, simulate={"duration_s": 60})
-
-
-async def add_nodes(nc: Client, solver: Solver, n: int) -> None:
-    kv = await nc.jetstream().key_value(subjects.TOPOLOGY_KV)
-    for i in range(n):
-        topo = load_preset("h100_sxm_8gpu_nvswitch_nv18", f"n{i}").model_copy(update={"leaf": "leaf-0"})
-        await kv.put(f"n{i}", NodeRecord(topology=topo, last_heartbeat=time.time()).model_dump_json().encode())
-    deadline = time.monotonic() + 10
-    while len(solver.capacity.records) < n:  # the solver's topology watch delivers them
-        assert time.monotonic() < deadline, "the solver never saw the nodes"
-        await asyncio.sleep(0.05)
+from test_cycle_store_ops import add_nodes, spec
 
 
 def conflicts(registry: object, kind: str) -> float:
