@@ -52,6 +52,7 @@ from oneplus_contracts import (
     parse_job_event,
     subjects,
 )
+from oneplus_reservations import ReservationStore
 from rich.console import Console
 from rich.table import Table
 
@@ -435,8 +436,12 @@ class ChaosRun:
             self.platform.stop()
         self.servers.stop()
 
+    def reservation_store(self) -> ReservationStore:
+        """A store on the run's Redis, for the end-of-run check (the check closes it)."""
+        return ReservationStore.from_url(self.servers.redis_url)
+
     async def reservations_left(self) -> list[str]:
-        return await check_reservations(self.servers.redis_url)
+        return await check_reservations(self.reservation_store())
 
     async def run(self) -> ChaosResult:
         cfg = self.cfg
@@ -838,10 +843,8 @@ def check_replay(by_job: dict[str, list[JobEvent]], jobs: dict[str, JobRecord]) 
     return out
 
 
-async def check_reservations(redis_url: str) -> list[str]:
-    from oneplus_reservations import ReservationStore
-
-    store = ReservationStore.from_url(redis_url)
+async def check_reservations(store: ReservationStore) -> list[str]:
+    """What `store` still holds once every job ended (waiting up to 15 s for the last releases); closes it."""
     try:
         deadline = time.monotonic() + 15
         while True:
@@ -929,7 +932,11 @@ def main(
         print(markdown(json.loads(report.read_text())))
         return
     cfg = ChaosConfig(gangs=gangs, seed=seed, profile=profile, workdir=workdir, drain_timeout_s=drain_timeout)
-    result = run_chaos(cfg)
+    finish(run_chaos(cfg), out)
+
+
+def finish(result: ChaosResult, out: Path | None) -> None:
+    """Print the result, write it to `out` (JSON) if given, and exit 1 unless every invariant held."""
     render(result)
     if out is not None:
         out.parent.mkdir(parents=True, exist_ok=True)

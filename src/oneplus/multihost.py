@@ -32,7 +32,7 @@ import signal
 import subprocess
 import tempfile
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Annotated
 
@@ -41,7 +41,7 @@ from oneplus_contracts import subjects
 from oneplus_reservations import ReservationStore
 from oneplus_reservations.connect import RedisSettings, SentinelSettings
 
-from .chaos import ChaosConfig, ChaosResult, ChaosRun, Fault, console, markdown, render
+from .chaos import ChaosConfig, ChaosResult, ChaosRun, Fault, console, finish, markdown
 from .devstack import DEMO_NODES, SERVICE_MODULES, Platform, find_nats_server, find_redis_server, spawn
 from .netlab import Host, NetLab
 
@@ -204,19 +204,8 @@ class MultiHostRun(ChaosRun):
         finally:
             self.lab.down()
 
-    async def reservations_left(self) -> list[str]:
-        store = ReservationStore.connect(self.lab_servers.redis_settings())
-        try:
-            deadline = time.monotonic() + 15
-            while True:
-                held = await store.all()
-                if not held or time.monotonic() > deadline:
-                    return [f"{r.job_id} token {r.token} still reserved" for r in held]
-                await asyncio.sleep(1.0)
-        except Exception as exc:
-            return [f"cannot read the reservation store: {exc}"]
-        finally:
-            await store.close()
+    def reservation_store(self) -> ReservationStore:
+        return ReservationStore.connect(self.lab_servers.redis_settings())  # through the sentinels
 
     # -- faults --------------------------------------------------------------------------------------------------------
     async def aim(self, f: Fault) -> None:
@@ -342,13 +331,7 @@ def main(
         gangs=gangs, seed=seed, profile="multihost", workdir=workdir or Path(tempfile.mkdtemp(prefix="oneplus-mh-")),
         drain_timeout_s=drain_timeout,
     )  # fmt: skip
-    result = run_multihost(cfg)
-    render(result)
-    if out is not None:
-        out.parent.mkdir(parents=True, exist_ok=True)
-        out.write_text(json.dumps({"ok": result.ok, **asdict(result)}, indent=2) + "\n")
-        console.print(f"written: {out}")
-    raise typer.Exit(0 if result.ok else 1)
+    finish(run_multihost(cfg), out)
 
 
 if __name__ == "__main__":
