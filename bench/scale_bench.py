@@ -48,6 +48,7 @@ import subprocess
 import sys
 import tempfile
 import time
+import urllib.request
 from pathlib import Path
 from typing import Any, ClassVar
 
@@ -602,6 +603,41 @@ async def list_both(c: OnePlusClient, nats_url: str, args: argparse.Namespace) -
 # ---------------------------------------------------------------------------------------------------- levels
 
 
+SOLVER_COUNTERS = {
+    "placed": ("oneplus_gangs_placed_total", None),
+    "conflicts_taken": ("oneplus_reservation_conflicts_total", ("kind", "taken")),
+    "facts_refused": ("oneplus_job_facts_refused_total", None),
+    "leading": ("oneplus_solver_leading", None),
+}
+
+
+def solver_counters(plat: Platform) -> Row:
+    """Per solver replica, from its own /metrics: gangs it placed, commits Redis refused because another replica
+    held the GPUs, facts the owner refused, and whether it leads."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    out: Row = {}
+    urls = plat.metrics_urls()
+    for name in plat.solver_names():
+        url = urls.get(name)
+        if url is None:
+            continue
+        try:
+            with urllib.request.urlopen(url, timeout=5) as resp:
+                text = resp.read().decode()
+        except OSError as exc:
+            out[name] = {"error": str(exc)}
+            continue
+        got = dict.fromkeys(SOLVER_COUNTERS, 0.0)
+        for family in text_string_to_metric_families(text):
+            for sample in family.samples:
+                for key, (metric, label) in SOLVER_COUNTERS.items():
+                    if sample.name == metric and (label is None or sample.labels.get(label[0]) == label[1]):
+                        got[key] += sample.value
+        out[name] = {k: int(v) for k, v in got.items()}
+    return out
+
+
 async def run(servers: EmbeddedServers, plat: Platform, args: argparse.Namespace, report: Row) -> None:
     procs = Procs(plat, servers)
     logs = Logs(plat.logdir)
@@ -658,6 +694,7 @@ async def run(servers: EmbeddedServers, plat: Platform, args: argparse.Namespace
             row["burst"]["placed_per_second"] = shape
             ok = await watch.wait(watch.finished, burst_ids, args.timeout)
             row["burst"]["all_finished"] = ok
+            row["burst"]["solver_replicas"] = solver_counters(plat)
             row["solver_mem_after_burst_mb"] = mem_mb(solver_pid)
 
             phase = CpuPhase(procs, logs)
@@ -821,6 +858,7 @@ def main() -> None:
     ap.add_argument("--list-repeat", type=int, default=3, help="times each job list is timed (median)")
     ap.add_argument("--timeout", type=float, default=900.0, help="seconds to wait for placements/finishes per phase")
     ap.add_argument("--progress-s", type=float, default=10.0, help="seconds between progress lines")
+    ap.add_argument("--solver-replicas", type=int, default=1, help="placement-solver replicas (active-active)")
     ap.add_argument("--keep", action="store_true", help="keep the servers' work dir and the services' logs")
     ap.add_argument("--out", type=Path, default=ROOT / "bench/results/scale.json")
     ap.add_argument("--report", type=Path, help="only recompute the verdict of this results file and print its table")
@@ -863,7 +901,14 @@ def main() -> None:
     }
     servers = EmbeddedServers().start()
     logdir = servers.workdir / "logs"
-    plat = Platform(servers.nats_url, servers.redis_url, logdir=logdir, extra_env=extra_env, fleet=fleet).start()
+    plat = Platform(
+        servers.nats_url,
+        servers.redis_url,
+        logdir=logdir,
+        extra_env=extra_env,
+        fleet=fleet,
+        solver_replicas=args.solver_replicas,
+    ).start()
     failed = False
     print(f"{nodes} nodes, {gpus:,} GPUs; servers and logs in {servers.workdir}", flush=True)
     try:

@@ -384,6 +384,12 @@ class Platform:
     # Where each process runs: an argv prefix by process name ("executor-*" and "fleet" included), e.g.
     # `ip netns exec HOST` for the multi-host lab (oneplus.multihost); "*" for every process not named.
     hosts: dict[str, list[str]] = field(default_factory=dict)
+    # Placement-solver replicas (active-active: one holds the owner lease, each places its shard of pending jobs);
+    # the second and later run as "placement-solver-2", "-3", ...
+    solver_replicas: int = 1
+
+    def solver_names(self) -> list[str]:
+        return ["placement-solver", *(f"placement-solver-{k}" for k in range(2, self.solver_replicas + 1))]
 
     def on_host(self, name: str, argv: list[str]) -> list[str]:
         return [*self.hosts.get(name, self.hosts.get("*", [])), *argv]
@@ -405,6 +411,8 @@ class Platform:
         """`env()` plus this process's metrics port: 0, the one the system gives it when it binds (a port picked
         here and bound later can be taken in between by any outgoing connection); `metrics_urls` reads it back."""
         env = self.env()
+        if self.solver_replicas > 1 and name in self.solver_names():
+            env["ONEPLUS_SOLVER_REPLICA"] = name
         if self.metrics and self._given("ONEPLUS_METRICS_PORT") is None:
             self.metrics_ports[name] = 0
             env["ONEPLUS_METRICS_PORT"] = "0"
@@ -452,7 +460,8 @@ class Platform:
 
     def start_service(self, name: str) -> subprocess.Popen[bytes]:
         self.logdir.mkdir(parents=True, exist_ok=True)
-        argv = self.on_host(name, [sys.executable, "-m", SERVICE_MODULES[name]])
+        module = SERVICE_MODULES["placement-solver" if name in self.solver_names() else name]
+        argv = self.on_host(name, [sys.executable, "-m", module])
         proc = spawn(argv, self.logdir / f"{name}.log", self.process_env(name))
         self.procs[name] = proc
         return proc
@@ -477,6 +486,8 @@ class Platform:
 
     def start(self) -> Platform:
         for name in SERVICE_MODULES:
+            self.start_service(name)
+        for name in self.solver_names()[1:]:
             self.start_service(name)
         if self.fleet is not None:
             self.start_fleet(self.fleet)

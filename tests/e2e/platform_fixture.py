@@ -23,7 +23,9 @@ from oneplus.demo import wait_for_platform
 from oneplus.devstack import DEMO_NODES, Platform
 
 
-async def start_platform(nats_url: str, redis_url: str, workdir: Path, **env: str) -> Platform:
+async def start_platform(
+    nats_url: str, redis_url: str, workdir: Path, *, solver_replicas: int = 1, **env: str
+) -> Platform:
     (workdir / "spans").mkdir(parents=True, exist_ok=True)
     extra = {
         "ONEPLUS_TRACE_DIR": str(workdir / "spans"),
@@ -31,7 +33,14 @@ async def start_platform(nats_url: str, redis_url: str, workdir: Path, **env: st
         "ONEPLUS_NODE_LOST_AFTER_S": "6",
         **env,
     }
-    platform = Platform(nats_url, redis_url, nodes=DEMO_NODES, logdir=workdir / "logs", extra_env=extra).start()
+    platform = Platform(
+        nats_url,
+        redis_url,
+        nodes=DEMO_NODES,
+        logdir=workdir / "logs",
+        extra_env=extra,
+        solver_replicas=solver_replicas,
+    ).start()
     try:
         async with OnePlusClient.connect(nats_url) as c:
             await wait_for_platform(c, len(DEMO_NODES), timeout=120)
@@ -51,7 +60,7 @@ async def start_platform(nats_url: str, redis_url: str, workdir: Path, **env: st
 
 @asynccontextmanager
 async def fresh_platform(
-    nats_url: str, redis_url: str, workdir: Path, **env: str
+    nats_url: str, redis_url: str, workdir: Path, *, solver_replicas: int = 1, **env: str
 ) -> AsyncIterator[tuple[Platform, Client, ReservationStore]]:
     """Empty streams, buckets and reservations, then the platform; yields it with a bus connection and the store."""
     nc = await nats.connect(nats_url)
@@ -59,7 +68,7 @@ async def fresh_platform(
     try:
         await wipe_bus(nc)
         await store.wipe()
-        platform = await start_platform(nats_url, redis_url, workdir, **env)
+        platform = await start_platform(nats_url, redis_url, workdir, solver_replicas=solver_replicas, **env)
         try:
             yield platform, nc, store
         finally:

@@ -411,6 +411,12 @@ def dev_up(
     topology: Annotated[str, typer.Option(help="The preset of every --nodes node")] = "h100_sxm_8gpu_nvswitch_nv18",
     nodes_per_leaf: Annotated[int, typer.Option(min=1, help="--nodes per leaf switch")] = 16,
     heartbeat: Annotated[float, typer.Option(min=0.1, help="Seconds between two heartbeats of a fleet node")] = 5.0,
+    solver_replicas: Annotated[
+        int,
+        typer.Option(
+            "--solver-replicas", min=1, max=8, help="Placement-solver replicas, active-active (docs/architecture.md)"
+        ),
+    ] = 1,
 ) -> None:
     """Start the embedded stack (NATS, Redis, five services, four simulated nodes) until Ctrl-C.
 
@@ -442,7 +448,7 @@ def dev_up(
     servers = None if nats_url and redis_url else EmbeddedServers().start()
     nats_url = nats_url or (servers.nats_url if servers else "")
     redis_url = redis_url or (servers.redis_url if servers else "")
-    platform = Platform(nats_url, redis_url, runtime=runtime, fleet=fleet).start()
+    platform = Platform(nats_url, redis_url, runtime=runtime, fleet=fleet, solver_replicas=solver_replicas).start()
     state = dev_state_path()
     stopping = waiting = False
 

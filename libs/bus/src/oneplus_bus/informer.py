@@ -112,19 +112,27 @@ class StreamTail:
 
 
 async def kv_list_and_watch(
-    js: JetStreamContext, bucket: str, on_change: Callable[[str, bytes | None], Awaitable[None]], name: str
+    js: JetStreamContext,
+    bucket: str,
+    on_change: Callable[[str, bytes | None], Awaitable[None]],
+    name: str,
+    *,
+    prefix: str = "",
 ) -> StreamTail:
-    """List a KV bucket once, then follow its changes: `on_change(key, value)`, value None for a delete or purge."""
+    """List a KV bucket once, then follow its changes: `on_change(key, value)`, value None for a delete or purge.
+
+    With `prefix` (ending in a dot), only the keys under it."""
     stream = f"KV_{bucket}"
     start = int((await js.stream_info(stream)).state.last_seq or 0)
     for key, value in await latest_items(js, bucket):
-        await on_change(key, value)
-    prefix = len(f"$KV.{bucket}.")
+        if key.startswith(prefix):
+            await on_change(key, value)
+    cut = len(f"$KV.{bucket}.")
 
     async def handle(seq: int, subject: str, data: bytes, headers: dict[str, str]) -> None:
         removed = headers.get("KV-Operation") in _REMOVED_OPS or headers.get("Nats-Marker-Reason") in _REMOVED_MARKERS
-        await on_change(subject[prefix:], None if removed else data)
+        await on_change(subject[cut:], None if removed else data)
 
-    tail = StreamTail(js, stream, f"$KV.{bucket}.>", handle, name=name)
+    tail = StreamTail(js, stream, f"$KV.{bucket}.{prefix}>", handle, name=name)
     tail.start(start)
     return tail

@@ -217,6 +217,13 @@ class OneplusService:
         write_health_file(self.name, self.micro.id, self.settings.inbox_prefix)
         log.info("%s started (%d ops endpoints, %d loops)", self.name, len(self._ops), len(self._loops))
 
+    def spawn(self, loop: Callable[[], Awaitable[None]]) -> asyncio.Task[None]:
+        """Start `loop` now, restarted like a background loop and cancelled at shutdown (or by the caller)."""
+        task = asyncio.create_task(self._guard(loop), name=f"{self.name}:{loop.__name__}")
+        self._tasks = [t for t in self._tasks if not t.done()]
+        self._tasks.append(task)
+        return task
+
     async def _guard(self, loop: Callable[[], Awaitable[None]]) -> None:
         # A loop that raises is restarted: a transient broker or Redis error must not stop the service.
         while True:

@@ -5,6 +5,12 @@ set is in memory: the live jobs (owner.index), per-node free capacity (LiveCapac
 changes and its own reservations) and the queue config (fed by the queues bucket's changes). A cycle reads only
 that memory, places pending gangs, commits each with one Lua script in Redis, records `job.placed` and sends the
 launch commands. Capacity freed, a node back, a new or requeued job and a config change wake it.
+
+Replicas run active-active: the one holding the owner lease (`solver_state` key `owner.lease`) folds facts, writes
+job records, reacts (launch, settle, cancel, requeue), reconciles and expires; every replica, that one included,
+places the pending jobs it wins by rendezvous hashing over the live replicas, commits each gang in Redis (the
+atomic, fenced reservation) and reports `placed` as a fact for the owner to record. A follower keeps the same
+working set by following the job stream.
 """
 
 from __future__ import annotations
@@ -14,9 +20,10 @@ import contextlib
 import json
 import logging
 import os
+import socket
 import time
 from collections.abc import Collection, Iterable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from oneplus_bus.acks import wait_acks
@@ -24,6 +31,7 @@ from oneplus_bus.archive import JobArchive
 from oneplus_bus.audit import ReservationAuditLog
 from oneplus_bus.clusterview import QUEUES_KEY, explain_job
 from oneplus_bus.informer import StreamTail, kv_list_and_watch
+from oneplus_bus.lease import Lease, ReplicaSet
 from oneplus_bus.service import OneplusService, OpsError
 from oneplus_bus.settings import BusSettings
 from oneplus_bus.streams import DUPLICATE_WINDOW_S
@@ -52,6 +60,7 @@ from oneplus_queueing.dependencies import referenced_jobs
 from oneplus_queueing.fairshare import UsageHistory
 from oneplus_queueing.model import CycleDecision, PendingJob, RunningJob, VictimChoice
 from oneplus_queueing.report import queue_rows, queues_rows, split_records
+from oneplus_queueing.shards import replica_for
 from oneplus_reservations import Conflict, ReservationStore
 from prometheus_client import Counter
 from redis.exceptions import RedisError
@@ -61,12 +70,14 @@ from .launch import launch_commands, silent_nodes
 from .memory import SolverMemory
 from .metrics import SolverMetrics
 from .outcome import INFRA_RETRIES, NODE_LOST, attempt_outcome
-from .owner import Applied, JobOwner
+from .owner import Applied, JobOwner, NotOwner
 
 log = logging.getLogger("oneplus.solver")
 
 LOST_EXIT = 137
 STORE_REBUILD_LEASE_S = 60.0  # a rebuilt reservation lives this long unless its node renews it
+OWNER_LEASE_KEY = "owner.lease"
+REPLICA_PREFIX = "replica."
 
 
 @dataclass(frozen=True)
@@ -81,13 +92,25 @@ class SolverSettings:
     nic_gbps_per_gpu: float = 400.0
     oversubscription: float = 1.0
     infra_retries: int = INFRA_RETRIES  # requeues after platform faults (node, executor, reservation lost) per job
+    # This replica's name: stable across its restarts, so a restarted lone solver takes its own lease back at once.
+    replica: str = field(default_factory=socket.gethostname)
+    lease_ttl_s: float = 10.0  # a dead owner's lease is taken over this long after its last renewal
+    beat_s: float = 1.0  # lease renewal and liveness beat
 
     @classmethod
     def from_env(cls) -> SolverSettings:
         retries = os.environ.get("ONEPLUS_INFRA_RETRIES", str(INFRA_RETRIES))
         if not retries.strip().isdigit():
             raise ValueError(f"ONEPLUS_INFRA_RETRIES={retries!r}: a whole number of retries (0 or more)")
+        replica = os.environ.get("ONEPLUS_SOLVER_REPLICA", "").strip() or socket.gethostname()
+        if not replica.replace("-", "").replace("_", "").isalnum():
+            raise ValueError(f"ONEPLUS_SOLVER_REPLICA={replica!r}: letters, digits, '-' and '_' only (a KV key)")
+        ttl = float(os.environ.get("ONEPLUS_SOLVER_LEASE_S", "10"))
+        if not 2.0 <= ttl <= 300.0:
+            raise ValueError(f"ONEPLUS_SOLVER_LEASE_S={ttl}: between 2 and 300 seconds")
         return cls(
+            replica=replica,
+            lease_ttl_s=ttl,
             infra_retries=int(retries),
             min_job_age_s=float(os.environ.get("ONEPLUS_MIN_JOB_AGE_S", "300")),
             nic_gbps_per_gpu=float(os.environ.get("ONEPLUS_NIC_GBPS_PER_GPU", "400")),
@@ -129,6 +152,12 @@ class Solver:
             registry=svc.metrics,
         )
         self.metrics = SolverMetrics(svc.metrics)
+        self.leading = False  # holds the owner lease: folds facts, writes records, reacts, reconciles
+        self.loops = True  # run the owner's loops on taking the lead (build_solver(loops=False): a test drives it)
+        self._lease: Lease | None = None
+        self._replicas: ReplicaSet | None = None
+        self._owner_tasks: list[asyncio.Task[None]] = []
+        self.members: tuple[str, ...] = (settings.replica,)
 
     # -- wiring ----------------------------------------------------------------------------------------------------
     @property
@@ -161,24 +190,179 @@ class Solver:
             state_kv=svc.kv[subjects.SOLVER_STATE_KV],
         )
         self.owner.on_applied(self.react)
-        await self.owner.bootstrap()
+        self.owner.guard = self.guard_commit
+        state_kv = svc.kv[subjects.SOLVER_STATE_KV]
+        ttl = self.settings.lease_ttl_s
+        self._lease = Lease(state_kv, OWNER_LEASE_KEY, self.settings.replica, ttl_s=ttl)
+        self._replicas = ReplicaSet(
+            svc.js, state_kv, subjects.SOLVER_STATE_KV, self.settings.replica, prefix=REPLICA_PREFIX, ttl_s=ttl
+        )
+        await self._replicas.start()
+        self.members = self._replicas.alive()
+        self.leading = await self._lease.try_hold()
+        if self.leading:
+            await self.owner.bootstrap()
+        else:
+            log.info("solver %s follows: %s holds the owner lease", self.settings.replica, self._lease.holder)
+            await self.owner.follow(self.on_followed)
+        self.metrics.leading.set(int(self.leading))
         self.load_file_config()
         self._tails.append(await kv_list_and_watch(svc.js, subjects.TOPOLOGY_KV, self.on_node, "solver-topology"))
         self._tails.append(await kv_list_and_watch(svc.js, subjects.QUEUES_KV, self.on_queues, "solver-queues"))
         self._audit = ReservationAuditLog(svc.js)
-        self._fence = StoreFence(svc.kv[subjects.SOLVER_STATE_KV], self.store)
-        async with self.transition:
-            await self.guard_store(await self._fence.check())
+        self._fence = StoreFence(state_kv, self.store)
+        await self.sync_store()
         await svc.nc.subscribe(subjects.node_lost("*"), cb=self._on_lost_msg)
         await svc.nc.subscribe(subjects.node_heartbeat("*"), cb=self._on_heartbeat_msg)
-        await self.reconcile()
+        if self.leading:
+            await self.reconcile()
+            self.start_owner_loops()
         self.wake.set()
 
     async def stop(self) -> None:
         for tail in self._tails:
             await tail.stop()
+        if self._owner is not None:
+            await self.owner.unfollow()
+        if self._replicas is not None:
+            await self._replicas.stop()
+        if self._lease is not None:
+            with contextlib.suppress(Exception):
+                await self._lease.release()  # a clean stop hands the lead over without the ttl's wait
         if self._store is not None:
             await self._store.close()
+
+    # -- replicas: the owner lease and the shards --------------------------------------------------------------------
+    @property
+    def lease(self) -> Lease:
+        assert self._lease is not None, "solver not started"
+        return self._lease
+
+    async def guard_commit(self) -> None:
+        """Before a job record is written: this replica must hold the owner lease now (renewed if it is getting old)."""
+        if self.leading and self.lease.held:
+            return
+        if self.leading and await self.lease.try_hold():
+            return
+        raise NotOwner(f"solver {self.settings.replica} does not hold the owner lease (held by {self.lease.holder})")
+
+    def mine(self, job_id: str) -> bool:
+        """Whether this replica places `job_id` (rendezvous hashing over the live replicas)."""
+        return len(self.members) == 1 or replica_for(job_id, self.members) == self.settings.replica
+
+    def start_owner_loops(self) -> None:
+        if not self.loops or self._owner_tasks:
+            return
+        self._owner_tasks = [self.svc.spawn(fn) for fn in (self.owner_loop, self.reconcile_loop, self.expire_loop)]
+
+    async def stop_owner_loops(self) -> None:
+        tasks, self._owner_tasks = self._owner_tasks, []
+        for task in tasks:
+            task.cancel()
+        for task in tasks:
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await task
+
+    async def role_loop(self) -> None:
+        """Each beat: say this replica is alive, renew or try the owner lease, and take or give up the lead."""
+        assert self._replicas is not None
+        while True:
+            await asyncio.sleep(self.settings.beat_s)
+            try:
+                await self._replicas.beat()
+            except Exception as exc:
+                log.warning("solver %s: liveness beat failed (%s)", self.settings.replica, exc)
+            members = self._replicas.alive()
+            if members != self.members:
+                log.info("solver replicas now: %s", ", ".join(members))
+                self.members = members
+                self.wake.set()  # the shards moved: jobs may be this replica's now
+            self.metrics.replicas.set(len(members))
+            try:
+                held = await self.lease.try_hold()
+            except Exception as exc:
+                # The bus is down: nothing can be written anyway, and the lease ages out on its own if this lasts.
+                log.warning("solver %s: owner lease not renewed (%s)", self.settings.replica, exc)
+                continue
+            if held and not self.leading:
+                await self.take_lead()
+            elif not held and self.leading:
+                await self.step_down()
+
+    async def take_lead(self) -> None:
+        """This replica now holds the owner lease: rebuild the working set as a restarted owner does, then own."""
+        log.warning("solver %s takes the lead (owner lease)", self.settings.replica)
+        await self.owner.unfollow()
+        self.leading = True
+        self.metrics.leading.set(1)
+        await self.owner.bootstrap()
+        self.nominations = await self.memory.load_nominations()
+        self.usage = None  # the stored history, carried on from the last owner
+        await self.sync_store()
+        await self.reconcile()
+        self.start_owner_loops()
+        self.wake.set()
+
+    async def step_down(self) -> None:
+        """Another replica holds the owner lease: stop writing and follow the job stream instead."""
+        log.warning("solver %s gives up the lead: %s holds the owner lease", self.settings.replica, self.lease.holder)
+        self.leading = False
+        self.metrics.leading.set(0)
+        await self.stop_owner_loops()
+        await self.owner.follow(self.on_followed)
+
+    async def on_followed(self, event: JobEvent, rec: JobRecord) -> None:
+        """A follower's view of an event the owner published: capacity and wake-ups, as the owner's own reactions."""
+        if rec.job_id in self.owner.index.holders and rec.allocation is not None and rec.token is not None:
+            if self.capacity.token_of(rec.job_id) != rec.token:
+                self.capacity.hold(rec.job_id, rec.token, rec.allocation)
+        elif event.type in ("finished", "requeued") and self.capacity.token_of(rec.job_id) is not None:
+            # Redis releases just after the record: a cycle that tries these GPUs before that is refused and re-reads.
+            self.capacity.release(rec.job_id)
+        if event.type in ("accepted", "requeued", "finished"):
+            self.wake.set()
+
+    async def sync_store(self) -> None:
+        """The owner checks (and if need be rebuilds) the reservation store; a follower only checks and re-reads it:
+        rebuilding is the owner's, and a follower places nothing while the store is not intact."""
+        if self.leading:
+            async with self.transition:
+                await self.guard_store(await self.fence.check())
+            return
+        check = await self.fence.check()
+        self.store_ok = check.intact
+        if check.intact:
+            self.audit.epoch = self.fence.epoch
+            async with self.transition:
+                self.sync_capacity({r.job_id: r for r in await self.store.all()})
+
+    def sync_capacity(self, held: dict[str, Any]) -> None:
+        """Make the capacity model hold exactly the store's reservations."""
+        for job_id in list(self.capacity.held):
+            if job_id not in held:
+                self.capacity.release(job_id)
+        for job_id, res in held.items():
+            if self.capacity.token_of(job_id) != res.token:
+                self.capacity.hold(job_id, res.token, res.allocation)
+        self.wake.set()
+
+    async def record(self, *events: JobEvent) -> None:
+        """Record decisions: the owner commits them; a follower reports them as facts for the owner to fold."""
+        if self.leading:
+            await self.owner.commit(*events)
+            return
+        for event in events:
+            await self.svc.ledger.report(event)
+
+    async def follower_loop(self) -> None:
+        """A follower's housekeeping: re-read the reservations (others' commits and releases) and drop finished
+        jobs from its view after the same minimum age as the owner's hot view."""
+        while True:
+            await asyncio.sleep(self.settings.reconcile_interval_s)
+            if self.leading:
+                continue
+            await self.sync_store()
+            self.owner.index.expire(time.time(), self.settings.min_job_age_s)
 
     @property
     def audit(self) -> ReservationAuditLog:
@@ -224,22 +408,14 @@ class Solver:
             )
             self.resets_metric.inc()
             self.store_ok = True
-        held = {r.job_id: r for r in await self.store.all()}
-        for job_id in list(self.capacity.held):
-            if job_id not in held:
-                self.capacity.release(job_id)
-        for job_id, res in held.items():
-            if self.capacity.token_of(job_id) != res.token:
-                self.capacity.hold(job_id, res.token, res.allocation)
-        self.wake.set()
+        self.sync_capacity({r.job_id: r for r in await self.store.all()})
 
     async def check_store(self) -> None:
         """Reconcile's and a refused commit's check: one GET of the marker (JetStream only when it disagrees)."""
         marker = await self.store.epoch()
         if marker is not None and marker >= self.fence.epoch:
             return
-        async with self.transition:
-            await self.guard_store(await self.fence.check())
+        await self.sync_store()
 
     # -- the working set's feeds -----------------------------------------------------------------------------------
     async def on_node(self, node: str, value: bytes | None) -> None:
@@ -298,6 +474,8 @@ class Solver:
     async def node_lost(self, node: str) -> None:
         """The registry declared `node` lost: its ranks are over; the gangs that had ranks there are requeued."""
         self.reports.node_lost(node)
+        if not self.leading:
+            return
         events: list[JobEvent] = []
         for rec in list(self.owner.index.holders.values()):
             if rec.allocation is None or rec.token is None or node not in rec.allocation.nodes:
@@ -335,6 +513,13 @@ class Solver:
         match a.event.type:
             case "accepted" | "requeued":
                 self.wake.set()
+            case "placed":
+                # Every placement is launched from its record: this replica's own and those other replicas report.
+                rec = a.record
+                if rec.allocation is not None and rec.token is not None:
+                    if self.capacity.token_of(rec.job_id) != rec.token:
+                        self.capacity.hold(rec.job_id, rec.token, rec.allocation)
+                    await self.send_launches(rec, rec.allocation, rec.token)
             case "node_finished":
                 ev = a.event
                 assert isinstance(ev, JobNodeFinished)
@@ -513,11 +698,14 @@ class Solver:
         running = self.running()
         # Fair share accrues whether or not anyone waits: charge every cycle.
         usage.charge(now, running)
-        await self.memory.save_usage(usage, self.usage_queues)
+        if self.leading:  # the owner keeps the stored history; a follower's copy only orders its own shard
+            await self.memory.save_usage(usage, self.usage_queues)
         if self.capacity.records:
             self.metrics.capacity(self.capacity.state())  # at most once a second
         pending_recs = {
-            k: r for k, r in index.pending.items() if not r.cancel_requested and k not in self.capacity.held
+            k: r
+            for k, r in index.pending.items()
+            if not r.cancel_requested and k not in self.capacity.held and self.mine(k)
         }
         if not pending_recs:
             self.decision = None
@@ -538,8 +726,10 @@ class Solver:
         self.decision = decision
         self.metrics.pending_jobs(pending_recs.values(), decision)
         self.nominations = dict(decision.nominations)
-        await self.memory.save_nominations(decision.nominations)
+        if self.leading:
+            await self.memory.save_nominations(decision.nominations)
         placed: list[tuple[JobRecord, Allocation, int]] = []
+        stale = False  # a commit was refused: the capacity model missed another replica's reservation
         for job_id, alloc in decision.placements.items():
             rec = pending_recs[job_id]
             with job_span(self.svc.tracer, "placement-solver place", rec.traceparent, {"oneplus.job_id": job_id}) as sp:
@@ -561,8 +751,8 @@ class Solver:
                     # Another replica took part of it since our snapshot: the next cycle decides on a fresh one.
                     sp.set_attribute("oneplus.placed", False)
                     self.metrics.conflicts.labels("taken").inc()
-                    log.warning("reservation of %s refused: %s", job_id, res.reason)
-                    self.wake.set()
+                    log.info("reservation of %s refused: %s", job_id, res.reason)
+                    stale = True
                     continue
                 sp.set_attribute("oneplus.placed", True)
                 sp.set_attribute("oneplus.token", res)
@@ -573,13 +763,15 @@ class Solver:
                 placed.append((rec, alloc, res))
         await self.commit_placed(placed)
         await self.audit.flush()
+        if stale:
+            self.sync_capacity({r.job_id: r for r in await self.store.all()})  # and wakes the next cycle
         for choice in decision.preemptions:
             rec = pending_recs[choice.preemptor]
             with job_span(self.svc.tracer, "placement-solver preempt", rec.traceparent, {"oneplus.job_id": rec.job_id}):
                 await self.request_preemption(rec, choice)
             for victim in choice.victims:
                 usage.record_preemption(now, victim, choice.preemptor, rec.spec.total_gpus)
-        if decision.preemptions:
+        if decision.preemptions and self.leading:
             await self.memory.save_usage(usage, self.usage_queues, force=True)  # the rate limit must survive a crash
         await self.end_unsatisfiable(decision)
         return len(placed)
@@ -621,7 +813,7 @@ class Solver:
             rec = self.owner.index.get(job_id)
             if rec is None or rec.state != "ACCEPTED":
                 continue
-            await self.owner.commit(
+            await self.record(
                 JobFinished(
                     event_id=f"dependency-never-{job_id}",
                     job_id=job_id,
@@ -631,7 +823,8 @@ class Solver:
             )
 
     async def commit_placed(self, placed: Sequence[tuple[JobRecord, Allocation, int]]) -> None:
-        """Record `placed` for every gang of the cycle in one commit, then send their launch commands."""
+        """Record `placed` for every gang of the cycle in one commit; the reaction to each sends its launch commands.
+        A follower reports them to the owner, whose reaction launches them."""
         if not placed:
             return
         events = [
@@ -644,14 +837,18 @@ class Solver:
             )
             for rec, alloc, token in placed
         ]
+        if not self.leading:
+            # Refused by the owner if the job moved on meanwhile (cancelled): its reconcile frees the reservation.
+            await self.record(*events)
+            return
         records = await self.owner.commit(*events)
         for (rec, alloc, token), new in zip(placed, records, strict=True):
-            if new is None:
-                current = self.owner.index.get(rec.job_id)
-                if current is None or current.token != token:
-                    continue  # cancelled between the decision and the commit: reconcile frees the reservation
-                new = current
-            await self.send_launches(new, alloc, token)
+            if new is not None:
+                continue  # launched by the reaction to its record
+            current = self.owner.index.get(rec.job_id)
+            if current is None or current.token != token:
+                continue  # cancelled between the decision and the commit: reconcile frees the reservation
+            await self.send_launches(current, alloc, token)  # recorded before (a replayed commit): launch again
 
     async def request_preemption(self, rec: JobRecord, choice: VictimChoice) -> None:
         window = int(time.time() // self.settings.preemption_request_every_s)
@@ -714,6 +911,8 @@ class Solver:
                 if now - res.ts_ms / 1000 > s.lost_reservation_grace_s:
                     await self.release(job_id, res.token, "orphan: no live job")
             elif rec.state == "ACCEPTED" and not rec.cancel_requested:
+                if len(self.members) > 1 and now - res.ts_ms / 1000 < s.lost_reservation_grace_s:
+                    continue  # maybe another replica's fresh commit: its `placed` fact is on the way
                 if not await self.store.replicated():  # never recorded placed on a write a failover could lose
                     continue
                 await self.commit_placed([(rec, res.allocation, res.token)])
@@ -851,13 +1050,14 @@ def build_solver(
         "placement-solver", "Owns job state; places gangs atomically in the tightest topology domain", settings
     )
     solver = Solver(svc, solver_settings or SolverSettings.from_env(), store)
+    solver.loops = loops
     svc.on_start(solver.start)
     svc.on_stop(solver.stop)
     if loops:
-        svc.background(solver.owner_loop)
+        # The owner's loops (facts, reconcile, expiry) start and stop with the owner lease.
         svc.background(solver.scheduler_loop)
-        svc.background(solver.reconcile_loop)
-        svc.background(solver.expire_loop)
+        svc.background(solver.role_loop)
+        svc.background(solver.follower_loop)
     svc.ops("job-explain", subjects.OPS_JOB_EXPLAIN)(solver.explain)
     svc.ops("queue-list", subjects.OPS_QUEUE_LIST)(solver.queue_list)
     svc.ops("queues-list", f"{subjects.PREFIX}.ops.queues.list")(solver.queues_list)

@@ -71,6 +71,16 @@ class SolverMetrics:
             ["kind"],
             registry=registry,
         )
+        self.leading = Gauge(
+            "oneplus_solver_leading",
+            "1 while this solver replica holds the owner lease (it folds facts and writes job records), else 0",
+            registry=registry,
+        )
+        self.replicas = Gauge(
+            "oneplus_solver_replicas",
+            "Solver replicas this one counts alive (each places the pending jobs it wins by rendezvous hashing)",
+            registry=registry,
+        )
         self.node_gpus = Gauge(
             "oneplus_node_gpus",
             "GPUs of a node by state. " + _GPU_STATE_HELP.format(unit="node"),

@@ -10,6 +10,10 @@ last saw wholly projected (`solver_state`, saved each expire tick): each event a
 sequence is below its own. A commit whose acknowledgements did not all come back (the bus dropped) may have stored
 some of its events: before the next commit the owner reads the stream after its last sequence and folds what is
 there, so its records never lag the stream they publish to.
+
+With several solver replicas only the one holding the owner lease commits (`guard` refuses a commit otherwise);
+the others `follow()`: they list the hot view and fold the job stream into the same index, read-only, and report
+what they decide as facts.
 """
 
 from __future__ import annotations
@@ -27,6 +31,7 @@ from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy, PubAck
 from nats.js.kv import KeyValue
 from oneplus_bus.acks import wait_acks
 from oneplus_bus.archive import JobArchive
+from oneplus_bus.informer import StreamTail
 from oneplus_bus.ledger import PROJECTED_SEQ_KEY, latest_values, projected_seq, read_stream
 from oneplus_bus.telemetry import inject
 from oneplus_contracts import IllegalTransition, JobEvent, JobRecord, apply_event, parse_job_event, subjects
@@ -49,6 +54,11 @@ class Applied:
 
 
 OnApplied = Callable[[Sequence[Applied]], Awaitable[None]]
+OnFollowed = Callable[[JobEvent, JobRecord], Awaitable[None]]
+
+
+class NotOwner(RuntimeError):
+    """This replica does not hold the owner lease (now): it must not write job records."""
 
 
 class JobOwner:
@@ -71,6 +81,9 @@ class JobOwner:
         self.unprojected: dict[str, JobRecord] = {}  # folded, but their hot-view write not confirmed yet
         self._lock = asyncio.Lock()
         self._listeners: list[OnApplied] = []
+        # Awaited before every commit: raises NotOwner unless this replica holds the owner lease.
+        self.guard: Callable[[], Awaitable[None]] | None = None
+        self._tail: StreamTail | None = None
         self.refused = Counter(
             "oneplus_job_facts_refused", "Facts that did not apply to the job's record", ["type"], registry=metrics
         )
@@ -98,6 +111,37 @@ class JobOwner:
             "job owner: %d records, %d events replayed, at sequence %d", len(records), replayed, self.index.last_seq
         )
         return replayed
+
+    async def follow(self, on_event: OnFollowed) -> None:
+        """Read-only: list the hot view, then fold the job stream's events into the index as the owner publishes
+        them (`on_event(event, record)` after each that applied). A gap lists again."""
+
+        async def relist() -> int:
+            records = [JobRecord.model_validate_json(v) for v in await latest_values(self.js, subjects.JOBS_KV)]
+            self.index = JobIndex.of(records)
+            if self.state_kv is not None:
+                self.index.last_seq = max(self.index.last_seq, await projected_seq(self.state_kv))
+            return self.index.last_seq
+
+        async def fold(seq: int, subject: str, data: bytes, headers: dict[str, str]) -> None:
+            try:
+                event = parse_job_event(data)
+            except ValidationError:
+                return
+            rec = self.index.apply(event, seq, headers.get("traceparent"))
+            if rec is not None:
+                await on_event(event, rec)
+
+        await self.unfollow()
+        self._tail = StreamTail(
+            self.js, subjects.JOBS_STREAM, subjects.JOB_EVENTS_ALL, fold, relist=relist, whole=True, name="follower"
+        )
+        self._tail.start(await relist())
+
+    async def unfollow(self) -> None:
+        if self._tail is not None:
+            await self._tail.stop()
+            self._tail = None
 
     async def _replay_after(self, seq: int) -> int:
         """Fold the job stream's events after `seq` into the index (each only where it is newer than the record) and
@@ -128,6 +172,8 @@ class JobOwner:
     async def _commit_locked(
         self, events: Sequence[JobEvent], traceparents: Sequence[str | None]
     ) -> tuple[list[Applied], list[JobRecord | None]]:
+        if self.guard is not None:
+            await self.guard()
         if self.stale:
             caught = await self._replay_after(self.index.last_seq)
             self.stale = False
@@ -262,6 +308,8 @@ class JobOwner:
     async def expire(self, now: float | None = None) -> list[JobRecord]:
         """Move finished jobs older than `min_age_s` from the hot view to the archive."""
         async with self._lock:
+            if self.guard is not None:
+                await self.guard()
             gone = self.index.expire(time.time() if now is None else now, self.min_age_s)
             for rec in gone:
                 await self.archive.put(rec)  # archived first: a crash in between leaves it in both, never neither
