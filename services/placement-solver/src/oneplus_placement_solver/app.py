@@ -722,6 +722,8 @@ class Solver:
             usage,
             nominations=self.nominations,
             job_states=job_states,
+            # Replicas break ties among equally good nodes in different orders, so they collide less in Redis.
+            seed=self.members.index(self.settings.replica) if len(self.members) > 1 else 0,
         )
         self.decision = decision
         self.metrics.pending_jobs(pending_recs.values(), decision)
