@@ -8,6 +8,7 @@ Hosts (one namespace each, one bridge between them; the harness runs beside the 
   nats-1, nats-2, nats-3   a NATS server each (deploy/nats/cluster/nats-server.conf) and a Redis sentinel each
   redis-1, redis-2         the Redis primary (append-only file on) and its replica
   ctl                      intake, topology-registry, placement-solver, preemption
+  ctl-2                    placement-solver-2 (the solvers run active-active: one holds the owner lease)
   nodes                    one simulated executor per demo node (4 nodes, 32 GPUs)
 Every stream and KV bucket is kept on three servers (ONEPLUS_STREAM_REPLICAS=3); every service is given all three
 NATS URLs and the three sentinels (REDIS_SENTINELS), and gang commits wait for the Redis replica (WAIT).
@@ -15,7 +16,8 @@ NATS URLs and the three sentinels (REDIS_SENTINELS), and gang commits wait for t
 Faults, one after another with a seeded gap, each timed to recovery as in `oneplus.chaos` (the platform answers
 `jobs list`; the next `placed`): the NATS server leading the jobs stream SIGKILLed and restarted on its store; a
 NATS server cut off the network and healed; the Redis primary SIGKILLed (the sentinels promote the replica; the
-old primary comes back on its append-only file and is made a replica); the solver SIGKILLed and restarted; every
+old primary comes back on its append-only file and is made a replica); the solver replica that holds the owner
+lease SIGKILLed, left down past the lease (the other replica takes it over), and restarted; every
 service and executor restarted once (SIGTERM, then started again). The invariants are `oneplus.chaos`'s, read from
 the job stream, the nodes' heartbeats and the JetStream reservation audit.
 
@@ -48,7 +50,9 @@ from .netlab import Host, NetLab
 REPO = Path(__file__).resolve().parents[2]
 CLUSTER_CONFIG = REPO / "deploy" / "nats" / "cluster" / "nats-server.conf"
 NATS_HOSTS = ("nats-1", "nats-2", "nats-3")
-HOSTS = (*NATS_HOSTS, "redis-1", "redis-2", "ctl", "nodes")
+HOSTS = (*NATS_HOSTS, "redis-1", "redis-2", "ctl", "ctl-2", "nodes")
+SOLVERS = ("placement-solver", "placement-solver-2")
+LEASE_S = 4.0  # the lab's owner lease: a killed owner is replaced within a few seconds
 SENTINEL_PORT = 26379
 SERVICE = "oneplus"
 DOWN_AFTER_MS = 2000  # a sentinel calls the primary down after this much silence; failover follows
@@ -155,7 +159,7 @@ def lab_faults(seed: int, nodes: tuple[str, ...], down_s: float = 10.0) -> list[
         Fault("nats-leader-kill", "nats", down_s, 0),
         Fault("nats-partition", cut, down_s, 0),
         Fault("redis-failover", "redis-1", down_s, 0),
-        Fault("kill", "placement-solver", 2.0, 0),
+        Fault("kill", "placement-solver", 3 * LEASE_S, 0),  # aimed at the lease holder; down past its lease
     ]
     rng.shuffle(faults)
     faults.append(Fault("rolling-restart", "every service", 16.0, 0))  # down_s: the restarts spread over it
@@ -183,16 +187,19 @@ class MultiHostRun(ChaosRun):
             "REDIS_SENTINELS": s.sentinels,
             "REDIS_SENTINEL_SERVICE": SERVICE,
             "ONEPLUS_HTTP_PORT": "off",
+            "ONEPLUS_SOLVER_LEASE_S": str(LEASE_S),
         }
 
     def start_world(self) -> str:
         self.lab.up(list(HOSTS))
         self.lab_servers.start()
         on = {name: self.lab.hosts["ctl"].argv([]) for name in SERVICE_MODULES}
+        on[SOLVERS[1]] = self.lab.hosts["ctl-2"].argv([])
         on["*"] = self.lab.hosts["nodes"].argv([])
         self.platform = Platform(
             self.lab_servers.nats_url, "redis://unused-sentinels-are-set", nodes=DEMO_NODES,
             logdir=self.workdir / "logs", extra_env=self.platform_env(), metrics=False, hosts=on,
+            solver_replicas=len(SOLVERS),
         ).start()  # fmt: skip
         return self.lab_servers.nats_url
 
@@ -213,6 +220,9 @@ class MultiHostRun(ChaosRun):
             f.target = await self.jobs_leader()
         elif f.kind == "redis-failover":
             f.target = await self.current_primary()
+        elif f.kind == "kill" and f.target in SOLVERS:
+            f.target = await self.lease_holder() or f.target
+            f.note = f"{f.target} held the owner lease"
 
     async def apply_fault(self, f: Fault) -> None:
         s = self.lab_servers
@@ -247,6 +257,20 @@ class MultiHostRun(ChaosRun):
             if info.cluster is None or not info.cluster.leader:
                 raise RuntimeError(f"{subjects.JOBS_STREAM} has no leader")
             return str(info.cluster.leader)
+        finally:
+            await nc.close()
+
+    async def lease_holder(self) -> str | None:
+        """The solver replica holding the owner lease (replicas are named after their processes here)."""
+        from oneplus_bus.lease import Lease
+
+        from .chaos import connect
+
+        nc = await connect(self.lab_servers.nats_url)
+        try:
+            kv = await nc.jetstream().key_value(subjects.SOLVER_STATE_KV)
+            holder = (await Lease(kv, subjects.SOLVER_OWNER_LEASE_KEY, "harness").read()).holder
+            return holder if holder in SOLVERS else None
         finally:
             await nc.close()
 

@@ -106,3 +106,35 @@ async def test_a_killed_leader_is_replaced_and_no_job_is_lost(servers: Servers, 
             assert types.count("finished") == 1, (job_id, types)
         assert check_history(await store.history()) == [], "a GPU was held by two gangs"
         assert await store.held_slots() == {}, "a GPU leaked"
+
+
+async def test_queue_and_explain_give_every_waiting_job_its_reason_whichever_replica_answers(
+    servers: Servers, tmp_path: Path
+) -> None:
+    async with fresh_platform(servers.nats_url, servers.redis_url, tmp_path, solver_replicas=2) as (p, _, _store):
+        deadline = time.monotonic() + 30
+        while any(metric(p, n, "oneplus_solver_replicas") != 2 for n in REPLICAS):
+            assert time.monotonic() < deadline, "the replicas never saw each other"
+            await asyncio.sleep(0.2)
+        # 24 whole-node jobs on 4 nodes: most of them wait, in both replicas' shards.
+        specs = [
+            JobSpec(name=f"wait-{i}", resources={"gpus": 8}, simulate={"duration_s": 20.0})  # type: ignore[arg-type]
+            for i in range(24)
+        ]
+        async with OnePlusClient.connect(servers.nats_url) as c:
+            ids = await submit_all(c, specs, "wait")
+            deadline = time.monotonic() + 30
+            while sum(r.state != "ACCEPTED" for r in await c.list_jobs()) < 4:
+                assert time.monotonic() < deadline, "nothing was placed"
+                await asyncio.sleep(0.2)
+            await asyncio.sleep(2.5)  # a cycle of each replica has given its reasons
+            for _ in range(6):  # answered by either replica
+                rows = [r for r in await c.queue() if r["st"] == "PD"]
+                assert len(rows) >= 10
+                assert all(r["reason"] for r in rows), [r for r in rows if not r["reason"]]
+            waiting = [r["job_id"] for r in rows]
+            for job_id in waiting[:6]:
+                out = await c.explain(job_id)
+                assert out["pending"] and out.get("reason"), out
+            for job_id in ids:
+                await c.cancel(job_id)

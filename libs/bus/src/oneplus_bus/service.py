@@ -16,6 +16,8 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 
 import nats
+import nats.errors
+import nats.js.errors
 import nats.micro
 from faststream import AckPolicy, FastStream
 from faststream.nats import JStream
@@ -42,6 +44,7 @@ from .telemetry import make_tracer_provider
 from .tenancy import PLATFORM_ACCOUNTS, TenancyError, caller_of
 
 VERSION = "0.1.0"
+STARTUP_WAIT_S = 60.0  # how long a starting service waits for JetStream to answer before it exits
 # Our push consumers are durable AND a deliver group (queue=durable name), so replicas share them.
 warnings.filterwarnings(
     "ignore", message="The JetStream Push consumer with the `durable` option", category=RuntimeWarning
@@ -191,10 +194,24 @@ class OneplusService:
             inbox_prefix=self.settings.inbox_prefix,
         )
         try:
-            await ensure_streams(nc.jetstream())
-            await ensure_kv(nc.jetstream())
+            await self._ensure_stores(nc.jetstream())
         finally:
             await nc.close()
+
+    async def _ensure_stores(self, js: JetStreamContext) -> None:
+        """Declare streams and buckets, waiting out a JetStream cluster that is still electing its leaders (its
+        requests time out or answer 503 for a few seconds after the servers start) instead of exiting."""
+        deadline = asyncio.get_running_loop().time() + STARTUP_WAIT_S
+        while True:
+            try:
+                await ensure_streams(js)
+                await ensure_kv(js)
+                return
+            except (nats.errors.TimeoutError, nats.js.errors.ServiceUnavailableError) as exc:
+                if asyncio.get_running_loop().time() > deadline:
+                    raise
+                log.warning("%s: JetStream not ready (%s); declaring again in 1 s", self.name, type(exc).__name__)
+                await asyncio.sleep(1.0)
 
     async def _after_startup(self) -> None:
         self._js = self.nc.jetstream()

@@ -48,6 +48,7 @@ JOBS_KV = "jobs"
 TOPOLOGY_KV = "topology"
 QUEUES_KV = "queues"
 SOLVER_STATE_KV = "solver_state"  # fair-share usage and nominations: what a restarted solver must not forget
+SOLVER_OWNER_LEASE_KEY = "owner.lease"  # in SOLVER_STATE_KV: which solver replica writes job records now
 WEBHOOK_DELIVERIES_KV = "webhook_deliveries"  # MLflow delivery ids seen, kept for WEBHOOK_DELIVERIES_TTL_S
 WEBHOOK_DELIVERIES_TTL_S = 3600.0
 
@@ -55,6 +56,11 @@ WEBHOOK_DELIVERIES_TTL_S = 3600.0
 OPS_QUEUE_LIST = f"{PREFIX}.ops.queue.list"
 OPS_JOB_SHOW = f"{PREFIX}.ops.job.show"
 OPS_JOB_EXPLAIN = f"{PREFIX}.ops.job.explain"
+
+
+def ops_solver_reasons(replica: str) -> str:
+    """One solver replica's last cycle: why the pending jobs of its shard wait, and their serving order."""
+    return f"{PREFIX}.ops.solver.{replica}.reasons"
 OPS_JOB_CANCEL = f"{PREFIX}.ops.job.cancel"
 OPS_NODE_LIST = f"{PREFIX}.ops.node.list"
 OPS_NODE_DRAIN = f"{PREFIX}.ops.node.drain"

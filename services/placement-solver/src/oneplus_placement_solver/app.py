@@ -58,7 +58,7 @@ from oneplus_queueing.config import QueueConfig, QueueConfigError, default_confi
 from oneplus_queueing.cycle import schedule_cycle
 from oneplus_queueing.dependencies import referenced_jobs
 from oneplus_queueing.fairshare import UsageHistory
-from oneplus_queueing.model import CycleDecision, PendingJob, RunningJob, VictimChoice
+from oneplus_queueing.model import CycleDecision, PendingJob, PendingReason, RunningJob, VictimChoice
 from oneplus_queueing.report import queue_rows, queues_rows, split_records
 from oneplus_queueing.shards import replica_for
 from oneplus_reservations import Conflict, ReservationStore
@@ -76,7 +76,7 @@ log = logging.getLogger("oneplus.solver")
 
 LOST_EXIT = 137
 STORE_REBUILD_LEASE_S = 60.0  # a rebuilt reservation lives this long unless its node renews it
-OWNER_LEASE_KEY = "owner.lease"
+OWNER_LEASE_KEY = subjects.SOLVER_OWNER_LEASE_KEY
 REPLICA_PREFIX = "replica."
 
 
@@ -214,6 +214,7 @@ class Solver:
         await self.sync_store()
         await svc.nc.subscribe(subjects.node_lost("*"), cb=self._on_lost_msg)
         await svc.nc.subscribe(subjects.node_heartbeat("*"), cb=self._on_heartbeat_msg)
+        await svc.nc.subscribe(subjects.ops_solver_reasons(self.settings.replica), cb=self._on_reasons_request)
         if self.leading:
             await self.reconcile()
             self.start_owner_loops()
@@ -966,6 +967,47 @@ class Solver:
             await self.owner.expire()
 
     # -- ops -------------------------------------------------------------------------------------------------------
+    def own_reasons(self, job_ids: Iterable[str]) -> tuple[dict[str, PendingReason], list[str]]:
+        """This replica's last cycle on `job_ids`: their reasons, and their serving order."""
+        d = self.decision
+        if d is None:
+            return {}, []
+        wanted = set(job_ids)
+        return {j: r for j, r in d.reasons.items() if j in wanted}, [j for j in d.order if j in wanted]
+
+    async def _on_reasons_request(self, msg: Any) -> None:
+        try:
+            job_ids = [str(j) for j in json.loads(msg.data or b"{}").get("job_ids", [])]
+        except (ValueError, AttributeError, TypeError):
+            job_ids = []
+        reasons, order = self.own_reasons(job_ids)
+        body = {"reasons": {j: [r.code, r.message] for j, r in reasons.items()}, "order": order}
+        with contextlib.suppress(Exception):
+            await msg.respond(json.dumps(body).encode())
+
+    async def reasons_for(self, job_ids: Iterable[str]) -> tuple[dict[str, PendingReason], list[str]]:
+        """Why `job_ids` wait and in what order, each from the replica whose shard it is in (its last cycle); a
+        replica that does not answer within a second leaves its jobs without a reason."""
+        ids = list(job_ids)
+        if len(self.members) == 1:
+            return self.own_reasons(ids)
+        shards: dict[str, list[str]] = {}
+        for job_id in ids:
+            shards.setdefault(replica_for(job_id, self.members), []).append(job_id)
+        reasons, order = self.own_reasons(shards.pop(self.settings.replica, []))
+        for replica, wanted in sorted(shards.items()):
+            try:
+                reply = await self.svc.nc.request(
+                    subjects.ops_solver_reasons(replica), json.dumps({"job_ids": wanted}).encode(), timeout=1.0
+                )
+                got = json.loads(reply.data)
+                for job_id, (code, message) in got.get("reasons", {}).items():
+                    reasons[job_id] = PendingReason(job_id, code, message)
+                order += [str(j) for j in got.get("order", [])]
+            except Exception as exc:
+                log.info("solver replica %s did not say why its %d job(s) wait: %s", replica, len(wanted), exc)
+        return reasons, order
+
     async def explain(self, payload: dict[str, Any], headers: dict[str, str]) -> dict[str, Any]:
         job_id = str(payload.get("job_id") or "")
         rec = self.owner.index.get(job_id) or await self.owner.archive.get(job_id)
@@ -988,7 +1030,7 @@ class Solver:
             "pending": True,
             **explain_job(self.capacity.copy(), rec, jobs),
         }
-        why = self.decision.reasons.get(job_id) if self.decision else None
+        why = (await self.reasons_for([job_id]))[0].get(job_id)
         if why is not None:
             out["reason"] = why.code
             msg = out["message"]
@@ -1002,8 +1044,8 @@ class Solver:
         index = self.owner.index
         live = [*index.holders.values(), *index.pending.values()]
         records = [r for r in live if team is None or r.spec.team == team]
-        d = self.decision
-        rows = queue_rows(time.time(), records, d.reasons if d else {}, d.order if d else ())
+        reasons, order = await self.reasons_for(r.job_id for r in records if r.state == "ACCEPTED")
+        rows = queue_rows(time.time(), records, reasons, order)
         keys = ("job_id", "queue", "name", "user", "st", "time", "gpus", "where")
         page = rows[offset : offset + limit]
         out = [{**dict(zip(keys, r.cells(), strict=True)), "reason": r.reason, "message": r.message} for r in page]
