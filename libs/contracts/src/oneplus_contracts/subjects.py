@@ -61,6 +61,8 @@ OPS_JOB_EXPLAIN = f"{PREFIX}.ops.job.explain"
 def ops_solver_reasons(replica: str) -> str:
     """One solver replica's last cycle: why the pending jobs of its shard wait, and their serving order."""
     return f"{PREFIX}.ops.solver.{replica}.reasons"
+
+
 OPS_JOB_CANCEL = f"{PREFIX}.ops.job.cancel"
 OPS_NODE_LIST = f"{PREFIX}.ops.node.list"
 OPS_NODE_DRAIN = f"{PREFIX}.ops.node.drain"
