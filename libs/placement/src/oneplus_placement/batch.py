@@ -21,7 +21,7 @@ from .batch_model import BatchModel, Candidate, Solution, solve
 from .diagnosis import Explanation
 from .greedy import PlacementResult, materialise
 from .incremental import SearchCache, apply_and_refresh
-from .layout import AllocationConflict
+from .layout import AllocationConflict, NodeSlot
 from .levels import DomainSearch, Plan
 from .request import GangRequest, InvalidRequest
 from .snapshot import Holdings
@@ -310,12 +310,15 @@ def _decode(
     cache = SearchCache(state, seed)
     results: dict[str, PlacementResult] = {}
     repaired = filled = 0
+    packed = _pack(snapshot, pools, order, solution.chosen)
     for j, job in enumerate(order):
         cand = solution.chosen.get(j)
         if cand is None:
             continue
         search = cache.search(job.req)
-        plan = _realise(search, pools, cand)
+        plan = packed[j] if j in packed else _realise(search, pools, cand)
+        if plan is not None and any(search.caps.get(i, 0) < units for i, units in plan.pieces):
+            plan = None  # counted GPUs fit, the board's shape does not (an NVLink island too small): greedy repairs
         alloc = None
         if plan is not None:
             try:
@@ -342,6 +345,60 @@ def _decode(
     return results, repaired, filled
 
 
+def _pack(snap: Holdings, pools: BatchModel, order: list[_Job], chosen: dict[int, Candidate]) -> dict[int, Plan | None]:
+    """Whole-GPU gangs' pieces on real nodes, first-fit decreasing over the whole batch: the largest pieces first,
+    each on the node of its pool it fills best. Placing gang by gang instead (a small gang first, best fit) can
+    leave every node too short for a large gang that the pooled count said would fit: the packing is the batch's
+    whole point. None for a gang whose pieces do not all fit (greedy repairs it)."""
+    free = list(snap.free_count)
+    cpus = [snap.cpu_free(i) for i in range(len(free))]
+    mem = [snap.mem_free(i) for i in range(len(free))]
+    pieces: list[tuple[int, int, int, int]] = []  # (-GPUs, job, pool, units)
+    for j, cand in chosen.items():
+        req = order[j].req
+        if req.shared:
+            continue
+        for p, units_list in cand.pieces.items():
+            pieces += [(-units * req.unit_gpus, j, p, units) for units in units_list]
+    placed: dict[int, list[tuple[int, int]]] = {}
+    failed: set[int] = set()
+    for neg, j, p, units in sorted(pieces):
+        if j in failed:
+            continue
+        req, need = order[j].req, -neg
+        taken = {i for i, _ in placed.get(j, [])}
+        cpu, mb = units * req.unit_cpus, units * req.unit_memory_mb
+        fits = [
+            i
+            for i in pools.pools[p].nodes
+            if i not in taken and free[i] >= need and cpus[i] + 1e-9 >= cpu and mem[i] >= mb
+        ]
+        if not fits:
+            failed.add(j)
+            continue
+        best = min(fits, key=lambda i: (free[i] - need, i))
+        free[best] -= need
+        cpus[best] -= cpu
+        mem[best] -= mb
+        placed.setdefault(j, []).append((best, units))
+    slots = snap.layout.slots
+    return {j: None if j in failed else _plan_of(placed.get(j, []), slots) for j in chosen if not order[j].req.shared}
+
+
+def _plan_of(pieces: list[tuple[int, int]], slots: Sequence[NodeSlot]) -> Plan | None:
+    if not pieces:
+        return None
+    if len(pieces) == 1:
+        domain = "node"
+    elif len({slots[i].leaf for i, _ in pieces}) == 1:
+        domain = "leaf"
+    elif len({slots[i].spine for i, _ in pieces}) == 1:
+        domain = "spine"
+    else:
+        domain = "cluster"
+    return Plan(tuple(pieces), domain)  # type: ignore[arg-type]
+
+
 def _realise(search: DomainSearch, pools: BatchModel, cand: Candidate) -> Plan | None:
     """Largest pieces first, each on the best-fitting node of its pool that still has room."""
     pieces: list[tuple[int, int]] = []
@@ -355,16 +412,7 @@ def _realise(search: DomainSearch, pools: BatchModel, cand: Candidate) -> Plan |
             best = min(fits, key=lambda i: search.fitter.node_key(i, units))
             used.add(best)
             pieces.append((best, units))
-    slots = search.layout.slots
-    if len(pieces) == 1:
-        domain = "node"
-    elif len({slots[i].leaf for i, _ in pieces}) == 1:
-        domain = "leaf"
-    elif len({slots[i].spine for i, _ in pieces}) == 1:
-        domain = "spine"
-    else:
-        domain = "cluster"
-    return Plan(tuple(pieces), domain)  # type: ignore[arg-type]
+    return _plan_of(pieces, search.layout.slots)
 
 
 def _evaluate(
