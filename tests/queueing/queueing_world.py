@@ -11,7 +11,7 @@ from oneplus_queueing.config import QueueConfig
 from oneplus_queueing.cycle import schedule_cycle
 from oneplus_queueing.fairshare import UsageHistory
 from oneplus_queueing.model import CycleDecision, PendingJob, RunningJob
-from oneplus_topology.cluster import synthetic_cluster
+from oneplus_topology.cluster import Cluster, synthetic_cluster
 
 
 def spec(
@@ -45,10 +45,10 @@ def spec(
 
 
 class World:
-    """`n_nodes` 8-GPU H100 nodes, `nodes_per_leaf` per leaf, and the jobs running on them."""
+    """`n_nodes` 8-GPU H100 nodes, `nodes_per_leaf` per leaf (or the given cluster), and the jobs running on them."""
 
-    def __init__(self, n_nodes: int = 2, nodes_per_leaf: int = 2) -> None:
-        self.cluster = synthetic_cluster(n_nodes, nodes_per_leaf=nodes_per_leaf)
+    def __init__(self, n_nodes: int = 2, nodes_per_leaf: int = 2, cluster: Cluster | None = None) -> None:
+        self.cluster = cluster or synthetic_cluster(n_nodes, nodes_per_leaf=nodes_per_leaf)
         self.state = ClusterState.from_cluster(self.cluster)
         self.running: dict[str, RunningJob] = {}
 

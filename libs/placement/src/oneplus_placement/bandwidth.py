@@ -118,3 +118,14 @@ def board_shortfall(layout: Layout, shape: NodeShape, size: int, group: int = 1)
     got = 0.0 if best <= 0 or own >= BOARD_PAR * best else round(1.0 - own / best, 1)
     layout.cache[key] = got
     return got
+
+
+def slowdown(comm_fraction: float, ideal_gbps: float, gbps: float) -> float:
+    """How much longer a job runs on ring bandwidth `gbps` than on the best, `ideal_gbps`: (1 − f) + f·B*/B (never
+    below 1), with f the share of a step spent communicating; 1 without communication. The simulator's model
+    (BENCHMARKS.md §1) and the live cycle's board choice both use it."""
+    if comm_fraction <= 0 or ideal_gbps <= 0:
+        return 1.0
+    if gbps <= 0:
+        raise ValueError("a multi-GPU allocation with zero ring bandwidth cannot run")
+    return max(1.0, (1 - comm_fraction) + comm_fraction * ideal_gbps / gbps)

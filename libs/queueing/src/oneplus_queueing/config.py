@@ -146,6 +146,19 @@ class BackfillPolicy(_Model):
     )
 
 
+class BoardPolicy(_Model):
+    """A one-node gang offered only a weaker board (docs/queueing.md, "A weaker board now, or a strong one later")."""
+
+    wait_for_faster: bool = Field(
+        default=True,
+        description="Wait for a strong board when it is expected to finish the job sooner than running slower now",
+    )
+    comm_fraction: Annotated[float, Field(ge=0, le=1)] = Field(
+        default=0.2,  # the middle of the simulator's range for one-node jobs, f ~ U(0.1, 0.3)
+        description="The share of a step spent communicating, assumed for every job (the model's f)",
+    )
+
+
 class QueueConfig(_Model):
     queues: list[QueueSpec] = Field(default_factory=lambda: [QueueSpec(name=DEFAULT_QUEUE)])
     priority_classes: dict[str, PriorityClass] = Field(default_factory=dict)
@@ -155,6 +168,7 @@ class QueueConfig(_Model):
     job_size: JobSizePolicy = Field(default_factory=JobSizePolicy)
     preemption: PreemptionPolicy = Field(default_factory=PreemptionPolicy)
     backfill: BackfillPolicy = Field(default_factory=BackfillPolicy)
+    boards: BoardPolicy = Field(default_factory=BoardPolicy)
 
     @model_validator(mode="after")
     def _coherent_tree(self) -> QueueConfig:

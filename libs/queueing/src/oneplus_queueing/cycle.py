@@ -23,6 +23,7 @@ from oneplus_placement.greedy import PlacementResult
 from oneplus_placement.snapshot import AllocationConflict, ClusterSnapshot, ClusterState
 
 from .backfill import may_use_block, reserve_block
+from .boards import weigh_boards
 from .capacity import Capacity, whole_gpus, working_copy
 from .config import QueueConfig
 from .dependencies import check_dependencies, singleton_key
@@ -100,6 +101,7 @@ class _Cycle:
     failed: dict[tuple[object, ...], tuple[int, ReasonCode, str]] = field(default_factory=dict)
     no_victims: dict[tuple[object, ...], int] = field(default_factory=dict)  # search key → state version
     busy: set[tuple[str, str]] = field(default_factory=set)  # (name, user) of jobs holding or given GPUs
+    board_waits: set[str] = field(default_factory=set)  # jobs that wait for a strong board rather than run slower
     _pool: VictimPool | None = None
     _vacating: list[RunningJob] | None = None
 
@@ -176,6 +178,8 @@ class _Cycle:
         if placed is not None:
             self.commit(job, *placed)
             return
+        if job.job_id in self.board_waits:
+            return  # it chose to wait for a strong board: no eviction for it, no block of the weak one kept for it
         if self.claim_in_flight(job) or self.preempt(job):
             return
         if self.head is None and self.now - job.job.submitted_ts >= self.config.backfill.min_age_reserve_s:
@@ -206,6 +210,8 @@ class _Cycle:
         # Outside the reserved block first: a backfill that fits elsewhere leaves the block alone.
         result = self.place(spec, job.job_id, release_hold=False) if need <= free else None
         if result is not None and result.allocation is not None:
+            if self.waits_for_board(job, result.allocation):
+                return None
             return result.allocation, False
         if self.hold is not None:
             unheld = self.place(spec, job.job_id, release_hold=True)
@@ -219,6 +225,20 @@ class _Cycle:
         code, message = classify_failure(spec, result.explanation if result else None, free_for_it)
         self.fail(job, key, code, message)
         return None
+
+    def waits_for_board(self, job: RankedJob, alloc: Allocation) -> bool:
+        """Only a weaker board is free for it: wait when a strong board is expected to finish it sooner."""
+        policy = self.config.boards
+        if not policy.wait_for_faster:
+            return False
+        running = [*self.running, *self.placed]
+        limit = self.config.backfill.default_time_limit_s
+        choice = weigh_boards(self.now, job.job.spec, alloc, self.capacity.state, running, limit, policy.comm_fraction)
+        if choice is None or not choice.wait:
+            return False
+        self.board_waits.add(job.job_id)
+        self.reason(job, "Topology", choice.message(alloc.ranks[0].node))
+        return True
 
     def may_use_block(self, job: RankedJob) -> bool:
         if self.hold is None or self.reservation is None or self.head is None:

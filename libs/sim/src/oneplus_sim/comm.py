@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from oneplus_placement.bandwidth import ideal_ring_gbps, ring_of_masks
+from oneplus_placement.bandwidth import ideal_ring_gbps, ring_of_masks, slowdown
 
 from .cluster import SimCluster
 
@@ -39,10 +39,4 @@ class IdealRing:
         return v
 
 
-def slowdown(comm_fraction: float, ideal_gbps: float, gbps: float) -> float:
-    """(1 − f) + f·B*/B, never below 1 (an allocation cannot beat the ideal); 1 without communication."""
-    if comm_fraction <= 0 or ideal_gbps <= 0:
-        return 1.0
-    if gbps <= 0:
-        raise ValueError("a multi-GPU allocation with zero ring bandwidth cannot run")
-    return max(1.0, (1 - comm_fraction) + comm_fraction * ideal_gbps / gbps)
+__all__ = ["IdealRing", "Slot", "allocation_ring_gbps", "slowdown"]
