@@ -4,6 +4,9 @@ Single: gangs of 1-256 GPUs placed one at a time on a 1,024-node cluster fragmen
 timed, not applied, so every decision sees the same kind of fragmentation); p50 and p99 in milliseconds.
 Batch: 200 pending gangs on 4,096 nodes placed jointly under the CP-SAT time bound; wall time, the solver's gap,
 and the share of requested GPUs placed by the batch and by greedy alone.
+Contested: windows that compete for the same nodes (more GPUs asked than free, on a cluster fragmented by a seeded
+fill, gangs in arrival order), several seeds per family: GPUs placed, tightest-domain share and the objective of
+CP-SAT against greedy (greedy in priority-then-arrival order, as the live cycle places), under the same bound.
 Writes bench/results/solver.json.
 """
 
@@ -20,7 +23,7 @@ import time
 from pathlib import Path
 
 from oneplus_contracts import JobSpec
-from oneplus_placement import ClusterSnapshot, PendingGang, place_batch, place_gang, seeded_fill
+from oneplus_placement import ClusterSnapshot, PendingGang, PlacementResult, place_batch, place_gang, seeded_fill
 from oneplus_topology.cluster import synthetic_cluster
 
 RESULTS = Path(__file__).parent / "results" / "solver.json"
@@ -38,6 +41,88 @@ def random_gang(rng: random.Random, name: str) -> JobSpec:
         resources={"gpus": per_rank, "cpus": 4 * per_rank, "memory_mb": 32 * 1024 * per_rank},
         priority=rng.choice(PRIORITIES),
     )
+
+
+# Contested window families: gang sizes (GPUs) and their weights. Sizes above 8 are ranks of 8 GPUs.
+CONTESTED = {
+    # Mostly 1-8 GPU jobs with some multi-node ones, the shape of the Philly trace's multi-GPU jobs.
+    "philly-like": {1: 30, 2: 15, 4: 20, 8: 20, 16: 10, 32: 5},
+    # Widths that are not powers of two (3, 5, 6: data-parallel widths fitted to a model, MPI worker counts).
+    "odd-widths": {1: 10, 2: 15, 3: 20, 5: 20, 6: 25, 8: 10},
+    # Small jobs queued ahead of whole-node jobs on a half-full cluster: the repack case.
+    "small-then-whole": {1: 25, 2: 25, 3: 10, 8: 40},
+}
+
+
+def contested_window(rng: random.Random, family: str, free_gpus: int, oversubscribe: float) -> list[PendingGang]:
+    sizes, weights = zip(*CONTESTED[family].items(), strict=True)
+    jobs: list[PendingGang] = []
+    asked = 0
+    while asked < free_gpus * oversubscribe:
+        gpus = rng.choices(sizes, weights)[0]
+        ranks, per_rank = (gpus // 8, 8) if gpus > 8 else (1, gpus)
+        spec = JobSpec(
+            name=f"c{len(jobs)}",
+            ranks=ranks,
+            resources={"gpus": per_rank, "cpus": 2 * per_rank, "memory_mb": 16 * 1024 * per_rank},
+        )
+        jobs.append(PendingGang(f"c{len(jobs)}", spec))
+        asked += gpus
+    if family == "small-then-whole":
+        jobs.sort(key=lambda g: g.spec.total_gpus == 8)  # the small ones arrived first
+    return jobs
+
+
+def tightest_share(decisions: dict[str, PlacementResult], jobs: list[PendingGang]) -> float:
+    """Of the placed gangs, the share in the tightest domain that could hold them (a node, or a leaf for 16-32)."""
+    placed = tight = 0
+    for g in jobs:
+        alloc = decisions[g.job_id].allocation
+        if alloc is None:
+            continue
+        placed += 1
+        tight += alloc.domain == ("node" if g.spec.ranks == 1 else "leaf")
+    return 100.0 * tight / placed if placed else 100.0
+
+
+def bench_contested(args: argparse.Namespace, fill_pct: float) -> dict[str, dict[str, float]]:
+    cluster = synthetic_cluster(args.contested_nodes, preset=args.preset, nodes_per_leaf=8, leaves_per_spine=8)
+    empty = ClusterSnapshot.from_cluster(cluster)
+    out: dict[str, dict[str, float]] = {}
+    for family in CONTESTED:
+        rows = []
+        sizes = []
+        for k in range(args.contested_seeds):
+            seed = args.seed + 100 * k
+            snap = seeded_fill(empty, seed, fill_pct)
+            jobs = contested_window(random.Random(seed), family, snap.total_free_gpus(), args.contested_oversubscribe)
+            sizes.append(len(jobs))
+            r = place_batch(snap, jobs, time_limit_s=args.batch_time_limit, seed=args.seed, workers=args.workers)
+            rows.append(
+                {
+                    "placed": r.placed_gpu_pct,
+                    "greedy_placed": r.greedy_placed_gpu_pct,
+                    "tightest": tightest_share(r.decisions, jobs),
+                    "greedy_tightest": tightest_share(r.greedy, jobs),
+                    "objective_ratio": r.objective / r.greedy_objective if r.greedy_objective else 1.0,
+                    "won": float(r.objective > r.greedy_objective * 1.0001),
+                    "cp_sat": float(r.solver == "cp-sat"),
+                    "wall_s": r.wall_s,
+                }
+            )
+        out[family] = {
+            "windows": float(len(rows)),
+            "gangs_per_window": round(statistics.mean(sizes), 1),
+            "placed_gpu_pct": round(statistics.mean(r["placed"] for r in rows), 2),
+            "greedy_placed_gpu_pct": round(statistics.mean(r["greedy_placed"] for r in rows), 2),
+            "tightest_pct": round(statistics.mean(r["tightest"] for r in rows), 2),
+            "greedy_tightest_pct": round(statistics.mean(r["greedy_tightest"] for r in rows), 2),
+            "objective_vs_greedy": round(statistics.mean(r["objective_ratio"] for r in rows), 4),
+            "windows_cp_sat_won": sum(r["won"] for r in rows),
+            "windows_cp_sat_answered": sum(r["cp_sat"] for r in rows),
+            "wall_s_max": round(max(r["wall_s"] for r in rows), 3),
+        }
+    return out
 
 
 def percentile(values: list[float], q: float) -> float:
@@ -110,12 +195,38 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--batch-fill-pct", type=float, default=75.0)
     p.add_argument("--batch-time-limit", type=float, default=0.2, help="CP-SAT bound in seconds")
     p.add_argument("--workers", type=int, default=1, help="CP-SAT search workers")
+    p.add_argument("--contested-nodes", type=int, default=64, help="nodes of the contested windows' cluster")
+    p.add_argument("--contested-seeds", type=int, default=10, help="windows per contested family")
+    p.add_argument(
+        "--contested-fill-pct",
+        type=lambda t: [float(x) for x in t.split(",")],
+        default=[0.0, 50.0],
+        help="comma list: GPUs held (seeded fill) before a contested window",
+    )
+    p.add_argument("--contested-oversubscribe", type=float, default=1.25, help="GPUs asked / GPUs free")
+    p.add_argument("--only-contested", action="store_true", help="skip the single-gang and 4,096-node runs")
     p.add_argument("--out", type=Path, default=RESULTS)
     args = p.parse_args(argv)
 
+    contested: dict[str, dict[str, dict[str, float]]] = {}
+    for fill in args.contested_fill_pct:
+        contested[f"{fill:g}% held"] = found = bench_contested(args, fill)
+        print(
+            f"contested windows ({args.contested_nodes} nodes, {fill:g}% held, {args.contested_oversubscribe:g}x "
+            f"the free GPUs asked, {args.batch_time_limit:g} s bound): CP-SAT | greedy"
+        )
+        print(f"{'family':<18} {'GPUs placed %':>17} {'tightest %':>15} {'objective':>10} {'won':>6}")
+        for family, f in found.items():
+            print(
+                f"{family:<18} {f['placed_gpu_pct']:>7.1f} | {f['greedy_placed_gpu_pct']:<7.1f} "
+                f"{f['tightest_pct']:>6.1f} | {f['greedy_tightest_pct']:<6.1f} {f['objective_vs_greedy']:>9.3f}x "
+                f"{f['windows_cp_sat_won']:>2g}/{f['windows']:g}"
+            )
+    if args.only_contested:
+        return 0
     single = bench_single(args)
     batch = bench_batch(args)
-    figures = {**single, **batch}
+    figures = {**single, **batch, "contested": contested}
     rows = [
         ("single-gang p50 (ms)", single["single_p50_ms"], "1,024 nodes, 1-256 GPUs"),
         ("single-gang p99 (ms)", single["single_p99_ms"], "target <= 20"),
