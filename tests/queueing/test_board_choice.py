@@ -32,8 +32,11 @@ def four_gpus(limit_s: int | None = 3600, models: list[str] | None = None) -> Pe
     return PendingJob("train", spec, NOW - 10)
 
 
+WAITING = load_queue_config("boards: {wait_for_faster: true}\n")
+
+
 def cycle(w: World, job: PendingJob):  # type: ignore[no-untyped-def]
-    return schedule_cycle(NOW, w.state, [job], list(w.running.values()), default_config(), UsageHistory())
+    return schedule_cycle(NOW, w.state, [job], list(w.running.values()), WAITING, UsageHistory())
 
 
 def test_it_waits_for_the_h100_board_that_frees_soon_and_says_why() -> None:
@@ -52,7 +55,7 @@ def test_the_weaker_board_stays_open_to_the_jobs_behind_the_one_that_waits() -> 
     w = mixed_world()
     w.run("busy", [(0, range(8))], started=NOW - 500, time_limit_s=800)
     behind = PendingJob("behind", JobSpec(name="behind", resources=RankResources(gpus=4)), NOW - 5)
-    d = schedule_cycle(NOW, w.state, [four_gpus(), behind], list(w.running.values()), default_config(), UsageHistory())
+    d = schedule_cycle(NOW, w.state, [four_gpus(), behind], list(w.running.values()), WAITING, UsageHistory())
     assert "train" not in d.placements
     assert d.placements["behind"].ranks[0].node == "n001"
 
@@ -103,11 +106,10 @@ def test_the_weighing_is_the_simulators_slowdown() -> None:
     assert f"on n000 ({best:g} GB/s ring)" in why
 
 
-def test_the_queue_config_can_turn_the_waiting_off() -> None:
+def test_the_waiting_is_off_by_default() -> None:
     w = mixed_world()
     w.run("busy", [(0, range(8))], started=NOW - 500, time_limit_s=800)
-    cfg = load_queue_config("boards: {wait_for_faster: false}\n")
-    d = schedule_cycle(NOW, w.state, [four_gpus()], list(w.running.values()), cfg, UsageHistory())
+    d = schedule_cycle(NOW, w.state, [four_gpus()], list(w.running.values()), default_config(), UsageHistory())
     assert d.placements["train"].ranks[0].node == "n001"
 
 
