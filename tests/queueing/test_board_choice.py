@@ -116,3 +116,19 @@ def test_the_waiting_is_off_by_default() -> None:
 def test_a_comm_fraction_outside_zero_to_one_is_refused() -> None:
     with pytest.raises(QueueConfigError, match="comm_fraction"):
         load_queue_config("boards: {comm_fraction: 1.5}\n")
+
+
+def test_jobs_that_wait_for_the_same_board_count_each_others_claims() -> None:
+    """The H100 board frees 8 GPUs in 300 s: two 4-GPU jobs can have them then; the third can only expect its turn
+    once one of those two is done (300 s + 1 h), and says so."""
+    w = mixed_world()
+    w.run("busy", [(0, range(8))], started=NOW - 500, time_limit_s=800)
+    jobs = [
+        PendingJob(f"t{i}", JobSpec(name=f"t{i}", resources=RankResources(gpus=4), time_limit_s=3600), NOW - 10 + i)
+        for i in range(3)
+    ]
+    d = schedule_cycle(NOW, w.state, jobs, list(w.running.values()), WAITING, UsageHistory())
+    assert not d.placements
+    assert "finish in 1.1 h on n000" in d.reasons["t0"].message
+    assert "finish in 1.1 h on n000" in d.reasons["t1"].message
+    assert "finish in 2.1 h on n000" in d.reasons["t2"].message

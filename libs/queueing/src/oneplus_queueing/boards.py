@@ -28,11 +28,23 @@ COMM_FRACTION_ONE_NODE = 0.2
 
 
 @dataclass(frozen=True, slots=True)
+class BoardClaim:
+    """A job that chose to wait for `node`: from `start_ts` it expects `gpus` GPUs there until `end_ts`."""
+
+    node: str
+    start_ts: float
+    end_ts: float
+    gpus: int
+
+
+@dataclass(frozen=True, slots=True)
 class BoardChoice:
     wait: bool
     now_s: float  # expected seconds to finish if placed now, on the weaker board
     strong_s: float  # expected seconds to finish on a strong board, waiting for it first
     strong_node: str
+    start_ts: float  # when the strong board is expected to have room for it
+    gpus: int
     ring_gbps: float
     best_gbps: float
 
@@ -57,10 +69,12 @@ def weigh_boards(
     running: Sequence[RunningJob],
     default_time_limit_s: float | None = None,
     comm_fraction: float = COMM_FRACTION_ONE_NODE,
+    claims: Sequence[BoardClaim] = (),
 ) -> BoardChoice | None:
     """The choice for a one-node gang whose allocation is on a weaker board; None when there is nothing to weigh
     (the board is at par, the gang spans nodes or needs no ring, it has no time limit, or no strong board would
-    ever hold it)."""
+    ever hold it). `claims`: jobs ahead of it in this cycle that chose to wait for a strong board; their GPUs
+    there count as taken from when they start, so two jobs do not both wait for the same GPUs."""
     ring = float(alloc.score.get("ring_gbps", alloc.ring_gbps or 0.0))
     best = float(alloc.score.get("ideal_ring_gbps", 0.0))
     if best <= 0 or ring >= BOARD_PAR * best or spec.ranks != 1 or len(alloc.ranks) != 1:
@@ -76,6 +90,9 @@ def weigh_boards(
         end = r.end_ts(default_time_limit_s)
         for rank in r.allocation.ranks:
             ends.setdefault(rank.node, []).append((math.inf if end is None else end, len(rank.gpus)))
+    claimed: dict[str, list[BoardClaim]] = {}
+    for c in claims:
+        claimed.setdefault(c.node, []).append(c)
     start, where = math.inf, ""
     for slot in layout.slots:
         i = slot.index
@@ -83,15 +100,28 @@ def weigh_boards(
             continue
         if not slot.matches_model(spec.resources.gpu_models) or not slot.matches_features(features):
             continue  # a board the job could never run on is no reason to wait
-        free, at = state.free_count[i], now
-        for end, gpus in sorted(ends.get(slot.name, [])):
-            if free >= need:
-                break
-            free, at = free + gpus, max(at, end)
-        if free >= need and at < start:
+        at = _room_from(now, state.free_count[i], need, ends.get(slot.name, []), claimed.get(slot.name, []))
+        if at < start:
             start, where = at, slot.name
     if not where or math.isinf(start):
         return None
     now_s = limit * slowdown(comm_fraction, best, ring)
     strong_s = (start - now) + limit
-    return BoardChoice(strong_s < now_s, now_s, strong_s, where, ring, best)
+    return BoardChoice(strong_s < now_s, now_s, strong_s, where, start, need, ring, best)
+
+
+def _room_from(now: float, free: int, need: int, ends: list[tuple[float, int]], claims: list[BoardClaim]) -> float:
+    """The first time a node has `need` GPUs free: its holders leave by their ends, waiting jobs' claims come in
+    at their starts and leave at their ends (inf: never)."""
+    changes = [(end, gpus) for end, gpus in ends]
+    for c in claims:
+        changes += [(c.start_ts, -c.gpus), (c.end_ts, c.gpus)]
+    at = now
+    for when, delta in sorted(changes, key=lambda t: (t[0], -t[1])):
+        if free >= need and when > at:
+            return at
+        if math.isinf(when):
+            break
+        free += delta
+        at = max(at, when)
+    return at if free >= need else math.inf

@@ -14,6 +14,7 @@ Per pending job, in serving order:
 
 from __future__ import annotations
 
+import math
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -23,7 +24,7 @@ from oneplus_placement.greedy import PlacementResult
 from oneplus_placement.snapshot import AllocationConflict, ClusterSnapshot, ClusterState
 
 from .backfill import may_use_block, reserve_block
-from .boards import weigh_boards
+from .boards import BoardClaim, weigh_boards
 from .capacity import Capacity, whole_gpus, working_copy
 from .config import QueueConfig
 from .dependencies import check_dependencies, singleton_key
@@ -102,6 +103,7 @@ class _Cycle:
     no_victims: dict[tuple[object, ...], int] = field(default_factory=dict)  # search key → state version
     busy: set[tuple[str, str]] = field(default_factory=set)  # (name, user) of jobs holding or given GPUs
     board_waits: set[str] = field(default_factory=set)  # jobs that wait for a strong board rather than run slower
+    board_claims: list[BoardClaim] = field(default_factory=list)  # where and when those jobs expect to run
     _pool: VictimPool | None = None
     _vacating: list[RunningJob] | None = None
 
@@ -233,10 +235,15 @@ class _Cycle:
             return False
         running = [*self.running, *self.placed]
         limit = self.config.backfill.default_time_limit_s
-        choice = weigh_boards(self.now, job.job.spec, alloc, self.capacity.state, running, limit, policy.comm_fraction)
+        spec = job.job.spec
+        choice = weigh_boards(
+            self.now, spec, alloc, self.capacity.state, running, limit, policy.comm_fraction, self.board_claims
+        )
         if choice is None or not choice.wait:
             return False
         self.board_waits.add(job.job_id)
+        length = spec.time_limit_s if spec.time_limit_s is not None else limit or math.inf
+        self.board_claims.append(BoardClaim(choice.strong_node, choice.start_ts, choice.start_ts + length, choice.gpus))
         self.reason(job, "Topology", choice.message(alloc.ranks[0].node))
         return True
 
