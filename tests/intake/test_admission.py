@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 from oneplus_contracts import JobSpec, NodeRecord
-from oneplus_intake.admission import EmptyCluster, Inadmissible, admit
+from oneplus_intake.admission import ClusterFacts, EmptyCluster, Inadmissible, admission_key, admit
 from oneplus_queueing.config import default_config
 from oneplus_topology.presets import load_preset
 
@@ -62,3 +62,26 @@ def test_verdicts_are_kept_per_shape_and_forgotten_when_the_nodes_change() -> No
     assert empty.never_fits(big, NODES) is not None and len(empty._verdicts) == 1
     wider = [*NODES, node("a2", "l0")]  # a third node under leaf l0: now it fits
     assert empty.never_fits(big, wider) is None
+
+
+def test_a_heartbeat_leaves_the_admission_facts_as_they_are_and_a_lost_node_changes_them() -> None:
+    before = node("a0", "l0")
+    beat = before.model_copy(update={"last_heartbeat": 1234.5, "unhealthy_gpus": [3], "cordoned": True})
+    lost = before.model_copy(update={"status": "lost"})
+    assert admission_key(beat) == admission_key(before)
+    assert admission_key(lost) != admission_key(before)
+    facts = ClusterFacts.of([lost, *NODES[1:]])
+    assert facts.total == 24 and facts.largest == 8 and len(facts.live) == 3
+
+
+def test_admitting_on_precomputed_facts_decides_as_on_the_nodes() -> None:
+    facts = ClusterFacts.of(NODES)
+    big = spec(ranks=4, resources={"gpus": 8}, topology={"domain": "leaf", "mode": "required"})
+    for nodes in (NODES, facts):
+        with pytest.raises(Inadmissible, match="can never run on this cluster"):
+            admit(big, default_config(), nodes, EmptyCluster())
+        with pytest.raises(Inadmissible, match="larger than the cluster"):
+            admit(spec(ranks=5, resources={"gpus": 8}), default_config(), nodes, EmptyCluster())
+        with pytest.raises(Inadmissible, match="no node has a GPU model matching"):
+            admit(spec(resources={"gpus": 1, "gpu_models": ["MI300X"]}), default_config(), nodes, EmptyCluster())
+        admit(spec(ranks=2, resources={"gpus": 8}), default_config(), nodes, EmptyCluster())

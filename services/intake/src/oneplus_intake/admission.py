@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable, Iterable, Sequence
+from dataclasses import dataclass
 
 from oneplus_contracts import JobSpec, NodeRecord
 from oneplus_placement.explain import explain_pending
@@ -17,6 +18,37 @@ class Inadmissible(ValueError):
     """The job can never run as asked; the message says why in terms the submitter can act on."""
 
 
+NodeKey = tuple[bool, str, int, str, str | None, str | None, tuple[str, ...]]
+
+
+def admission_key(n: NodeRecord) -> NodeKey:
+    """What admission reads of a node: lost or not, and its static shape (heartbeats change none of it)."""
+    t = n.topology
+    return (n.status == "lost", t.node, len(t.gpus), t.gpu_model, t.leaf, t.spine, tuple(t.features))
+
+
+@dataclass(frozen=True)
+class ClusterFacts:
+    """What admission needs of the nodes, computed once per change of their shape, not once per submission."""
+
+    live: tuple[NodeRecord, ...]
+    total: int
+    largest: int
+    names: frozenset[str]  # GPU models and GPU names
+    shape: tuple[NodeKey, ...]  # the live nodes' static shape, sorted: the empty cluster's identity
+
+    @classmethod
+    def of(cls, nodes: Iterable[NodeRecord]) -> ClusterFacts:
+        live = tuple(n for n in nodes if n.status != "lost")
+        return cls(
+            live,
+            sum(len(n.topology.gpus) for n in live),
+            max((len(n.topology.gpus) for n in live), default=0),
+            frozenset({n.topology.gpu_model for n in live} | {g.name for n in live for g in n.topology.gpus}),
+            tuple(sorted(admission_key(n) for n in live)),
+        )
+
+
 class EmptyCluster:
     """The live nodes as if every job had ended and every GPU were healthy: what a gang could ever get.
 
@@ -24,25 +56,15 @@ class EmptyCluster:
     costs one placement attempt, not one each."""
 
     def __init__(self) -> None:
-        self._key: tuple[tuple[str, int, str, str | None, str | None, tuple[str, ...]], ...] | None = None
+        self._key: tuple[NodeKey, ...] | None = None
         self._state: ClusterState | None = None
         self._verdicts: dict[str, str | None] = {}
 
-    def never_fits(self, spec: JobSpec, live: Sequence[NodeRecord]) -> str | None:
+    def never_fits(self, spec: JobSpec, live: Sequence[NodeRecord] | ClusterFacts) -> str | None:
         """Why `spec` could not be placed even on the empty cluster, or None when it could."""
-        key = tuple(
-            sorted(
-                (
-                    n.topology.node,
-                    len(n.topology.gpus),
-                    n.topology.gpu_model,
-                    n.topology.leaf,
-                    n.topology.spine,
-                    tuple(n.topology.features),
-                )
-                for n in live
-            )
-        )
+        facts = live if isinstance(live, ClusterFacts) else ClusterFacts.of(live)
+        key = facts.shape
+        live = facts.live
         if key != self._key:
             healthy = [
                 n.model_copy(
@@ -69,21 +91,27 @@ class EmptyCluster:
         return self._verdicts[shape]
 
 
-def admit(spec: JobSpec, queues: QueueConfig, nodes: Sequence[NodeRecord], empty: EmptyCluster | None = None) -> None:
+def admit(
+    spec: JobSpec,
+    queues: QueueConfig,
+    nodes: Sequence[NodeRecord] | ClusterFacts,
+    empty: EmptyCluster | None = None,
+) -> None:
     try:
         queues.validate_job(spec)
     except QueueConfigError as exc:
         raise Inadmissible(str(exc)) from exc
-    live = [n for n in nodes if n.status != "lost"]
+    facts = nodes if isinstance(nodes, ClusterFacts) else ClusterFacts.of(nodes)
+    live = facts.live
     if not live:
         return  # no node has reported yet: the job waits, `jobs explain` says why
-    total = sum(len(n.topology.gpus) for n in live)
+    total = facts.total
     if spec.total_gpus > total:
         raise Inadmissible(
             f"gang of {spec.total_gpus:g} GPUs ({spec.ranks} ranks x {spec.resources.gpus:g}) is larger than the "
             f"cluster ({total} GPUs on {len(live)} nodes)"
         )
-    largest = max(len(n.topology.gpus) for n in live)
+    largest = facts.largest
     if spec.resources.gpus > largest:
         raise Inadmissible(
             f"a rank asks for {spec.resources.gpus:g} GPUs but the largest node has {largest}; "
@@ -91,11 +119,11 @@ def admit(spec: JobSpec, queues: QueueConfig, nodes: Sequence[NodeRecord], empty
         )
     models = spec.resources.gpu_models
     if models:
-        names = {n.topology.gpu_model for n in live} | {g.name for n in live for g in n.topology.gpus}
+        names = facts.names
         if not any(m.lower() in name.lower() for m in models for name in names):
             raise Inadmissible(f"no node has a GPU model matching {models}; the cluster has {sorted(names)}")
     if empty is not None:
-        why = empty.never_fits(spec, live)
+        why = empty.never_fits(spec, facts)
         if why is not None:
             # What `jobs explain` would say of it on an idle cluster: waiting could never help.
             raise Inadmissible(f"can never run on this cluster, even with every GPU free: {why}")

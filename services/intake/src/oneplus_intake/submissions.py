@@ -35,7 +35,7 @@ from oneplus_jobformats.errors import JobFormatError
 from oneplus_queueing.config import QueueConfig, QueueConfigError
 from pydantic import ValidationError
 
-from .admission import EmptyCluster, Inadmissible, admit, refuse_dependency_cycle
+from .admission import ClusterFacts, EmptyCluster, Inadmissible, admission_key, admit, refuse_dependency_cycle
 
 log = logging.getLogger("oneplus.intake")
 
@@ -74,6 +74,7 @@ class Intake:
         )
         self._nodes: dict[str, NodeRecord] | None = None
         self.empty_cluster = EmptyCluster()
+        self._facts: ClusterFacts | None = None  # what admission reads of the nodes, until their shape changes
         self._config: QueueConfig | None = None
         self._tails: list[StreamTail] = []
 
@@ -89,10 +90,14 @@ class Intake:
 
     async def _on_node(self, node: str, value: bytes | None) -> None:
         assert self._nodes is not None
+        old = self._nodes.get(node)
         if value is None:
             self._nodes.pop(node, None)
-        else:
-            self._nodes[node] = NodeRecord.model_validate_json(value)
+            self._facts = None
+            return
+        rec = self._nodes[node] = NodeRecord.model_validate_json(value)
+        if old is None or admission_key(old) != admission_key(rec):
+            self._facts = None  # a heartbeat's update changes nothing admission reads: the facts stand
 
     async def _on_queues(self, key: str, value: bytes | None) -> None:
         if key == QUEUES_KEY:
@@ -105,6 +110,13 @@ class Intake:
                 self._config = config
             return config
         return self._config
+
+    async def cluster_facts(self) -> ClusterFacts:
+        if self._nodes is None:
+            return ClusterFacts.of(await self.nodes())
+        if self._facts is None:
+            self._facts = ClusterFacts.of(self._nodes.values())
+        return self._facts
 
     async def nodes(self) -> list[NodeRecord]:
         if self._nodes is not None:
@@ -157,7 +169,7 @@ class Intake:
         except TenancyError as exc:
             return await self.reject(job_id, str(exc), source, caller.team, exc.code)
         try:
-            admit(spec, await self.queue_config(), await self.nodes(), self.empty_cluster)
+            admit(spec, await self.queue_config(), await self.cluster_facts(), self.empty_cluster)
             await refuse_dependency_cycle(job_id, spec, self.dependencies_of)
         except (Inadmissible, QueueConfigError, ValidationError) as exc:
             return await self.reject(job_id, str(exc), source, spec.team, CANNOT_RUN)
