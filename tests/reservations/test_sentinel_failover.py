@@ -266,15 +266,20 @@ def test_the_services_settings_refuse_bad_redis_variables(
     assert "\n" not in str(exc.value)
 
 
-async def test_an_unknown_service_name_is_one_clear_line(cluster: SentinelCluster) -> None:
-    await _until("every sentinel sees the others", lambda: _sentinels_ready(cluster.sentinel_ports, 0))
-    store = ReservationStore.connect(cluster.settings(REDIS_SENTINEL_SERVICE="no-such-service"))
+async def _no_primary(settings: RedisSettings) -> str:
+    """The MasterNotFoundError a store connected with `settings` raises on its first use."""
+    store = ReservationStore.connect(settings)
     try:
         with pytest.raises(MasterNotFoundError) as exc:
             await store.load_scripts()
     finally:
         await store.close()
-    line = str(exc.value)
+    return str(exc.value)
+
+
+async def test_an_unknown_service_name_is_one_clear_line(cluster: SentinelCluster) -> None:
+    await _until("every sentinel sees the others", lambda: _sentinels_ready(cluster.sentinel_ports, 0))
+    line = await _no_primary(cluster.settings(REDIS_SENTINEL_SERVICE="no-such-service"))
     assert "\n" not in line
     assert "no primary named 'no-such-service'" in line and "REDIS_SENTINEL_SERVICE" in line
     assert "monitor 'oneplus'" in line
@@ -283,13 +288,7 @@ async def test_an_unknown_service_name_is_one_clear_line(cluster: SentinelCluste
 async def test_no_sentinel_answering_is_one_clear_line() -> None:
     ports = [free_port(), free_port()]
     settings = RedisSettings.from_env({"REDIS_SENTINELS": ",".join(f"127.0.0.1:{p}" for p in ports)})
-    store = ReservationStore.connect(settings)
-    try:
-        with pytest.raises(MasterNotFoundError) as exc:
-            await store.load_scripts()
-    finally:
-        await store.close()
-    line = str(exc.value)
+    line = await _no_primary(settings)
     assert "\n" not in line and "no sentinel of REDIS_SENTINELS answers" in line
     assert all(f"127.0.0.1:{p}" in line for p in ports)
 

@@ -36,7 +36,8 @@ class LeaseView:
     revision: int | None
 
 
-def _wrong_last(exc: Exception) -> bool:
+def wrong_last_sequence(exc: BaseException) -> bool:
+    """A KV compare-and-set lost to another writer (nats-py raises either the typed error or a plain API error)."""
     return isinstance(exc, KeyWrongLastSequenceError) or "wrong last sequence" in str(exc).lower()
 
 
@@ -89,7 +90,7 @@ class Lease:
             else:
                 revision = await self.kv.update(self.key, value, last=view.revision)
         except Exception as exc:
-            if _wrong_last(exc) or "key exists" in str(exc).lower():
+            if wrong_last_sequence(exc) or "key exists" in str(exc).lower():
                 return False  # another replica wrote it first: it holds the lease
             raise
         if view.holder != self.me:
@@ -105,7 +106,7 @@ class Lease:
         try:
             await self.kv.update(self.key, b"", last=self.revision)
         except Exception as exc:
-            if not _wrong_last(exc):
+            if not wrong_last_sequence(exc):
                 raise
         self.holder = None
         self._renewed_at = -float("inf")

@@ -8,6 +8,7 @@ rebuilds the model; a cordon, a drain, a loss or an unhealthy GPU is applied in 
 from __future__ import annotations
 
 import logging
+from collections.abc import Iterable
 
 from oneplus_contracts import Allocation, NodeRecord
 
@@ -54,6 +55,20 @@ class LiveCapacity:
             except AllocationConflict as exc:
                 log.error("holder %s does not fit the topology model: %s; rebuilding", job_id, exc)
                 self._state = None
+
+    def ensure_held(self, job_id: str, token: int, alloc: Allocation) -> None:
+        """Hold `alloc` for `job_id` under `token` unless it is held so already (a new token replaces the old)."""
+        if self.token_of(job_id) != token:
+            self.hold(job_id, token, alloc)
+
+    def hold_exactly(self, holds: Iterable[tuple[str, int, Allocation]]) -> None:
+        """Hold exactly these (job, token, allocation): what the reservation store holds, read whole."""
+        wanted = {job_id: (token, alloc) for job_id, token, alloc in holds}
+        for job_id in list(self.held):
+            if job_id not in wanted:
+                self.release(job_id)
+        for job_id, (token, alloc) in wanted.items():
+            self.ensure_held(job_id, token, alloc)
 
     def release(self, job_id: str) -> None:
         held = self.held.pop(job_id, None)

@@ -315,8 +315,7 @@ class Solver:
     async def on_followed(self, event: JobEvent, rec: JobRecord) -> None:
         """A follower's view of an event the owner published: capacity and wake-ups, as the owner's own reactions."""
         if rec.job_id in self.owner.index.holders and rec.allocation is not None and rec.token is not None:
-            if self.capacity.token_of(rec.job_id) != rec.token:
-                self.capacity.hold(rec.job_id, rec.token, rec.allocation)
+            self.capacity.ensure_held(rec.job_id, rec.token, rec.allocation)
         elif event.type in ("finished", "requeued") and self.capacity.token_of(rec.job_id) is not None:
             # Redis releases just after the record: a cycle that tries these GPUs before that is refused and re-reads.
             self.capacity.release(rec.job_id)
@@ -335,16 +334,11 @@ class Solver:
         if check.intact:
             self.audit.epoch = self.fence.epoch
             async with self.transition:
-                self.sync_capacity({r.job_id: r for r in await self.store.all()})
+                await self.sync_capacity()
 
-    def sync_capacity(self, held: dict[str, Any]) -> None:
-        """Make the capacity model hold exactly the store's reservations."""
-        for job_id in list(self.capacity.held):
-            if job_id not in held:
-                self.capacity.release(job_id)
-        for job_id, res in held.items():
-            if self.capacity.token_of(job_id) != res.token:
-                self.capacity.hold(job_id, res.token, res.allocation)
+    async def sync_capacity(self) -> None:
+        """Make the capacity model hold exactly the store's reservations (one read of the live ones), and wake."""
+        self.capacity.hold_exactly((r.job_id, r.token, r.allocation) for r in await self.store.all())
         self.wake.set()
 
     async def record(self, *events: JobEvent) -> None:
@@ -409,7 +403,7 @@ class Solver:
             )
             self.resets_metric.inc()
             self.store_ok = True
-        self.sync_capacity({r.job_id: r for r in await self.store.all()})
+        await self.sync_capacity()
 
     async def check_store(self) -> None:
         """Reconcile's and a refused commit's check: one GET of the marker (JetStream only when it disagrees)."""
@@ -518,8 +512,7 @@ class Solver:
                 # Every placement is launched from its record: this replica's own and those other replicas report.
                 rec = a.record
                 if rec.allocation is not None and rec.token is not None:
-                    if self.capacity.token_of(rec.job_id) != rec.token:
-                        self.capacity.hold(rec.job_id, rec.token, rec.allocation)
+                    self.capacity.ensure_held(rec.job_id, rec.token, rec.allocation)
                     await self.send_launches(rec, rec.allocation, rec.token)
             case "node_finished":
                 ev = a.event
@@ -767,7 +760,7 @@ class Solver:
         await self.commit_placed(placed)
         await self.audit.flush()
         if stale:
-            self.sync_capacity({r.job_id: r for r in await self.store.all()})  # and wakes the next cycle
+            await self.sync_capacity()  # and wakes the next cycle
         for choice in decision.preemptions:
             rec = pending_recs[choice.preemptor]
             with job_span(self.svc.tracer, "placement-solver preempt", rec.traceparent, {"oneplus.job_id": rec.job_id}):
@@ -902,12 +895,8 @@ class Solver:
                 # Reset between the check and the read: what was read is not the truth; rebuild first.
                 await self.guard_store(await self.fence.check())
                 return
-            for job_id in list(self.capacity.held):
-                if job_id not in reservations:
-                    self.capacity.release(job_id)  # its lease ran out
-            for job_id, res in reservations.items():
-                if self.capacity.token_of(job_id) != res.token:
-                    self.capacity.hold(job_id, res.token, res.allocation)
+            # A holder missing from the store: its lease ran out.
+            self.capacity.hold_exactly((r.job_id, r.token, r.allocation) for r in reservations.values())
         for job_id, res in reservations.items():
             rec = index.get(job_id)
             if rec is None:

@@ -14,8 +14,9 @@ import logging
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
-from nats.js.errors import KeyNotFoundError, KeyWrongLastSequenceError
+from nats.js.errors import KeyNotFoundError
 from nats.js.kv import KeyValue
+from oneplus_bus.lease import wrong_last_sequence
 from oneplus_contracts import Allocation, JobRecord
 from oneplus_contracts.jobindex import HOLDING_STATES
 from oneplus_reservations import Conflict, ReservationStore
@@ -96,11 +97,9 @@ class StoreFence:
                     await self.kv.create(EPOCH_KEY, str(epoch).encode())
                 else:
                     await self.kv.update(EPOCH_KEY, str(epoch).encode(), last=revision)
-            except KeyWrongLastSequenceError:
-                continue  # another replica moved it first: go above theirs
             except Exception as exc:
-                if "wrong last sequence" in str(exc).lower():
-                    continue
+                if wrong_last_sequence(exc):
+                    continue  # another replica moved it first: go above theirs
                 raise
             self.epoch = epoch
             return epoch

@@ -91,11 +91,11 @@ class Preemption:
         """List the hot view once; returns the job-stream sequence to follow from."""
         records = [JobRecord.model_validate_json(v) for v in await latest_values(self.svc.js, subjects.JOBS_KV)]
         self.index = JobIndex.of(records)
-        for job_id in list(self.capacity.held):
-            self.capacity.release(job_id)
-        for rec in self.index.holders.values():
-            if rec.allocation is not None and rec.token is not None:
-                self.capacity.hold(rec.job_id, rec.token, rec.allocation)
+        self.capacity.hold_exactly(
+            (r.job_id, r.token, r.allocation)
+            for r in self.index.holders.values()
+            if r.allocation is not None and r.token is not None
+        )
         self.index.last_seq = max(self.index.last_seq, await projected_seq(self.svc.kv[subjects.SOLVER_STATE_KV]))
         return self.index.last_seq
 
@@ -110,8 +110,7 @@ class Preemption:
         if rec is None:
             return
         if rec.job_id in self.index.holders and rec.allocation is not None and rec.token is not None:
-            if self.capacity.token_of(rec.job_id) != rec.token:
-                self.capacity.hold(rec.job_id, rec.token, rec.allocation)
+            self.capacity.ensure_held(rec.job_id, rec.token, rec.allocation)
         else:
             self.capacity.release(rec.job_id)
         self.index.expire(time.time(), 0.0)  # finished jobs are of no use to victim choice
