@@ -13,6 +13,7 @@ count a replica alive while its key changed within `ttl_s` (again by their own c
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
 import time
@@ -54,6 +55,7 @@ class Lease:
         self.holder: str | None = None
         self._seen_at = clock()  # when the revision last changed, by this replica's clock
         self._renewed_at = -float("inf")  # when this replica sent its last successful renewal
+        self._lock = asyncio.Lock()
 
     @property
     def held(self) -> bool:
@@ -75,6 +77,12 @@ class Lease:
 
     async def try_hold(self) -> bool:
         """Renew the lease if this replica holds it, take it if it is free or ran out, else note who holds it."""
+        # One at a time: two renewals of this replica side by side would race on the revision, and the loser
+        # would read its own lease as lost.
+        async with self._lock:
+            return await self._try_hold()
+
+    async def _try_hold(self) -> bool:
         sent = self.clock()
         view = await self.read()
         if view.revision != self.revision:

@@ -260,9 +260,9 @@ class Solver:
         tasks, self._owner_tasks = self._owner_tasks, []
         for task in tasks:
             task.cancel()
-        for task in tasks:
-            with contextlib.suppress(asyncio.CancelledError, Exception):
-                await task
+        if tasks:
+            # Bounded: the role loop must go on beating whatever a cancelled loop does on its way out.
+            await asyncio.wait(tasks, timeout=5.0)
 
     async def role_loop(self) -> None:
         """Each beat: say this replica is alive, renew or try the owner lease, and take or give up the lead."""
@@ -287,8 +287,8 @@ class Solver:
                 continue
             if held and not self.leading:
                 await self.take_lead()
-            elif not held and self.leading:
-                await self.step_down()
+            elif not held and self.leading and self.lease.holder != self.settings.replica:
+                await self.step_down()  # another replica holds it now (a lost write of our own is retried next beat)
 
     async def take_lead(self) -> None:
         """This replica now holds the owner lease: rebuild the working set as a restarted owner does, then own."""
