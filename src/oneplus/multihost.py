@@ -169,8 +169,9 @@ def lab_faults(seed: int, nodes: tuple[str, ...], down_s: float = 10.0) -> list[
 
 
 class MultiHostRun(ChaosRun):
-    def __init__(self, cfg: ChaosConfig) -> None:
+    def __init__(self, cfg: ChaosConfig, solver_replicas: int = len(SOLVERS)) -> None:
         super().__init__(cfg)
+        self.solver_replicas = solver_replicas  # 1: the lone solver on ctl (the CI run, see tests/e2e)
         self.lab = NetLab()
         self.lab_servers = LabServers(self.lab, self.workdir / "servers")
         self.primary = "redis-1"  # the Redis host the sentinels last named primary (as far as the harness knows)
@@ -199,7 +200,7 @@ class MultiHostRun(ChaosRun):
         self.platform = Platform(
             self.lab_servers.nats_url, "redis://unused-sentinels-are-set", nodes=DEMO_NODES,
             logdir=self.workdir / "logs", extra_env=self.platform_env(), metrics=False, hosts=on,
-            solver_replicas=len(SOLVERS),
+            solver_replicas=self.solver_replicas,
         ).start()  # fmt: skip
         return self.lab_servers.nats_url
 
