@@ -177,7 +177,12 @@ class MultiHostRun(ChaosRun):
         self.primary = "redis-1"  # the Redis host the sentinels last named primary (as far as the harness knows)
 
     def fault_schedule(self) -> list[Fault]:
-        return lab_faults(self.cfg.seed, tuple(n.name for n in DEMO_NODES))
+        faults = lab_faults(self.cfg.seed, tuple(n.name for n in DEMO_NODES))
+        if self.solver_replicas == 1:
+            for f in faults:  # a lone solver: killed and back at once, as the lab ran before it had two
+                if f.kind == "kill" and f.target in SOLVERS:
+                    f.down_s = 2.0
+        return faults
 
     # -- the world -----------------------------------------------------------------------------------------------------
     def platform_env(self) -> dict[str, str]:
