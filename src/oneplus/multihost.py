@@ -170,8 +170,8 @@ def lab_faults(seed: int, nodes: tuple[str, ...], down_s: float = 10.0) -> list[
 
 class MultiHostRun(ChaosRun):
     def __init__(self, cfg: ChaosConfig, solver_replicas: int = len(SOLVERS)) -> None:
+        self.solver_replicas = solver_replicas  # 1: the lone solver on ctl (the CI run); read by fault_schedule
         super().__init__(cfg)
-        self.solver_replicas = solver_replicas  # 1: the lone solver on ctl (the CI run, see tests/e2e)
         self.lab = NetLab()
         self.lab_servers = LabServers(self.lab, self.workdir / "servers")
         self.primary = "redis-1"  # the Redis host the sentinels last named primary (as far as the harness knows)
