@@ -138,6 +138,12 @@ async def _replica_up(c: SentinelCluster, port: int) -> bool:
         return info.get("role") == "slave" and info.get("master_link_status") == "up"
 
 
+async def _follows(c: SentinelCluster, port: int, primary_port: int) -> bool:
+    async with c.admin(port) as r:
+        info = await r.info("replication")
+        return int(info.get("master_port", 0)) == primary_port and info.get("master_link_status") == "up"
+
+
 async def _sentinels_ready(ports: list[int], replicas: int) -> bool:
     for port in ports:
         async with aioredis.Redis(port=port) as s:
@@ -305,18 +311,21 @@ async def _reserve_until_placed(store: ReservationStore, job: str, a: Allocation
     """Commit as the solver's cycle does, again and again, until it goes through: (token, attempts)."""
     t0 = time.monotonic()
     attempts = 0
+    last = "none"
     while True:
         attempts += 1
-        assert time.monotonic() - t0 < limit_s, f"no reservation went through within {limit_s} s"
+        assert time.monotonic() - t0 < limit_s, f"no reservation went through within {limit_s} s (last: {last})"
         try:
             res = await store.reserve(job, a)
-        except RedisError:  # the primary gone, or no primary named yet
+        except RedisError as e:  # the primary gone, or no primary named yet
+            last = repr(e)
             await asyncio.sleep(0.1)
             continue
         if isinstance(res, Conflict) and "already holds" in res.reason and res.key and await store.replicated():
             return int(res.key), attempts  # a commit whose reply was cut off: reconcile takes it up the same way
         if isinstance(res, Conflict):
             assert res.not_replicated, res
+            last = res.reason
             await asyncio.sleep(0.1)
             continue
         return res, attempts
@@ -371,6 +380,11 @@ async def test_the_store_follows_a_sentinel_failover_and_never_goes_back(
         assert held is not None and held.token == token, job
     assert await store.epoch() == 1
     assert after > max(before.values())  # tokens never go backwards
+
+    # The other replica follows the promoted one first (sentinel repoints it after the failover; under load that
+    # takes seconds): otherwise it would sync from the old primary's empty restart and leave no replica to WAIT on.
+    other = next(p for p in cluster.replica_ports if p != promoted_port)
+    await _until("the other replica follows the promoted one", lambda: _follows(cluster, other, promoted_port), 30)
 
     # The old primary comes back empty on its port: the sentinels make it a replica; nothing is written into it.
     cluster.start_redis("primary", cluster.primary_port)
