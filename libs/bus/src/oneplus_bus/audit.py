@@ -17,7 +17,7 @@ from nats.aio.client import Client
 from nats.js import JetStreamContext
 from nats.js.api import DeliverPolicy, PubAck
 from oneplus_contracts import Allocation, RankPlacement, ReservationAudit, subjects
-from oneplus_reservations import HistoryEntry, KeySpace
+from oneplus_reservations import HistoryEntry, KeySpace, store_order
 
 from oneplus_bus.acks import wait_acks
 
@@ -32,7 +32,9 @@ class ReservationAuditLog:
         self.epoch = 0
         self._pending: list[asyncio.Future[PubAck]] = []
 
-    async def record(self, op: str, job_id: str, token: int, alloc: Allocation | None = None, reason: str = "") -> None:
+    async def record(
+        self, op: str, job_id: str, token: int, alloc: Allocation | None = None, reason: str = "", at: str = ""
+    ) -> None:
         entry = ReservationAudit(
             op=op,
             job_id=job_id,
@@ -41,6 +43,7 @@ class ReservationAuditLog:
             reason=reason,
             epoch=self.epoch,
             ts=time.time(),
+            store_at=at,
         )
         suffix = f"-{self.epoch}" if op == "restore" else ""
         fut = await self.js.publish_async(
@@ -82,12 +85,26 @@ async def read_audit(nc: Client, *, timeout: float = 5.0) -> list[ReservationAud
         await sub.unsubscribe()
 
 
+def store_ordered(entries: Sequence[ReservationAudit]) -> list[ReservationAudit]:
+    """The entries in the store's order: by `store_at`, an entry without one right after the entry it followed.
+
+    One solver writes its entries in the order of its store operations; several replicas' entries interleave as
+    their connections deliver them, so a release by one can land after the reserve by another that it made
+    possible. Sorting is stable, so one writer's order is kept wherever the store's is unknown."""
+    keyed: list[tuple[tuple[int, int, int], int, ReservationAudit]] = []
+    key = (-1, 0, 0)
+    for n, e in enumerate(entries):
+        key = store_order(e.store_at) or key
+        keyed.append((key, n, e))
+    return [e for _, _, e in sorted(keyed, key=lambda k: (k[0], k[1]))]
+
+
 def audit_history(entries: Sequence[ReservationAudit], cluster: str = "default") -> list[HistoryEntry]:
     """The entries as reservation history, for `check_history`: a release frees what its (job, token) held."""
     ks = KeySpace(cluster)
     held: dict[tuple[str, int], tuple[tuple[str, int], ...]] = {}
     out: list[HistoryEntry] = []
-    for n, e in enumerate(entries):
+    for n, e in enumerate(store_ordered(entries)):
         if e.op == "release":
             slots = held.pop((e.job_id, e.token), ())
         else:

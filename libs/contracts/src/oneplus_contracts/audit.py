@@ -21,3 +21,9 @@ class ReservationAudit(Strict):
     reason: str = ""
     epoch: int = 0
     ts: float
+    store_at: str = Field(
+        default="",
+        description="Where the operation sits in the store's own order (`<epoch>:<history stream id>`); the audit "
+        "is replayed in this order, since several solver replicas' entries reach JetStream in any order. Empty when "
+        "unknown (a restore, or a release the store did not confirm).",
+    )

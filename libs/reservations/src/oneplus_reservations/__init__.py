@@ -12,7 +12,9 @@ from .store import (
     RenewStatus,
     Reservation,
     ReservationStore,
+    Token,
     check_history,
+    store_order,
 )
 
 __all__ = [
@@ -28,7 +30,9 @@ __all__ = [
     "Reservation",
     "ReservationStore",
     "SentinelSettings",
+    "Token",
     "check_history",
     "parse_sentinels",
     "redis_client",
+    "store_order",
 ]

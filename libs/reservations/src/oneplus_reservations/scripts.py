@@ -54,12 +54,12 @@ redis.call('HSET', KEYS[2], 'job', job, 'token', token, 'alloc', alloc, 'slots',
   'expiry', expiry, 'ts', now)
 redis.call('PEXPIRE', KEYS[2], lease)
 redis.call('SADD', KEYS[4], job)
-redis.call('XADD', KEYS[3], 'MAXLEN', '~', 1000000, '*', 'op', 'reserve', 'job', job, 'token', token,
+local at = redis.call('XADD', KEYS[3], 'MAXLEN', '~', 1000000, '*', 'op', 'reserve', 'job', job, 'token', token,
   'slots', table.concat(slots, ','))
-return {1, token}
+return {1, token, epoch .. ':' .. at}
 """
 
-# KEYS: 1 gang, 2 history, 3 gangs. ARGV: 1 job, 2 token (0 = any), 3 reason.
+# KEYS: 1 gang, 2 history, 3 gangs, 4 the epoch marker. ARGV: 1 job, 2 token (0 = any), 3 reason.
 RELEASE = r"""
 local job, want, reason = ARGV[1], tonumber(ARGV[2]), ARGV[3]
 local token = redis.call('HGET', KEYS[1], 'token')
@@ -76,9 +76,9 @@ for slot in string.gmatch(slots, '([^,]+)') do
 end
 redis.call('DEL', KEYS[1])
 redis.call('SREM', KEYS[3], job)
-redis.call('XADD', KEYS[2], 'MAXLEN', '~', 1000000, '*', 'op', 'release', 'job', job, 'token', token,
+local at = redis.call('XADD', KEYS[2], 'MAXLEN', '~', 1000000, '*', 'op', 'release', 'job', job, 'token', token,
   'slots', slots, 'reason', reason)
-return {1, token}
+return {1, token, (redis.call('GET', KEYS[4]) or '0') .. ':' .. at}
 """
 
 # KEYS: 1 gang, 2 epoch marker. ARGV: 1 job, 2 token, 3 lease ms.

@@ -23,6 +23,34 @@ NOT_REPLICATED = "not replicated"
 RenewStatus = Literal["ok", "stale", "gone", "reset"]
 
 
+class Token(int):
+    """A fencing token, with where the operation that returned it sits in the store's own order (`at`).
+
+    `at` is `<epoch>:<history stream id>`: the audit of several solver replicas is replayed in this order, since
+    their entries reach JetStream in whatever order their connections deliver them. Empty when unknown."""
+
+    at: str
+
+    def __new__(cls, value: int, at: str = "") -> Token:
+        tok = super().__new__(cls, value)
+        tok.at = at
+        return tok
+
+
+def store_order(at: str) -> tuple[int, int, int] | None:
+    """`Token.at` as a sortable key (epoch, ms, seq); None for an empty or malformed one."""
+    try:
+        epoch, stream_id = at.split(":", 1)
+        ms, seq = stream_id.split("-", 1)
+        return int(epoch), int(ms), int(seq)
+    except ValueError:
+        return None
+
+
+def _token(res: Sequence[object]) -> Token:
+    return Token(int(str(_s(res[1]))), _s(res[2]) if len(res) > 2 else "")
+
+
 @dataclass(frozen=True)
 class Reservation:
     job_id: str
@@ -114,7 +142,7 @@ class ReservationStore:
         if sentinel is not None:  # the Sentinel client's own connections to the sentinels
             await sentinel.aclose()
 
-    async def reserve(self, job_id: str, alloc: Allocation, lease_s: float = DEFAULT_LEASE_S) -> int | Conflict:
+    async def reserve(self, job_id: str, alloc: Allocation, lease_s: float = DEFAULT_LEASE_S) -> Token | Conflict:
         """Take every GPU (and share) of every rank, or nothing. Returns the fencing token.
 
         A store without its epoch marker (reset, or never set up by a solver) refuses: `Conflict.store_reset`."""
@@ -135,24 +163,24 @@ class ReservationStore:
             return await self._reserve_replicated(job_id, keys, args)
         res = await self._reserve(keys=keys, args=args)
         if int(res[0]) == 1:
-            return int(res[1])
+            return _token(res)
         return _conflict(res)
 
-    async def _reserve_replicated(self, job_id: str, keys: list[str], args: list[str | int]) -> int | Conflict:
+    async def _reserve_replicated(self, job_id: str, keys: list[str], args: list[str | int]) -> Token | Conflict:
         """RESERVE, then WAIT on the same connection (WAIT covers the writes of its own connection only)."""
         conn = self.r.client()
         try:
             res = await self._reserve(keys=keys, args=args, client=conn)
             if int(res[0]) != 1:
                 return _conflict(res)
-            token = int(res[1])
+            token = _token(res)
             acked = int(await conn.wait(self.wait_replicas, self.wait_timeout_ms))
             if acked >= self.wait_replicas:
                 return token
             # Not on enough replicas: a failover now could lose it and give its GPUs to another gang. Take it back
             # (a release that is itself lost leaves a hold no job record names: reconcile frees it).
-            await self._release(keys=[self.ks.gang(job_id), self.ks.history, self.ks.gangs],
-                                args=[job_id, token, NOT_REPLICATED], client=conn)  # fmt: skip
+            await self._release(keys=self._release_keys(job_id), args=[job_id, token, NOT_REPLICATED],
+                                client=conn)  # fmt: skip
             return Conflict(
                 f"{NOT_REPLICATED}: {acked} of {self.wait_replicas} replica(s) acknowledged within "
                 f"{self.wait_timeout_ms} ms; released, retried next cycle"
@@ -174,13 +202,15 @@ class ReservationStore:
         finally:
             await conn.aclose()
 
-    async def release(self, job_id: str, token: int | None = None, reason: str = "finished") -> int | None:
+    async def release(self, job_id: str, token: int | None = None, reason: str = "finished") -> Token | None:
         """Free the gang's GPUs; with a token, only if it is still current (a stale actor frees nothing).
 
         Returns the token of the reservation freed (true), or None when nothing was freed."""
-        keys = [self.ks.gang(job_id), self.ks.history, self.ks.gangs]
-        res = await self._release(keys=keys, args=[job_id, token or 0, reason])
-        return int(res[1]) if int(res[0]) == 1 else None
+        res = await self._release(keys=self._release_keys(job_id), args=[job_id, token or 0, reason])
+        return _token(res) if int(res[0]) == 1 else None
+
+    def _release_keys(self, job_id: str) -> list[str]:
+        return [self.ks.gang(job_id), self.ks.history, self.ks.gangs, self.ks.epoch]
 
     async def restore(
         self, job_id: str, token: int, alloc: Allocation, lease_s: float = DEFAULT_LEASE_S

@@ -582,7 +582,7 @@ class Solver:
         # Audited whether or not the store still had it: a hold that ended across a store reset ends in the audit too.
         audited = freed if freed is not None else token if token is not None else self.capacity.token_of(job_id)
         if audited is not None:
-            await self.audit.record("release", job_id, audited, reason=reason)
+            await self.audit.record("release", job_id, int(audited), reason=reason, at=freed.at if freed else "")
         if token is None or self.capacity.token_of(job_id) == token:
             self.capacity.release(job_id)  # after Redis: a cycle never offers GPUs that Redis would refuse
         self.wake.set()
@@ -750,13 +750,14 @@ class Solver:
                     log.info("reservation of %s refused: %s", job_id, res.reason)
                     stale = True
                     continue
+                token = int(res)
                 sp.set_attribute("oneplus.placed", True)
-                sp.set_attribute("oneplus.token", res)
+                sp.set_attribute("oneplus.token", token)
                 sp.set_attribute("oneplus.domain", alloc.domain)
-                self.capacity.hold(job_id, res, alloc)
+                self.capacity.hold(job_id, token, alloc)
                 self.metrics.placed_gang(rec, alloc, offered.layout, now)
-                await self.audit.record("reserve", job_id, res, alloc)
-                placed.append((rec, alloc, res))
+                await self.audit.record("reserve", job_id, token, alloc, at=res.at)
+                placed.append((rec, alloc, token))
         await self.commit_placed(placed)
         await self.audit.flush()
         if stale:
