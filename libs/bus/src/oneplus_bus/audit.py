@@ -16,6 +16,7 @@ from typing import Literal
 from nats.aio.client import Client
 from nats.js import JetStreamContext
 from nats.js.api import DeliverPolicy, PubAck
+from nats.js.errors import NotFoundError
 from oneplus_contracts import Allocation, RankPlacement, ReservationAudit, subjects
 from oneplus_reservations import HistoryEntry, KeySpace, store_order
 
@@ -59,6 +60,30 @@ class ReservationAuditLog:
     async def flush(self) -> None:
         pending, self._pending = self._pending, []
         await wait_acks(pending)
+
+    async def catch_up_releases(self, history: Sequence[HistoryEntry], epoch: int) -> int:
+        """Write the store history's releases into the audit again, each at its place in the store's order.
+
+        A solver killed between a release and its entry's delivery leaves the audit holding GPUs the store freed,
+        and a later reserve of them reads as a double use. Releases are idempotent in the replay and deduplicated
+        by JetStream (same message id), so writing one the audit already has changes nothing."""
+        n = 0
+        for e in history:
+            if e.op == "release":
+                await self.record("release", e.job_id, e.token, reason="caught up from the store's history",
+                                  at=f"{epoch}:{e.entry_id}")  # fmt: skip
+                n += 1
+        await self.flush()
+        return n
+
+
+async def last_audit_ts(js: JetStreamContext) -> float | None:
+    """When the newest audit entry was written (its writer's clock); None when the audit is empty."""
+    try:
+        msg = await js.get_last_msg(subjects.AUDIT_STREAM, subjects.RESERVATION_AUDIT)
+    except NotFoundError:
+        return None
+    return ReservationAudit.model_validate_json(msg.data or b"{}").ts
 
 
 async def read_audit(nc: Client, *, timeout: float = 5.0) -> list[ReservationAudit]:

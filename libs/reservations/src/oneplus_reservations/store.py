@@ -279,8 +279,9 @@ class ReservationStore:
             out.append(res)
         return out
 
-    async def history(self, count: int | None = None) -> list[HistoryEntry]:
-        entries = await self.r.xrange(self.ks.history, count=count)
+    async def history(self, count: int | None = None, since_ms: int = 0) -> list[HistoryEntry]:
+        """The store's own history, oldest first; `since_ms`: only entries written from then on (Redis' clock)."""
+        entries = await self.r.xrange(self.ks.history, min=f"{since_ms}-0" if since_ms else "-", count=count)
         out: list[HistoryEntry] = []
         for entry_id, fields in entries or []:
             f = {_s(k): _s(v) for k, v in (fields or {}).items()}
@@ -290,6 +291,11 @@ class ReservationStore:
                 slots.append((key, int(milli)))
             out.append(HistoryEntry(f["op"], f["job"], int(f["token"]), tuple(slots), _s(entry_id)))
         return out
+
+    async def time_ms(self) -> int:
+        """The store's clock (its history's ids are stamped with it)."""
+        sec, usec = await self.r.time()
+        return int(sec) * 1000 + int(usec) // 1000
 
     async def held_slots(self) -> dict[str, str]:
         """Whole-GPU key → holder, read straight from Redis (for audits and tests)."""

@@ -26,9 +26,10 @@ from collections.abc import Collection, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from nats.errors import Error as NatsError
 from oneplus_bus.acks import wait_acks
 from oneplus_bus.archive import JobArchive
-from oneplus_bus.audit import ReservationAuditLog
+from oneplus_bus.audit import ReservationAuditLog, last_audit_ts
 from oneplus_bus.clusterview import QUEUES_KEY, explain_job
 from oneplus_bus.informer import StreamTail, kv_list_and_watch
 from oneplus_bus.lease import Lease, ReplicaSet
@@ -75,6 +76,7 @@ from .owner import Applied, JobOwner, NotOwner
 log = logging.getLogger("oneplus.solver")
 
 LOST_EXIT = 137
+AUDIT_CATCH_UP_MARGIN_S = 30.0  # clocks of the solver hosts and of Redis may disagree by this much
 STORE_REBUILD_LEASE_S = 60.0  # a rebuilt reservation lives this long unless its node renews it
 OWNER_LEASE_KEY = subjects.SOLVER_OWNER_LEASE_KEY
 REPLICA_PREFIX = "replica."
@@ -216,6 +218,7 @@ class Solver:
         await svc.nc.subscribe(subjects.node_heartbeat("*"), cb=self._on_heartbeat_msg)
         await svc.nc.subscribe(subjects.ops_solver_reasons(self.settings.replica), cb=self._on_reasons_request)
         if self.leading:
+            await self.catch_up_audit()
             await self.reconcile()
             self.start_owner_loops()
         self.wake.set()
@@ -300,6 +303,7 @@ class Solver:
         self.nominations = await self.memory.load_nominations()
         self.usage = None  # the stored history, carried on from the last owner
         await self.sync_store()
+        await self.catch_up_audit()
         await self.reconcile()
         self.start_owner_loops()
         self.wake.set()
@@ -358,6 +362,26 @@ class Solver:
                 continue
             await self.sync_store()
             self.owner.index.expire(time.time(), self.settings.min_job_age_s)
+
+    async def catch_up_audit(self) -> None:
+        """A new owner writes the releases a dead one may not have delivered to the audit (see `catch_up_releases`).
+
+        Those lie after the audit's newest entry (a lone solver's last) and at most a lease and a beat before
+        this takeover; the store's history is read from the earlier of the two, with a margin for clock skew."""
+        if not self.store_ok:
+            return  # a rebuilt store's history starts at the rebuild: there is nothing of the old one to catch up
+        try:
+            now_ms = await self.store.time_ms()
+            last = await last_audit_ts(self.svc.js)
+            since_ms = now_ms - int((3 * self.settings.lease_ttl_s + AUDIT_CATCH_UP_MARGIN_S) * 1000)
+            if last is not None:
+                since_ms = min(since_ms, int((last - AUDIT_CATCH_UP_MARGIN_S) * 1000))
+            history = await self.store.history(since_ms=max(since_ms, 1))
+            n = await self.audit.catch_up_releases(history, self.fence.epoch)
+        except (RedisError, NatsError, TimeoutError) as exc:
+            log.warning("the reservation audit was not caught up from the store's history: %s", exc)
+            return
+        log.info("reservation audit caught up: %d release(s) of the store's history written again", n)
 
     @property
     def audit(self) -> ReservationAuditLog:
