@@ -18,11 +18,13 @@ from nats.js import JetStreamContext
 from nats.js.api import ConsumerConfig, DeliverPolicy
 
 from .ledger import latest_items
+from .retry import until_answered
 
 log = logging.getLogger("oneplus.informer")
 
 Handler = Callable[[int, str, bytes, dict[str, str]], Awaitable[None]]
 Relist = Callable[[], Awaitable[int]]
+LIST_WAIT_S = 30.0  # a list at start waits out a stream leader election (a server killed or cut off) this long
 _REMOVED_OPS = ("DEL", "PURGE")
 _REMOVED_MARKERS = ("MaxAge", "Purge", "Remove")
 
@@ -123,8 +125,9 @@ async def kv_list_and_watch(
 
     With `prefix` (ending in a dot), only the keys under it."""
     stream = f"KV_{bucket}"
-    start = int((await js.stream_info(stream)).state.last_seq or 0)
-    for key, value in await latest_items(js, bucket):
+    info = await until_answered(lambda: js.stream_info(stream), f"{name}: {stream}", LIST_WAIT_S)
+    start = int(info.state.last_seq or 0)
+    for key, value in await latest_items(js, bucket, LIST_WAIT_S):
         if key.startswith(prefix):
             await on_change(key, value)
     cut = len(f"$KV.{bucket}.")

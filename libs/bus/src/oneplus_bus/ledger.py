@@ -20,6 +20,7 @@ from nats.js.kv import KeyValue
 from oneplus_contracts import IllegalTransition, JobEvent, JobRecord, apply_event, parse_job_event, subjects
 from pydantic import ValidationError
 
+from .retry import until_answered
 from .telemetry import inject
 
 log = logging.getLogger("oneplus.ledger")
@@ -114,6 +115,14 @@ async def latest_values(js: JetStreamContext, bucket: str, timeout: float = 10.0
 
 async def latest_items(js: JetStreamContext, bucket: str, timeout: float = 10.0) -> list[tuple[str, bytes]]:
     """(key, latest value) of every key of a KV bucket (deleted keys left out), in key order.
+
+    Read again from the start while JetStream answers 503 (a stream leader being elected), up to `timeout`.
+    """
+    return await until_answered(lambda: _latest_items(js, bucket, timeout), f"reading KV bucket {bucket!r}", timeout)
+
+
+async def _latest_items(js: JetStreamContext, bucket: str, timeout: float) -> list[tuple[str, bytes]]:
+    """One read of `latest_items`.
 
     An ephemeral pull consumer, not `kv.watchall()`: the push watcher signals "all current values
     delivered" from consumer info, which can answer before the pushed values reach the client, and

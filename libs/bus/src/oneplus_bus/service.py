@@ -38,6 +38,7 @@ from .health import remove_health_file, write_health_file
 from .ledger import JobLedger
 from .logs import FASTSTREAM_LOGGER, configure_logging, log_settings_from_env
 from .metrics import MetricsServer, metrics_host_from_env, metrics_port_from_env
+from .retry import until_answered
 from .settings import BusSettings
 from .streams import ensure_kv, ensure_streams
 from .telemetry import make_tracer_provider
@@ -201,17 +202,12 @@ class OneplusService:
     async def _ensure_stores(self, js: JetStreamContext) -> None:
         """Declare streams and buckets, waiting out a JetStream cluster that is still electing its leaders (its
         requests time out or answer 503 for a few seconds after the servers start) instead of exiting."""
-        deadline = asyncio.get_running_loop().time() + STARTUP_WAIT_S
-        while True:
-            try:
-                await ensure_streams(js)
-                await ensure_kv(js)
-                return
-            except (nats.errors.TimeoutError, nats.js.errors.ServiceUnavailableError) as exc:
-                if asyncio.get_running_loop().time() > deadline:
-                    raise
-                log.warning("%s: JetStream not ready (%s); declaring again in 1 s", self.name, type(exc).__name__)
-                await asyncio.sleep(1.0)
+
+        async def declare() -> None:
+            await ensure_streams(js)
+            await ensure_kv(js)
+
+        await until_answered(declare, f"{self.name}: declaring streams and buckets", STARTUP_WAIT_S)
 
     async def _after_startup(self) -> None:
         self._js = self.nc.jetstream()
