@@ -2,8 +2,10 @@
 
 Redis' own history stream is exact (written by the same script as the reservation) but lives in the store a reset
 erases; this one is written by the solver right after each store operation, in the order it made them, and replays
-into the same check (`oneplus_reservations.check_history`). A solver killed between a store operation and its audit
-entry leaves that entry out: the check then sees less, never a double use that did not happen.
+into the same check (`oneplus_reservations.check_history`), in the store's order (`store_at`). A solver killed
+between a store operation and its audit entry leaves that entry out: a lost reserve makes the check see less; a
+lost release would read as a double use when the GPUs are taken again, so the next owner writes the store
+history's recent releases again (`ReservationAuditLog.catch_up_releases`).
 """
 
 from __future__ import annotations
