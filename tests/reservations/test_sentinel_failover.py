@@ -212,8 +212,12 @@ def alloc(node: str, *gpus: int) -> Allocation:
 async def _ready(cluster: SentinelCluster) -> None:
     for port in cluster.replica_ports:
         await _until("the replicas are in sync", lambda port=port: _replica_up(cluster, port))
-    await _until("every sentinel sees the others and the replicas", lambda: _sentinels_ready(cluster.sentinel_ports, 2))
-    await _until("the sentinels see the replicas up", lambda: _sentinels_see_replicas_up(cluster.sentinel_ports, 2))
+    # A sentinel learns the replicas from the primary's INFO, which it asks for every 10 s: a loaded machine can take
+    # a few periods (a fresh cluster's first INFO may come before the replicas connected).
+    await _until(
+        "every sentinel sees the others and the replicas", lambda: _sentinels_ready(cluster.sentinel_ports, 2), 45
+    )
+    await _until("the sentinels see the replicas up", lambda: _sentinels_see_replicas_up(cluster.sentinel_ports, 2), 45)
 
 
 @pytest.fixture
@@ -332,7 +336,7 @@ async def _reserve_until_placed(store: ReservationStore, job: str, a: Allocation
 
 
 @pytest.mark.e2e
-@pytest.mark.timeout(120)
+@pytest.mark.timeout(180)
 async def test_the_store_follows_a_sentinel_failover_and_never_goes_back(
     cluster: SentinelCluster, store: ReservationStore
 ) -> None:
@@ -414,7 +418,7 @@ def spec(i: int, gpus: int = 4) -> JobSpec:
 
 
 @pytest.mark.e2e
-@pytest.mark.timeout(120)
+@pytest.mark.timeout(180)
 async def test_the_solver_places_again_after_a_failover_and_no_gpu_is_held_twice(
     nc: Client, servers: Servers, cluster_name: str, tmp_path: Path
 ) -> None:
