@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import redis
 import redis.asyncio as aioredis
 from nats.aio.client import Client
 from oneplus_bus.settings import BusSettings
@@ -198,11 +199,20 @@ def _sentinel_cluster(workdir: Path) -> Generator[SentinelCluster, None, None]:
         c.start_redis("primary", c.primary_port)
         for i, port in enumerate(c.replica_ports):
             c.start_redis(f"replica-{i}", port, "--replicaof", "127.0.0.1", str(c.primary_port))
+        _wait_connected_replicas(c, len(c.replica_ports))  # so the sentinels' first INFO of the primary lists them
         for i, port in enumerate(c.sentinel_ports):
             c.start_sentinel(i, port)
         yield c
     finally:
         stop(list(c.procs.values()))
+
+
+def _wait_connected_replicas(c: SentinelCluster, n: int, timeout: float = 20.0) -> None:
+    with redis.Redis(port=c.primary_port, username="admin", password=c.passwords["admin"]) as r:
+        deadline = time.monotonic() + timeout
+        while int(r.info("replication").get("connected_slaves", 0)) < n:
+            assert time.monotonic() < deadline, f"the primary has not got {n} replicas within {timeout} s"
+            time.sleep(0.1)
 
 
 def alloc(node: str, *gpus: int) -> Allocation:
@@ -379,9 +389,9 @@ async def test_the_store_follows_a_sentinel_failover_and_never_goes_back(
     await _until("every sentinel names the promoted replica", lambda: _sentinels_agree(cluster), 20)
     promoted_port = await _primary_port(cluster.sentinel_ports[0])
     assert promoted_port in cluster.replica_ports
-    for job, token in before.items():  # every acknowledged commit survived the failover
+    for job, acked in before.items():  # every acknowledged commit survived the failover
         held = await store.get(job)
-        assert held is not None and held.token == token, job
+        assert held is not None and held.token == acked, job
     assert await store.epoch() == 1
     assert after > max(before.values())  # tokens never go backwards
 
@@ -394,8 +404,8 @@ async def test_the_store_follows_a_sentinel_failover_and_never_goes_back(
     cluster.start_redis("primary", cluster.primary_port)
     tokens = [after]
     for i in range(1, 12):
-        token, _ = await _reserve_until_placed(store, f"post-{i}", alloc("n6" if i < 8 else "n7", i % 8), 10)
-        tokens.append(token)
+        placed, _ = await _reserve_until_placed(store, f"post-{i}", alloc("n6" if i < 8 else "n7", i % 8), 10)
+        tokens.append(placed)
         await asyncio.sleep(0.25)
     assert tokens == sorted(tokens) and len(set(tokens)) == len(tokens)
     async with cluster.admin(promoted_port) as promoted:
