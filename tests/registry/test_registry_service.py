@@ -271,3 +271,43 @@ async def test_a_malformed_heartbeat_is_dead_lettered(registry: OnePlusClient, n
     msg = await dlq.next_msg(timeout=15)
     assert "ts" in json.loads(msg.data)["reason"]
     await dlq.unsubscribe()
+
+
+async def test_a_heartbeat_the_bucket_refuses_while_jetstream_elects_is_not_dead_lettered(
+    started: Registry, registry: OnePlusClient, nc: Client, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A 503 on every delivery of a heartbeat (a stream leader being elected) drops that heartbeat with a warning:
+    its news is in memory and the next heartbeat stores it. Dead-lettering it would flag a loss that is none."""
+    import nats.js.errors
+
+    await report(nc, "t1")
+    await beat(nc, "t1")
+    await node_record(registry, "t1", "ready")
+    store = started._store()
+    real_put = store.put
+    refused = 0
+
+    async def put(rec: NodeRecord) -> None:
+        nonlocal refused
+        if refused < 2 and rec.topology.node == "t1":
+            refused += 1
+            raise nats.js.errors.ServiceUnavailableError()
+        await real_put(rec)
+
+    monkeypatch.setattr(store, "put", put)
+    js = nc.jetstream()
+    dlq = await js.subscribe(subjects.dead_letter(subjects.node_heartbeat("t1")), ordered_consumer=True)
+    kv = await js.key_value(subjects.TOPOLOGY_KV)
+    bad = [GpuHealth(index=3, healthy=False, reason="Xid 79")]
+    await beat(nc, "t1", bad)  # refused on both deliveries
+    deadline = time.monotonic() + 15
+    while refused < 2:
+        assert time.monotonic() < deadline, "the heartbeat was not delivered twice"
+        await asyncio.sleep(0.05)
+    await beat(nc, "t1", bad)  # the next heartbeat stores what the bucket missed
+    while NodeRecord.model_validate_json((await kv.get("t1")).value or b"").unhealthy_gpus != [3]:
+        assert time.monotonic() < deadline, "the next heartbeat did not store the GPU's failure"
+        await asyncio.sleep(0.05)
+    with pytest.raises(nats.errors.TimeoutError):
+        await dlq.next_msg(timeout=1.0)
+    await dlq.unsubscribe()

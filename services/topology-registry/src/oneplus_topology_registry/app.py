@@ -32,6 +32,7 @@ from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy
 from nats.js.kv import KeyValue
 from oneplus_bus.deadletter import _is_poison, _publish_dead_letter
 from oneplus_bus.ledger import latest_values
+from oneplus_bus.retry import TRANSIENT
 from oneplus_bus.service import OneplusService, OpsError
 from oneplus_bus.settings import BusSettings
 from oneplus_contracts import NodeHeartbeat, NodeRecord, NodeTopology, subjects
@@ -310,7 +311,12 @@ def build(
             await reg.on_heartbeat(NodeHeartbeat.model_validate_json(msg.data))
         except Exception as exc:
             delivered = int(msg.metadata.num_delivered or 1)
-            if _is_poison(exc) or delivered >= HEARTBEAT_MAX_DELIVER:
+            if isinstance(exc, TRANSIENT) and delivered >= HEARTBEAT_MAX_DELIVER:
+                # JetStream electing a leader: the heartbeat is in memory already, and the next one (seconds away)
+                # writes the bucket, which still differs from memory; nothing is lost, so nothing is dead-lettered.
+                log.warning("heartbeat on %s not stored (delivery %d, %s): the next one will be", msg.subject,
+                            delivered, type(exc).__name__)  # fmt: skip
+            elif _is_poison(exc) or delivered >= HEARTBEAT_MAX_DELIVER:
                 await _publish_dead_letter({"broker": svc.broker}, msg, exc, delivered)
             else:
                 log.warning("heartbeat on %s failed (delivery %d): %s", msg.subject, delivered, exc)
