@@ -52,6 +52,7 @@ CLUSTER_CONFIG = REPO / "deploy" / "nats" / "cluster" / "nats-server.conf"
 NATS_HOSTS = ("nats-1", "nats-2", "nats-3")
 HOSTS = (*NATS_HOSTS, "redis-1", "redis-2", "ctl", "ctl-2", "nodes")
 SOLVERS = ("placement-solver", "placement-solver-2")
+INFRA_RETRIES = 10  # the lab's budget of platform-fault requeues per job (the default is 3)
 LEASE_S = 4.0  # the lab's owner lease: a killed owner is replaced within a few seconds
 SENTINEL_PORT = 26379
 SERVICE = "oneplus"
@@ -189,6 +190,10 @@ class MultiHostRun(ChaosRun):
             "REDIS_SENTINEL_SERVICE": SERVICE,
             "ONEPLUS_HTTP_PORT": "off",
             "ONEPLUS_SOLVER_LEASE_S": str(LEASE_S),
+            # Five faults in two minutes: a long job can be requeued by three of them (a cut-off NATS server leaves
+            # its executors silent past ONEPLUS_NODE_LOST_AFTER_S), which the default budget of 3 would end as FAILED.
+            # A cluster would need three unrelated platform faults within one job's life for that.
+            "ONEPLUS_INFRA_RETRIES": str(INFRA_RETRIES),
         }
 
     def start_world(self) -> str:
