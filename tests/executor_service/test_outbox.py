@@ -117,10 +117,9 @@ async def test_hundreds_of_facts_go_out_in_pipelined_rounds_each_jobs_in_order()
     for job in jobs:
         for event in facts(job):
             box.put(event)
-    started = time.monotonic()
     assert await box.flush(10)
     assert len(got) == 900 and peak >= 200, f"pipelined (peak {peak} in flight)"
-    assert rounds <= 8 and time.monotonic() - started < 2, f"{rounds} rounds, not one round trip per fact"
+    assert rounds <= 8, f"{rounds} rounds, not one round trip per fact"
     for job in jobs:
         assert [t for j, t in got if j == job] == ["starting", "running", "node_finished"]
     await box.close()

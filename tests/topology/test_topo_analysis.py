@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import itertools
 import random
-import time
 
 import pytest
 from hypothesis import given, settings
@@ -152,14 +151,16 @@ def test_nodes_with_one_layout_share_one_model() -> None:
     assert an.node_model(h100) is not an.node_model(an.degrade(h100, 0, 17))
 
 
-def test_ring_queries_are_fast_enough_for_the_placement_loop() -> None:
-    topo = parse_file("dgx1_v100")
+def test_memoised_ring_answers_do_not_depend_on_the_order_asked() -> None:
+    topo = parse_file("dgx1_v100")  # its speed (about 2 µs a query) is a figure of `task bench:solver`
     rng = random.Random(7)
-    sets = [rng.sample(range(8), rng.randint(2, 8)) for _ in range(20_000)]
-    start = time.perf_counter()
-    for s in sets:
-        an.ring_gbps(topo, s)
-    assert time.perf_counter() - start < 0.5  # about 2 µs a query once the model is built
+    for _ in range(500):
+        s = rng.sample(range(8), rng.randint(2, 8))
+        first = an.ring_gbps(topo, s)
+        assert an.ring_gbps(topo, list(reversed(s))) == first == an.ring_gbps(topo, sorted(s)), s
+    an.ring_gbps(topo, [0, 1])
+    with pytest.raises(ValueError, match="twice"):  # the memo of {0, 1} does not answer for a GPU named twice
+        an.ring_gbps(topo, [0, 1, 1])
 
 
 def test_model_cache_notices_links_taken_down_in_place_and_forgets_dead_topologies() -> None:

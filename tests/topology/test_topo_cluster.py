@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import shutil
-import time
 from pathlib import Path
 
 import pytest
@@ -158,11 +157,8 @@ def test_missing_file_is_a_config_error(tmp_path: Path) -> None:
 
 
 @pytest.mark.parametrize("n", [1024, 4096])
-def test_synthetic_clusters_build_in_well_under_a_second(n: int) -> None:
-    start = time.perf_counter()
-    c = synthetic_cluster(n)
-    elapsed = time.perf_counter() - start
-    assert elapsed < 0.5, elapsed
+def test_synthetic_clusters_have_the_asked_shape(n: int) -> None:
+    c = synthetic_cluster(n)  # its build time is a figure of `task bench:solver`, not an assertion
     assert len(c.nodes) == n and c.total_gpus == 8 * n
     assert len(c.nodes_by_leaf()) == n // 8
     assert len(c.nodes_by_spine()) == n // 32
