@@ -56,7 +56,7 @@ def sha(password: str) -> str:
 
 
 SERVICE = "oneplus"
-DOWN_AFTER_MS = 1000
+DOWN_AFTER_MS = 2000
 
 
 SENTINEL_CONF = Path(__file__).resolve().parents[2] / "deploy" / "redis" / "sentinel.conf"
@@ -166,6 +166,15 @@ async def _sentinels_agree(c: SentinelCluster) -> bool:
     return len(ports) == 1 and ports <= set(c.replica_ports)
 
 
+async def _failover_ended(c: SentinelCluster, promoted: int) -> bool:
+    for port in c.sentinel_ports:
+        async with aioredis.Redis(port=port) as s:
+            masters: dict[str, dict[str, Any]] = await s.sentinel_masters()  # type: ignore[assignment]
+            if int(masters[SERVICE]["port"]) != promoted:
+                return False
+    return True
+
+
 async def _sentinels_see_replicas_up(ports: list[int], replicas: int) -> bool:
     """Every sentinel has a fresh, healthy view of every replica (one it thinks down is not promoted)."""
     for port in ports:
@@ -220,14 +229,19 @@ def alloc(node: str, *gpus: int) -> Allocation:
 
 
 async def _ready(cluster: SentinelCluster) -> None:
-    for port in cluster.replica_ports:
-        await _until("the replicas are in sync", lambda port=port: _replica_up(cluster, port))
-    # A sentinel learns the replicas from the primary's INFO, which it asks for every 10 s: a loaded machine can take
-    # a few periods (a fresh cluster's first INFO may come before the replicas connected).
-    await _until(
-        "every sentinel sees the others and the replicas", lambda: _sentinels_ready(cluster.sentinel_ports, 2), 45
-    )
-    await _until("the sentinels see the replicas up", lambda: _sentinels_see_replicas_up(cluster.sentinel_ports, 2), 45)
+    try:
+        for port in cluster.replica_ports:
+            await _until("the replicas are in sync", lambda port=port: _replica_up(cluster, port))
+        # A sentinel learns the replicas from the primary's INFO, which it asks for every 10 s: a loaded machine can
+        # take a few periods (a fresh cluster's first INFO may come before the replicas connected).
+        await _until(
+            "every sentinel sees the others and the replicas", lambda: _sentinels_ready(cluster.sentinel_ports, 2), 45
+        )
+        await _until(
+            "the sentinels see the replicas up", lambda: _sentinels_see_replicas_up(cluster.sentinel_ports, 2), 45
+        )
+    except AssertionError as e:
+        raise AssertionError(f"{e}\n{await _replication_picture(cluster)}") from None
 
 
 @pytest.fixture
@@ -404,10 +418,17 @@ async def test_the_store_follows_a_sentinel_failover_and_never_goes_back(
     cluster.start_redis("primary", cluster.primary_port)
     tokens = [after]
     for i in range(1, 12):
-        placed, _ = await _reserve_until_placed(store, f"post-{i}", alloc("n6" if i < 8 else "n7", i % 8), 10)
+        try:
+            placed, _ = await _reserve_until_placed(store, f"post-{i}", alloc("n6" if i < 8 else "n7", i % 8), 30)
+        except AssertionError as e:
+            raise AssertionError(f"{e}\n{await _replication_picture(cluster)}") from None
         tokens.append(placed)
         await asyncio.sleep(0.25)
     assert tokens == sorted(tokens) and len(set(tokens)) == len(tokens)
+    # The primary the sentinels name now: the promoted one, or on a loaded host one a second (false) failover chose,
+    # which holds every acknowledged commit all the same.
+    promoted_port = await _primary_port(cluster.sentinel_ports[0])
+    assert promoted_port in cluster.replica_ports
     async with cluster.admin(promoted_port) as promoted:
         assert (await promoted.info("replication"))["role"] == "master"
         for i in range(12):
@@ -416,6 +437,66 @@ async def test_the_store_follows_a_sentinel_failover_and_never_goes_back(
     async with cluster.admin(cluster.primary_port) as old:
         await _until("the old primary caught up", lambda: _has(old, store.ks.gang("post-11")), 10)
     assert check_history(await store.history()) == []
+
+
+@pytest.mark.e2e
+@pytest.mark.timeout(180)
+async def test_a_commit_refused_by_a_replaced_primary_sends_the_next_to_the_new_one(tmp_path: Path) -> None:
+    """A primary the sentinels replaced while it stayed up (a forced failover, or a false one on a loaded host) still
+    answers as a primary, with no replica, until they demote it 10-20 s later. The store's idle connections still
+    point at it: its first commit there is refused by the WAIT rule, and that refusal makes the store ask the
+    sentinels again, so the next commit goes to the new primary instead of being refused until the demotion."""
+    gen = _sentinel_cluster(tmp_path)
+    cluster = next(gen)
+    try:
+        await _ready(cluster)
+        store = ReservationStore.connect(cluster.settings(), cluster="replaced")
+        try:
+            await store.load_scripts()
+            await store.set_epoch(1)
+            assert isinstance(await store.reserve("before", alloc("n0", 0)), int)  # the pool keeps that connection
+            async with aioredis.Redis(port=cluster.sentinel_ports[0]) as s:
+                assert await s.sentinel_failover(SERVICE)
+            await _until("every sentinel names a replica", lambda: _sentinels_agree(cluster), 30)
+            promoted = await _primary_port(cluster.sentinel_ports[0])
+            other = next(p for p in cluster.replica_ports if p != promoted)
+            await _until("the other replica follows the new primary", lambda: _follows(cluster, other, promoted), 30)
+            # Until the failover ends, SENTINEL MASTERS (what redis-py's client reads) still names the old primary.
+            await _until("the sentinels ended the failover", lambda: _failover_ended(cluster, promoted), 30)
+            async with cluster.admin(cluster.primary_port) as old:
+                assert (await old.info("replication"))["role"] == "master", "demoted already: nothing to check"
+
+            first = await store.reserve("after", alloc("n1", 0))
+            assert isinstance(first, Conflict) and first.not_replicated, first  # went to the replaced primary
+            second = await store.reserve("after", alloc("n1", 0))
+            assert isinstance(second, int), f"still sent to the replaced primary: {second}"
+            async with cluster.admin(promoted) as new:
+                assert await new.exists(store.ks.gang("after")) == 1
+                assert await new.exists(store.ks.gang("before")) == 1  # acknowledged before the failover
+            assert check_history(await store.history()) == []
+        finally:
+            await store.close()
+    finally:
+        gen.close()
+
+
+async def _replication_picture(c: SentinelCluster) -> str:
+    """Each server's replication section and each sentinel's view, for a failure message."""
+    lines = []
+    for port in [c.primary_port, *c.replica_ports]:
+        try:
+            async with c.admin(port) as r:
+                info = await r.info("replication")
+            lines.append(f"{port}: " + ", ".join(f"{k}={v}" for k, v in info.items()))
+        except RedisError as e:
+            lines.append(f"{port}: {e!r}")
+    for port in c.sentinel_ports:
+        try:
+            async with aioredis.Redis(port=port) as s:
+                lines.append(f"sentinel {port}: {await s.sentinel_masters()}")
+        except RedisError as e:
+            lines.append(f"sentinel {port}: {e!r}")
+    return "\n".join(lines)
 
 
 async def _has(r: aioredis.Redis, key: str) -> bool:

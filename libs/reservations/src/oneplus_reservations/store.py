@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Literal
 
 import redis.asyncio as aioredis
 from oneplus_contracts import Allocation
+from redis.asyncio.sentinel import SentinelConnectionPool
+from redis.exceptions import RedisError
 
 from . import scripts
 from .connect import RedisSettings, redis_client
@@ -181,12 +184,24 @@ class ReservationStore:
             # (a release that is itself lost leaves a hold no job record names: reconcile frees it).
             await self._release(keys=self._release_keys(job_id), args=[job_id, token, NOT_REPLICATED],
                                 client=conn)  # fmt: skip
-            return Conflict(
+            refused = Conflict(
                 f"{NOT_REPLICATED}: {acked} of {self.wait_replicas} replica(s) acknowledged within "
                 f"{self.wait_timeout_ms} ms; released, retried next cycle"
             )
         finally:
             await conn.aclose()
+        await self._follow_primary()
+        return refused
+
+    async def _follow_primary(self) -> None:
+        """Under Sentinel, ask who the primary is now and drop idle connections to one that no longer is.
+
+        A primary the sentinels replaced (a false failover, a partition) still answers as a primary with no replica
+        until they demote it, 10-20 s later: without this every commit would go to it and be refused until then."""
+        pool = self.r.connection_pool
+        if isinstance(pool, SentinelConnectionPool) and pool.is_master:
+            with contextlib.suppress(RedisError):  # no sentinel answers: the next connect asks them again
+                await pool.get_master_address()  # type: ignore[no-untyped-call]
 
     async def replicated(self) -> bool:
         """True once `wait_replicas` replicas hold every write this primary took so far (always, with 0).
