@@ -12,7 +12,9 @@ level (`--history`, default 0,20000,100000): for each level, in order,
    many jobs have finished in all (the measurement jobs of the levels before count); their `finished` events are
    counted on a core subscription. The rate (jobs/s) is reported;
 2. wait until the hot view has drained: every finished job in the ONEPLUS_ARCHIVE stream and no live key left in
-   the `jobs` bucket; then until the consumers of the job-event and facts streams have nothing pending;
+   the `jobs` bucket; then until the consumers of the job-event and facts streams have nothing pending; then until
+   the platform's processes are quiet (under 0.15 of a core for two seconds in a row): followers still folding a
+   backlog in their client's buffer would otherwise be timed as the cost of history (`quiet_s` says how long);
 3. measure, on an idle cluster:
    - solver RSS (VmRSS of the placement-solver process; VmHWM too);
    - `oneplus jobs list --limit 100 --json` (the CLI, a fresh process; median of `--list-repeat`) and
@@ -197,6 +199,26 @@ class Procs:
 
     def rss(self) -> dict[str, float]:
         return {n: mem_mb(pid).get("VmRSS", 0.0) for n, pid in self.pids.items()}
+
+
+async def quiet(procs: Procs, idle_cores: float = 0.15, window_s: float = 1.0, timeout: float = 300.0) -> float:
+    """Until the platform's processes (not this benchmark) use less than `idle_cores` of CPU for two windows in a row.
+
+    A drained hot view and empty consumers are not enough after a history burst: followers with ordered consumers
+    (the preemption service's job informer, the intake's hot view) have the backlog in their client's buffer and are
+    still folding it, which would be timed as the cost of history. Returns the seconds waited."""
+    t0 = time.monotonic()
+    calm = 0
+    before = procs.cpu()
+    while time.monotonic() - t0 < timeout:
+        await asyncio.sleep(window_s)
+        now = procs.cpu()
+        used = sum(now[n] - before.get(n, now[n]) for n in now if n != "bench")
+        before = now
+        calm = calm + 1 if used < idle_cores * window_s else 0
+        if calm >= 2:
+            break
+    return time.monotonic() - t0
 
 
 class CpuPhase:
@@ -668,9 +690,11 @@ async def run(servers: EmbeddedServers, plat: Platform, args: argparse.Namespace
             print(f"level {target:,}: {finished:,} finished jobs; waiting for the hot view to drain", flush=True)
             row["drain"] = await drain(js, finished, args.min_job_age + args.drain_timeout)
             row["settle_s"] = round(await settle(js), 2)
+            row["quiet_s"] = round(await quiet(procs), 2)
             row["streams"] = await streams(js)
             row["loadavg_at_start"] = [round(x, 2) for x in os.getloadavg()]
-            print(f"  {json.dumps(row['drain'])}", flush=True)
+            quiet_line = f"settled in {row['settle_s']} s, quiet after {row['quiet_s']} s"
+            print(f"  {json.dumps(row['drain'])}; {quiet_line}", flush=True)
 
             row["rss_mb"] = procs.rss()
             row["solver_mem_mb"] = mem_mb(solver_pid)
