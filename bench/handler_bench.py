@@ -1,5 +1,5 @@
 """What a FastStream handler costs per request: `msg: NatsMessage` through FastStream's Context against the whole
-message through `oneplus_bus.broker.whole_message` (what the intake and every durable subscriber use).
+message through `oneplus_bus.broker.whole_message_subscriber` (what the intake and every durable subscriber use).
 
 Context is a sync dependency that fast_depends runs in a worker thread for every message. Each style answers
 `--requests` concurrent requests, `--rounds` times; the process's CPU time (client and handler together, the same
@@ -16,7 +16,7 @@ from typing import Any
 
 import nats
 from faststream.nats import NatsBroker, NatsMessage
-from oneplus_bus.broker import takes_whole_message, whole_message
+from oneplus_bus.broker import whole_message_subscriber
 
 from oneplus.devstack import EmbeddedServers
 
@@ -31,7 +31,7 @@ async def bench(url: str, requests: int, rounds: int) -> None:
         return {"headers": len(msg.headers or {}), "bytes": len(msg.body)}
 
     broker.subscriber(CONTEXT, queue="bench")(answer)
-    broker.subscriber(WHOLE, queue="bench", decoder=whole_message)(takes_whole_message(answer))
+    whole_message_subscriber(broker, WHOLE, queue="bench")(answer)
     await broker.start()
     nc = await nats.connect(url)
     body, headers = b'{"name": "bench", "resources": {"gpus": 1}}', {"Oneplus-Team": "bench"}

@@ -8,7 +8,7 @@ from typing import Any
 
 from faststream.nats import NatsMessage
 from nats.aio.client import Client
-from oneplus_bus.broker import takes_whole_message, whole_message
+from oneplus_bus.broker import takes_whole_message, whole_message_subscriber
 from oneplus_bus.service import OneplusService
 from oneplus_bus.settings import BusSettings
 from oneplus_contracts import subjects
@@ -45,7 +45,7 @@ async def test_a_request_handler_answers_through_the_decoder(nc: Client, servers
     async def answer(msg: NatsMessage) -> dict[str, Any]:
         return {"team": (msg.headers or {}).get("Oneplus-Team"), "bytes": len(msg.body)}
 
-    svc.broker.subscriber("oneplus.test.whole", queue="t", decoder=whole_message)(takes_whole_message(answer))
+    whole_message_subscriber(svc.broker, "oneplus.test.whole", queue="t")(answer)
     await svc.app.start()
     try:
         reply = await nc.request("oneplus.test.whole", b"12345", headers={"Oneplus-Team": "nlp"}, timeout=10)

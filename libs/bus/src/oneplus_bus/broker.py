@@ -19,6 +19,8 @@ from .logs import FASTSTREAM_LOGGER
 from .settings import BusSettings
 
 R = TypeVar("R")
+MessageHandler = Callable[[NatsMessage], Awaitable[Any]]
+H = TypeVar("H", bound=MessageHandler)
 
 
 def make_broker(
@@ -72,3 +74,15 @@ def takes_whole_message(
     call.__qualname__ = getattr(handler, "__qualname__", call.__name__)
     call.__doc__ = handler.__doc__
     return call
+
+
+def whole_message_subscriber(broker: NatsBroker, subject: str, **options: Any) -> Callable[[H], H]:
+    """`broker.subscriber(subject, **options)` whose handler is given the whole message (`takes_whole_message`);
+    registering returns the handler itself."""
+    subscriber = broker.subscriber(subject, decoder=whole_message, **options)
+
+    def register(fn: H) -> H:
+        subscriber(takes_whole_message(fn))
+        return fn
+
+    return register

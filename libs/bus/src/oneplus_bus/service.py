@@ -21,7 +21,6 @@ import nats.js.errors
 import nats.micro
 from faststream import AckPolicy, FastStream
 from faststream.nats import JStream
-from faststream.nats.message import NatsMessage
 from nats.aio.client import Client
 from nats.js import JetStreamContext
 from nats.js.api import ConsumerConfig, DeliverPolicy
@@ -33,7 +32,7 @@ from opentelemetry.sdk.trace.export import SpanExporter
 from prometheus_client import GC_COLLECTOR, PLATFORM_COLLECTOR, PROCESS_COLLECTOR, CollectorRegistry
 from pydantic import BaseModel, ValidationError
 
-from .broker import make_broker, takes_whole_message, whole_message
+from .broker import MessageHandler, make_broker, whole_message_subscriber
 from .health import remove_health_file, write_health_file
 from .ledger import JobLedger
 from .logs import FASTSTREAM_LOGGER, configure_logging, log_settings_from_env
@@ -51,8 +50,6 @@ warnings.filterwarnings(
     "ignore", message="The JetStream Push consumer with the `durable` option", category=RuntimeWarning
 )
 OpsHandler = Callable[[dict[str, Any], dict[str, str]], Awaitable[Any]]
-MessageHandler = Callable[[NatsMessage], Awaitable[None]]
-
 log = logging.getLogger("oneplus")
 
 
@@ -141,7 +138,8 @@ class OneplusService:
         group), acknowledged only after the handler returns (NACK_ON_ERROR), redelivered at most `max_deliver` times,
         then dead-lettered. Named, its create API subject carries consumer and filter, which NATS permissions can
         grant one by one (deploy/nats). The handler is given the whole message (see `takes_whole_message`)."""
-        subscriber = self.broker.subscriber(
+        return whole_message_subscriber(
+            self.broker,
             subject,
             stream=jstream(stream),
             durable=consumer,
@@ -152,14 +150,7 @@ class OneplusService:
             ack_policy=AckPolicy.NACK_ON_ERROR,
             title=title,
             deliver_policy=deliver_policy,
-            decoder=whole_message,
         )
-
-        def register(fn: MessageHandler) -> MessageHandler:
-            subscriber(takes_whole_message(fn))
-            return fn
-
-        return register
 
     def ops(self, endpoint: str, subject: str) -> Callable[[OpsHandler], OpsHandler]:
         def register(fn: OpsHandler) -> OpsHandler:

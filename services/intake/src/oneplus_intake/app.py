@@ -14,7 +14,7 @@ from typing import Any
 from faststream.nats import NatsMessage
 from nats.js.errors import InvalidKeyError
 from oneplus_bus.archive import JobArchive
-from oneplus_bus.broker import takes_whole_message, whole_message
+from oneplus_bus.broker import whole_message_subscriber
 from oneplus_bus.service import OneplusService, OpsError
 from oneplus_bus.settings import BusSettings
 from oneplus_bus.tenancy import Caller, TenancyError, caller_of
@@ -174,13 +174,13 @@ def build_intake(
     """The intake service: its submission subscriber, ops endpoints and HTTP server, from settings (env if None)."""
     svc = OneplusService("intake", "Accepts jobs from the CLI, CI/CD CloudEvents, HTTP and MLflow webhooks", settings)
     it = IntakeService(svc, intake_settings)
-    svc.broker.subscriber(
+    whole_message_subscriber(
+        svc.broker,
         subjects.SUBMIT,
         queue="intake",
         title="job submissions (request/reply)",
         max_workers=SUBMIT_WORKERS,
-        decoder=whole_message,
-    )(takes_whole_message(it.on_submit))
+    )(it.on_submit)
     svc.on_start(it.start)
     svc.on_stop(it.stop)
     svc.ops("job-show", subjects.OPS_JOB_SHOW)(it.job_show)
