@@ -138,7 +138,7 @@ class Loop:
                 list(self.world.running.values()),
                 self.config,
                 self.usage,
-                nominations=self.decisions[-1].nominations if self.decisions else None,
+                carry=self.decisions[-1].carry if self.decisions else None,
             )
             self.decisions.append(d)
             for job_id, alloc in d.placements.items():

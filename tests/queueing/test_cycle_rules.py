@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import pytest
 from oneplus_contracts import Allocation, RankPlacement
-from oneplus_queueing.config import BackfillPolicy, JobSizePolicy, default_config, load_queue_config
+from oneplus_queueing.config import BackfillPolicy, JobSizePolicy, QueueConfig, default_config, load_queue_config
 from oneplus_queueing.cycle import schedule_cycle
 from oneplus_queueing.fairshare import UsageHistory
-from oneplus_queueing.model import PendingJob
+from oneplus_queueing.model import CycleCarry, PendingJob
 from pydantic import ValidationError
 from queueing_world import World, spec
 
@@ -20,10 +20,14 @@ queues:
 """
 
 
+def by_age(cfg: QueueConfig) -> QueueConfig:
+    """The config with the job-size factor off: these rules act on a head chosen by age, whatever the job sizes."""
+    return cfg.model_copy(update={"job_size": JobSizePolicy(weight=0)})
+
+
 def _cycle(w: World, pending: list[PendingJob], cfg=None, now: float = 100.0, **kw):  # type: ignore[no-untyped-def]
-    return schedule_cycle(
-        now, w.state, pending, list(w.running.values()), cfg or default_config(), kw.pop("usage", UsageHistory()), **kw
-    )
+    cfg = cfg or by_age(default_config())
+    return schedule_cycle(now, w.state, pending, list(w.running.values()), cfg, kw.pop("usage", UsageHistory()), **kw)
 
 
 def test_a_queue_borrows_up_to_its_limit_then_gets_quota_exceeded() -> None:
@@ -38,7 +42,7 @@ def test_a_queue_borrows_up_to_its_limit_then_gets_quota_exceeded() -> None:
 
 def test_an_organisation_limit_binds_its_teams_together() -> None:
     w = World(n_nodes=4, nodes_per_leaf=2)
-    cfg = load_queue_config(TEAMS)
+    cfg = by_age(load_queue_config(TEAMS))
     jobs = [
         PendingJob("b0", spec("b0", 8, ranks=2, queue="blue"), 0.0),
         PendingJob("r0", spec("r0", 2, queue="red"), 1.0),
@@ -119,7 +123,7 @@ def test_in_flight_victims_are_not_chosen_twice_and_their_gpus_stay_nominated() 
     # The victim is checkpointing (PREEMPTING) when the next cycle runs.
     w.finish("low")
     w.run("low", [(0, [0, 1, 2, 3])], started=0, preempting=True)
-    second = _cycle(w, [boss, small], now=101.0, nominations=first.nominations)
+    second = _cycle(w, [boss, small], now=101.0, carry=first.carry)
     assert second.preemptions == []
     assert second.reasons["boss"].code == "Preempting" and "waiting for low" in second.reasons["boss"].message
     assert "small" not in second.placements
@@ -127,7 +131,7 @@ def test_in_flight_victims_are_not_chosen_twice_and_their_gpus_stay_nominated() 
     third = _cycle(w, [boss, small], now=101.0)
     assert third.preemptions == [] and "small" not in third.placements
     w.finish("low")
-    fourth = _cycle(w, [boss, small], now=102.0, nominations=second.nominations)
+    fourth = _cycle(w, [boss, small], now=102.0, carry=second.carry)
     assert fourth.placements["boss"] == first.nominations["boss"]
 
 
@@ -135,7 +139,7 @@ def test_a_stale_nomination_is_dropped() -> None:
     w = World(n_nodes=1, nodes_per_leaf=1)
     w.run("squatter", [(0, [0, 1])], started=0, preemptible=False)
     stale = Allocation(ranks=[RankPlacement(rank=0, node="node-00", gpus=[0, 1, 2, 3])])
-    d = _cycle(w, [PendingJob("p", spec("p", 4), 0.0)], nominations={"p": stale})
+    d = _cycle(w, [PendingJob("p", spec("p", 4), 0.0)], carry=CycleCarry(nominations={"p": stale}))
     assert d.placements["p"].ranks[0].gpus != [0, 1, 2, 3]
 
 
@@ -176,7 +180,7 @@ def test_a_full_cluster_and_thousands_of_pending_jobs_cost_few_placements() -> N
 def test_backfill_examines_only_the_first_jobs_behind_the_head() -> None:
     w = World(n_nodes=1, nodes_per_leaf=1)
     w.run("hog", [(0, list(range(6)))], started=0, preemptible=False, time_limit_s=100)
-    cfg = load_queue_config("backfill: {scan_limit: 2}")
+    cfg = by_age(load_queue_config("backfill: {scan_limit: 2}"))
     jobs = [PendingJob("head", spec("head", 8), 0.0)]
     jobs += [PendingJob(f"s{i}", spec(f"s{i}", 4, time_limit_s=10), 1.0 + i) for i in range(5)]
     d = _cycle(w, jobs, cfg)
@@ -207,6 +211,8 @@ def test_favouring_small_requests_serves_fewer_gpu_hours_first_and_ageing_still_
     small = PendingJob("small", spec("small", 1, time_limit_s=3_600), 50.0)  # 1 GPU-hour
     fifo = _cycle(w, [big, small])
     assert fifo.order == ["big", "small"] and list(fifo.placements) == ["big"]
+    by_default = _cycle(w, [big, small], default_config())  # the default weighs sizes (2,000 a decade)
+    assert by_default.order == ["small", "big"] and list(by_default.placements) == ["small"]
     cfg = default_config().model_copy(update={"job_size": JobSizePolicy(weight=1000)})
     favour = _cycle(w, [big, small], cfg)
     assert favour.order == ["small", "big"] and list(favour.placements) == ["small"]
@@ -226,9 +232,32 @@ def test_a_blocked_job_is_protected_only_once_it_has_waited_min_age_reserve() ->
     slow = PendingJob("slow", spec("slow", 4, time_limit_s=5_000, preemptible=False), 1.0)
     d = _cycle(w, [head, slow])
     assert d.reservation is not None and d.reservation.job_id == "head" and "slow" not in d.placements
-    cfg = default_config().model_copy(update={"backfill": BackfillPolicy(min_age_reserve_s=600)})
+    cfg = by_age(default_config()).model_copy(update={"backfill": BackfillPolicy(min_age_reserve_s=600)})
     young = _cycle(w, [head, slow], cfg, now=100.0)
     assert young.reservation is None and list(young.placements) == ["slow"]
     assert young.reasons["head"].code == "Resources"
     old = _cycle(w, [head, slow], cfg, now=700.0)
     assert old.reservation is not None and old.reservation.job_id == "head" and "slow" not in old.placements
+
+
+def test_the_protected_job_stays_ahead_of_higher_scoring_newcomers_of_its_priority() -> None:
+    w = World(n_nodes=1, nodes_per_leaf=1)
+    w.run("busy", [(0, [0, 1, 2, 3])], started=0, time_limit_s=1_000, preemptible=False)
+    big = PendingJob("big", spec("big", 8, time_limit_s=3_600, preemptible=False), 0.0)  # 8 GPU-hours
+    first = _cycle(w, [big], default_config(), now=100.0)
+    assert first.reservation is not None and first.reservation.job_id == "big"
+    assert first.reservation.start_ts == 1_000.0 and first.carry.protected == "big"
+    # A newcomer asking fewer GPU-hours scores higher under the job-size factor (the default).
+    small = PendingJob("small", spec("small", 2, time_limit_s=3_600, preemptible=False), 101.0)
+    loose = _cycle(w, [big, small], default_config(), now=101.0)
+    assert loose.order == ["small", "big"] and "small" in loose.placements  # without the carry the promise slips
+    assert loose.reservation is not None and loose.reservation.start_ts is not None
+    assert loose.reservation.start_ts > 1_000.0
+    kept = _cycle(w, [big, small], default_config(), now=101.0, carry=first.carry)
+    assert kept.order == ["big", "small"] and kept.placements == {}
+    assert kept.reservation is not None and kept.reservation.job_id == "big" and kept.reservation.start_ts == 1_000.0
+    assert kept.reasons["small"].code == "Priority"
+    # A job of a higher priority still goes first: it could evict the protected job anyway.
+    urgent = PendingJob("urgent", spec("urgent", 2, priority=10, time_limit_s=3_600, preemptible=False), 101.0)
+    d = _cycle(w, [big, urgent], default_config(), now=101.0, carry=first.carry)
+    assert d.order == ["urgent", "big"] and "urgent" in d.placements

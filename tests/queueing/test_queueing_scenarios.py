@@ -82,7 +82,7 @@ def test_a_queues_guarantee_is_restored_by_reclaim_within_one_cycle() -> None:
     for v in victims:
         world.finish(v)
     running = list(world.running.values())
-    d2 = schedule_cycle(1001.0, world.state, pending, running, cfg, UsageHistory(), nominations=d.nominations)
+    d2 = schedule_cycle(1001.0, world.state, pending, running, cfg, UsageHistory(), carry=d.carry)
     assert set(d2.placements) == {"a0", "a1"}
     for c in d.preemptions:  # each preemptor lands on exactly the GPUs nominated for it
         assert d2.placements[c.preemptor] == c.nominated

@@ -6,6 +6,7 @@ import json
 from pathlib import Path
 
 import pytest
+from oneplus_queueing.config import default_config
 from typer.testing import CliRunner, Result
 
 from oneplus.cli.sim import app
@@ -86,7 +87,12 @@ def test_a_queue_config_file_is_merged_over_the_oneplus_policys_own_and_recorded
     res = run(cluster, philly_small, *base, "--json", str(tmp_path / "default.json"))
     assert res.exit_code == 0, res.output
     default = json.loads((tmp_path / "default.json").read_text())["oneplus_queue_config"]
-    assert default["job_size"]["weight"] == 2000 and set(default["priority_classes"]) == {"low", "normal", "high"}
+    assert set(default["priority_classes"]) == {"low", "normal", "high"}
+    # Everything but the trace's priority classes is the live solver's default queue config.
+    live = default_config().model_dump(mode="json")
+    assert {k: v for k, v in default.items() if k not in ("priority_classes", "default_priority_class")} == {
+        k: v for k, v in live.items() if k not in ("priority_classes", "default_priority_class")
+    }
 
     knobs = tmp_path / "knobs.yaml"
     knobs.write_text("job_size: {weight: 0}\nbackfill: {min_age_reserve_s: 3600}\n")

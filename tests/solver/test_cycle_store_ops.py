@@ -49,6 +49,10 @@ async def add_nodes(nc: Client, solver: Solver, n: int) -> None:
     for i in range(n):
         topo = load_preset("h100_sxm_8gpu_nvswitch_nv18", f"n{i}").model_copy(update={"leaf": "leaf-0"})
         await kv.put(f"n{i}", NodeRecord(topology=topo, last_heartbeat=time.time()).model_dump_json().encode())
+    await wait_for_nodes(solver, n)
+
+
+async def wait_for_nodes(solver: Solver, n: int) -> None:
     deadline = time.monotonic() + 10
     while len(solver.capacity.records) < n:  # the solver's topology watch delivers them
         assert time.monotonic() < deadline, "the solver never saw the nodes"

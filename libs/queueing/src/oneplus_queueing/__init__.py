@@ -15,6 +15,7 @@ from .config import (
 from .cycle import schedule_cycle
 from .fairshare import UsageHistory, fair_tree, fairshare_factors
 from .model import (
+    CycleCarry,
     CycleDecision,
     PendingJob,
     PendingReason,
@@ -29,6 +30,7 @@ from .victims import choose_victims
 __all__ = [
     "QUEUES_HEADER",
     "QUEUE_HEADER",
+    "CycleCarry",
     "CycleDecision",
     "PendingJob",
     "PendingReason",

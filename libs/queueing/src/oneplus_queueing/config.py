@@ -96,7 +96,7 @@ class JobSizePolicy(_Model):
     large request is delayed, never starved. A job without a time limit counts `no_limit_hours` per GPU.
     """
 
-    weight: Annotated[float, Field(ge=0)] = 0.0
+    weight: Annotated[float, Field(ge=0)] = 2000.0
     no_limit_hours: Annotated[float, Field(gt=0)] = Field(
         default=24.0 * 7, description="Hours assumed for a job that gives no time limit"
     )

@@ -30,8 +30,8 @@ from .config import QueueConfig
 from .dependencies import check_dependencies, singleton_key
 from .explain import classify_failure, fmt_ts, shape_key
 from .fairshare import UsageHistory, fairshare_factors
-from .model import CycleDecision, CycleStats, PendingJob, PendingReason, ReasonCode, Reservation, RunningJob
-from .ordering import RankedJob, rank_pending
+from .model import CycleCarry, CycleDecision, CycleStats, PendingJob, PendingReason, ReasonCode, Reservation, RunningJob
+from .ordering import RankedJob, keep_protected_first, rank_pending
 from .quota import QuotaLedger, held_by_queue
 from .victims import VictimPool, rate_budget, search_victims
 
@@ -44,14 +44,15 @@ def schedule_cycle(
     config: QueueConfig,
     usage: UsageHistory,
     seed: int = 0,
-    nominations: Mapping[str, Allocation] | None = None,
+    carry: CycleCarry | None = None,
     job_states: Mapping[str, str] | None = None,
 ) -> CycleDecision:
     """Decide this cycle's placements, pending reasons, protected reservation and preemption wishes.
 
     `cluster_state` must hold the allocation of every job in `running` (and nothing of `pending`); it is not changed.
-    `nominations` is the previous decision's `nominations`: a preemptor gets exactly the GPUs nominated for it once
-    its victims are gone, and until then nobody else gets the ones already free.
+    `carry` is the previous decision's `carry`: a preemptor gets exactly the GPUs nominated for it once its victims
+    are gone (until then nobody else gets the ones already free), and the job protected last cycle keeps its place
+    ahead of every job of its priority or lower until it starts.
     `job_states`: the states of the jobs that pending jobs' dependencies name (pending and running ones are known
     from the lists); a job id found nowhere is no job, and a dependency on it can never be satisfied.
     """
@@ -60,7 +61,9 @@ def schedule_cycle(
     decision = CycleDecision(now=now, stats=stats)
     factors = fairshare_factors(config, usage.usage_at(now))
     pending = _dependencies_met(pending, running, job_states or {}, decision)
+    carry = carry or CycleCarry()
     ranked, invalid = rank_pending(now, pending, config, factors)
+    ranked = keep_protected_first(ranked, carry.protected)
     decision.reasons.update(invalid)
     decision.order = [r.job_id for r in ranked]
     decision.scores = {r.job_id: r.score for r in ranked}
@@ -75,7 +78,7 @@ def schedule_cycle(
         decision=decision,
         busy={singleton_key(r.spec) for r in running},
     )
-    served = cycle.honour_nominations(ranked, nominations or {})
+    served = cycle.honour_nominations(ranked, carry.nominations)
     for position, job in enumerate(ranked):
         if job.job_id not in served:
             cycle.serve(job, position)

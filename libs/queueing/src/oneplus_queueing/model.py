@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Literal
 
@@ -135,6 +136,18 @@ class CycleStats:
     wall_s: float = 0.0
 
 
+@dataclass(frozen=True, slots=True)
+class CycleCarry:
+    """What one cycle hands the next: the GPUs nominated for preemptors, and the job whose block is protected.
+
+    Every driver (the solver, the simulator, the test harness) passes the previous decision's `carry` back in, so a
+    preemptor gets the GPUs its victims free and a protected job stays first among its priority's jobs until it runs.
+    """
+
+    nominations: Mapping[str, Allocation] = field(default_factory=dict)
+    protected: str | None = None
+
+
 @dataclass
 class CycleDecision:
     now: float
@@ -147,3 +160,7 @@ class CycleDecision:
     scores: dict[str, float] = field(default_factory=dict)
     unsatisfiable: dict[str, str] = field(default_factory=dict)  # job → why its dependencies never can be met
     stats: CycleStats = field(default_factory=CycleStats)
+
+    @property
+    def carry(self) -> CycleCarry:
+        return CycleCarry(dict(self.nominations), self.reservation.job_id if self.reservation is not None else None)

@@ -62,3 +62,22 @@ def rank_pending(
         ranked.append(RankedJob(job, prio, preemptible, job_score(now, job, prio, config, factors)))
     ranked.sort(key=lambda r: (-r.score, r.job.submitted_ts, r.job_id))
     return ranked, invalid
+
+
+def keep_protected_first(ranked: list[RankedJob], protected: str | None) -> list[RankedJob]:
+    """The job protected last cycle goes before every job of its priority or lower, whatever their scores now.
+
+    Without this a newcomer that scores higher (a small request under `job_size`) would be served before the
+    protected job and could take the GPUs of its block, so the promised start would slip at every arrival. A job of
+    a higher priority still goes first, as it may evict the protected one anyway.
+    """
+    if protected is None:
+        return ranked
+    at = next((i for i, r in enumerate(ranked) if r.job_id == protected), None)
+    if at is None:
+        return ranked
+    head = ranked[at]
+    for i in range(at):
+        if ranked[i].priority <= head.priority:
+            return [*ranked[:i], head, *ranked[i:at], *ranked[at + 1 :]]
+    return ranked

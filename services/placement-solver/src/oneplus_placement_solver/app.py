@@ -59,7 +59,7 @@ from oneplus_queueing.config import QueueConfig, QueueConfigError, default_confi
 from oneplus_queueing.cycle import schedule_cycle
 from oneplus_queueing.dependencies import referenced_jobs
 from oneplus_queueing.fairshare import UsageHistory
-from oneplus_queueing.model import CycleDecision, PendingJob, PendingReason, RunningJob, VictimChoice
+from oneplus_queueing.model import CycleCarry, CycleDecision, PendingJob, PendingReason, RunningJob, VictimChoice
 from oneplus_queueing.report import queue_rows, queues_rows, split_records
 from oneplus_queueing.shards import replica_for
 from oneplus_reservations import Conflict, ReservationStore
@@ -135,7 +135,7 @@ class Solver:
         self.config: QueueConfig = default_config()
         self.config_from_kv = False
         self.decision: CycleDecision | None = None
-        self.nominations: dict[str, Allocation] = {}
+        self.carry = CycleCarry()  # nominations and the protected job, from one cycle to the next
         # States of jobs that dependencies name and that have left the hot view (archived: they never change).
         self.archived_states: dict[str, str | None] = {}
         self.usage: UsageHistory | None = None
@@ -183,7 +183,7 @@ class Solver:
             self._store = ReservationStore.connect(svc.settings.redis, svc.settings.cluster)
         await self.store.load_scripts()
         self._memory = SolverMemory(svc.kv[subjects.SOLVER_STATE_KV])
-        self.nominations = await self.memory.load_nominations()
+        self.carry = await self.memory.load_carry()
         self._owner = JobOwner(
             svc.js,
             JobArchive(svc.js),
@@ -300,7 +300,7 @@ class Solver:
         self.leading = True
         self.metrics.leading.set(1)
         await self.owner.bootstrap()
-        self.nominations = await self.memory.load_nominations()
+        self.carry = await self.memory.load_carry()
         self.usage = None  # the stored history, carried on from the last owner
         await self.sync_store()
         await self.catch_up_audit()
@@ -738,16 +738,16 @@ class Solver:
             running,
             self.config,
             usage,
-            nominations=self.nominations,
+            carry=self.carry,
             job_states=job_states,
             # Replicas break ties among equally good nodes in different orders, so they collide less in Redis.
             seed=self.members.index(self.settings.replica) if len(self.members) > 1 else 0,
         )
         self.decision = decision
         self.metrics.pending_jobs(pending_recs.values(), decision)
-        self.nominations = dict(decision.nominations)
+        self.carry = decision.carry
         if self.leading:
-            await self.memory.save_nominations(decision.nominations)
+            await self.memory.save_carry(self.carry)
         placed: list[tuple[JobRecord, Allocation, int]] = []
         stale = False  # a commit was refused: the capacity model missed another replica's reservation
         for job_id, alloc in decision.placements.items():

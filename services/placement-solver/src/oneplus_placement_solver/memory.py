@@ -1,21 +1,22 @@
 """What the solver carries from cycle to cycle, kept in the `solver_state` KV bucket so a restart forgets nothing.
 
-Fair-share usage (decayed GPU-seconds per queue and the recent preemptions behind the rate limit) and the GPUs
-nominated for preemptors. Without them a restarted solver would treat every queue as unused and could hand a
-preemptor's nominated GPUs to someone else while its victims are still checkpointing.
+Fair-share usage (decayed GPU-seconds per queue and the recent preemptions behind the rate limit) and the cycle's
+carry: the GPUs nominated for preemptors and the protected job. Without them a restarted solver would treat every
+queue as unused, could hand a preemptor's nominated GPUs to someone else while its victims are still checkpointing,
+and could let newcomers ahead of the job whose block it had promised.
 """
 
 from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Mapping
 from typing import Any
 
 from nats.js.errors import KeyNotFoundError
 from nats.js.kv import KeyValue
 from oneplus_contracts import Allocation
 from oneplus_queueing.fairshare import UsageHistory
+from oneplus_queueing.model import CycleCarry
 from pydantic import BaseModel, ValidationError
 
 log = logging.getLogger("oneplus.solver")
@@ -31,15 +32,16 @@ class StoredUsage(BaseModel):
     history: dict[str, Any]
 
 
-class StoredNominations(BaseModel):
+class StoredCarry(BaseModel):
     nominations: dict[str, Allocation]
+    protected: str | None = None  # absent in what older solvers stored
 
 
 class SolverMemory:
     def __init__(self, kv: KeyValue) -> None:
         self.kv = kv
         self.saved_usage_at = -float("inf")
-        self.saved_nominations: dict[str, Allocation] | None = None
+        self.saved_carry: CycleCarry | None = None
 
     async def _read(self, key: str) -> bytes | None:
         try:
@@ -61,17 +63,17 @@ class SolverMemory:
             return None
         return usage if tuple(stored.queues) == queues else None
 
-    async def load_nominations(self) -> dict[str, Allocation]:
+    async def load_carry(self) -> CycleCarry:
         raw = await self._read(NOMINATIONS_KEY)
         if raw is None:
-            return {}
+            return CycleCarry()
         try:
-            noms = StoredNominations.model_validate_json(raw).nominations
+            stored = StoredCarry.model_validate_json(raw)
         except ValidationError as exc:
             log.warning("stored nominations are unreadable (%s); starting without", exc)
-            return {}
-        self.saved_nominations = dict(noms)
-        return dict(noms)
+            return CycleCarry()
+        self.saved_carry = CycleCarry(dict(stored.nominations), stored.protected)
+        return self.saved_carry
 
     async def save_usage(self, usage: UsageHistory, queues: tuple[str, ...], *, force: bool = False) -> None:
         now = time.monotonic()
@@ -81,9 +83,9 @@ class SolverMemory:
         await self.kv.put(USAGE_KEY, doc.model_dump_json().encode())
         self.saved_usage_at = now
 
-    async def save_nominations(self, nominations: Mapping[str, Allocation]) -> None:
-        if self.saved_nominations == dict(nominations):
-            return  # most cycles nominate nobody new: no write
-        doc = StoredNominations(nominations=dict(nominations))
+    async def save_carry(self, carry: CycleCarry) -> None:
+        if self.saved_carry == carry:
+            return  # most cycles nominate nobody new and keep the same protected job: no write
+        doc = StoredCarry(nominations=dict(carry.nominations), protected=carry.protected)
         await self.kv.put(NOMINATIONS_KEY, doc.model_dump_json().encode())
-        self.saved_nominations = dict(nominations)
+        self.saved_carry = carry

@@ -14,10 +14,16 @@ from typing import Any
 
 from oneplus_contracts import Allocation, CheckpointPolicy, JobSpec, RankResources, TopologyConstraint
 from oneplus_placement.snapshot import ClusterState
-from oneplus_queueing.config import JobSizePolicy, PriorityClass, QueueConfig, QueueConfigError, describe_validation
+from oneplus_queueing.config import (
+    PriorityClass,
+    QueueConfig,
+    QueueConfigError,
+    default_config,
+    describe_validation,
+)
 from oneplus_queueing.cycle import schedule_cycle
 from oneplus_queueing.fairshare import UsageHistory
-from oneplus_queueing.model import PendingJob, RunningJob
+from oneplus_queueing.model import CycleCarry, PendingJob, RunningJob
 from pydantic import ValidationError
 
 from ..engine import SimContext
@@ -33,23 +39,15 @@ _TOKEN_CPUS, _TOKEN_MEMORY_MB = 0.001, 1
 USAGE_CHARGE_EVERY_S = 3600.0  # fair-share usage is an exact integral, so charging hourly loses nothing
 
 
-# Small requests first: 10x the GPU-hours sorts as if it had waited two days less (ageing gives 1000 a day). On an
-# oversubscribed trace this cuts the mean JCT; ageing still bounds how long a large job waits (docs/simulator.md).
-SIM_JOB_SIZE_WEIGHT = 2000.0
-
-
 def sim_queue_config(overrides: Mapping[str, Any] | None = None) -> QueueConfig:
-    """One queue; the trace rule's priority classes, `high` not preemptible; small requests first; every other knob
-    at its default. `overrides` (the mapping form of a queue config) is merged on top, key by key; lists replace."""
+    """The live default queue config (`default_config()`), plus the trace rule's priority classes with `high` not
+    preemptible, since trace jobs name them. `overrides` (the mapping form of a queue config) is merged on top, key by
+    key; lists replace."""
     classes = {
         name: PriorityClass(value=value, preemptible=name != "high", description=f"trace rule class {name}")
         for name, value in PRIORITY_CLASSES.items()
     }
-    base = QueueConfig(
-        priority_classes=classes,
-        default_priority_class="normal",
-        job_size=JobSizePolicy(weight=SIM_JOB_SIZE_WEIGHT),
-    )
+    base = default_config().model_copy(update={"priority_classes": classes, "default_priority_class": "normal"})
     if not overrides:
         return base
     try:
@@ -116,7 +114,7 @@ class OnePlusPolicy:
         self._specs: dict[str, JobSpec] = {}
         self._pending: dict[str, PendingJob] = {}
         self._running: dict[str, RunningJob] = {}
-        self._nominations: dict[str, Allocation] = {}
+        self._carry = CycleCarry()
         self._checkpoints: list[tuple[float, str, float]] = []  # (when, job, run start) of the next checkpoint
         self._preemptions: dict[str, int] = {}
         self._charged = -math.inf
@@ -124,6 +122,11 @@ class OnePlusPolicy:
 
     def queue_key(self, job: SimJob) -> tuple[float, ...]:
         return (-job.priority, job.order)
+
+    @property
+    def carry(self) -> CycleCarry:
+        """What the last cycle handed the next: nominations and the protected job, as in the solver."""
+        return self._carry
 
     # ---- what the engine tells us ---------------------------------------------------------------------------
     def released(self, job: SimJob) -> None:
@@ -150,7 +153,7 @@ class OnePlusPolicy:
             self.config,
             self.usage,
             seed=self.seed,
-            nominations=self._nominations,
+            carry=self._carry,
         )
         for choice in decision.preemptions:
             for victim in choice.victims:
@@ -172,7 +175,7 @@ class OnePlusPolicy:
                 job_id, self._spec(job), alloc, now, None, self._preemptions.get(job_id, 0), False
             )
             self._schedule_checkpoint(ctx, job)
-        self._nominations = dict(decision.nominations)
+        self._carry = decision.carry
 
     # ---- conversions ----------------------------------------------------------------------------------------
     def _spec(self, job: SimJob) -> JobSpec:
