@@ -46,3 +46,22 @@ async def test_a_wildcard_id_names_no_job_and_never_matches_another(servers: Ser
                     await c.cancel(bad)
     finally:
         proc.stop()
+
+
+async def test_a_retry_before_the_owner_recorded_the_first_is_answered_duplicate(
+    servers: Servers, tmp_path: Path
+) -> None:
+    """The record is not there to find (no owner folds the acceptance); the facts stream's message id still knows."""
+    await fresh_bus(servers.nats_url)
+    proc = await IntakeProcess(servers.nats_url, tmp_path, env={"ONEPLUS_ACCEPT_WAIT_S": "0.2"}).start()
+    try:
+        async with OnePlusClient.connect(servers.nats_url) as c:
+            job = JobSpec(name="retried", resources={"gpus": 1})  # type: ignore[arg-type]
+            first = await c.submit(job, msg_id="retry-1")
+            again = await c.submit(job, msg_id="retry-1")
+            other = await c.submit(job, msg_id="retry-2")
+            assert first.ok and not first.duplicate
+            assert again.ok and again.duplicate and again.job_id == first.job_id
+            assert other.ok and not other.duplicate and other.job_id != first.job_id
+    finally:
+        proc.stop()

@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+from typing import NamedTuple
 
 from nats.aio.client import Client
 from nats.errors import TimeoutError as FetchTimeout
@@ -24,6 +25,13 @@ from .retry import until_answered
 from .telemetry import inject
 
 log = logging.getLogger("oneplus.ledger")
+
+
+class Reported(NamedTuple):
+    """What became of a reported fact: folded by the owner within the wait; already in the stream (a retry)."""
+
+    folded: bool
+    duplicate: bool
 
 
 class JobLedger:
@@ -54,13 +62,14 @@ class JobLedger:
             stream=subjects.JOBS_STREAM,
         )
 
-    async def report(self, event: JobEvent, traceparent: str | None = None, *, wait_s: float = 0.0) -> bool:
+    async def report(self, event: JobEvent, traceparent: str | None = None, *, wait_s: float = 0.0) -> Reported:
         """Report a fact about a job to its owner (the placement-solver), which folds it in order and publishes the
         job event, or refuses it. Every service but the owner changes job state this way.
 
         With `wait_s`, wait (no polling: a subscription on the job's event subject) up to that long for the owner to
-        publish the folded event, so that a read right after sees it; returns whether it did. The fact is stored
-        either way and folded when the owner gets to it."""
+        publish the folded event, so that a read right after sees it. The fact is stored either way and folded when
+        the owner gets to it. A fact whose event id the stream already holds (within its duplicate window) is not
+        stored again: `duplicate`, and nothing is waited for."""
         headers = {"Nats-Msg-Id": event.event_id}
         if traceparent:
             headers["traceparent"] = traceparent
@@ -70,20 +79,22 @@ class JobLedger:
         if wait_s > 0 and self.nc is not None:
             folded = await self.nc.subscribe(subjects.job_event(event.job_id, event.type), max_msgs=1)
         try:
-            await self.js.publish(
+            ack = await self.js.publish(
                 subjects.job_fact(event.job_id, event.type),
                 event.model_dump_json().encode(),
                 headers=headers,
                 stream=subjects.FACTS_STREAM,
             )
+            if ack.duplicate:
+                return Reported(folded=False, duplicate=True)
             if folded is None:
-                return False
+                return Reported(folded=False, duplicate=False)
             try:
                 await folded.next_msg(timeout=wait_s)
-                return True
+                return Reported(folded=True, duplicate=False)
             except (TimeoutError, FetchTimeout):
                 log.warning("%s of %s: not folded by the job owner within %.1f s", event.type, event.job_id, wait_s)
-                return False
+                return Reported(folded=False, duplicate=False)
         finally:
             if folded is not None:
                 with contextlib.suppress(Exception):

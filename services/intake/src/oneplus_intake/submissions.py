@@ -174,6 +174,8 @@ class Intake:
         except (Inadmissible, QueueConfigError, ValidationError) as exc:
             return await self.reject(job_id, str(exc), source, spec.team, CANNOT_RUN)
         event = JobAccepted(event_id=f"accepted-{job_id}", job_id=job_id, spec=spec, source=source, warnings=warnings)
-        await self.svc.ledger.report(event, traceparent=traceparent_of_current(), wait_s=self.accept_wait_s)
+        reported = await self.svc.ledger.report(event, traceparent=traceparent_of_current(), wait_s=self.accept_wait_s)
+        if reported.duplicate:  # a retry that came before the owner recorded the first: the stream's msg id caught it
+            return Outcome(SubmitReply(ok=True, job_id=job_id, duplicate=True, warnings=warnings), DUPLICATE)
         log.info("accepted %s (%s, team %s) from %s", job_id, spec.name, spec.team, source)
         return Outcome(SubmitReply(ok=True, job_id=job_id, warnings=warnings), ACCEPTED)
