@@ -10,7 +10,7 @@ from __future__ import annotations
 from oneplus_contracts import JobSpec, NodeTopology
 from oneplus_placement import ClusterSnapshot, place_gang
 from oneplus_placement.bandwidth import board_shortfall
-from placement_boards import DGX1, H100_QUAD, board, cluster_of, islands_topo
+from placement_boards import DGX1, H100_QUAD, HGX_H100, L40S, board, cluster_of, islands_topo
 
 
 def power9_quad(node: str = "p9") -> NodeTopology:
@@ -59,3 +59,27 @@ def test_once_the_fast_boards_are_taken_the_next_fastest_kind_is_chosen() -> Non
     assert third.allocation is not None
     assert {r.node for r in third.allocation.ranks} <= {"n000", "n001"}, "a DGX-1 quad beats the POWER9 pairs"
     assert third.allocation.ring_gbps > 13.8
+
+
+def generations(nic_gbps_per_gpu: float = 200) -> ClusterSnapshot:
+    """Two leaves of two nodes: 8×H100 SXM (NV18) on leaf0, 8×L40S (PCIe) on leaf1."""
+    boards = [board(HGX_H100), board(HGX_H100), board(L40S), board(L40S)]
+    return ClusterSnapshot.from_cluster(cluster_of(boards, nodes_per_leaf=2, nic_gbps_per_gpu=nic_gbps_per_gpu))
+
+
+def test_a_one_gpu_job_takes_the_weakest_board_and_leaves_the_nvlink_boards_to_gangs_that_ring() -> None:
+    snap = generations()
+    one = place_gang(snap, JobSpec(name="one", resources={"gpus": 1}))  # type: ignore[arg-type]
+    assert one.allocation is not None and {r.node for r in one.allocation.ranks} <= {"n002", "n003"}, "an L40S"
+    eight = place_gang(snap.with_allocation(one.allocation), JobSpec(name="eight", resources={"gpus": 8}))  # type: ignore[arg-type]
+    assert eight.allocation is not None and {r.node for r in eight.allocation.ranks} <= {"n000", "n001"}, "an H100"
+
+
+def test_a_gang_bounded_by_the_network_takes_the_weaker_leaf_unless_the_board_would_bound_it_instead() -> None:
+    two_nodes = JobSpec(name="sixteen", ranks=2, resources={"gpus": 8})  # type: ignore[arg-type]
+    # 200 Gb/s per GPU is 25 GB/s a hop: an L40S ring (about 14 GB/s) is within half of it, so the H100s stay free.
+    got = place_gang(generations(200), two_nodes)
+    assert got.allocation is not None and {r.node for r in got.allocation.ranks} == {"n002", "n003"}
+    # At 800 Gb/s (100 GB/s a hop) the L40S ring would halve the gang's bandwidth: the H100 leaf is chosen.
+    got = place_gang(generations(800), two_nodes)
+    assert got.allocation is not None and {r.node for r in got.allocation.ranks} == {"n000", "n001"}

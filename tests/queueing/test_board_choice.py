@@ -106,10 +106,14 @@ def test_the_weighing_is_the_simulators_slowdown() -> None:
     assert f"on n000 ({best:g} GB/s ring)" in why
 
 
-def test_the_waiting_is_off_by_default() -> None:
+def test_the_waiting_is_on_by_default_and_can_be_turned_off() -> None:
     w = mixed_world()
     w.run("busy", [(0, range(8))], started=NOW - 500, time_limit_s=800)
-    d = schedule_cycle(NOW, w.state, [four_gpus()], list(w.running.values()), default_config(), UsageHistory())
+    running = list(w.running.values())
+    d = schedule_cycle(NOW, w.state, [four_gpus()], running, default_config(), UsageHistory())
+    assert "train" not in d.placements and d.reasons["train"].message.startswith("waits for a faster board")
+    off = load_queue_config("boards: {wait_for_faster: false}\n")
+    d = schedule_cycle(NOW, w.state, [four_gpus()], running, off, UsageHistory())
     assert d.placements["train"].ranks[0].node == "n001"
 
 

@@ -93,15 +93,17 @@ def ideal_ring_gbps(where: Holdings | Layout | ClusterLike, total_gpus: int, gpu
 BOARD_PAR = 0.5
 
 
-def board_shortfall(layout: Layout, shape: NodeShape, size: int, group: int = 1) -> float:
+def board_shortfall(layout: Layout, shape: NodeShape, size: int, group: int = 1, cap_gbps: float = math.inf) -> float:
     """How far this board kind's best ring of `size` GPUs falls short of the best any board of the cluster gets.
 
     0 for a board at par (see BOARD_PAR), else 1 - ring/best in tenths, so boards of similar speed tie and best fit
     decides among them. Compared in GB/s across board kinds, not against an empty board of the same kind.
+    `cap_gbps`: what the rest of the ring allows (the network, for a gang that spans nodes), so a board faster than
+    the network is worth no more than one as fast as it.
     """
     if size < 2:
         return 0.0
-    key = ("board_shortfall", id(shape), size, group)
+    key = ("board_shortfall", id(shape), size, group, cap_gbps)
     got = layout.cache.get(key)
     if isinstance(got, float):
         return got
@@ -111,7 +113,7 @@ def board_shortfall(layout: Layout, shape: NodeShape, size: int, group: int = 1)
         if size > s.n:
             continue
         top = s.top(s.full, size, group)
-        ring = s.ring_gbps(top[0]) if top else 0.0
+        ring = min(s.ring_gbps(top[0]), cap_gbps) if top else 0.0
         best = max(best, ring)
         if s is shape:
             own = ring

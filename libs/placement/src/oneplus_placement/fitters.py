@@ -11,7 +11,7 @@ from abc import ABC, abstractmethod
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from .bandwidth import board_shortfall
+from .bandwidth import board_shortfall, fabric_gbps
 from .layout import Layout, NodeSlot
 from .request import GangRequest
 from .shape import NodeShape, bits
@@ -102,6 +102,10 @@ class Fitter(ABC):
     def fit_part(self, i: int, units: int) -> tuple[float, ...]:
         """How tightly `units` fill node `i`: smaller is a better (best-fit) choice."""
 
+    def board_key(self, i: int, units: int) -> tuple[float, ...]:
+        """Which board kind suits `units` of this gang on node `i`, smaller first; () where kinds do not matter."""
+        return ()
+
     def node_key(self, i: int, units: int) -> NodeKey:
         """Best fit first: the per-class fit, then the fullest leaf, then a seeded tie-break."""
         leaf = self.layout.slots[i].leaf
@@ -138,11 +142,23 @@ class WholeGpuFitter(Fitter):
     def class_key(self, i: int) -> tuple[object, ...]:
         return (id(self.layout.slots[i].shape), self.snap.free[i])
 
+    def board_key(self, i: int, units: int) -> tuple[float, ...]:
+        """A board kind as fast as the cluster's best for this gang first; among those, the kind least worth keeping
+        for the gangs that need a fast board (a one-GPU job, or a gang whose ring the network bounds, leaves the
+        NVLink boards to the gangs that ring inside one node)."""
+        layout, req = self.layout, self.req
+        shape, size = layout.slots[i].shape, units * req.unit_gpus
+        total = req.ranks * req.gpus_per_rank
+        # A gang that spans nodes rings over the network: a board faster than it buys nothing.
+        cap = fabric_gbps(layout, crosses_leaf=False) if size < total else math.inf
+        short = board_shortfall(layout, shape, size, req.group, cap) if total >= 2 else 0.0
+        return (short, -board_shortfall(layout, shape, shape.n))
+
     def fit_part(self, i: int, units: int) -> tuple[float, ...]:
-        """A board kind as fast as the cluster's best first, then the ideal ring for this board, then the fewest
-        free GPUs left on the node (best fit)."""
-        shape, size, group = self.layout.slots[i].shape, units * self.req.unit_gpus, self.req.group
-        return (board_shortfall(self.layout, shape, size, group), *shape.fit(self.snap.free[i], size, group))
+        """The board kind (`board_key`), then the ideal ring for this board, then the fewest free GPUs left on the
+        node (best fit)."""
+        shape, size = self.layout.slots[i].shape, units * self.req.unit_gpus
+        return (*self.board_key(i, units), *shape.fit(self.snap.free[i], size, self.req.group))
 
     def pick(self, i: int, units: int, rails: frozenset[int] | None) -> list[RankPick]:
         shape = self.layout.slots[i].shape

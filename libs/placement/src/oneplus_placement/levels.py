@@ -102,20 +102,25 @@ class DomainSearch:
         return out
 
     def _leaf_plans(self, need: int, limit: int | None) -> list[Plan | None]:
-        """Rank leaves by nodes needed and fill level from capacities alone; fill only the best `limit`."""
-        caps, layout, leaf_free, seed = self.caps, self.layout, self.fitter.leaf_free, self.fitter.seed
+        """Rank leaves by nodes needed, the board kinds they would use, and fill level, from capacities alone; fill
+        only the best `limit`."""
+        caps, layout, fitter = self.caps, self.layout, self.fitter
+        leaf_free, seed = fitter.leaf_free, fitter.seed
         ranked: list[tuple[tuple[float, ...], int]] = []
         for leaf, total in enumerate(self.leaf_caps):
             if total < need:
                 continue
-            node_caps = sorted((caps[i] for i in layout.leaf_nodes[leaf] if i in caps), reverse=True)
+            nodes = sorted((i for i in layout.leaf_nodes[leaf] if i in caps), key=lambda i: -caps[i])
             got = used = 0
-            for c in node_caps:
-                got += c
+            board: tuple[float, ...] = ()
+            for i in nodes:
+                units = min(caps[i], need - got)
+                board = max(board, fitter.board_key(i, units))  # the weakest board of the ring bounds it
+                got += units
                 used += 1
                 if got >= need:
                     break
-            ranked.append(((float(used), float(leaf_free[leaf]), float(tie_break(leaf, seed))), leaf))
+            ranked.append(((float(used), *board, float(leaf_free[leaf]), float(tie_break(leaf, seed))), leaf))
         best = heapq.nsmallest(limit, ranked) if limit is not None else sorted(ranked)
         return [self._leaf_plan(leaf, need) for _, leaf in best]
 
