@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 
 from oneplus_contracts import Allocation, CheckpointPolicy, JobSpec, RankPlacement, RankResources, TopologyConstraint
 from oneplus_placement.snapshot import ClusterState
+from oneplus_queueing.apply import apply_decision
 from oneplus_queueing.config import QueueConfig
 from oneplus_queueing.cycle import schedule_cycle
 from oneplus_queueing.fairshare import UsageHistory
@@ -82,12 +83,6 @@ class World:
         self.state.release(job.allocation)
         return job
 
-    def start(self, job: PendingJob, alloc: Allocation, now: float) -> RunningJob:
-        self.state.apply(alloc)
-        run = RunningJob(job.job_id, job.spec, alloc, now, None, job.preemptions)
-        self.running[job.job_id] = run
-        return run
-
     def free_gpus(self) -> set[tuple[str, int]]:
         out = set()
         for slot in self.state.slots:
@@ -141,19 +136,18 @@ class Loop:
                 carry=self.decisions[-1].carry if self.decisions else None,
             )
             self.decisions.append(d)
-            for job_id, alloc in d.placements.items():
-                self.world.start(self.pending.pop(job_id), alloc, self.now)
-                self.started_at[job_id] = self.now
-            if not d.preemptions:
+            applied = apply_decision(d, self.world.state, self.pending, self.world.running, self.usage)
+            for run in applied.started:
+                del self.pending[run.job_id]
+                self.started_at[run.job_id] = self.now
+            if not applied.evicted:
                 return d
-            for choice in d.preemptions:  # victims checkpoint at once (grace 0) and go back to the queue
-                for v in choice.victims:
-                    run = self.world.finish(v)
-                    self.usage.record_preemption(self.now, v, choice.preemptor, run.gpus)
-                    left = self.durations[v] - (self.now - run.started_ts)
-                    self.durations[v] = left
-                    self.started_at.pop(v, None)
-                    self.pending[v] = PendingJob(v, run.spec, run.started_ts, run.preemptions + 1, self.now)
+            for e in applied.evicted:  # victims checkpoint at once (grace 0) and go back to the queue
+                v, run = e.victim.job_id, e.victim
+                self.world.finish(v)
+                self.durations[v] -= self.now - run.started_ts
+                self.started_at.pop(v, None)
+                self.pending[v] = PendingJob(v, run.spec, run.started_ts, run.preemptions + 1, self.now)
 
     def run_until(self, end: float) -> None:
         while self.now <= end:

@@ -55,6 +55,7 @@ from oneplus_contracts.jobindex import HOLDING_STATES
 from oneplus_placement.live import LiveCapacity
 from oneplus_placement.reports import NodeReports
 from oneplus_placement.snapshot import ClusterState
+from oneplus_queueing.apply import evictions, record_evictions
 from oneplus_queueing.config import QueueConfig, QueueConfigError, default_config, load_queue_config
 from oneplus_queueing.cycle import schedule_cycle
 from oneplus_queueing.dependencies import referenced_jobs
@@ -790,8 +791,7 @@ class Solver:
             rec = pending_recs[choice.preemptor]
             with job_span(self.svc.tracer, "placement-solver preempt", rec.traceparent, {"oneplus.job_id": rec.job_id}):
                 await self.request_preemption(rec, choice)
-            for victim in choice.victims:
-                usage.record_preemption(now, victim, choice.preemptor, rec.spec.total_gpus)
+        record_evictions(usage, now, evictions(decision, {r.job_id: r for r in running}))
         if decision.preemptions and self.leading:
             await self.memory.save_usage(usage, self.usage_queues, force=True)  # the rate limit must survive a crash
         await self.end_unsatisfiable(decision)

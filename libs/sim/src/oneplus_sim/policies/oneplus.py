@@ -7,6 +7,7 @@ back: placements start, victims are preempted, nominations carry over to the nex
 
 from __future__ import annotations
 
+import dataclasses
 import heapq
 import math
 from collections.abc import Mapping
@@ -14,6 +15,7 @@ from typing import Any
 
 from oneplus_contracts import Allocation, CheckpointPolicy, JobSpec, RankResources, TopologyConstraint
 from oneplus_placement.snapshot import ClusterState
+from oneplus_queueing.apply import apply_decision
 from oneplus_queueing.config import (
     PriorityClass,
     QueueConfig,
@@ -155,25 +157,17 @@ class OnePlusPolicy:
             seed=self.seed,
             carry=self._carry,
         )
-        for choice in decision.preemptions:
-            for victim in choice.victims:
-                run = self._running.get(victim)
-                if run is None or run.preempting or victim not in ctx.running:
-                    continue
-                ctx.preempt(victim)
-                self._running[victim] = _replace(run, preempting=True)
-                self._preemptions[victim] = self._preemptions.get(victim, 0) + 1
-                self._pending.pop(victim, None)
-                self.usage.record_preemption(now, victim, choice.preemptor, run.gpus)
-        by_id = {j.job_id: j for j in ctx.pending} if decision.placements else {}
-        for job_id, alloc in decision.placements.items():
-            job = by_id[job_id]
-            ctx.start(job, self._placement(ctx, alloc))
-            self._state.apply(alloc)
-            self._pending.pop(job_id, None)
-            self._running[job_id] = RunningJob(
-                job_id, self._spec(job), alloc, now, None, self._preemptions.get(job_id, 0), False
-            )
+        applied = apply_decision(decision, self._state, self._pending, self._running, self.usage)
+        for e in applied.evicted:
+            victim = e.victim.job_id
+            ctx.preempt(victim)  # it holds its GPUs for the grace, then the engine releases it
+            self._preemptions[victim] = self._preemptions.get(victim, 0) + 1
+            self._pending.pop(victim, None)
+        by_id = {j.job_id: j for j in ctx.pending} if applied.started else {}
+        for run in applied.started:
+            job = by_id[run.job_id]
+            ctx.start(job, self._placement(ctx, run.allocation))
+            self._pending.pop(run.job_id, None)
             self._schedule_checkpoint(ctx, job)
         self._carry = decision.carry
 
@@ -217,24 +211,10 @@ class OnePlusPolicy:
             run, sim_run = self._running.get(job_id), ctx.running.get(job_id)
             if run is None or sim_run is None or sim_run.start_s != start or run.preempting:
                 continue  # the run it belonged to has ended
-            self._running[job_id] = _replace(run, checkpoint_ts=when)
+            self._running[job_id] = dataclasses.replace(run, checkpoint_ts=when)
             interval = sim_run.job.checkpoint_interval_s
             assert interval is not None
             progress = sim_run.done_at_start + (when - start) / sim_run.slowdown
             nxt = progress + interval
             if nxt < sim_run.job.duration_s:
                 heapq.heappush(self._checkpoints, (when + interval * sim_run.slowdown, job_id, start))
-
-
-def _replace(run: RunningJob, **kw: object) -> RunningJob:
-    fields = {
-        "job_id": run.job_id,
-        "spec": run.spec,
-        "allocation": run.allocation,
-        "started_ts": run.started_ts,
-        "checkpoint_ts": run.checkpoint_ts,
-        "preemptions": run.preemptions,
-        "preempting": run.preempting,
-    }
-    fields.update(kw)
-    return RunningJob(**fields)  # type: ignore[arg-type]

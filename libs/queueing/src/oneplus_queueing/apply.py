@@ -1,0 +1,73 @@
+"""Carrying out a cycle's decision: the same steps for the solver, the simulator and the test harness.
+
+The victims of each preemption choice that still hold GPUs and are not already leaving are evicted once each, and
+counted against the preemption rate limit by their own GPUs; placements start on the cluster state. The simulator
+and the test harness keep their world in memory and call `apply_decision`, then do what their world does with a
+start or an eviction. The solver commits placements through Redis first (a commit can be refused), so it takes the
+evictions alone from `evictions` and `record_evictions`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+
+from oneplus_placement.snapshot import ClusterState
+
+from .fairshare import UsageHistory
+from .model import CycleDecision, PendingJob, RunningJob
+
+
+@dataclass(frozen=True, slots=True)
+class Eviction:
+    victim: RunningJob  # as it ran before this decision
+    preemptor: str
+
+
+@dataclass(frozen=True, slots=True)
+class Applied:
+    started: list[RunningJob]
+    evicted: list[Eviction]
+
+
+def evictions(decision: CycleDecision, running: Mapping[str, RunningJob]) -> list[Eviction]:
+    """Each victim of the decision once, in decision order; one already leaving or no longer running is skipped."""
+    out: list[Eviction] = []
+    seen: set[str] = set()
+    for choice in decision.preemptions:
+        for job_id in choice.victims:
+            run = running.get(job_id)
+            if run is None or run.preempting or job_id in seen:
+                continue
+            seen.add(job_id)
+            out.append(Eviction(run, choice.preemptor))
+    return out
+
+
+def record_evictions(usage: UsageHistory, now: float, evicted: Iterable[Eviction]) -> None:
+    """The rate limit counts every eviction, with the victim's GPUs."""
+    for e in evicted:
+        usage.record_preemption(now, e.victim.job_id, e.preemptor, e.victim.gpus)
+
+
+def apply_decision(
+    decision: CycleDecision,
+    state: ClusterState,
+    pending: Mapping[str, PendingJob],
+    running: dict[str, RunningJob],
+    usage: UsageHistory,
+) -> Applied:
+    """Apply `decision` to a world kept in memory: victims marked preempting (they hold their GPUs until they have
+    checkpointed and the driver releases them) and counted; placements applied to `state` and running from now."""
+    evicted = evictions(decision, running)
+    for e in evicted:
+        running[e.victim.job_id] = dataclasses.replace(e.victim, preempting=True)
+    record_evictions(usage, decision.now, evicted)
+    started: list[RunningJob] = []
+    for job_id, alloc in decision.placements.items():
+        job = pending[job_id]
+        state.apply(alloc)
+        run = running[job_id] = RunningJob(job_id, job.spec, alloc, decision.now, None, job.preemptions)
+        started.append(run)
+    return Applied(started, evicted)
