@@ -83,3 +83,10 @@ def test_a_gang_bounded_by_the_network_takes_the_weaker_leaf_unless_the_board_wo
     # At 800 Gb/s (100 GB/s a hop) the L40S ring would halve the gang's bandwidth: the H100 leaf is chosen.
     got = place_gang(generations(800), two_nodes)
     assert got.allocation is not None and {r.node for r in got.allocation.ranks} == {"n000", "n001"}
+
+
+def test_without_keeping_strong_boards_a_one_gpu_job_is_placed_by_best_fit_alone() -> None:
+    snap = generations()
+    one = JobSpec(name="one", resources={"gpus": 1})  # type: ignore[arg-type]
+    got = place_gang(snap, one, keep_strong_boards=False)
+    assert got.allocation is not None and got.allocation.ranks[0].node == "n000", "every board ties: node order"

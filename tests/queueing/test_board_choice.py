@@ -136,3 +136,12 @@ def test_jobs_that_wait_for_the_same_board_count_each_others_claims() -> None:
     assert "finish in 1.1 h on n000" in d.reasons["t0"].message
     assert "finish in 1.1 h on n000" in d.reasons["t1"].message
     assert "finish in 2.1 h on n000" in d.reasons["t2"].message
+
+
+def test_the_queue_config_can_stop_one_gpu_jobs_from_taking_the_weakest_board() -> None:
+    one = PendingJob("one", JobSpec(name="one", resources=RankResources(gpus=1)), NOW - 5)
+    d = schedule_cycle(NOW, mixed_world().state, [one], [], default_config(), UsageHistory())
+    assert d.placements["one"].ranks[0].node == "n001", "by default the L40S board, keeping the H100 free"
+    off = load_queue_config("boards: {keep_strong_boards: false}\n")
+    d = schedule_cycle(NOW, mixed_world().state, [one], [], off, UsageHistory())
+    assert d.placements["one"].ranks[0].node == "n000", "best fit alone: the first node"

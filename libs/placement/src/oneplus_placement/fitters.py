@@ -152,7 +152,7 @@ class WholeGpuFitter(Fitter):
         # A gang that spans nodes rings over the network: a board faster than it buys nothing.
         cap = fabric_gbps(layout, crosses_leaf=False) if size < total else math.inf
         short = board_shortfall(layout, shape, size, req.group, cap) if total >= 2 else 0.0
-        return (short, -board_shortfall(layout, shape, shape.n))
+        return (short, -board_shortfall(layout, shape, shape.n) if req.keep_strong_boards else 0.0)
 
     def fit_part(self, i: int, units: int) -> tuple[float, ...]:
         """The board kind (`board_key`), then the ideal ring for this board, then the fewest free GPUs left on the

@@ -26,16 +26,21 @@ class PlacementResult:
         return self.allocation is not None
 
 
-def place_gang(snapshot: Holdings, spec: JobSpec, job_id: str = "", seed: int = 0) -> PlacementResult:
+def place_gang(
+    snapshot: Holdings, spec: JobSpec, job_id: str = "", seed: int = 0, *, keep_strong_boards: bool = True
+) -> PlacementResult:
     """Place every rank of `spec` or none; never changes `snapshot`.
 
-    `job_id` is the caller's name for the decision; the decision itself depends only on the snapshot, the spec
-    and `seed`.
+    `job_id` is the caller's name for the decision; the decision itself depends only on the snapshot, the spec,
+    `seed` and `keep_strong_boards` (False: a gang that gains nothing from a fast board is placed by best fit
+    alone, as every other gang among the board kinds at par for it).
     """
     try:
         req = GangRequest.of(spec)
     except InvalidRequest as exc:
         return PlacementResult(None, Explanation("request", "spec", spec.total_gpus, str(exc)))
+    if not keep_strong_boards:
+        req = replace(req, keep_strong_boards=False)
     return place_request(snapshot, req, seed=seed)
 
 

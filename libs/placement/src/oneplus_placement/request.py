@@ -35,6 +35,8 @@ class GangRequest:
     max_leaves: int | None
     exclusive: bool
     features: FeatureConstraint | None = None  # Slurm --constraint: the node features every node must satisfy
+    # A gang that gains nothing from a fast board (one GPU, or a ring the network bounds) takes the weakest kind.
+    keep_strong_boards: bool = True
 
     @classmethod
     def of(cls, spec: JobSpec) -> GangRequest:

@@ -34,6 +34,7 @@ class Capacity:
     state: ClusterState
     stats: CycleStats
     version: int = 0  # bumped on every change, so a failed trial can be remembered until something moves
+    keep_strong_boards: bool = True  # the queue config's boards.keep_strong_boards
 
     @property
     def layout(self) -> Layout:
@@ -41,7 +42,8 @@ class Capacity:
 
     def place(self, spec: JobSpec, job_id: str, seed: int) -> PlacementResult:
         self.stats.placement_calls += 1
-        return place_gang(self.state, spec, job_id=job_id, seed=seed)  # reads only: no snapshot copy needed
+        # Reads only: no snapshot copy needed.
+        return place_gang(self.state, spec, job_id=job_id, seed=seed, keep_strong_boards=self.keep_strong_boards)
 
     def static_reason(self, spec: JobSpec) -> Explanation | None:
         """Why no node of the cluster could ever host the job (its model, size or features), or None."""

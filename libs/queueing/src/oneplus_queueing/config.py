@@ -147,11 +147,18 @@ class BackfillPolicy(_Model):
 
 
 class BoardPolicy(_Model):
-    """A one-node gang offered only a weaker board (docs/queueing.md, "A weaker board now, or a strong one later")."""
+    """Mixed board kinds: a one-node gang offered only a weaker board (docs/queueing.md, "A weaker board now, or a
+    strong one later"), and which gangs leave the strong boards to others (docs/placement.md)."""
 
     wait_for_faster: bool = Field(
         default=True,  # on the mixed-cluster replay: 0.74x the best baseline's mean JCT, the lowest slowdown
         description="Wait for a strong board when it is expected to finish the job sooner than running slower now",
+    )
+    keep_strong_boards: bool = Field(
+        default=True,
+        description="A one-GPU job, or a gang whose ring the network bounds, takes the weakest board kind at par "
+        "for it, keeping the NVLink boards for gangs that ring inside one node; false: best fit alone. Turn it off "
+        "where boards differ in compute speed that the jobs need (the model counts communication only)",
     )
     comm_fraction: Annotated[float, Field(ge=0, le=1)] = Field(
         default=0.2,  # the middle of the simulator's range for one-node jobs, f ~ U(0.1, 0.3)

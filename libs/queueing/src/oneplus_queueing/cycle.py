@@ -69,7 +69,7 @@ def schedule_cycle(
     decision.scores = {r.job_id: r.score for r in ranked}
     cycle = _Cycle(
         now=now,
-        capacity=Capacity(working_copy(cluster_state), stats),
+        capacity=Capacity(working_copy(cluster_state), stats, keep_strong_boards=config.boards.keep_strong_boards),
         config=config,
         ledger=QuotaLedger(config, held_by_queue(running, config)),
         running=list(running),
