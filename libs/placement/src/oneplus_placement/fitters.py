@@ -12,6 +12,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from .bandwidth import board_shortfall, fabric_gbps
+from .fgd import FragMeter, WorkloadShape, after
 from .layout import Layout, NodeSlot
 from .request import GangRequest
 from .shape import NodeShape, bits
@@ -251,9 +252,108 @@ class ShareFitter(Fitter):
         return out
 
 
-def fitter_for(snap: Holdings, req: GangRequest, seed: int = 0) -> Fitter:
-    return ShareFitter(snap, req, seed) if req.shared else WholeGpuFitter(snap, req, seed)
-
-
 def rank_gpus(layout: Layout, picks: Sequence[RankPick]) -> list[list[int]]:
     return [ordered_gpus(layout.slots[p.node].shape, p.mask) for p in picks]
+
+
+def gpu_left(snap: Holdings, i: int) -> list[int]:
+    """Milli-GPUs left per GPU position of node `i`: a free GPU 1000, a shared one what its shares leave, else 0."""
+    shape = snap.layout.slots[i].shape
+    free, shared, blocked, shares = snap.free[i], snap.share_mask[i], snap.blocked[i], snap.shares[i]
+    out = []
+    for p in range(shape.n):
+        bit = 1 << p
+        if blocked & bit:
+            out.append(0)
+        elif free & bit:
+            out.append(FULL_SHARE)
+        elif shared & bit and shares is not None:
+            out.append(FULL_SHARE - shares[p])
+        else:
+            out.append(0)
+    return out
+
+
+class FgdState:
+    """Node `i` as the FGD meter sees it, and how much a placement there grows its fragmentation."""
+
+    def __init__(self, fitter: Fitter, meter: FragMeter, i: int) -> None:
+        slot = fitter.layout.slots[i]
+        self.meter = meter
+        self.model = slot.gpu_model
+        self.cpu_left = int((slot.cpus - fitter.snap.cpu_used[i]) * 1000)
+        self.left = gpu_left(fitter.snap, i)
+
+    def growth(self, left_after: Sequence[int], cpus: float) -> float:
+        before = self.meter.frag(self.model, self.cpu_left, tuple(sorted(self.left, reverse=True)))
+        now = self.meter.frag(self.model, self.cpu_left - int(cpus * 1000), tuple(sorted(left_after, reverse=True)))
+        return now - before
+
+
+class FgdWholeGpuFitter(WholeGpuFitter):
+    """FGD for whole GPUs: among the board kinds at par for the gang, the node whose expected fragmentation for the
+    workload mix grows least (Weng et al., ATC '23), then best fit."""
+
+    def __init__(self, snap: Holdings, req: GangRequest, seed: int, meter: FragMeter) -> None:
+        super().__init__(snap, req, seed)
+        self.meter = meter
+
+    def class_key(self, i: int) -> tuple[object, ...]:
+        snap = self.snap
+        return (*super().class_key(i), snap.shares[i], snap.blocked[i], snap.cpu_used[i])
+
+    def fit_part(self, i: int, units: int) -> tuple[float, ...]:
+        state = FgdState(self, self.meter, i)
+        n = units * self.req.unit_gpus
+        growth = state.growth(after(tuple(sorted(state.left, reverse=True)), WorkloadShape(0, FULL_SHARE, n))[0],
+                              units * self.req.unit_cpus)  # fmt: skip
+        shape = self.layout.slots[i].shape
+        return (*self.board_key(i, units), growth, *shape.fit(self.snap.free[i], n, self.req.group))
+
+
+class FgdShareFitter(ShareFitter):
+    """FGD for GPU shares: the node, and on it the GPU, where the expected fragmentation grows least."""
+
+    def __init__(self, snap: Holdings, req: GangRequest, seed: int, meter: FragMeter) -> None:
+        super().__init__(snap, req, seed)
+        self.meter = meter
+
+    def class_key(self, i: int) -> tuple[object, ...]:
+        return (*super().class_key(i), self.snap.cpu_used[i])
+
+    def _positions(self, i: int, units: int) -> tuple[list[int], float]:
+        """The GPU position of each of `units` shares, each where the growth is least then; and the total growth."""
+        state = FgdState(self, self.meter, i)
+        left, milli, cpus = list(state.left), self.req.milli, self.req.unit_cpus
+        chosen: list[int] = []
+        for _ in range(units):
+            best: tuple[float, int] | None = None
+            for p, x in enumerate(left):
+                if x < milli:
+                    continue
+                trial = list(left)
+                trial[p] -= milli
+                g = self.meter.frag(state.model, state.cpu_left - int(cpus * 1000 * (len(chosen) + 1)),
+                                    tuple(sorted(trial, reverse=True)))  # fmt: skip
+                if best is None or (g, p) < best:
+                    best = (g, p)
+            if best is None:
+                break
+            chosen.append(best[1])
+            left[best[1]] -= milli
+        return chosen, state.growth(left, cpus * len(chosen))
+
+    def fit_part(self, i: int, units: int) -> tuple[float, ...]:
+        _, growth = self._positions(i, units)
+        return (growth, *super().fit_part(i, units))
+
+    def pick(self, i: int, units: int, rails: frozenset[int] | None) -> list[RankPick]:
+        positions, _ = self._positions(i, units)
+        return [RankPick(i, 1 << p, self.req.milli) for p in positions]
+
+
+def fitter_for(snap: Holdings, req: GangRequest, seed: int = 0, fgd: FragMeter | None = None) -> Fitter:
+    """Best fit, or FGD for the workload mix `fgd` measures fragmentation by."""
+    if fgd is not None:
+        return FgdShareFitter(snap, req, seed, fgd) if req.shared else FgdWholeGpuFitter(snap, req, seed, fgd)
+    return ShareFitter(snap, req, seed) if req.shared else WholeGpuFitter(snap, req, seed)

@@ -8,6 +8,7 @@ from oneplus_contracts import Allocation, JobSpec, RankPlacement
 
 from .bandwidth import ideal_ring_gbps, ring_of_masks
 from .diagnosis import Explanation, diagnose, static_reason
+from .fgd import FragMeter
 from .fitters import Fitter, RankPick, fitter_for, ordered_gpus
 from .levels import DomainSearch, Plan
 from .request import GangRequest, InvalidRequest
@@ -27,13 +28,20 @@ class PlacementResult:
 
 
 def place_gang(
-    snapshot: Holdings, spec: JobSpec, job_id: str = "", seed: int = 0, *, keep_strong_boards: bool = True
+    snapshot: Holdings,
+    spec: JobSpec,
+    job_id: str = "",
+    seed: int = 0,
+    *,
+    keep_strong_boards: bool = True,
+    fgd: FragMeter | None = None,
 ) -> PlacementResult:
     """Place every rank of `spec` or none; never changes `snapshot`.
 
     `job_id` is the caller's name for the decision; the decision itself depends only on the snapshot, the spec,
     `seed` and `keep_strong_boards` (False: a gang that gains nothing from a fast board is placed by best fit
-    alone, as every other gang among the board kinds at par for it).
+    alone, as every other gang among the board kinds at par for it) and `fgd` (the FGD policy, measuring
+    fragmentation for that workload mix; None: best fit).
     """
     try:
         req = GangRequest.of(spec)
@@ -41,28 +49,30 @@ def place_gang(
         return PlacementResult(None, Explanation("request", "spec", spec.total_gpus, str(exc)))
     if not keep_strong_boards:
         req = replace(req, keep_strong_boards=False)
-    return place_request(snapshot, req, seed=seed)
+    return place_request(snapshot, req, seed=seed, fgd=fgd)
 
 
-def place_request(snapshot: Holdings, req: GangRequest, seed: int = 0, solver: str = "greedy") -> PlacementResult:
+def place_request(
+    snapshot: Holdings, req: GangRequest, seed: int = 0, solver: str = "greedy", fgd: FragMeter | None = None
+) -> PlacementResult:
     if req.features is not None and req.features.matching and len(req.features.any_of) > 1:
         # Slurm's matching OR [a|b]: every node of the gang has the same one; try each in turn.
         first: PlacementResult | None = None
         for alt in req.features.alternatives():
-            got = _place_one(snapshot, replace(req, features=alt), seed, solver)
+            got = _place_one(snapshot, replace(req, features=alt), seed, solver, fgd)
             if got.placed:
                 return got
             first = first or got
-        mixed = _place_one(snapshot, req, seed, solver)  # for the reason only: a mixed placement is not allowed
+        mixed = _place_one(snapshot, req, seed, solver, fgd)  # for the reason only: a mixed placement is not allowed
         return first if mixed.placed and first is not None else mixed
-    return _place_one(snapshot, req, seed, solver)
+    return _place_one(snapshot, req, seed, solver, fgd)
 
 
-def _place_one(snapshot: Holdings, req: GangRequest, seed: int, solver: str) -> PlacementResult:
+def _place_one(snapshot: Holdings, req: GangRequest, seed: int, solver: str, fgd: FragMeter | None) -> PlacementResult:
     static = static_reason(snapshot, req)
     if static is not None:
         return PlacementResult(None, static)
-    fitter = fitter_for(snapshot, req, seed)
+    fitter = fitter_for(snapshot, req, seed, fgd)
     search = DomainSearch(fitter, req)
     plan = search.best(req.levels())
     if plan is None:

@@ -55,9 +55,7 @@ class _Prefix:
     """A private copy of the state with the first `k` releases released; moves `k` with as few changes as possible."""
 
     def __init__(self, capacity: Capacity, releases: Sequence[Release]) -> None:
-        self.capacity = Capacity(
-            working_copy(capacity.state), capacity.stats, keep_strong_boards=capacity.keep_strong_boards
-        )
+        self.capacity = capacity.derived(working_copy(capacity.state))
         self.releases = releases
         self.k = 0
 

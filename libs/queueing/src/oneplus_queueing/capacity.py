@@ -5,12 +5,13 @@ Every call into `oneplus_placement` goes through here, so the policy modules spe
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 
 from oneplus_contracts import Allocation, Domain, JobSpec, RankPlacement
 from oneplus_placement.diagnosis import Explanation, static_reason
+from oneplus_placement.fgd import FULL_GPU, FragMeter, WorkloadShape, typical_shapes
 from oneplus_placement.greedy import PlacementResult, place_gang
 from oneplus_placement.request import GangRequest, InvalidRequest
 from oneplus_placement.snapshot import ClusterSnapshot, ClusterState, Layout
@@ -18,6 +19,18 @@ from oneplus_placement.snapshot import ClusterSnapshot, ClusterState, Layout
 from .model import CycleStats
 
 DomainKey = tuple[Domain, int]  # ("node", node index) / ("leaf", leaf index) / ("spine", …) / ("cluster", 0)
+
+
+def workload_meter(specs: Iterable[JobSpec]) -> FragMeter:
+    """FGD's workload mix from the jobs a cycle sees (pending and running): one rank's shape per job, the shapes
+    that cover 95% of them (the paper's typical pods). GPU models are not part of a shape here."""
+    shapes = []
+    for spec in specs:
+        res = spec.resources
+        whole = res.whole_gpus
+        milli = res.gpu_milli or (FULL_GPU if whole else 0)
+        shapes.append(WorkloadShape(int(res.cpus * 1000), milli, whole or (1 if milli else 0)))
+    return FragMeter(typical_shapes(shapes))
 
 
 def working_copy(state: ClusterState | ClusterSnapshot) -> ClusterState:
@@ -35,6 +48,8 @@ class Capacity:
     stats: CycleStats
     version: int = 0  # bumped on every change, so a failed trial can be remembered until something moves
     keep_strong_boards: bool = True  # the queue config's boards.keep_strong_boards
+    fgd: FragMeter | None = None  # the workload mix FGD measures fragmentation by
+    fgd_queues: frozenset[str] = frozenset()  # queues whose `placement` is `fgd`
 
     @property
     def layout(self) -> Layout:
@@ -42,8 +57,16 @@ class Capacity:
 
     def place(self, spec: JobSpec, job_id: str, seed: int) -> PlacementResult:
         self.stats.placement_calls += 1
+        fgd = self.fgd if spec.queue in self.fgd_queues else None
         # Reads only: no snapshot copy needed.
-        return place_gang(self.state, spec, job_id=job_id, seed=seed, keep_strong_boards=self.keep_strong_boards)
+        return place_gang(
+            self.state, spec, job_id=job_id, seed=seed, keep_strong_boards=self.keep_strong_boards, fgd=fgd
+        )
+
+    def derived(self, state: ClusterState) -> Capacity:
+        """Another working state placed by the same policies (backfill's and the victim search's trial states)."""
+        return Capacity(state, self.stats, keep_strong_boards=self.keep_strong_boards, fgd=self.fgd,
+                        fgd_queues=self.fgd_queues)  # fmt: skip
 
     def static_reason(self, spec: JobSpec) -> Explanation | None:
         """Why no node of the cluster could ever host the job (its model, size or features), or None."""

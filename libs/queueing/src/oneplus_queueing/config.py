@@ -11,7 +11,7 @@ import re
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from functools import cached_property
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal
 
 import yaml
 from oneplus_contracts import JobSpec
@@ -52,6 +52,11 @@ class QueueSpec(_Model):
     )
     weight: Annotated[float, Field(gt=0)] = 1.0
     description: str = ""
+    placement: Literal["best-fit", "fgd"] = Field(
+        default="best-fit",
+        description="How its jobs' GPUs are chosen: best fit, or FGD (the node and GPUs where the fragmentation "
+        "expected for the cycle's workload mix grows least; Weng et al., ATC '23)",
+    )
 
     @model_validator(mode="after")
     def _valid_name(self) -> QueueSpec:

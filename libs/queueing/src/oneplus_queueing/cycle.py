@@ -25,7 +25,7 @@ from oneplus_placement.snapshot import AllocationConflict, ClusterSnapshot, Clus
 
 from .backfill import may_use_block, reserve_block
 from .boards import BoardClaim, weigh_boards
-from .capacity import Capacity, whole_gpus, working_copy
+from .capacity import Capacity, whole_gpus, working_copy, workload_meter
 from .config import QueueConfig
 from .dependencies import check_dependencies, singleton_key
 from .explain import classify_failure, fmt_ts, shape_key
@@ -62,6 +62,7 @@ def schedule_cycle(
     factors = fairshare_factors(config, usage.usage_at(now))
     pending = _dependencies_met(pending, running, job_states or {}, decision)
     carry = carry or CycleCarry()
+    fgd_queues = frozenset(q.name for q in config.queues if q.placement == "fgd")
     ranked, invalid = rank_pending(now, pending, config, factors)
     ranked = keep_protected_first(ranked, carry.protected)
     decision.reasons.update(invalid)
@@ -69,7 +70,13 @@ def schedule_cycle(
     decision.scores = {r.job_id: r.score for r in ranked}
     cycle = _Cycle(
         now=now,
-        capacity=Capacity(working_copy(cluster_state), stats, keep_strong_boards=config.boards.keep_strong_boards),
+        capacity=Capacity(
+            working_copy(cluster_state),
+            stats,
+            keep_strong_boards=config.boards.keep_strong_boards,
+            fgd=workload_meter([*(p.spec for p in pending), *(r.spec for r in running)]) if fgd_queues else None,
+            fgd_queues=fgd_queues,
+        ),
         config=config,
         ledger=QuotaLedger(config, held_by_queue(running, config)),
         running=list(running),

@@ -24,6 +24,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from oneplus_placement.fgd import FragMeter, GpuState, accessible, after, hosts, typical_shapes
+
 MILLI = 1000
 MAX_SCORE = 100
 # BestFit's normalisers in the reference (open-gpu-share utils: MaxSpecCpu, MaxSpecGpu)
@@ -128,61 +130,12 @@ def load_pods(path: Path | str) -> list[Pod]:
 # ---- typical pods and the fragmentation measure -------------------------------------------------------------
 def typical_pods(pods: Sequence[Pod], popularity: float = 95.0) -> list[tuple[PodRes, float]]:
     """The most frequent pod shapes covering `popularity` % of pods, with renormalised frequencies."""
-    counts: dict[PodRes, int] = {}
-    for pod in pods:
-        counts[pod.res] = counts.get(pod.res, 0) + 1
-    total = sum(counts.values())
-    order = sorted(counts.items(), key=lambda kv: (kv[1], kv[0].cpu, kv[0].milli, kv[0].n_gpu, kv[0].models))
-    order.reverse()
-    chosen: list[tuple[PodRes, int]] = []
-    cum = 0
-    for res, n in order:
-        if cum >= popularity * total / 100:
-            break
-        chosen.append((res, n))
-        cum += n
-    return [(res, n / cum) for res, n in chosen]
+    return typical_shapes((pod.res for pod in pods), popularity)
 
 
-GpuState = tuple[int, ...]  # milli left per GPU, sorted descending
 # What a score depends on: GPU model, CPU and memory left, GPUs left, and (only for scorers that read them,
 # else empty) the GPU-affinity tags of the pods already on the node. Nodes with one key score the same.
 NodeKey = tuple[str, int, int, GpuState, frozenset[str]]
-
-
-class FragMeter:
-    """Expected GPU milli a node wastes for the typical pod mix (the reference's NodeGpuShareFragAmount)."""
-
-    def __init__(self, typical: Sequence[tuple[PodRes, float]]) -> None:
-        self.typical = list(typical)
-        self._cache: dict[tuple[str, int, GpuState], float] = {}
-
-    def frag(self, model: str, cpu_left: int, left: GpuState) -> float:
-        key = (model, cpu_left, left)
-        v = self._cache.get(key)
-        if v is None:
-            v = self._cache[key] = self._compute(model, cpu_left, left)
-        return v
-
-    def _compute(self, model: str, cpu_left: int, left: GpuState) -> float:
-        idle = sum(left)
-        out = 0.0
-        for pod, freq in self.typical:
-            if pod.milli and (not _accessible(model, pod.models) or not _hosts(left, pod)):
-                out += freq * idle
-            elif pod.milli and cpu_left >= pod.cpu:
-                out += freq * sum(x for x in left if x < pod.milli)  # Q3: only GPUs too small for it count
-            else:
-                out += freq * idle  # Q4, and CPU-only pods (XL and XR both count: as the reference)
-        return out
-
-
-def _accessible(model: str, wanted: str) -> bool:
-    return not wanted or (bool(model) and model in wanted.split("|"))
-
-
-def _hosts(left: Sequence[int], pod: PodRes) -> bool:
-    return sum(1 for x in left if x >= pod.milli) >= pod.n_gpu
 
 
 def _sigmoid(x: float) -> float:
@@ -215,28 +168,7 @@ def fits(state: NodeKey, pod: Pod) -> bool:
         return False
     if not res.milli:
         return True
-    return bool(left) and _accessible(model, res.models) and _hosts(left, res)
-
-
-def after(left: GpuState, res: PodRes) -> list[GpuState]:
-    """GPU states the pod can leave behind: one per distinct GPU for a share, one for whole GPUs."""
-    if not res.milli:
-        return [left]
-    if res.is_share:
-        outs = []
-        for x in sorted(set(left)):
-            if x >= res.milli:
-                lst = list(left)
-                lst[lst.index(x)] = x - res.milli
-                outs.append(tuple(sorted(lst, reverse=True)))
-        return outs
-    lst = list(left)
-    taken = 0
-    for i in range(len(lst) - 1, -1, -1):  # ascending: pack into the least sufficient (full) GPUs
-        if taken < res.n_gpu and lst[i] >= res.milli:
-            lst[i] -= res.milli
-            taken += 1
-    return [tuple(sorted(lst, reverse=True))]
+    return bool(left) and accessible(model, res.models) and hosts(left, res)
 
 
 ScoreFn = Callable[[NodeKey, PodRes], float]

@@ -1,0 +1,116 @@
+"""Fragmentation gradient descent (Weng et al., "Beware of Fragmentation", USENIX ATC '23): the measure.
+
+A node's fragmentation for a workload mix is the GPU capacity (milli-GPUs) the typical jobs of the mix could not
+use there, weighted by how common each is: all of its idle capacity for a job it cannot host (model, whole GPUs,
+CPU), else the GPUs too small for the job's share. FGD places a job where this grows least. The simulator's FGD
+protocol (`oneplus_sim.fgd`) and the live placement policy (`fitters.FgdWholeGpuFitter`) read the same meter.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from typing import Protocol, TypeVar
+
+MILLI = FULL_GPU = 1000
+
+GpuState = tuple[int, ...]  # milli-GPUs left per GPU, sorted descending
+
+
+class Shape(Protocol):
+    """What the meter reads of a job: CPU (milli-cores), GPU share per GPU (milli, 0: no GPU), GPUs, models."""
+
+    @property
+    def cpu(self) -> int: ...
+    @property
+    def milli(self) -> int: ...
+    @property
+    def n_gpu(self) -> int: ...
+    @property
+    def models(self) -> str: ...
+
+
+S = TypeVar("S", bound=Shape)
+
+
+@dataclass(frozen=True, slots=True)
+class WorkloadShape:
+    cpu: int
+    milli: int
+    n_gpu: int
+    models: str = ""  # "" = any GPU model, else "A|B"
+
+
+def typical_shapes(shapes: Iterable[S], popularity: float = 95.0) -> list[tuple[S, float]]:
+    """The most frequent shapes covering `popularity` % of the jobs, with renormalised frequencies (the paper's
+    "typical pods"); ties go to the larger CPU, share, GPU count and model names, as the reference sorts."""
+    counts: dict[S, int] = {}
+    for s in shapes:
+        counts[s] = counts.get(s, 0) + 1
+    total = sum(counts.values())
+    order = sorted(counts.items(), key=lambda kv: (kv[1], kv[0].cpu, kv[0].milli, kv[0].n_gpu, kv[0].models))
+    order.reverse()
+    chosen: list[tuple[S, int]] = []
+    cum = 0
+    for shape, n in order:
+        if cum >= popularity * total / 100:
+            break
+        chosen.append((shape, n))
+        cum += n
+    return [(shape, n / cum) for shape, n in chosen]
+
+
+def accessible(model: str, wanted: str) -> bool:
+    return not wanted or (bool(model) and model in wanted.split("|"))
+
+
+def hosts(left: Sequence[int], shape: Shape) -> bool:
+    return sum(1 for x in left if x >= shape.milli) >= shape.n_gpu
+
+
+class FragMeter:
+    """Expected milli-GPUs a node wastes for the typical mix (the reference's NodeGpuShareFragAmount)."""
+
+    def __init__(self, typical: Sequence[tuple[Shape, float]]) -> None:
+        self.typical = list(typical)
+        self._cache: dict[tuple[str, int, GpuState], float] = {}
+
+    def frag(self, model: str, cpu_left: int, left: GpuState) -> float:
+        key = (model, cpu_left, left)
+        v = self._cache.get(key)
+        if v is None:
+            v = self._cache[key] = self._compute(model, cpu_left, left)
+        return v
+
+    def _compute(self, model: str, cpu_left: int, left: GpuState) -> float:
+        idle = sum(left)
+        out = 0.0
+        for shape, freq in self.typical:
+            if shape.milli and (not accessible(model, shape.models) or not hosts(left, shape)):
+                out += freq * idle
+            elif shape.milli and cpu_left >= shape.cpu:
+                out += freq * sum(x for x in left if x < shape.milli)  # Q3: only GPUs too small for it count
+            else:
+                out += freq * idle  # Q4, and CPU-only jobs (XL and XR both count: as the reference)
+        return out
+
+
+def after(left: GpuState, shape: Shape) -> list[GpuState]:
+    """GPU states the job can leave behind: one per distinct GPU for a share, one for whole GPUs."""
+    if not shape.milli:
+        return [left]
+    if shape.n_gpu == 1 and shape.milli < MILLI:
+        outs = []
+        for x in sorted(set(left)):
+            if x >= shape.milli:
+                lst = list(left)
+                lst[lst.index(x)] = x - shape.milli
+                outs.append(tuple(sorted(lst, reverse=True)))
+        return outs
+    lst = list(left)
+    taken = 0
+    for i in range(len(lst) - 1, -1, -1):  # ascending: pack into the least sufficient (full) GPUs
+        if taken < shape.n_gpu and lst[i] >= shape.milli:
+            lst[i] -= shape.milli
+            taken += 1
+    return [tuple(sorted(lst, reverse=True))]
