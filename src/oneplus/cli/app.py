@@ -130,13 +130,22 @@ def queue(nats: NatsOpt = None, team: TeamOpt = None, as_json: JsonOpt = False) 
 
 @app.command()
 def queues(nats: NatsOpt = None, as_json: JsonOpt = False) -> None:
-    """Per queue: guarantee, borrow limit, GPUs used and borrowed, pending, fair-share factor."""
+    """Per queue: guarantee, borrow limit, GPUs used and borrowed, pending, fair-share factor, placement policy."""
     rows = call(nats, None, lambda c: c.ops(f"{subjects.PREFIX}.ops.queues.list", {}))
     if as_json:
         dump(rows)
         return
-    t = Columns("queues", ("QUEUE", "GUARANTEE", "LIMIT", "USED", "BORROWED", "PENDING", "FAIR-SHARE"))
-    cols = ("queue", "guarantee_gpus", "limit_gpus", "used_gpus", "borrowed_gpus", "pending_gpus", "fairshare")
+    t = Columns("queues", ("QUEUE", "GUARANTEE", "LIMIT", "USED", "BORROWED", "PENDING", "FAIR-SHARE", "PLACEMENT"))
+    cols = (
+        "queue",
+        "guarantee_gpus",
+        "limit_gpus",
+        "used_gpus",
+        "borrowed_gpus",
+        "pending_gpus",
+        "fairshare",
+        "placement",
+    )
     for r in rows:
         name = "  " * int(r.get("depth", 0)) + str(r["queue"])
         t.add_row(name, *(_fmt(r.get(c)) for c in cols[1:]))

@@ -19,7 +19,7 @@ from .model import PendingJob, PendingReason, RunningJob
 from .quota import held_by_queue
 
 QUEUE_HEADER = ("JOBID", "QUEUE", "NAME", "USER", "ST", "TIME", "GPUS", "NODELIST(REASON)")
-QUEUES_HEADER = ("QUEUE", "GUARANTEE", "LIMIT", "USED", "BORROWED", "PENDING", "FAIRSHARE", "WEIGHT")
+QUEUES_HEADER = ("QUEUE", "GUARANTEE", "LIMIT", "USED", "BORROWED", "PENDING", "FAIRSHARE", "WEIGHT", "PLACEMENT")
 
 
 def split_records(records: Sequence[JobRecord]) -> tuple[list[PendingJob], list[RunningJob]]:
@@ -131,6 +131,7 @@ class QueuesRow:
     level_fs: float  # its share over its usage among its siblings; inf when it used nothing
     usage_gpu_hours: float  # decayed
     weight: float
+    placement: str = "best-fit"  # the queue's placement policy: best-fit or fgd
 
     def cells(self) -> tuple[str, ...]:
         return (
@@ -142,6 +143,7 @@ class QueuesRow:
             f"{self.pending_jobs} ({self.pending_gpus:g} GPUs)",
             "-" if self.fairshare is None else f"{self.fairshare:.3f}",
             f"{self.weight:g}",
+            self.placement,
         )
 
     def to_dict(self) -> dict[str, object]:
@@ -196,6 +198,7 @@ def queues_rows(
                     level_fs=fair[name].level_fs,
                     usage_gpu_hours=tree_usage[name] / 3600.0,
                     weight=spec.weight,
+                    placement=spec.placement,
                 )
             )
             visit(name, depth + 1)
