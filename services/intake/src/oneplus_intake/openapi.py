@@ -93,6 +93,7 @@ class QueueUse(Answer):
     level_fs: float | None = Field(description="Its share over its usage among its siblings; null when it used none")
     usage_gpu_hours: float
     weight: float
+    placement: str = Field(description="The queue's placement policy: best-fit or fgd")
 
 
 class Queues(RootModel[list[QueueUse]]):
