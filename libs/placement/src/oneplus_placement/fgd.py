@@ -12,7 +12,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Protocol, TypeVar
 
-MILLI = FULL_GPU = 1000
+from .snapshot import FULL_SHARE as MILLI  # a whole GPU, in milli-GPUs
 
 GpuState = tuple[int, ...]  # milli-GPUs left per GPU, sorted descending
 

@@ -11,11 +11,12 @@ from dataclasses import dataclass
 
 from oneplus_contracts import Allocation, Domain, JobSpec, RankPlacement
 from oneplus_placement.diagnosis import Explanation, static_reason
-from oneplus_placement.fgd import FULL_GPU, FragMeter, WorkloadShape, typical_shapes
+from oneplus_placement.fgd import FragMeter, WorkloadShape, typical_shapes
 from oneplus_placement.greedy import PlacementResult, place_gang
 from oneplus_placement.request import GangRequest, InvalidRequest
-from oneplus_placement.snapshot import ClusterSnapshot, ClusterState, Layout
+from oneplus_placement.snapshot import FULL_SHARE, ClusterSnapshot, ClusterState, Layout
 
+from .config import QueueConfig
 from .model import CycleStats
 
 DomainKey = tuple[Domain, int]  # ("node", node index) / ("leaf", leaf index) / ("spine", …) / ("cluster", 0)
@@ -28,7 +29,7 @@ def workload_meter(specs: Iterable[JobSpec]) -> FragMeter:
     for spec in specs:
         res = spec.resources
         whole = res.whole_gpus
-        milli = res.gpu_milli or (FULL_GPU if whole else 0)
+        milli = res.gpu_milli or (FULL_SHARE if whole else 0)
         shapes.append(WorkloadShape(int(res.cpus * 1000), milli, whole or (1 if milli else 0)))
     return FragMeter(typical_shapes(shapes))
 
@@ -61,6 +62,21 @@ class Capacity:
         # Reads only: no snapshot copy needed.
         return place_gang(
             self.state, spec, job_id=job_id, seed=seed, keep_strong_boards=self.keep_strong_boards, fgd=fgd
+        )
+
+    @classmethod
+    def for_config(
+        cls, state: ClusterState, stats: CycleStats, config: QueueConfig, jobs: Iterable[JobSpec]
+    ) -> Capacity:
+        """A working state placed as `config` says: board rules, and FGD for its `fgd` queues, measured on the mix
+        of `jobs` (the ones the cycle sees)."""
+        fgd_queues = frozenset(q.name for q in config.queues if q.placement == "fgd")
+        return cls(
+            state,
+            stats,
+            keep_strong_boards=config.boards.keep_strong_boards,
+            fgd=workload_meter(jobs) if fgd_queues else None,
+            fgd_queues=fgd_queues,
         )
 
     def derived(self, state: ClusterState) -> Capacity:

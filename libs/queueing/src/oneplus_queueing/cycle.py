@@ -25,7 +25,7 @@ from oneplus_placement.snapshot import AllocationConflict, ClusterSnapshot, Clus
 
 from .backfill import may_use_block, reserve_block
 from .boards import BoardClaim, weigh_boards
-from .capacity import Capacity, whole_gpus, working_copy, workload_meter
+from .capacity import Capacity, whole_gpus, working_copy
 from .config import QueueConfig
 from .dependencies import check_dependencies, singleton_key
 from .explain import classify_failure, fmt_ts, shape_key
@@ -62,7 +62,6 @@ def schedule_cycle(
     factors = fairshare_factors(config, usage.usage_at(now))
     pending = _dependencies_met(pending, running, job_states or {}, decision)
     carry = carry or CycleCarry()
-    fgd_queues = frozenset(q.name for q in config.queues if q.placement == "fgd")
     ranked, invalid = rank_pending(now, pending, config, factors)
     ranked = keep_protected_first(ranked, carry.protected)
     decision.reasons.update(invalid)
@@ -70,12 +69,8 @@ def schedule_cycle(
     decision.scores = {r.job_id: r.score for r in ranked}
     cycle = _Cycle(
         now=now,
-        capacity=Capacity(
-            working_copy(cluster_state),
-            stats,
-            keep_strong_boards=config.boards.keep_strong_boards,
-            fgd=workload_meter([*(p.spec for p in pending), *(r.spec for r in running)]) if fgd_queues else None,
-            fgd_queues=fgd_queues,
+        capacity=Capacity.for_config(
+            working_copy(cluster_state), stats, config, [*(p.spec for p in pending), *(r.spec for r in running)]
         ),
         config=config,
         ledger=QuotaLedger(config, held_by_queue(running, config)),

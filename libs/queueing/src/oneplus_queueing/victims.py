@@ -138,7 +138,8 @@ def choose_victims(
     ranked = RankedJob(preemptor, config.priority_of(preemptor.spec), config.preemptible(preemptor.spec), 0.0)
     if not config.preemption.enabled or now - preemptor.submitted_ts < config.preemption.preemption_delay_s:
         return None
-    capacity = Capacity(working_copy(state), CycleStats(), keep_strong_boards=config.boards.keep_strong_boards)
+    jobs = [preemptor.spec, *(r.spec for r in running)]
+    capacity = Capacity.for_config(working_copy(state), CycleStats(), config, jobs)
     ledger = QuotaLedger(config, held_by_queue(running, config))
     return search_victims(
         now,

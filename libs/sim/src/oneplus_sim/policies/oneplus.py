@@ -2,7 +2,7 @@
 
 The adapter keeps placement's mutable `ClusterState` in step with the simulator (apply on start, release when a job
 ends or a preempted job has checkpointed), turns trace jobs into `JobSpec`s once, and feeds each cycle's decision
-back: placements start, victims are preempted, nominations carry over to the next cycle as in the service.
+back: placements start, victims are preempted, the decision's carry goes into the next cycle as in the service.
 """
 
 from __future__ import annotations
