@@ -27,7 +27,7 @@ async def test_a_failed_reaction_does_not_skip_the_cancel_after_it_in_the_batch(
         async def store_down(_rec: object) -> None:
             raise RedisConnectionError("Error 111 connecting to 127.0.0.1:6379. Connect call failed")
 
-        monkeypatch.setattr(solver, "settle", store_down)
+        monkeypatch.setattr(solver, "settle_many", store_down)
         # One batch, as the owner drains facts: the rank's end first (its settle fails), then the cancel.
         await solver.owner.commit(
             JobNodeFinished(

@@ -27,6 +27,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from nats.errors import Error as NatsError
+from nats.js.api import PubAck
 from oneplus_bus.acks import wait_acks
 from oneplus_bus.archive import JobArchive
 from oneplus_bus.audit import ReservationAuditLog, last_audit_ts
@@ -73,6 +74,7 @@ from .memory import SolverMemory
 from .metrics import SolverMetrics
 from .outcome import INFRA_RETRIES, NODE_LOST, attempt_outcome
 from .owner import Applied, JobOwner, NotOwner
+from .pacing import cycle_rest
 
 log = logging.getLogger("oneplus.solver")
 
@@ -99,6 +101,9 @@ class SolverSettings:
     replica: str = field(default_factory=socket.gethostname)
     lease_ttl_s: float = 10.0  # a dead owner's lease is taken over this long after its last renewal
     beat_s: float = 1.0  # lease renewal and liveness beat
+    # The share of the solver's time that back-to-back cycles may take (Slurm's sched_min_interval, made relative):
+    # under a burst the owner still folds the facts that free capacity, and each cycle places what piled up.
+    schedule_duty: float = 0.5
 
     @classmethod
     def from_env(cls) -> SolverSettings:
@@ -111,9 +116,17 @@ class SolverSettings:
         ttl = float(os.environ.get("ONEPLUS_SOLVER_LEASE_S", "10"))
         if not 2.0 <= ttl <= 300.0:
             raise ValueError(f"ONEPLUS_SOLVER_LEASE_S={ttl}: between 2 and 300 seconds")
+        raw_duty = os.environ.get("ONEPLUS_SCHEDULE_DUTY", "0.5")
+        try:
+            duty = float(raw_duty)
+        except ValueError:
+            duty = -1.0
+        if not 0.05 <= duty <= 1.0:
+            raise ValueError(f"ONEPLUS_SCHEDULE_DUTY={raw_duty!r}: a share of the solver's time, between 0.05 and 1")
         return cls(
             replica=replica,
             lease_ttl_s=ttl,
+            schedule_duty=duty,
             infra_retries=int(retries),
             min_job_age_s=float(os.environ.get("ONEPLUS_MIN_JOB_AGE_S", "300")),
             nic_gbps_per_gpu=float(os.environ.get("ONEPLUS_NIC_GBPS_PER_GPU", "400")),
@@ -521,77 +534,102 @@ class Solver:
 
     # -- reactions to committed events -----------------------------------------------------------------------------
     async def react(self, applied: Sequence[Applied]) -> None:
+        """React to a commit's events, a kind at a time so that round trips overlap: every launch of the batch is
+        sent before any acknowledgement is awaited, and every attempt that ended is recorded in one commit."""
+        launches: dict[str, JobRecord] = {}
+        cancels: list[JobRecord] = []
+        ended: dict[str, JobRecord] = {}
         for a in applied:
+            match a.event.type:
+                case "accepted" | "requeued" | "finished":
+                    self.wake.set()
+                case "placed":
+                    # Every placement is launched from its record: this replica's own and those others report.
+                    rec = a.record
+                    if rec.allocation is not None and rec.token is not None:
+                        self.capacity.ensure_held(rec.job_id, rec.token, rec.allocation)
+                        launches[rec.job_id] = rec
+                case "node_finished":
+                    ev = a.event
+                    assert isinstance(ev, JobNodeFinished)
+                    self.reports.rank_ended(ev.job_id, ev.token, ev.node, time.time())
+                    ended[ev.job_id] = a.record  # the latest: several nodes of one gang may end in one batch
+                case "cancel_requested":
+                    cancels.append(a.record)
+        # One failed reaction (the store down during a settle, say) must not skip the others: reconcile comes back
+        # for what it left undone.
+        try:
+            await wait_acks([f for rec in launches.values() for f in await self.launch_futures(rec)])
+        except Exception:
+            log.exception("launching %d placed gang(s) failed; reconcile resends them", len(launches))
+        for rec in cancels:
             try:
-                await self.react_one(a)
+                await self.cancel(rec)
             except Exception:
-                # One failed reaction (the store down during a settle, say) must not skip the others in the batch;
-                # reconcile comes back for what it left undone.
-                log.exception("reaction to %s of %s failed; reconcile retries it", a.event.type, a.event.job_id)
-
-    async def react_one(self, a: Applied) -> None:
-        match a.event.type:
-            case "accepted" | "requeued":
-                self.wake.set()
-            case "placed":
-                # Every placement is launched from its record: this replica's own and those other replicas report.
-                rec = a.record
-                if rec.allocation is not None and rec.token is not None:
-                    self.capacity.ensure_held(rec.job_id, rec.token, rec.allocation)
-                    await self.send_launches(rec, rec.allocation, rec.token)
-            case "node_finished":
-                ev = a.event
-                assert isinstance(ev, JobNodeFinished)
-                self.reports.rank_ended(ev.job_id, ev.token, ev.node, time.time())
-                await self.settle(a.record)
-            case "cancel_requested":
-                await self.cancel(a.record)
-            case "finished":
-                self.wake.set()
+                log.exception("reaction to the cancel of %s failed; reconcile retries it", rec.job_id)
+        try:
+            await self.settle_many(list(ended.values()))
+        except Exception:
+            log.exception("settling %d gang(s) failed; reconcile retries it", len(ended))
 
     async def settle(self, rec: JobRecord) -> None:
         """Decide what the nodes' reports mean for the attempt: finish it, requeue it, or stop its other nodes."""
-        if rec.terminal or rec.token is None:
-            return
-        first = attempt_outcome(rec, self.settings.infra_retries)
-        if first.action == "stop_others":
-            for node in first.stop_nodes:
-                await self.send_cancel(rec, node, first.reason)
-            return
-        if first.action == "wait":
+        await self.settle_many([rec])
+
+    async def settle_many(self, recs: Sequence[JobRecord]) -> None:
+        """`settle` for several attempts: the ended ones are recorded in one commit and released side by side."""
+        due: list[JobRecord] = []
+        for rec in recs:
+            if rec.terminal or rec.token is None:
+                continue
+            first = attempt_outcome(rec, self.settings.infra_retries)
+            if first.action == "stop_others":
+                for node in first.stop_nodes:
+                    await self.send_cancel(rec, node, first.reason)
+            elif first.action != "wait":
+                due.append(rec)
+        if not due:
             return
         # Record first: a crash before the release leaves a reservation of an ended job, which reconcile frees.
         # No cycle in between: it would see GPUs held by a job that holds none (and call a nomination stale).
         async with self.transition:
-            # The record as it is now: two callers (a report, reconcile) may have come for the same attempt.
-            current = self.owner.index.get(rec.job_id)
-            if current is None or current.terminal or current.token != rec.token:
+            events: list[JobEvent] = []
+            releases: list[tuple[str, int, str]] = []
+            for rec in due:
+                # The record as it is now: two callers (a report, reconcile) may have come for the same attempt.
+                current = self.owner.index.get(rec.job_id)
+                if current is None or current.terminal or current.token != rec.token or rec.token is None:
+                    continue
+                out = attempt_outcome(current, self.settings.infra_retries)
+                job_id, token = current.job_id, rec.token
+                if out.action == "finish" and out.state is not None:
+                    events.append(
+                        JobFinished(
+                            event_id=f"finished-{job_id}-{token}",
+                            job_id=job_id,
+                            state=out.state,
+                            reason=out.reason,
+                            token=token,
+                            exit_code=out.exit_code,
+                        )
+                    )
+                    releases.append((job_id, token, out.reason))
+                elif out.action == "requeue":
+                    infra = current.state not in ("PREEMPTING", "CHECKPOINTED")
+                    events.append(
+                        JobRequeued(
+                            event_id=f"requeued-{job_id}-{token}",
+                            job_id=job_id,
+                            reason=out.reason,
+                            checkpoint_ts=current.checkpoint_ts,
+                            fault="infrastructure" if infra else None,
+                        )
+                    )
+                    releases.append((job_id, token, "requeued"))
+            if not events:
                 return
-            out = attempt_outcome(current, self.settings.infra_retries)
-            job_id, token = current.job_id, rec.token
-            event: JobEvent
-            if out.action == "finish" and out.state is not None:
-                event = JobFinished(
-                    event_id=f"finished-{job_id}-{token}",
-                    job_id=job_id,
-                    state=out.state,
-                    reason=out.reason,
-                    token=token,
-                    exit_code=out.exit_code,
-                )
-            elif out.action == "requeue":
-                infra = current.state not in ("PREEMPTING", "CHECKPOINTED")
-                event = JobRequeued(
-                    event_id=f"requeued-{job_id}-{token}",
-                    job_id=job_id,
-                    reason=out.reason,
-                    checkpoint_ts=current.checkpoint_ts,
-                    fault="infrastructure" if infra else None,
-                )
-            else:
-                return
-            await self.owner.commit(event)
-            await self.release(job_id, token, out.reason if event.type == "finished" else "requeued")
+            await self.owner.commit(*events)
+            await asyncio.gather(*(self.release(job_id, token, why) for job_id, token, why in releases))
 
     async def release(self, job_id: str, token: int | None, reason: str) -> None:
         try:
@@ -657,6 +695,21 @@ class Solver:
         """The launch commands of an attempt (of `nodes` only, when given). Each has a fixed id, so JetStream drops a
         command sent again within its duplicate window: resending after a crash reaches only the nodes that missed
         it."""
+        await wait_acks(await self.launch_futures(rec, alloc, token, nodes))
+
+    async def launch_futures(
+        self,
+        rec: JobRecord,
+        alloc: Allocation | None = None,
+        token: int | None = None,
+        nodes: Collection[str] | None = None,
+    ) -> list[asyncio.Future[PubAck]]:
+        """Publish the launch commands of an attempt (its record's allocation and token unless given) without
+        waiting: the acknowledgements to await."""
+        alloc = alloc if alloc is not None else rec.allocation
+        token = token if token is not None else rec.token
+        if alloc is None or token is None:
+            return []
         futures = []
         records = self.capacity.records
         addresses = {n: a for n in alloc.nodes if n in records and (a := records[n].topology.address)}
@@ -675,7 +728,7 @@ class Solver:
                     stream=subjects.COMMANDS_STREAM,
                 )
             )
-        await wait_acks(futures)
+        return futures
 
     async def usage_for(self, now: float) -> UsageHistory:
         """Fair-share usage: carried on from the stored history after a restart; a new queue tree starts a new one."""
@@ -896,11 +949,17 @@ class Solver:
         await self.owner.run_facts()
 
     async def scheduler_loop(self) -> None:
+        not_before = 0.0
         while True:
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self.wake.wait(), timeout=self.settings.schedule_interval_s)
+            if (rest := not_before - time.monotonic()) > 0:
+                await asyncio.sleep(rest)  # wake-ups during the rest are served by one cycle
             self.wake.clear()
+            t0 = time.monotonic()
             await self.schedule_once()
+            end = time.monotonic()
+            not_before = end + cycle_rest(end - t0, self.settings.schedule_duty)
 
     # -- reconcile -------------------------------------------------------------------------------------------------
     async def reconcile(self) -> None:
