@@ -32,6 +32,10 @@ DEFAULT_URL = "redis://127.0.0.1:6379/0"
 DEFAULT_SERVICE = "oneplus"
 DEFAULT_WAIT_TIMEOUT_MS = 500
 CONNECT_TIMEOUT_S = 2.0  # a dead host is given up on this fast; the next sentinel or the next cycle tries again
+# Commands beyond this many at once wait for a connection (up to POOL_WAIT_S) instead of failing with redis-py's
+# "Too many connections": a fleet launching on hundreds of nodes at once, or a batch of releases, queues briefly.
+MAX_CONNECTIONS = 64
+POOL_WAIT_S = 10.0
 _HOST = re.compile(r"[A-Za-z0-9]([A-Za-z0-9._-]*[A-Za-z0-9])?")  # a DNS name or an IPv4 address
 SOCKET_TIMEOUT_S = 10.0  # a command blocked this long (a primary gone silent, not closed) fails instead of hanging
 
@@ -160,6 +164,12 @@ class _ExplainingSentinel(Sentinel):
         )
 
 
+def client_for_url(url: str, **extra: Any) -> aioredis.Redis:
+    """A client on a bounded pool that waits for a free connection rather than failing when all are busy."""
+    pool = aioredis.BlockingConnectionPool.from_url(url, max_connections=MAX_CONNECTIONS, timeout=POOL_WAIT_S, **extra)
+    return aioredis.Redis.from_pool(pool)  # closing the client closes its pool
+
+
 def redis_client(settings: RedisSettings) -> aioredis.Redis:
     """The one place a service builds its Redis client: a plain URL, or the Sentinel client that follows failovers."""
     if settings.sentinel is None:
@@ -168,7 +178,7 @@ def redis_client(settings: RedisSettings) -> aioredis.Redis:
             extra["username"] = settings.username
         if settings.password:
             extra["password"] = settings.password
-        return aioredis.Redis.from_url(settings.url, **extra)  # the URL's own user and password win
+        return client_for_url(settings.url, **extra)  # the URL's own user and password win
     s = settings.sentinel
     sentinel_kwargs: dict[str, Any] = {
         "socket_connect_timeout": CONNECT_TIMEOUT_S,

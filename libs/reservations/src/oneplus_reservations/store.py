@@ -13,7 +13,7 @@ from redis.asyncio.sentinel import SentinelConnectionPool
 from redis.exceptions import RedisError
 
 from . import scripts
-from .connect import RedisSettings, redis_client
+from .connect import RedisSettings, client_for_url, redis_client
 from .keys import KeySpace
 
 DEFAULT_LEASE_S = 60.0
@@ -127,7 +127,7 @@ class ReservationStore:
 
     @classmethod
     def from_url(cls, url: str, cluster: str = "default") -> ReservationStore:
-        return cls(aioredis.Redis.from_url(url), cluster)
+        return cls(client_for_url(url), cluster)
 
     @classmethod
     def connect(cls, settings: RedisSettings, cluster: str = "default") -> ReservationStore:

@@ -83,6 +83,7 @@ AUDIT_CATCH_UP_MARGIN_S = 30.0  # clocks of the solver hosts and of Redis may di
 STORE_REBUILD_LEASE_S = 60.0  # a rebuilt reservation lives this long unless its node renews it
 OWNER_LEASE_KEY = subjects.SOLVER_OWNER_LEASE_KEY
 REPLICA_PREFIX = "replica."
+RELEASES_AT_ONCE = 32  # side by side, well within the Redis client's connection pool
 
 
 @dataclass(frozen=True)
@@ -629,7 +630,8 @@ class Solver:
             if not events:
                 return
             await self.owner.commit(*events)
-            await asyncio.gather(*(self.release(job_id, token, why) for job_id, token, why in releases))
+            for at in range(0, len(releases), RELEASES_AT_ONCE):
+                await asyncio.gather(*(self.release(j, t, why) for j, t, why in releases[at : at + RELEASES_AT_ONCE]))
 
     async def release(self, job_id: str, token: int | None, reason: str) -> None:
         try:
