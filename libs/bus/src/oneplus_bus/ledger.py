@@ -21,6 +21,7 @@ from nats.js.kv import KeyValue
 from oneplus_contracts import IllegalTransition, JobEvent, JobRecord, apply_event, parse_job_event, subjects
 from pydantic import ValidationError
 
+from .foldwatch import FoldWatch
 from .retry import until_answered
 from .telemetry import inject
 
@@ -39,6 +40,7 @@ class JobLedger:
         self.js = js
         self.kv = kv
         self.nc = nc
+        self._watch: FoldWatch | None = None  # made on the first report that waits
 
     async def get(self, job_id: str) -> tuple[JobRecord | None, int]:
         try:
@@ -66,18 +68,24 @@ class JobLedger:
         """Report a fact about a job to its owner (the placement-solver), which folds it in order and publishes the
         job event, or refuses it. Every service but the owner changes job state this way.
 
-        With `wait_s`, wait (no polling: a subscription on the job's event subject) up to that long for the owner to
-        publish the folded event, so that a read right after sees it. The fact is stored either way and folded when
-        the owner gets to it. A fact whose event id the stream already holds (within its duplicate window) is not
-        stored again: `duplicate`, and nothing is waited for."""
+        With `wait_s`, wait (no polling: one subscription per event type, shared by every wait, `FoldWatch`) up to
+        that long for the owner to publish the folded event, so that a read right after sees it. The fact is stored
+        either way and folded when the owner gets to it. A fact whose event id the stream already holds (within its
+        duplicate window) is not stored again: `duplicate`, and nothing is waited for."""
         headers = {"Nats-Msg-Id": event.event_id}
         if traceparent:
             headers["traceparent"] = traceparent
         else:
             inject(headers)
+        fut: asyncio.Future[None] | None = None
         folded = None
         if wait_s > 0 and self.nc is not None:
-            folded = await self.nc.subscribe(subjects.job_event(event.job_id, event.type), max_msgs=1)
+            if FoldWatch.watchable(event.job_id):
+                if self._watch is None:
+                    self._watch = FoldWatch(self.nc)
+                fut = await self._watch.expect(event.job_id, event.type)
+            else:  # an id a wildcard cannot match: a subscription of its own
+                folded = await self.nc.subscribe(subjects.job_event(event.job_id, event.type), max_msgs=1)
         try:
             ack = await self.js.publish(
                 subjects.job_fact(event.job_id, event.type),
@@ -87,15 +95,20 @@ class JobLedger:
             )
             if ack.duplicate:
                 return Reported(folded=False, duplicate=True)
-            if folded is None:
+            if fut is None and folded is None:
                 return Reported(folded=False, duplicate=False)
             try:
-                await folded.next_msg(timeout=wait_s)
+                if fut is not None:
+                    await asyncio.wait_for(asyncio.shield(fut), timeout=wait_s)
+                elif folded is not None:
+                    await folded.next_msg(timeout=wait_s)
                 return Reported(folded=True, duplicate=False)
             except (TimeoutError, FetchTimeout):
                 log.warning("%s of %s: not folded by the job owner within %.1f s", event.type, event.job_id, wait_s)
                 return Reported(folded=False, duplicate=False)
         finally:
+            if fut is not None and self._watch is not None:
+                self._watch.forget(event.job_id, event.type, fut)
             if folded is not None:
                 with contextlib.suppress(Exception):
                     await folded.unsubscribe()

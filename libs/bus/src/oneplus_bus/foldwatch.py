@@ -1,0 +1,72 @@
+"""Waiting for the job owner to fold a reported fact: one subscription per event type, shared by every wait.
+
+A submission is answered once the owner has published its `accepted` event, so that a read right after finds the
+job. A subscription per wait costs a SUB and an UNSUB on the bus for every submission, and the server's subject
+index changes with each; one wildcard subscription per event type (`oneplus.job.*.<type>`), made on first use and
+kept, serves every wait of that type.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+
+from nats.aio.client import Client
+from nats.aio.msg import Msg
+from nats.aio.subscription import Subscription
+from oneplus_contracts import subjects
+
+log = logging.getLogger("oneplus.ledger")
+
+Key = tuple[str, str]  # (job id, event type)
+
+
+class FoldWatch:
+    def __init__(self, nc: Client) -> None:
+        self.nc = nc
+        self._subs: dict[str, Subscription] = {}
+        self._waiting: dict[Key, set[asyncio.Future[None]]] = {}
+
+    @staticmethod
+    def watchable(job_id: str) -> bool:
+        """A job id of one subject token: a wildcard subscription matches its events."""
+        return bool(job_id) and not any(c in job_id for c in ".*> \t")
+
+    async def expect(self, job_id: str, event_type: str) -> asyncio.Future[None]:
+        """A future done when `event_type` of `job_id` is published; made before the fact is reported, so the event
+        cannot pass unseen. `forget` it when done waiting."""
+        if event_type not in self._subs:
+            # The SUB goes out on the connection ahead of the fact that follows: the server has it first.
+            self._subs[event_type] = await self.nc.subscribe(subjects.job_event("*", event_type), cb=self._on_event)
+        fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self._waiting.setdefault((job_id, event_type), set()).add(fut)
+        return fut
+
+    def forget(self, job_id: str, event_type: str, fut: asyncio.Future[None]) -> None:
+        waiting = self._waiting.get((job_id, event_type))
+        if waiting is None:
+            return
+        waiting.discard(fut)
+        if not waiting:
+            del self._waiting[(job_id, event_type)]
+
+    async def _on_event(self, msg: Msg) -> None:
+        parts = msg.subject.split(".")  # oneplus.job.<job>.<type>
+        if len(parts) != 4:
+            return
+        for fut in self._waiting.pop((parts[2], parts[3]), ()):
+            if not fut.done():
+                fut.set_result(None)
+
+    @property
+    def waiting(self) -> int:
+        """Waits in progress (for tests and metrics)."""
+        return sum(len(w) for w in self._waiting.values())
+
+    async def close(self) -> None:
+        for sub in self._subs.values():
+            try:
+                await sub.unsubscribe()
+            except Exception as exc:  # a closed connection has dropped it already
+                log.debug("fold watch: unsubscribe failed: %s", exc)
+        self._subs.clear()
