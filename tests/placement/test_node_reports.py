@@ -47,6 +47,29 @@ def test_a_lost_node_reports_nothing_and_old_ends_are_forgotten() -> None:
     assert list(reports.ended) == [("y", 1, "n0")]
 
 
+def test_an_end_is_forgotten_once_the_node_heartbeats_after_reporting_it() -> None:
+    reports = NodeReports()
+    reports.report(hb("n0", 10.0, ("b", 7, [2]), ("c", 8, [3])))
+    reports.rank_ended("b", 7, "n0", now=500.0, reported_ts=11.0)  # solver and node clocks differ: each is used alone
+    reports.rank_ended("c", 8, "n0", now=500.0, reported_ts=13.0)
+    reports.report(hb("n0", 12.0, ("c", 8, [3])))  # taken after b's end, before c's (which it still lists)
+    assert list(reports.ended) == [("c", 8, "n0")]
+    assert reports.lingering({}) == {}
+    reports.report(hb("n1", 99.0))  # another node's heartbeat forgets nothing of n0
+    assert list(reports.ended) == [("c", 8, "n0")]
+    reports.report(hb("n0", 14.0))
+    assert list(reports.ended) == [] and reports.lingering({}) == {}
+
+
+def test_an_end_without_the_nodes_time_is_kept_for_the_memory_span() -> None:
+    reports = NodeReports(ended_memory_s=10)
+    reports.rank_ended("b", 7, "n0", now=0.0)
+    reports.report(hb("n0", 1e12))
+    assert list(reports.ended) == [("b", 7, "n0")]
+    reports.rank_ended("c", 1, "n0", now=20.0, reported_ts=5.0)
+    assert list(reports.ended) == [("c", 1, "n0")]
+
+
 def test_blocked_gpus_are_not_offered_on_the_cycles_copy_only() -> None:
     cap = LiveCapacity()
     cap.set_node(NodeRecord(topology=load_preset("h100_sxm_8gpu_nvswitch_nv18", "n0")))

@@ -12,7 +12,7 @@ from collections.abc import Mapping
 
 from oneplus_contracts import Allocation, NodeHeartbeat
 
-ENDED_MEMORY_S = 600.0  # how long a rank's reported end outweighs an older heartbeat that still lists it
+ENDED_MEMORY_S = 600.0  # how long at most a rank's reported end outweighs an older heartbeat that still lists it
 
 
 class NodeReports:
@@ -21,6 +21,8 @@ class NodeReports:
         self.ranks: dict[str, dict[str, tuple[int, tuple[int, ...]]]] = {}  # node → job → (token, GPUs)
         self.last_ts: dict[str, float] = {}
         self.ended: OrderedDict[tuple[str, int, str], float] = OrderedDict()  # (job, token, node) → when, oldest first
+        # node → (job, token) → when the node reported the end, by the node's clock (its heartbeats' clock)
+        self._ended_on: dict[str, dict[tuple[str, int], float]] = {}
 
     def report(self, hb: NodeHeartbeat) -> None:
         """A heartbeat: the node's ranks as of `hb.ts` (an older heartbeat arriving late changes nothing)."""
@@ -28,16 +30,31 @@ class NodeReports:
             return
         self.last_ts[hb.node] = hb.ts
         self.ranks[hb.node] = {r.job_id: (r.token, tuple(r.gpus)) for r in hb.ranks}
+        # A heartbeat taken after the node reported an end no longer lists those ranks (a node reports an end only
+        # once they exited): the end has nothing left to outweigh. Forgotten now, the memory follows the ranks
+        # ending within a heartbeat, not every end of the last ENDED_MEMORY_S.
+        ends = self._ended_on.get(hb.node)
+        if ends:
+            for (job_id, token), at in list(ends.items()):
+                if at < hb.ts:
+                    del ends[(job_id, token)]
+                    self.ended.pop((job_id, token, hb.node), None)
 
-    def rank_ended(self, job_id: str, token: int, node: str, now: float) -> None:
-        """The node reported the end of these ranks (it reports only after they exited)."""
+    def rank_ended(self, job_id: str, token: int, node: str, now: float, reported_ts: float | None = None) -> None:
+        """The node reported the end of these ranks (it reports only after they exited) at `reported_ts` by its own
+        clock (None: not known; the end is then kept for `ended_memory_s`)."""
         self.ended[(job_id, token, node)] = now
         self.ended.move_to_end((job_id, token, node))
+        if reported_ts is not None:
+            self._ended_on.setdefault(node, {})[(job_id, token)] = reported_ts
         while self.ended:
             key, when = next(iter(self.ended.items()))
             if now - when <= self.ended_memory_s:
                 break
             del self.ended[key]
+            ends = self._ended_on.get(key[2])
+            if ends is not None:
+                ends.pop((key[0], key[1]), None)
 
     def node_lost(self, node: str) -> None:
         """A node declared lost runs nothing the platform counts on: its ranks are over."""

@@ -553,7 +553,7 @@ class Solver:
                 case "node_finished":
                     ev = a.event
                     assert isinstance(ev, JobNodeFinished)
-                    self.reports.rank_ended(ev.job_id, ev.token, ev.node, time.time())
+                    self.reports.rank_ended(ev.job_id, ev.token, ev.node, time.time(), reported_ts=ev.ts)
                     ended[ev.job_id] = a.record  # the latest: several nodes of one gang may end in one batch
                 case "cancel_requested":
                     cancels.append(a.record)
