@@ -451,6 +451,7 @@ async def wait_services(c: OnePlusClient, timeout: float = 300.0) -> float:
 
 async def paced(c: OnePlusClient, watch: Watch, args: argparse.Namespace, tag: str) -> tuple[Row, set[str]]:
     sent: dict[str, float] = {}
+    order: dict[str, int] = {}
     interval = args.interval_ms / 1000
 
     async def submit(i: int) -> None:
@@ -458,6 +459,7 @@ async def paced(c: OnePlusClient, watch: Watch, args: argparse.Namespace, tag: s
         reply = await c.submit(one_gpu(f"paced-{i}", args.paced_duration), msg_id=f"{tag}-paced-{i}", source="bench")
         assert reply.ok and reply.job_id, reply.error
         sent[reply.job_id] = t
+        order[reply.job_id] = i
 
     t0 = time.monotonic()
     tasks = []
@@ -474,6 +476,13 @@ async def paced(c: OnePlusClient, watch: Watch, args: argparse.Namespace, tag: s
         "p90_ms": round(pct(lat, 90) * 1000, 1) if lat else None,
         "p99_ms": round(pct(lat, 99) * 1000, 1) if lat else None,
         "max_ms": round(lat[-1] * 1000, 1) if lat else None,
+        # The five slowest, by submission order and time since the first: warm-up (the first few) or a periodic stall.
+        "slowest": [
+            {"i": order[j], "at_s": round(sent[j] - t0, 3), "ms": round((watch.placed[j] - sent[j]) * 1000, 1)}
+            for j in sorted(
+                (j for j in sent if j in watch.placed), key=lambda j: watch.placed[j] - sent[j], reverse=True
+            )[:5]
+        ],
         "submit_s": round(max(sent.values()) - t0, 2),
     }, set(sent)
 
