@@ -9,14 +9,11 @@ kept, serves every wait of that type.
 from __future__ import annotations
 
 import asyncio
-import logging
 
 from nats.aio.client import Client
 from nats.aio.msg import Msg
 from nats.aio.subscription import Subscription
 from oneplus_contracts import subjects
-
-log = logging.getLogger("oneplus.ledger")
 
 Key = tuple[str, str]  # (job id, event type)
 
@@ -62,11 +59,3 @@ class FoldWatch:
     def waiting(self) -> int:
         """Waits in progress (for tests and metrics)."""
         return sum(len(w) for w in self._waiting.values())
-
-    async def close(self) -> None:
-        for sub in self._subs.values():
-            try:
-                await sub.unsubscribe()
-            except Exception as exc:  # a closed connection has dropped it already
-                log.debug("fold watch: unsubscribe failed: %s", exc)
-        self._subs.clear()

@@ -72,7 +72,7 @@ from .fence import StoreCheck, StoreFence
 from .launch import launch_commands, silent_nodes
 from .memory import SolverMemory
 from .metrics import SolverMetrics
-from .outcome import INFRA_RETRIES, NODE_LOST, attempt_outcome
+from .outcome import INFRA_RETRIES, NODE_LOST, attempt_end, attempt_outcome
 from .owner import Applied, JobOwner, NotOwner
 from .pacing import cycle_rest
 
@@ -595,38 +595,16 @@ class Solver:
         # No cycle in between: it would see GPUs held by a job that holds none (and call a nomination stale).
         async with self.transition:
             events: list[JobEvent] = []
-            releases: list[tuple[str, int, str]] = []
+            releases: list[tuple[str, int | None, str]] = []
             for rec in due:
                 # The record as it is now: two callers (a report, reconcile) may have come for the same attempt.
                 current = self.owner.index.get(rec.job_id)
-                if current is None or current.terminal or current.token != rec.token or rec.token is None:
+                if current is None or current.terminal or current.token != rec.token:
                     continue
-                out = attempt_outcome(current, self.settings.infra_retries)
-                job_id, token = current.job_id, rec.token
-                if out.action == "finish" and out.state is not None:
-                    events.append(
-                        JobFinished(
-                            event_id=f"finished-{job_id}-{token}",
-                            job_id=job_id,
-                            state=out.state,
-                            reason=out.reason,
-                            token=token,
-                            exit_code=out.exit_code,
-                        )
-                    )
-                    releases.append((job_id, token, out.reason))
-                elif out.action == "requeue":
-                    infra = current.state not in ("PREEMPTING", "CHECKPOINTED")
-                    events.append(
-                        JobRequeued(
-                            event_id=f"requeued-{job_id}-{token}",
-                            job_id=job_id,
-                            reason=out.reason,
-                            checkpoint_ts=current.checkpoint_ts,
-                            fault="infrastructure" if infra else None,
-                        )
-                    )
-                    releases.append((job_id, token, "requeued"))
+                ending = attempt_end(current, attempt_outcome(current, self.settings.infra_retries))
+                if ending is not None:
+                    events.append(ending[0])
+                    releases.append((current.job_id, current.token, ending[1]))
             if not events:
                 return
             await self.owner.commit(*events)

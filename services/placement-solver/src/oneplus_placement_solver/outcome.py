@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
-from oneplus_contracts import JobRecord
+from oneplus_contracts import JobEvent, JobFinished, JobRecord, JobRequeued
 
 
 @dataclass(frozen=True)
@@ -112,3 +112,30 @@ def _launcher_outcome(rec: JobRecord, infra_retries: int) -> AttemptOutcome | No
     if code == 0:
         return AttemptOutcome("finish", "SUCCEEDED", f"the launcher exited 0 on {first} ({why})", exit_code=0)
     return AttemptOutcome("finish", "FAILED", f"the launcher on {first} exited with code {code}: {why}", exit_code=code)
+
+
+def attempt_end(rec: JobRecord, out: AttemptOutcome) -> tuple[JobEvent, str] | None:
+    """The event that ends the attempt as `out` decided (finished, or requeued from its checkpoint) and the reason
+    its reservation's release is audited with; None while the attempt goes on."""
+    job_id, token = rec.job_id, rec.token
+    if out.action == "finish" and out.state is not None:
+        finished = JobFinished(
+            event_id=f"finished-{job_id}-{token}",
+            job_id=job_id,
+            state=out.state,
+            reason=out.reason,
+            token=token,
+            exit_code=out.exit_code,
+        )
+        return finished, out.reason
+    if out.action == "requeue":
+        infra = rec.state not in ("PREEMPTING", "CHECKPOINTED")  # a victim's requeue is no platform fault
+        requeued = JobRequeued(
+            event_id=f"requeued-{job_id}-{token}",
+            job_id=job_id,
+            reason=out.reason,
+            checkpoint_ts=rec.checkpoint_ts,
+            fault="infrastructure" if infra else None,
+        )
+        return requeued, "requeued"
+    return None
