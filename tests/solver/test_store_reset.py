@@ -61,7 +61,8 @@ async def test_a_reset_store_is_rebuilt_under_the_running_jobs_tokens_and_new_to
         assert await solver.schedule_once() == 1
         # The audit kept in JetStream still holds the first epoch's reservations, and sees no double use.
         await solver.audit.flush()
-        entries = await read_audit(nc)
+        # This test's jobs only: CI once saw another platform's `j-` reserves here, on the shared test bus.
+        entries = [e for e in await read_audit(nc) if e.job_id.startswith("r-")]
         assert [(e.op, e.job_id) for e in entries][:2] == [("reserve", "r-0"), ("reserve", "r-1")]
         assert {(e.op, e.job_id) for e in entries} >= {("restore", "r-0"), ("restore", "r-1"), ("release", "r-0")}
         assert check_history(audit_history(entries, cluster_name)) == []
