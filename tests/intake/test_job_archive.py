@@ -19,6 +19,7 @@ from oneplus_bus.archive import JobArchive, archive_subject, job_token, parse_si
 from oneplus_bus.ledger import JobLedger
 from oneplus_bus.streams import ARCHIVE_MAX_BYTES, ARCHIVE_RETENTION_S, ensure_streams, stream_limits
 from oneplus_contracts import JobRecord, JobSpec, subjects
+from oneplus_intake.submissions import job_id_for
 from typer.testing import CliRunner
 
 from oneplus.cli.app import app as cli
@@ -221,6 +222,26 @@ async def test_ensure_streams_applies_the_limits_and_updates_a_stream_whose_limi
     assert (cfg.max_age, cfg.max_bytes) == (ARCHIVE_RETENTION_S, ARCHIVE_MAX_BYTES)
 
 
+async def test_the_archive_is_read_by_direct_get_and_a_stream_declared_without_it_is_updated_and_still_read(
+    bus: Client,
+) -> None:
+    js = bus.jetstream()
+    await ensure_streams(js)
+    assert (await js.stream_info(subjects.ARCHIVE_STREAM)).config.allow_direct, "a lookup is one direct get"
+    rec = record(f"j-{uuid.uuid4().hex[:12]}", team_name())
+    await JobArchive(js).put(rec)
+    # A stream made before direct gets were allowed (an older release): lookups still find the job ...
+    cfg = (await js.stream_info(subjects.ARCHIVE_STREAM)).config
+    cfg.allow_direct = False
+    await js.update_stream(cfg)
+    assert await JobArchive(js).get(rec.job_id) == rec
+    assert await JobArchive(js).get(f"j-{uuid.uuid4().hex[:12]}") is None
+    # ... and the next service start allows them, keeping what the stream holds.
+    await ensure_streams(js)
+    assert (await js.stream_info(subjects.ARCHIVE_STREAM)).config.allow_direct
+    assert await JobArchive(js).get(rec.job_id) == rec
+
+
 # --- the intake's job list and job show ------------------------------------------------------------------------------
 @pytest.fixture(scope="module")
 async def intake(servers, tmp_path_factory) -> AsyncIterator[IntakeProcess]:  # type: ignore[no-untyped-def]
@@ -335,6 +356,30 @@ async def test_a_finished_job_moved_to_the_archive_is_still_shown_and_listed_by_
     assert limited.exit_code == 0 and [r["job_id"] for r in json.loads(limited.stdout)] == [job_id]
     table = await asyncio.to_thread(run, "jobs", "list", "-n", "5", "-s", "CD")
     assert table.exit_code == 0 and "SUCCEE" in table.stdout, table.output
+
+
+async def test_a_retry_past_the_dedupe_window_is_answered_duplicate_from_the_hot_view_and_from_the_archive(
+    intake: IntakeProcess, bus: Client, jobs_kv: KeyValue
+) -> None:
+    # Records written straight into the bucket and the archive: no `accepted` fact was ever published for these
+    # ids, so the facts stream's dedupe cannot answer; only the intake's lookup of earlier submissions can.
+    team = team_name()
+    live_id, done_id = f"live-{uuid.uuid4().hex[:8]}", f"done-{uuid.uuid4().hex[:8]}"
+    live = record(job_id_for(f"{team}/{live_id}"), team, state="RUNNING", submitted=time.time() - 7200)
+    done = record(job_id_for(f"{team}/{done_id}"), team, state="SUCCEEDED", submitted=time.time() - 7200)
+    await hot(jobs_kv, live)
+    await JobArchive(bus.jetstream()).put(done)
+    body = JobSpec.model_validate({"name": "train", "resources": {"gpus": 1}}).model_dump_json().encode()
+    facts = (await bus.jetstream().stream_info(subjects.FACTS_STREAM)).state.last_seq
+    code, listed, _ = await ask(bus, LIST, {"state": "R"}, team)  # a listing waits for the copy to follow
+    assert code == 200 and [r["job_id"] for r in listed["jobs"]] == [live.job_id]
+    for sub_id, rec in ((live_id, live), (done_id, done)):
+        msg = await bus.request(
+            subjects.SUBMIT, body, timeout=10, headers={"Nats-Msg-Id": sub_id, "Oneplus-Team": team}
+        )
+        reply = json.loads(msg.data)
+        assert reply["ok"] and reply["duplicate"] and reply["job_id"] == rec.job_id, reply
+    assert (await bus.jetstream().stream_info(subjects.FACTS_STREAM)).state.last_seq == facts, "no new job accepted"
 
 
 async def test_the_hot_view_alone_answers_a_listing_of_live_states(

@@ -24,6 +24,7 @@ from collections.abc import AsyncGenerator, Iterable
 from datetime import UTC, datetime
 from typing import get_args
 
+from nats.errors import NoRespondersError
 from nats.errors import TimeoutError as FetchTimeout
 from nats.js import JetStreamContext
 from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy
@@ -160,10 +161,16 @@ class JobArchive:
 
     async def get(self, job_id: str) -> JobRecord | None:
         """The archived record of `job_id`, or None: one last-by-subject lookup on the job's subject prefix."""
+        subject = f"{ARCHIVE_PREFIX}.{job_token(job_id)}.>"
         try:
-            msg = await self.js.get_last_msg(self.stream, f"{ARCHIVE_PREFIX}.{job_token(job_id)}.>")
+            msg = await self.js.get_msg(self.stream, subject=subject, direct=True)
         except NotFoundError:
             return None
+        except NoRespondersError:  # a stream declared before direct gets were allowed: the API call
+            try:
+                msg = await self.js.get_last_msg(self.stream, subject)
+            except NotFoundError:
+                return None
         rec = JobRecord.model_validate_json(msg.data or b"null")
         return rec if rec.job_id == job_id else None
 

@@ -22,6 +22,9 @@ ARCHIVE_MAX_BYTES = 10 * 1024**3  # ONEPLUS_ARCHIVE_MAX_BYTES: the archive's dis
 AUDIT_MAX_BYTES = 2 * 1024**3  # the reservation audit's disk budget
 JOBS_STREAM_MAX_MSGS = 10_000_000  # ONEPLUS_JOBS_STREAM_MAX_MSGS: job events kept, whatever their age
 MAX_REPLICAS = 5  # JetStream keeps at most five copies of a stream
+# Streams read by key on a hot path: a direct get is one request to the stream (any replica may answer) instead of
+# a JSON API call with a base64 body and an advisory. The archive is read once per submission (a retry's lookup).
+DIRECT_GET_STREAMS = frozenset({subjects.ARCHIVE_STREAM})
 
 
 class StreamSetupError(RuntimeError):
@@ -128,6 +131,7 @@ async def ensure_streams(js: JetStreamContext, replicas: int | None = None) -> N
             max_bytes=limits.max_bytes,
             max_msgs=limits.max_msgs,
             max_msgs_per_subject=limits.max_msgs_per_subject,
+            allow_direct=name in DIRECT_GET_STREAMS or None,
         )
         try:
             info = await js.stream_info(name)
@@ -146,6 +150,7 @@ async def ensure_streams(js: JetStreamContext, replicas: int | None = None) -> N
             sorted(info.config.subjects or []) != sorted(subs)
             or _limits_of(info.config) != _limits_of(cfg)
             or (info.config.num_replicas or 1) != replicas
+            or bool(info.config.allow_direct) != bool(cfg.allow_direct)
         ):
             try:
                 await js.update_stream(cfg)

@@ -86,12 +86,14 @@ class IntakeService:
     async def start_hot_view(self) -> None:
         self.hot = HotView(self.svc.js)
         await self.hot.start()
+        self.intake.hot = self.hot
 
     async def stop(self) -> None:
         if self.http is not None:
             await self.http.stop()
             self.http = None
         await self.intake.stop()
+        self.intake.hot = None
         if self.hot is not None:
             await self.hot.stop()
             self.hot = None

@@ -23,6 +23,7 @@ from oneplus_bus.telemetry import traceparent_of_current
 from oneplus_bus.tenancy import Caller, TenancyError, bind_team
 from oneplus_contracts import (
     JobAccepted,
+    JobRecord,
     JobRejected,
     JobSpec,
     NodeRecord,
@@ -36,6 +37,7 @@ from oneplus_queueing.config import QueueConfig, QueueConfigError
 from pydantic import ValidationError
 
 from .admission import ClusterFacts, EmptyCluster, Inadmissible, admission_key, admit, refuse_dependency_cycle
+from .hotview import HotView
 
 log = logging.getLogger("oneplus.intake")
 
@@ -77,6 +79,7 @@ class Intake:
         self._facts: ClusterFacts | None = None  # what admission reads of the nodes, until their shape changes
         self._config: QueueConfig | None = None
         self._tails: list[StreamTail] = []
+        self.hot: HotView | None = None  # the service's copy of the hot view, once it follows the bucket
 
     async def start(self) -> None:
         """Keep the cluster's nodes and the queue config in memory, fed by their buckets' changes."""
@@ -130,6 +133,16 @@ class Intake:
             return None  # an ended job waits for nothing: no cycle goes through it
         return [j for d in rec.spec.dependencies for j in d.job_ids]
 
+    async def earlier(self, job_id: str) -> JobRecord | None:
+        """The record of an earlier submission of `job_id`: in the hot view, else in the archive (a retry of a job
+        long finished is no new job either). The followed copy answers without a round trip; a job it has not seen
+        yet was accepted moments ago, and the facts stream's dedupe on the event id answers for that one."""
+        if self.hot is not None and self.hot.following:
+            rec = self.hot.record(job_id)
+        else:
+            rec, _ = await self.svc.ledger.get(job_id)
+        return rec if rec is not None else await JobArchive(self.svc.js).get(job_id)
+
     async def reject(self, job_id: str, reason: str, source: str, team: str | None, status: int) -> Outcome:
         log.info("rejected %s: %s", job_id, reason)
         await self.svc.ledger.publish(
@@ -159,9 +172,7 @@ class Intake:
         """A spec already read: bind it to the caller's team, dedupe on the submission id, admit, record."""
         scoped = submission_id if caller.team is None else f"{caller.team}/{submission_id}"
         job_id = job_id_for(scoped)
-        rec, _ = await self.svc.ledger.get(job_id)
-        if rec is None:
-            rec = await JobArchive(self.svc.js).get(job_id)  # a retry of a job long finished is no new job either
+        rec = await self.earlier(job_id)
         if rec is not None:  # a retry: answer as the first time, even if the cluster or the body changed since
             return Outcome(SubmitReply(ok=True, job_id=job_id, duplicate=True, warnings=rec.warnings), DUPLICATE)
         try:
