@@ -9,6 +9,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 
 from .fitters import Fitter
+from .request import GangRequest
 
 ClassKey = tuple[object, ...]
 
@@ -67,3 +68,25 @@ class CapacityIndex:
         for i in nodes:
             self._remove(i)
         self._place(fitter, [i for i in nodes if fitter.eligible[i]])
+
+
+class CapacityIndexes:
+    """One index per request shape over one changing state, kept current by `touched` (the caller says which nodes
+    it changed): a cycle that tries many gangs of few shapes pays O(nodes) once per shape, not once per gang."""
+
+    def __init__(self) -> None:
+        self._by_shape: dict[tuple[object, ...], tuple[Fitter, CapacityIndex]] = {}
+
+    def index(self, fitter: Fitter, req: GangRequest) -> CapacityIndex:
+        # Capacities depend on the request's capacity fields and the fitter's kind only (never on its seed).
+        key = (type(fitter), req.capacity_key)
+        got = self._by_shape.get(key)
+        if got is None:
+            got = self._by_shape[key] = (fitter, CapacityIndex(fitter))
+        return got[1]
+
+    def touched(self, nodes: Iterable[int]) -> None:
+        """Recompute `nodes` in every index after their holdings changed."""
+        nodes = list(nodes)
+        for fitter, index in self._by_shape.values():
+            index.update(fitter, nodes)

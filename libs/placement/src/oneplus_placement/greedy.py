@@ -7,6 +7,7 @@ from dataclasses import dataclass, replace
 from oneplus_contracts import Allocation, JobSpec, RankPlacement
 
 from .bandwidth import ideal_ring_gbps, ring_of_masks
+from .capacity import CapacityIndexes
 from .diagnosis import Explanation, diagnose, static_reason
 from .fgd import FragMeter
 from .fitters import Fitter, RankPick, fitter_for, ordered_gpus
@@ -35,13 +36,15 @@ def place_gang(
     *,
     keep_strong_boards: bool = True,
     fgd: FragMeter | None = None,
+    indexes: CapacityIndexes | None = None,
 ) -> PlacementResult:
     """Place every rank of `spec` or none; never changes `snapshot`.
 
     `job_id` is the caller's name for the decision; the decision itself depends only on the snapshot, the spec,
     `seed` and `keep_strong_boards` (False: a gang that gains nothing from a fast board is placed by best fit
     alone, as every other gang among the board kinds at par for it) and `fgd` (the FGD policy, measuring
-    fragmentation for that workload mix; None: best fit).
+    fragmentation for that workload mix; None: best fit). `indexes`: capacities the caller keeps current across
+    decisions on this same `snapshot` (it tells them which nodes it changed); None: computed here.
     """
     try:
         req = GangRequest.of(spec)
@@ -49,31 +52,44 @@ def place_gang(
         return PlacementResult(None, Explanation("request", "spec", spec.total_gpus, str(exc)))
     if not keep_strong_boards:
         req = replace(req, keep_strong_boards=False)
-    return place_request(snapshot, req, seed=seed, fgd=fgd)
+    return place_request(snapshot, req, seed=seed, fgd=fgd, indexes=indexes)
 
 
 def place_request(
-    snapshot: Holdings, req: GangRequest, seed: int = 0, solver: str = "greedy", fgd: FragMeter | None = None
+    snapshot: Holdings,
+    req: GangRequest,
+    seed: int = 0,
+    solver: str = "greedy",
+    fgd: FragMeter | None = None,
+    indexes: CapacityIndexes | None = None,
 ) -> PlacementResult:
     if req.features is not None and req.features.matching and len(req.features.any_of) > 1:
         # Slurm's matching OR [a|b]: every node of the gang has the same one; try each in turn.
         first: PlacementResult | None = None
         for alt in req.features.alternatives():
-            got = _place_one(snapshot, replace(req, features=alt), seed, solver, fgd)
+            got = _place_one(snapshot, replace(req, features=alt), seed, solver, fgd, indexes)
             if got.placed:
                 return got
             first = first or got
-        mixed = _place_one(snapshot, req, seed, solver, fgd)  # for the reason only: a mixed placement is not allowed
+        # For the reason only: a mixed placement is not allowed.
+        mixed = _place_one(snapshot, req, seed, solver, fgd, indexes)
         return first if mixed.placed and first is not None else mixed
-    return _place_one(snapshot, req, seed, solver, fgd)
+    return _place_one(snapshot, req, seed, solver, fgd, indexes)
 
 
-def _place_one(snapshot: Holdings, req: GangRequest, seed: int, solver: str, fgd: FragMeter | None) -> PlacementResult:
+def _place_one(
+    snapshot: Holdings,
+    req: GangRequest,
+    seed: int,
+    solver: str,
+    fgd: FragMeter | None,
+    indexes: CapacityIndexes | None,
+) -> PlacementResult:
     static = static_reason(snapshot, req)
     if static is not None:
         return PlacementResult(None, static)
     fitter = fitter_for(snapshot, req, seed, fgd)
-    search = DomainSearch(fitter, req)
+    search = DomainSearch(fitter, req, index=indexes.index(fitter, req) if indexes is not None else None)
     plan = search.best(req.levels())
     if plan is None:
         return PlacementResult(None, diagnose(snapshot, req, search))

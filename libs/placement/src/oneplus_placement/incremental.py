@@ -10,9 +10,9 @@ from collections.abc import Iterable
 
 from oneplus_contracts import Allocation
 
-from .capacity import CapacityIndex
+from .capacity import CapacityIndexes
 from .diagnosis import diagnose, static_reason
-from .fitters import Fitter, fitter_for
+from .fitters import fitter_for
 from .greedy import PlacementResult, materialise
 from .levels import DomainSearch
 from .request import GangRequest
@@ -25,21 +25,15 @@ class SearchCache:
     def __init__(self, holdings: Holdings, seed: int = 0) -> None:
         self.holdings = holdings
         self.seed = seed
-        self._indexes: dict[tuple[object, ...], tuple[Fitter, CapacityIndex]] = {}
+        self._indexes = CapacityIndexes()
 
     def search(self, req: GangRequest) -> DomainSearch:
         fitter = fitter_for(self.holdings, req, self.seed)
-        got = self._indexes.get(req.capacity_key)
-        if got is None:
-            got = (fitter, CapacityIndex(fitter))
-            self._indexes[req.capacity_key] = got
-        return DomainSearch(fitter, req, index=got[1])
+        return DomainSearch(fitter, req, index=self._indexes.index(fitter, req))
 
     def touched(self, nodes: Iterable[int]) -> None:
         """Recompute the capacities of `nodes` after the holdings changed there."""
-        nodes = list(nodes)
-        for fitter, index in self._indexes.values():
-            index.update(fitter, nodes)
+        self._indexes.touched(nodes)
 
     def place(self, req: GangRequest, solver: str = "greedy") -> PlacementResult:
         """The greedy decision for `req` on the current holdings (nothing is applied)."""

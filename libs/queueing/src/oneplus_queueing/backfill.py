@@ -60,13 +60,12 @@ class _Prefix:
         self.k = 0
 
     def move(self, k: int) -> None:
-        state = self.capacity.state
         while self.k < k:
-            state.release(self.releases[self.k].allocation)
+            self.capacity.release(self.releases[self.k].allocation)
             self.k += 1
         while self.k > k:
             self.k -= 1
-            state.apply(self.releases[self.k].allocation)
+            self.capacity.apply(self.releases[self.k].allocation)
 
     def place(self, k: int, spec: JobSpec, job_id: str, seed: int) -> Allocation | None:
         self.move(k)

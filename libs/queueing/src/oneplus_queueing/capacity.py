@@ -7,9 +7,10 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Iterator, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from oneplus_contracts import Allocation, Domain, JobSpec, RankPlacement
+from oneplus_placement.capacity import CapacityIndexes
 from oneplus_placement.diagnosis import Explanation, static_reason
 from oneplus_placement.fgd import FragMeter, WorkloadShape, typical_shapes
 from oneplus_placement.greedy import PlacementResult, place_gang
@@ -51,6 +52,8 @@ class Capacity:
     keep_strong_boards: bool = True  # the queue config's boards.keep_strong_boards
     fgd: FragMeter | None = None  # the workload mix FGD measures fragmentation by
     fgd_queues: frozenset[str] = frozenset()  # queues whose `placement` is `fgd`
+    # Per-node capacities kept current across this state's trials: every change to `state` goes through here.
+    indexes: CapacityIndexes = field(default_factory=CapacityIndexes, repr=False)
 
     @property
     def layout(self) -> Layout:
@@ -61,7 +64,13 @@ class Capacity:
         fgd = self.fgd if spec.queue in self.fgd_queues else None
         # Reads only: no snapshot copy needed.
         return place_gang(
-            self.state, spec, job_id=job_id, seed=seed, keep_strong_boards=self.keep_strong_boards, fgd=fgd
+            self.state,
+            spec,
+            job_id=job_id,
+            seed=seed,
+            keep_strong_boards=self.keep_strong_boards,
+            fgd=fgd,
+            indexes=self.indexes,
         )
 
     @classmethod
@@ -94,11 +103,16 @@ class Capacity:
 
     def apply(self, alloc: Allocation) -> None:
         self.state.apply(alloc)
+        self._touched(alloc)
         self.version += 1
 
     def release(self, alloc: Allocation) -> None:
         self.state.release(alloc)
+        self._touched(alloc)
         self.version += 1
+
+    def _touched(self, alloc: Allocation) -> None:
+        self.indexes.touched(self.layout.index(n) for n in alloc.nodes)
 
     @contextmanager
     def released(self, allocs: Sequence[Allocation]) -> Iterator[None]:
@@ -107,11 +121,13 @@ class Capacity:
         try:
             for a in allocs:
                 self.state.release(a)
+                self._touched(a)
                 done.append(a)
             yield
         finally:
             for a in reversed(done):
                 self.state.apply(a)
+                self._touched(a)
 
     # -- counting -------------------------------------------------------------------------------------------------
 
