@@ -5,7 +5,7 @@ from __future__ import annotations
 import contextlib
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Literal
+from typing import Any, Literal
 
 import redis.asyncio as aioredis
 from oneplus_contracts import Allocation
@@ -272,11 +272,7 @@ class ReservationStore:
         await self.r.set(self.ks.epoch, epoch)
 
     async def get(self, job_id: str) -> Reservation | None:
-        data = await self.r.hgetall(self.ks.gang(job_id))
-        if not data:
-            return None
-        d = {_s(k): _s(v) for k, v in data.items()}
-        return Reservation(job_id, int(d["token"]), Allocation.model_validate_json(d["alloc"]), int(d.get("ts", "0")))
+        return _reservation(job_id, await self.r.hgetall(self.ks.gang(job_id)))
 
     async def current_token(self, job_id: str) -> int | None:
         tok = await self.r.hget(self.ks.gang(job_id), "token")
@@ -284,10 +280,15 @@ class ReservationStore:
 
     async def all(self) -> list[Reservation]:
         """Every live reservation; gangs whose lease expired are pruned from the index as they are found."""
-        jobs = [_s(j) for j in await self.r.smembers(self.ks.gangs)]
+        jobs = sorted(_s(j) for j in await self.r.smembers(self.ks.gangs))
+        # One round trip for every gang: reconcile reads them all every few seconds, hundreds in a busy cluster.
+        async with self.r.pipeline(transaction=False) as pipe:
+            for job in jobs:
+                await pipe.hgetall(self.ks.gang(job))
+            replies = await pipe.execute() if jobs else []
         out: list[Reservation] = []
-        for job in sorted(jobs):
-            res = await self.get(job)
+        for job, data in zip(jobs, replies, strict=True):
+            res = _reservation(job, data)
             if res is None:
                 await self.r.srem(self.ks.gangs, job)
                 continue
@@ -365,3 +366,11 @@ def check_history(entries: Sequence[HistoryEntry]) -> list[str]:
                 else:
                     shares.get(key, {}).pop(holder, None)
     return problems
+
+
+def _reservation(job_id: str, data: dict[Any, Any]) -> Reservation | None:
+    """A gang's hash as read from Redis (empty: no such gang, or its lease ran out)."""
+    if not data:
+        return None
+    d = {_s(k): _s(v) for k, v in data.items()}
+    return Reservation(job_id, int(d["token"]), Allocation.model_validate_json(d["alloc"]), int(d.get("ts", "0")))
