@@ -13,7 +13,7 @@ import contextlib
 import logging
 from collections.abc import Awaitable, Callable
 
-from nats.errors import TimeoutError as NatsTimeout
+from nats.aio.msg import Msg
 from nats.js import JetStreamContext
 from nats.js.api import ConsumerConfig, DeliverPolicy
 
@@ -83,31 +83,41 @@ class StreamTail:
                 await asyncio.sleep(1.0)
 
     async def _follow(self) -> None:
-        sub = await self.js.subscribe(
-            self.subject,
-            stream=self.stream,
-            ordered_consumer=True,
-            config=ConsumerConfig(deliver_policy=DeliverPolicy.BY_START_SEQUENCE, opt_start_seq=self.last_seq + 1),
-            pending_msgs_limit=-1,
-        )
-        try:
-            while True:
-                try:
-                    msg = await sub.next_msg(timeout=30.0)
-                except (TimeoutError, NatsTimeout):
-                    continue
+        # Messages come to a callback, in order, one at a time: `next_msg` would cost a task, a timer and a uuid for
+        # every message, and a follower of the job events sees several a gang.
+        ended: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+
+        async def on_msg(msg: Msg) -> None:
+            if ended.done():
+                return  # the follow is over (a gap, a failure): this subscription is being dropped
+            try:
                 seq = msg.metadata.sequence.stream
                 if seq <= self.last_seq:
-                    continue  # a redelivery after the ordered consumer reset itself
+                    return  # a redelivery after the ordered consumer reset itself
                 if self.whole and self.last_seq and seq != self.last_seq + 1 and self.relist is not None:
                     self.gaps += 1
                     log.warning(
                         "%s: gap in %s (%d after %d): listing again", self.name, self.stream, seq, self.last_seq
                     )
                     self.last_seq = await self.relist()
-                    return  # follow again from the relisted sequence
+                    ended.set_result(None)  # follow again from the relisted sequence
+                    return
                 await self.handler(seq, msg.subject, msg.data, dict(msg.headers or {}))
                 self.last_seq = seq
+            except Exception as exc:
+                if not ended.done():
+                    ended.set_exception(exc)
+
+        sub = await self.js.subscribe(
+            self.subject,
+            stream=self.stream,
+            cb=on_msg,
+            ordered_consumer=True,
+            config=ConsumerConfig(deliver_policy=DeliverPolicy.BY_START_SEQUENCE, opt_start_seq=self.last_seq + 1),
+            pending_msgs_limit=-1,
+        )
+        try:
+            await ended
         finally:
             with contextlib.suppress(Exception):
                 await sub.unsubscribe()
