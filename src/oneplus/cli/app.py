@@ -130,12 +130,16 @@ def queue(nats: NatsOpt = None, team: TeamOpt = None, as_json: JsonOpt = False) 
 
 @app.command()
 def queues(nats: NatsOpt = None, as_json: JsonOpt = False) -> None:
-    """Per queue: guarantee, borrow limit, GPUs used and borrowed, pending, fair-share factor, placement policy."""
+    """Per queue: guarantee, borrow limit, GPUs used and borrowed, pending, fair-share factor, placement policy and
+    queueing strategy."""
     rows = call(nats, None, lambda c: c.ops(f"{subjects.PREFIX}.ops.queues.list", {}))
     if as_json:
         dump(rows)
         return
-    t = Columns("queues", ("QUEUE", "GUARANTEE", "LIMIT", "USED", "BORROWED", "PENDING", "FAIR-SHARE", "PLACEMENT"))
+    t = Columns(
+        "queues",
+        ("QUEUE", "GUARANTEE", "LIMIT", "USED", "BORROWED", "PENDING", "FAIR-SHARE", "PLACEMENT", "QUEUEING"),
+    )
     cols = (
         "queue",
         "guarantee_gpus",
@@ -145,6 +149,7 @@ def queues(nats: NatsOpt = None, as_json: JsonOpt = False) -> None:
         "pending_gpus",
         "fairshare",
         "placement",
+        "queueing",
     )
     for r in rows:
         name = "  " * int(r.get("depth", 0)) + str(r["queue"])

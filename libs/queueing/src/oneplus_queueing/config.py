@@ -57,6 +57,12 @@ class QueueSpec(_Model):
         description="How its jobs' GPUs are chosen: best fit, or FGD (the node and GPUs where the fragmentation "
         "expected for the cycle's workload mix grows least; Weng et al., ATC '23)",
     )
+    queueing: Literal["best-effort-fifo", "strict-fifo"] = Field(
+        default="best-effort-fifo",
+        description="Whether its jobs may pass one another: best-effort-fifo (a job that cannot start now does not "
+        "hold back later ones of the queue) or strict-fifo (by priority, then submission; the first that waits "
+        "holds back the rest of the queue); Kueue's queueing strategies",
+    )
 
     @model_validator(mode="after")
     def _valid_name(self) -> QueueSpec:

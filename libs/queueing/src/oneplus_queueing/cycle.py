@@ -3,7 +3,8 @@
 `schedule_cycle` is a function of its inputs: it works on a private copy of the cluster state and only reads the
 usage history. The placement-solver service commits what it returns; the simulator applies it to its model.
 
-Per pending job, in serving order:
+Per pending job, in serving order (each queue's jobs in its strategy's order: strategies.py):
+0. a job of a strict-fifo queue whose earlier job waits → `Priority`: it waits too;
 1. quota: over its queue's limit → `QuotaExceeded` (unless evicting its own queue's lower-priority jobs makes room);
 2. placement on the working state (a failed shape is remembered until the state changes, a count check first);
 3. if it cannot be placed: claim GPUs already being freed by in-flight preemptions, else choose victims (whole
@@ -33,6 +34,7 @@ from .fairshare import UsageHistory, fairshare_factors
 from .model import CycleCarry, CycleDecision, CycleStats, PendingJob, PendingReason, ReasonCode, Reservation, RunningJob
 from .ordering import RankedJob, keep_protected_first, rank_pending
 from .quota import QuotaLedger, held_by_queue
+from .strategies import serving_order, strategy_of
 from .victims import VictimPool, rate_budget, search_victims
 
 
@@ -63,7 +65,7 @@ def schedule_cycle(
     pending = _dependencies_met(pending, running, job_states or {}, decision)
     carry = carry or CycleCarry()
     ranked, invalid = rank_pending(now, pending, config, factors)
-    ranked = keep_protected_first(ranked, carry.protected)
+    ranked = keep_protected_first(serving_order(ranked, config), carry.protected)
     decision.reasons.update(invalid)
     decision.order = [r.job_id for r in ranked]
     decision.scores = {r.job_id: r.score for r in ranked}
@@ -84,6 +86,7 @@ def schedule_cycle(
     for position, job in enumerate(ranked):
         if job.job_id not in served:
             cycle.serve(job, position)
+        cycle.note_waiting(job)
     stats.wall_s = time.perf_counter() - t0
     return decision
 
@@ -109,6 +112,7 @@ class _Cycle:
     busy: set[tuple[str, str]] = field(default_factory=set)  # (name, user) of jobs holding or given GPUs
     board_waits: set[str] = field(default_factory=set)  # jobs that wait for a strong board rather than run slower
     board_claims: list[BoardClaim] = field(default_factory=list)  # where and when those jobs expect to run
+    held_back_by: dict[str, str] = field(default_factory=dict)  # strict-fifo queue → its first job that waits
     _pool: VictimPool | None = None
     _vacating: list[RunningJob] | None = None
 
@@ -161,8 +165,20 @@ class _Cycle:
             served.add(job.job_id)
         return served
 
+    def note_waiting(self, job: RankedJob) -> None:
+        """After serving `job`: the first job of a strict-fifo queue that did not start holds back the rest."""
+        queue = job.job.queue
+        if job.job_id in self.decision.placements or queue in self.held_back_by:
+            return
+        if strategy_of(self.config, queue).holds_back():
+            self.held_back_by[queue] = job.job_id
+
     def serve(self, job: RankedJob, position: int) -> None:
         spec = job.job.spec
+        first = self.held_back_by.get(job.job.queue)
+        if first is not None:
+            self.reason(job, "Priority", f"queue {job.job.queue} is strict-fifo: it waits behind {first}")
+            return
         if spec.singleton and singleton_key(spec) in self.busy:
             self.reason(job, "Dependency", f"singleton: a job named {spec.name} of {spec.user} holds GPUs")
             return

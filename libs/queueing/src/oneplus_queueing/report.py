@@ -19,7 +19,18 @@ from .model import PendingJob, PendingReason, RunningJob
 from .quota import held_by_queue
 
 QUEUE_HEADER = ("JOBID", "QUEUE", "NAME", "USER", "ST", "TIME", "GPUS", "NODELIST(REASON)")
-QUEUES_HEADER = ("QUEUE", "GUARANTEE", "LIMIT", "USED", "BORROWED", "PENDING", "FAIRSHARE", "WEIGHT", "PLACEMENT")
+QUEUES_HEADER = (
+    "QUEUE",
+    "GUARANTEE",
+    "LIMIT",
+    "USED",
+    "BORROWED",
+    "PENDING",
+    "FAIRSHARE",
+    "WEIGHT",
+    "PLACEMENT",
+    "QUEUEING",
+)
 
 
 def split_records(records: Sequence[JobRecord]) -> tuple[list[PendingJob], list[RunningJob]]:
@@ -132,6 +143,7 @@ class QueuesRow:
     usage_gpu_hours: float  # decayed
     weight: float
     placement: str = "best-fit"  # the queue's placement policy: best-fit or fgd
+    queueing: str = "best-effort-fifo"  # the queue's queueing strategy: best-effort-fifo or strict-fifo
 
     def cells(self) -> tuple[str, ...]:
         return (
@@ -144,6 +156,7 @@ class QueuesRow:
             "-" if self.fairshare is None else f"{self.fairshare:.3f}",
             f"{self.weight:g}",
             self.placement,
+            self.queueing,
         )
 
     def to_dict(self) -> dict[str, object]:
@@ -199,6 +212,7 @@ def queues_rows(
                     usage_gpu_hours=tree_usage[name] / 3600.0,
                     weight=spec.weight,
                     placement=spec.placement,
+                    queueing=spec.queueing,
                 )
             )
             visit(name, depth + 1)

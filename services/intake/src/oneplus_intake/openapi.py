@@ -94,6 +94,7 @@ class QueueUse(Answer):
     usage_gpu_hours: float
     weight: float
     placement: str = Field(description="The queue's placement policy: best-fit or fgd")
+    queueing: str = Field(description="The queue's queueing strategy: best-effort-fifo or strict-fifo")
 
 
 class Queues(RootModel[list[QueueUse]]):
