@@ -94,7 +94,7 @@ def test_queues_rows_show_guarantee_use_borrowing_and_fair_share_in_tree_order()
     assert (red.used_gpus, red.borrowed_gpus, red.limit_gpus) == (12, 8, None)
     assert (red.pending_jobs, red.pending_gpus, red.usage_gpu_hours) == (1, 8, 2.0)
     assert blue.fairshare == 1.0 and red.fairshare == 0.5  # blue used nothing: it is owed more
-    assert red.cells() == ("  red", "4", "-", "12", "8", "1 (8 GPUs)", "0.500", "1", "best-fit")
+    assert red.cells() == ("  red", "4", "-", "12", "8", "1 (8 GPUs)", "0.500", "1", "best-fit", "best-effort-fifo")
     assert len(QUEUES_HEADER) == len(red.cells())
     assert blue.to_dict()["level_fs"] is None and blue.to_dict()["placement"] == "fgd"
 
