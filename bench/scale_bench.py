@@ -451,6 +451,7 @@ async def wait_services(c: OnePlusClient, timeout: float = 300.0) -> float:
 
 async def paced(c: OnePlusClient, watch: Watch, args: argparse.Namespace, tag: str) -> tuple[Row, set[str]]:
     sent: dict[str, float] = {}
+    replied: dict[str, float] = {}
     order: dict[str, int] = {}
     interval = args.interval_ms / 1000
 
@@ -458,6 +459,7 @@ async def paced(c: OnePlusClient, watch: Watch, args: argparse.Namespace, tag: s
         t = time.monotonic()
         reply = await c.submit(one_gpu(f"paced-{i}", args.paced_duration), msg_id=f"{tag}-paced-{i}", source="bench")
         assert reply.ok and reply.job_id, reply.error
+        replied[reply.job_id] = time.monotonic()
         sent[reply.job_id] = t
         order[reply.job_id] = i
 
@@ -469,6 +471,8 @@ async def paced(c: OnePlusClient, watch: Watch, args: argparse.Namespace, tag: s
     await asyncio.gather(*tasks)
     ok = await watch.wait(watch.placed, set(sent), args.timeout)
     lat = sorted(watch.placed[j] - t for j, t in sent.items() if j in watch.placed)
+    # Where the time goes: the submission's reply (intake, and the owner folding `accepted`) against the whole.
+    acks = sorted(replied[j] - t for j, t in sent.items())
     return {
         "placed": len(lat),
         "timed_out": not ok,
@@ -476,9 +480,16 @@ async def paced(c: OnePlusClient, watch: Watch, args: argparse.Namespace, tag: s
         "p90_ms": round(pct(lat, 90) * 1000, 1) if lat else None,
         "p99_ms": round(pct(lat, 99) * 1000, 1) if lat else None,
         "max_ms": round(lat[-1] * 1000, 1) if lat else None,
+        "reply_p50_ms": round(statistics.median(acks) * 1000, 1) if acks else None,
+        "reply_p99_ms": round(pct(acks, 99) * 1000, 1) if acks else None,
         # The five slowest, by submission order and time since the first: warm-up (the first few) or a periodic stall.
         "slowest": [
-            {"i": order[j], "at_s": round(sent[j] - t0, 3), "ms": round((watch.placed[j] - sent[j]) * 1000, 1)}
+            {
+                "i": order[j],
+                "at_s": round(sent[j] - t0, 3),
+                "ms": round((watch.placed[j] - sent[j]) * 1000, 1),
+                "reply_ms": round((replied[j] - sent[j]) * 1000, 1),
+            }
             for j in sorted(
                 (j for j in sent if j in watch.placed), key=lambda j: watch.placed[j] - sent[j], reverse=True
             )[:5]
