@@ -76,3 +76,43 @@ async def test_a_commit_whose_acks_were_cut_off_is_caught_up_before_the_next_fol
     assert await owner.commit(cancelled("x")) == [None]
     events = [parse_job_event(d) for _, d, _ in await read_stream(nc.jetstream(), subjects.JOBS_STREAM, 1)]
     assert [(e.job_id, e.type) for e in events] == [("x", "accepted"), ("x", "finished"), ("y", "accepted")]
+
+
+async def test_a_commit_cut_off_between_two_publishes_is_caught_up_before_the_next_fold(nc: Client) -> None:
+    # CI's chaos run: the stream held a preemption's `requeued` the owner never folded, then reconcile's second
+    # `requeued` of the same attempt, which a replay refuses. The bus dropped while a batch was being published:
+    # the first event was sent (and stored once nats-py reconnected), the second publish raised.
+    owner = await new_owner(nc)
+    await owner.commit(*[JobAccepted(event_id=f"a-{j}", job_id=j, spec=spec(0)) for j in ("p", "q")])
+    real = owner.js
+    sent = 0
+
+    class DroppedMidBatch:
+        def __getattr__(self, name: str) -> object:
+            return getattr(real, name)
+
+        async def publish_async(self, *args: object, **kw: object) -> object:
+            nonlocal sent
+            sent += 1
+            if sent == 2:
+                raise ConnectionError("nats: connection closed")
+            return await real.publish_async(*args, **kw)  # type: ignore[arg-type]
+
+    owner.js = DroppedMidBatch()  # type: ignore[assignment]
+    with pytest.raises(ConnectionError):
+        await owner.commit(cancelled("p"), cancelled("q"))
+    owner.js = real
+    # p's `finished` went out before the second publish failed: it is in the stream, and the index never folded it.
+    assert owner.index.get("p").state == "ACCEPTED" and owner.stale
+    await owner.commit(JobAccepted(event_id="a-r", job_id="r", spec=spec(1)))
+    assert owner.index.get("p").state == "CANCELLED" and not owner.stale, "folded from the stream first"
+    assert await owner.commit(cancelled("p")) == [None], "the redelivered fact is refused, not published twice"
+    await owner.commit(cancelled("q"))
+    events = [parse_job_event(d) for _, d, _ in await read_stream(nc.jetstream(), subjects.JOBS_STREAM, 1)]
+    assert [(e.job_id, e.type) for e in events] == [
+        ("p", "accepted"),
+        ("q", "accepted"),
+        ("p", "finished"),
+        ("r", "accepted"),
+        ("q", "finished"),
+    ]

@@ -29,7 +29,7 @@ from nats.errors import TimeoutError as FetchTimeout
 from nats.js import JetStreamContext
 from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy, PubAck
 from nats.js.kv import KeyValue
-from oneplus_bus.acks import wait_acks
+from oneplus_bus.acks import PUBLISH_ACK_TIMEOUT_S, wait_acks
 from oneplus_bus.archive import JobArchive
 from oneplus_bus.informer import StreamTail
 from oneplus_bus.ledger import PROJECTED_SEQ_KEY, latest_values, projected_seq, read_stream
@@ -78,6 +78,7 @@ class JobOwner:
         self.min_age_s = min_age_s
         self.index = JobIndex()
         self.stale = False  # a commit failed after publishing: the stream may hold events the index lacks
+        self._cut_off: list[asyncio.Future[PubAck]] = []  # that commit's publishes whose outcome is not known yet
         self.unprojected: dict[str, JobRecord] = {}  # folded, but their hot-view write not confirmed yet
         self._lock = asyncio.Lock()
         self._listeners: list[OnApplied] = []
@@ -175,6 +176,7 @@ class JobOwner:
         if self.guard is not None:
             await self.guard()
         if self.stale:
+            await self._settle_cut_off()
             caught = await self._replay_after(self.index.last_seq)
             self.stale = False
             log.warning("job owner: %d event(s) of a commit cut off by the bus were in the stream; folded", caught)
@@ -198,12 +200,19 @@ class JobOwner:
                 headers["traceparent"] = new.traceparent
             else:
                 inject(headers)
-            fut = await self.js.publish_async(
-                subjects.job_event(event.job_id, event.type),
-                event.model_dump_json().encode(),
-                headers=headers,
-                stream=subjects.JOBS_STREAM,
-            )
+            try:
+                fut = await self.js.publish_async(
+                    subjects.job_event(event.job_id, event.type),
+                    event.model_dump_json().encode(),
+                    headers=headers,
+                    stream=subjects.JOBS_STREAM,
+                )
+            except BaseException:
+                # The events sent before this one may be stored (nats-py flushes its buffer once reconnected):
+                # catch up from the stream, once they landed, before folding anything more.
+                self.stale = True
+                self._cut_off = [f for *_, f in staged]
+                raise
             folded[event.job_id] = new
             staged.append((i, event, before, new, fut))
         applied: list[Applied] = []
@@ -224,6 +233,18 @@ class JobOwner:
             applied.append(Applied(event, before, rec))
         await self._project(records)
         return applied, out
+
+    async def _settle_cut_off(self) -> None:
+        """Wait (bounded) for the publishes of a commit cut off mid-batch to be stored or refused, so that the
+        catch-up reads them: a replay that ran before they landed would leave them unfolded for good."""
+        pending, self._cut_off = self._cut_off, []
+        if pending:
+            await asyncio.wait(pending, timeout=PUBLISH_ACK_TIMEOUT_S)
+        for fut in pending:
+            if fut.done() and not fut.cancelled():
+                fut.exception()  # retrieved: its outcome is read from the stream, not from here
+            else:
+                fut.cancel()
 
     async def _project(self, records: Sequence[JobRecord]) -> None:
         """Write records to the `jobs` KV bucket (pipelined: one round trip for the batch). Records whose write is
