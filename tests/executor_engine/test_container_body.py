@@ -112,3 +112,19 @@ def test_kubernetes_command_is_the_entrypoint_and_args_the_cmd() -> None:
     assert container_body(cleared, cleared.ranks[0], {}, **args)["Entrypoint"] == [""]
     plain = launch("job-1", "node-a", [(0, [0])])
     assert "Entrypoint" not in container_body(plain, plain.ranks[0], {}, **args)
+
+
+def test_the_launchers_hostfile_upload_ends_at_the_end_of_archive_blocks() -> None:
+    import io
+    import tarfile
+
+    from oneplus_node_executor.runtime.docker import _hostfile_tar
+
+    body = _hostfile_tar("10.0.0.1 slots=2\n10.0.0.2 slots=2\n")
+    # Two zero blocks close the archive and nothing follows them: Podman's copier stops reading there, and padding
+    # still being sent made the upload fail (containers/buildah#6573).
+    assert len(body) % 512 == 0 and body[-1024:] == b"\0" * 1024 and body[-1536:-1024] != b"\0" * 512
+    with tarfile.open(fileobj=io.BytesIO(body)) as tar:
+        assert tar.getnames() == ["etc", "etc/mpi", "etc/mpi/hostfile"]
+        member = tar.extractfile("etc/mpi/hostfile")
+        assert member is not None and member.read() == b"10.0.0.1 slots=2\n10.0.0.2 slots=2\n"
