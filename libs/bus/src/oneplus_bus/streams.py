@@ -131,7 +131,7 @@ async def ensure_streams(js: JetStreamContext, replicas: int | None = None) -> N
             max_bytes=limits.max_bytes,
             max_msgs=limits.max_msgs,
             max_msgs_per_subject=limits.max_msgs_per_subject,
-            allow_direct=name in DIRECT_GET_STREAMS or None,
+            allow_direct=True if name in DIRECT_GET_STREAMS else None,
         )
         try:
             info = await js.stream_info(name)

@@ -112,7 +112,7 @@ class _Cycle:
     busy: set[tuple[str, str]] = field(default_factory=set)  # (name, user) of jobs holding or given GPUs
     board_waits: set[str] = field(default_factory=set)  # jobs that wait for a strong board rather than run slower
     board_claims: list[BoardClaim] = field(default_factory=list)  # where and when those jobs expect to run
-    held_back_by: dict[str, str] = field(default_factory=dict)  # strict-fifo queue → its first job that waits
+    held_back_by: dict[str, str] = field(default_factory=dict)  # queue that holds back → its first job that waits
     _pool: VictimPool | None = None
     _vacating: list[RunningJob] | None = None
 
@@ -170,14 +170,15 @@ class _Cycle:
         queue = job.job.queue
         if job.job_id in self.decision.placements or queue in self.held_back_by:
             return
-        if strategy_of(self.config, queue).holds_back():
+        if strategy_of(self.config, queue).holds_back:
             self.held_back_by[queue] = job.job_id
 
     def serve(self, job: RankedJob, position: int) -> None:
         spec = job.job.spec
         first = self.held_back_by.get(job.job.queue)
         if first is not None:
-            self.reason(job, "Priority", f"queue {job.job.queue} is strict-fifo: it waits behind {first}")
+            strategy = strategy_of(self.config, job.job.queue).name
+            self.reason(job, "Priority", f"queue {job.job.queue} is {strategy}: it waits behind {first}")
             return
         if spec.singleton and singleton_key(spec) in self.busy:
             self.reason(job, "Dependency", f"singleton: a job named {spec.name} of {spec.user} holds GPUs")

@@ -24,34 +24,27 @@ from .ordering import RankedJob
 
 class QueueingStrategy(Protocol):
     name: ClassVar[str]
+    holds_back: ClassVar[bool]  # a job of the queue that waits keeps every later job of the queue waiting too
 
     def order(self, jobs: Sequence[RankedJob]) -> list[RankedJob]:
         """One queue's jobs, from the cycle's order, in the order this queue serves them."""
         ...
 
-    def holds_back(self) -> bool:
-        """Whether a job of the queue that waits keeps every later job of the queue waiting too."""
-        ...
-
 
 class BestEffortFifo:
     name: ClassVar[str] = "best-effort-fifo"
+    holds_back: ClassVar[bool] = False
 
     def order(self, jobs: Sequence[RankedJob]) -> list[RankedJob]:
         return list(jobs)
 
-    def holds_back(self) -> bool:
-        return False
-
 
 class StrictFifo:
     name: ClassVar[str] = "strict-fifo"
+    holds_back: ClassVar[bool] = True
 
     def order(self, jobs: Sequence[RankedJob]) -> list[RankedJob]:
         return sorted(jobs, key=lambda r: (-r.priority, r.job.submitted_ts, r.job_id))
-
-    def holds_back(self) -> bool:
-        return True
 
 
 STRATEGIES: dict[str, QueueingStrategy] = {s.name: s for s in (BestEffortFifo(), StrictFifo())}
@@ -73,9 +66,6 @@ def serving_order(ranked: Sequence[RankedJob], config: QueueConfig) -> list[Rank
         slots.setdefault(job.job.queue, []).append(i)
     out = list(ranked)
     for queue, places in slots.items():
-        strategy = strategy_of(config, queue)
-        if isinstance(strategy, BestEffortFifo):
-            continue  # the cycle's order already
-        for i, job in zip(places, strategy.order([ranked[i] for i in places]), strict=True):
+        for i, job in zip(places, strategy_of(config, queue).order([ranked[i] for i in places]), strict=True):
             out[i] = job
     return out
