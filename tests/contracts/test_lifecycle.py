@@ -69,6 +69,20 @@ def test_an_event_with_a_stale_token_is_refused() -> None:
         apply_event(rec, JobRunning(job_id="j", node="a", token=6))
 
 
+def test_a_requeue_of_an_earlier_attempt_does_not_end_the_next_one() -> None:
+    rec = fold(
+        JobAccepted(job_id="j", spec=SPEC),
+        JobPlaced(job_id="j", allocation=ALLOC, token=7),
+        JobRequeued(job_id="j", reason="preempted", token=7),
+    )
+    assert rec.state == "ACCEPTED" and rec.token is None and rec.ended_token == 7
+    again = apply_event(rec, JobPlaced(job_id="j", allocation=ALLOC, token=9))
+    with pytest.raises(IllegalTransition, match="stale token 7"):
+        apply_event(again, JobRequeued(job_id="j", reason="lease expired", token=7, fault="infrastructure"))
+    ended = apply_event(again, JobRequeued(job_id="j", reason="lease expired", token=9, fault="infrastructure"))
+    assert ended.ended_token == 9 and ended.infra_requeues == 1
+
+
 def test_nothing_applies_after_a_terminal_state() -> None:
     rec = fold(JobAccepted(job_id="j", spec=SPEC), JobFinished(job_id="j", state="CANCELLED", reason="x"))
     with pytest.raises(IllegalTransition, match="already CANCELLED"):

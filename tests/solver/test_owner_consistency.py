@@ -12,7 +12,17 @@ from nats.aio.client import Client
 from oneplus_bus.archive import JobArchive
 from oneplus_bus.ledger import read_stream
 from oneplus_bus.streams import ensure_kv, ensure_streams
-from oneplus_contracts import JobAccepted, JobFinished, parse_job_event, subjects
+from oneplus_contracts import (
+    Allocation,
+    JobAccepted,
+    JobFinished,
+    JobPlaced,
+    JobRequeued,
+    RankPlacement,
+    apply_event,
+    parse_job_event,
+    subjects,
+)
 from oneplus_placement_solver import owner as owner_module
 from oneplus_placement_solver.owner import JobOwner
 from test_cycle_store_ops import spec
@@ -116,3 +126,30 @@ async def test_a_commit_cut_off_between_two_publishes_is_caught_up_before_the_ne
         ("r", "accepted"),
         ("q", "finished"),
     ]
+
+
+async def test_an_event_the_stream_already_holds_is_not_folded_twice(nc: Client) -> None:
+    # CI's chaos run: a release lost to a Redis restart left a requeued attempt's reservation; reconcile took it for
+    # a placement never recorded and committed `placed` again under the old event id. JetStream dropped it as a
+    # duplicate, the owner folded it anyway, and its later `requeued` was one the stream's replay refuses.
+    owner = await new_owner(nc)
+    alloc = Allocation(ranks=[RankPlacement(rank=0, node="n0", gpus=[0, 1])])
+    placed = JobPlaced(event_id="p-d-5", job_id="d", allocation=alloc, token=5)
+    await owner.commit(JobAccepted(event_id="a-d", job_id="d", spec=spec(0)), placed)
+    await owner.commit(JobRequeued(event_id="rq-d-5", job_id="d", reason="preempted", token=5))
+    assert await owner.commit(placed) == [None], "the stream already holds it: not folded again"
+    rec = owner.index.get("d")
+    assert rec.state == "ACCEPTED" and rec.ended_token == 5
+    # Nor is what follows it in the same batch folded on top of it.
+    follow = JobFinished(event_id="c-d", job_id="d", state="CANCELLED", reason="cancelled by test")
+    out = await owner.commit(placed, follow)
+    assert out[0] is None and out[1] is not None and out[1].state == "CANCELLED" and out[1].token is None
+    events = [parse_job_event(d) for _, d, _ in await read_stream(nc.jetstream(), subjects.JOBS_STREAM, 1)]
+    replayed = None
+    for e in events:
+        if e.job_id == "d":
+            replayed = apply_event(replayed, e)
+    assert replayed is not None
+    assert replayed.model_dump(exclude={"seq", "traceparent"}) == owner.index.get("d").model_dump(
+        exclude={"seq", "traceparent"}
+    )

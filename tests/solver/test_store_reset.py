@@ -12,7 +12,7 @@ import time
 
 from nats.aio.client import Client
 from oneplus_bus.audit import audit_history, read_audit
-from oneplus_contracts import JobAccepted, NodeHeartbeat, RankReport, subjects
+from oneplus_contracts import JobAccepted, JobRequeued, NodeHeartbeat, RankReport, subjects
 from oneplus_reservations import EPOCH_SPAN, check_history
 from oneplus_testing import Servers
 from test_cycle_store_ops import add_nodes, solver_on_fresh_bus, spec
@@ -81,6 +81,28 @@ async def test_reconcile_notices_a_reset_and_does_not_requeue_jobs_whose_reserva
         rec = solver.owner.index.get("x")
         assert rec.state == "PLACED" and rec.token == token, "rebuilt, not requeued"
         assert {r.job_id: r.token for r in await solver.store.all()} == {"x": token}
+
+
+async def test_reconcile_frees_the_reservation_of_a_requeued_attempt_whose_release_the_store_lost(
+    nc: Client, servers: Servers, cluster_name: str
+) -> None:
+    """CI's chaos run: the release after a preemption's requeue failed (Redis restarting); reconcile must not take
+    the leftover reservation for a placement that was never recorded and record the old attempt as placed again."""
+    async with solver_on_fresh_bus(nc, servers, cluster_name) as solver:
+        await add_nodes(nc, solver, 1)
+        await solver.owner.commit(JobAccepted(event_id="a-w", job_id="w", spec=spec(0, 2)))
+        assert await solver.schedule_once() == 1
+        token = solver.owner.index.get("w").token
+        # Requeued (the store unreachable, so its reservation stays).
+        await solver.owner.commit(JobRequeued(event_id=f"rq-w-{token}", job_id="w", reason="preempted", token=token))
+        assert {r.job_id: r.token for r in await solver.store.all()} == {"w": token}
+        seq = solver.owner.index.get("w").seq
+        await solver.reconcile()
+        rec = solver.owner.index.get("w")
+        assert rec.state == "ACCEPTED" and rec.seq == seq, "nothing recorded for the ended attempt"
+        assert await solver.store.all() == [], "its reservation freed"
+        assert await solver.schedule_once() == 1, "and the job placed again under a new token"
+        assert solver.owner.index.get("w").token > token
 
 
 async def test_a_gpu_a_node_still_reports_in_use_is_not_offered(

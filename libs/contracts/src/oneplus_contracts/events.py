@@ -148,6 +148,9 @@ class JobCheckpointed(_Event):
 class JobRequeued(_Event):
     type: Literal["requeued"] = "requeued"
     reason: str
+    token: int | None = Field(
+        default=None, description="The attempt it ends: a requeue decided for an earlier attempt does not apply"
+    )
     checkpoint_ts: float | None = None
     fault: Fault | None = Field(
         default=None, description="'infrastructure' for a requeue after a platform fault (counted in infra_requeues)"
@@ -223,6 +226,10 @@ class JobRecord(Strict):
         default_factory=list, description="nodes whose ranks the platform ended (not the job), for this attempt"
     )
     infra_requeues: int = Field(default=0, ge=0, description="requeues after infrastructure faults, all attempts")
+    ended_token: int | None = Field(
+        default=None,
+        description="Fencing token of the last attempt that was requeued: a reservation under it belongs to no attempt",
+    )
     source: str = "cli"
     warnings: list[str] = Field(default_factory=list)
     cancel_requested: bool = False

@@ -151,6 +151,7 @@ def apply_event(rec: JobRecord | None, event: JobEvent) -> JobRecord:
             return r.model_copy(update={"state": state, "checkpoint_ts": ck, "updated_ts": event.ts})
         case JobRequeued():
             r = _require(rec, event, "PREEMPTING", "CHECKPOINTED", "PLACED", "STARTING", "RUNNING")
+            _token_matches(r, event.token, event)
             ck = event.checkpoint_ts if event.checkpoint_ts is not None else r.checkpoint_ts
             saved = 0.0
             if ck is not None and r.started_ts is not None and ck > r.started_ts:
@@ -171,6 +172,7 @@ def apply_event(rec: JobRecord | None, event: JobEvent) -> JobRecord:
                     # A platform fault is not a preemption: it spends the job's infrastructure retry budget.
                     "preemptions": r.preemptions + (event.fault != "infrastructure"),
                     "infra_requeues": r.infra_requeues + (event.fault == "infrastructure"),
+                    "ended_token": r.token,
                     "updated_ts": event.ts,
                 }
             )

@@ -966,6 +966,10 @@ class Solver:
             if rec is None:
                 if now - res.ts_ms / 1000 > s.lost_reservation_grace_s:
                     await self.release(job_id, res.token, "orphan: no live job")
+            elif rec.state == "ACCEPTED" and rec.ended_token is not None and res.token <= rec.ended_token:
+                # The store lost the release of an attempt that was requeued (unreachable then): not a placement
+                # that was never recorded. Recording it as placed would repeat the old `placed` event's id.
+                await self.release(job_id, res.token, "attempt already ended (requeued)")
             elif rec.state == "ACCEPTED" and not rec.cancel_requested:
                 if len(self.members) > 1 and now - res.ts_ms / 1000 < s.lost_reservation_grace_s:
                     continue  # maybe another replica's fresh commit: its `placed` fact is on the way
@@ -989,6 +993,7 @@ class Solver:
                     event_id=f"lost-{rec.job_id}-{rec.token}",
                     job_id=rec.job_id,
                     reason=f"{why}; requeued",
+                    token=rec.token,
                     fault="infrastructure",
                 )
                 if rec.infra_requeues >= s.infra_retries:

@@ -134,6 +134,7 @@ def attempt_end(rec: JobRecord, out: AttemptOutcome) -> tuple[JobEvent, str] | N
             event_id=f"requeued-{job_id}-{token}",
             job_id=job_id,
             reason=out.reason,
+            token=token,
             checkpoint_ts=rec.checkpoint_ts,
             fault="infrastructure" if infra else None,
         )

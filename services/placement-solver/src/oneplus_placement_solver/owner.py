@@ -224,7 +224,23 @@ class JobOwner:
         except BaseException:
             self.stale = bool(staged)  # some may be stored: catch up from the stream before folding anything more
             raise
+        rebased: set[str] = set()  # jobs of this batch with an event the stream already held
         for (i, event, before, new, _), ack in zip(staged, acks, strict=True):
+            if event.job_id in rebased:
+                # Folded on top of a duplicate that was not applied: fold again on what the record really is.
+                before = self.index.get(event.job_id)
+                try:
+                    new = apply_event(before, event).model_copy(update={"traceparent": new.traceparent})
+                except IllegalTransition as exc:
+                    log.error("%s of %s is in the job stream but does not apply: %s", event.type, event.job_id, exc)
+                    continue
+            elif ack.duplicate and before is not None and before.seq >= ack.seq:
+                # JetStream already held this event id (a decision taken again within the duplicate window) and the
+                # record has folded it: folding it twice would make the record differ from the stream.
+                self.refused.labels(event.type).inc()
+                log.warning("refused %s of %s: the stream already holds %s", event.type, event.job_id, event.event_id)
+                rebased.add(event.job_id)
+                continue
             rec = new.model_copy(update={"seq": int(ack.seq)})
             out[i] = rec
             self.index.put(rec)
