@@ -139,3 +139,12 @@ def test_the_batch_is_never_worse_than_its_greedy_warm_start(fill_seed: int, pct
     result = place_batch(snap, window(n, seed), time_limit_s=0.2)
     assert result.objective >= result.greedy_objective - 1e-9
     assert_valid(snap, result)  # no GPU given twice, none that was held
+
+
+def test_contested_only_skips_cp_sat_when_greedy_places_the_whole_window() -> None:
+    snap = ClusterSnapshot.from_cluster(preset_cluster(HGX_H100, 8, nodes_per_leaf=8))
+    easy = place_batch(snap, [gang(f"j{i}", 2, 2) for i in range(8)], contested_only=True)
+    assert easy.solver == "greedy" and easy.status == "NOT_RUN" and easy.placed_gpus == 16
+    assert easy.objective == easy.greedy_objective and easy.bound is None
+    contested = place_batch(snap, [gang(f"j{i}", g, g) for i, g in enumerate([2] * 8 + [6] * 8)], contested_only=True)
+    assert contested.solver == "cp-sat" and contested.placed_gpus == 64

@@ -172,6 +172,14 @@ class ClusterState(Holdings):
             self.mem_used[i] += mem
             self._refresh(i)
 
+    def fits(self, alloc: Allocation) -> bool:
+        """Whether `apply(alloc)` would succeed now (nothing is taken)."""
+        try:
+            self._plan(alloc, sign=1)
+        except AllocationConflict:
+            return False
+        return True
+
     def release(self, alloc: Allocation) -> None:
         """Give back what `alloc` holds; raise if it does not hold it."""
         plan = self._plan(alloc, sign=-1)

@@ -52,10 +52,11 @@ class QueueSpec(_Model):
     )
     weight: Annotated[float, Field(gt=0)] = 1.0
     description: str = ""
-    placement: Literal["best-fit", "fgd"] = Field(
+    placement: Literal["best-fit", "fgd", "cp-sat"] = Field(
         default="best-fit",
-        description="How its jobs' GPUs are chosen: best fit, or FGD (the node and GPUs where the fragmentation "
-        "expected for the cycle's workload mix grows least; Weng et al., ATC '23)",
+        description="How its jobs' GPUs are chosen: best fit, FGD (the node and GPUs where the fragmentation "
+        "expected for the cycle's workload mix grows least; Weng et al., ATC '23), or cp-sat (its first waiting jobs "
+        "placed jointly each cycle when that places more than best fit one by one; see `batch`)",
     )
     queueing: Literal["best-effort-fifo", "strict-fifo"] = Field(
         default="best-effort-fifo",
@@ -157,6 +158,23 @@ class BackfillPolicy(_Model):
     )
 
 
+class BatchPolicy(_Model):
+    """How a `placement: cp-sat` queue places its first waiting jobs jointly (docs/placement.md, "CP-SAT in the live
+    cycle")."""
+
+    window: Annotated[int, Field(ge=2, le=256)] = Field(
+        default=32, description="Waiting jobs of the queue, first in its order, placed jointly each cycle"
+    )
+    time_limit_s: Annotated[float, Field(gt=0, le=10)] = Field(
+        default=0.2, description="CP-SAT's bound per queue and cycle; best fit's answer stands unless it beats it"
+    )
+    max_wait_s: Annotated[float, Field(ge=0)] = Field(
+        default=600.0,
+        description="A job that has waited this long is left out of the window and served by best fit in its turn: "
+        "a joint answer that keeps passing it over cannot starve it",
+    )
+
+
 class BoardPolicy(_Model):
     """Mixed board kinds: a one-node gang offered only a weaker board (docs/queueing.md, "A weaker board now, or a
     strong one later"), and which gangs leave the strong boards to others (docs/placement.md)."""
@@ -187,6 +205,7 @@ class QueueConfig(_Model):
     preemption: PreemptionPolicy = Field(default_factory=PreemptionPolicy)
     backfill: BackfillPolicy = Field(default_factory=BackfillPolicy)
     boards: BoardPolicy = Field(default_factory=BoardPolicy)
+    batch: BatchPolicy = Field(default_factory=BatchPolicy)
 
     @model_validator(mode="after")
     def _coherent_tree(self) -> QueueConfig:

@@ -25,6 +25,7 @@ from oneplus_placement.greedy import PlacementResult
 from oneplus_placement.snapshot import AllocationConflict, ClusterSnapshot, ClusterState
 
 from .backfill import may_use_block, reserve_block
+from .batching import BatchPlan, plan_batches
 from .boards import BoardClaim, weigh_boards
 from .capacity import Capacity, whole_gpus, working_copy
 from .config import QueueConfig
@@ -83,6 +84,8 @@ def schedule_cycle(
         busy={singleton_key(r.spec) for r in running},
     )
     served = cycle.honour_nominations(ranked, carry.nominations)
+    cycle.plans = plan_batches(now, ranked, served, cycle.capacity.state, config, seed)
+    stats.batch_solves = len(cycle.plans)
     for position, job in enumerate(ranked):
         if job.job_id not in served:
             cycle.serve(job, position)
@@ -113,6 +116,7 @@ class _Cycle:
     board_waits: set[str] = field(default_factory=set)  # jobs that wait for a strong board rather than run slower
     board_claims: list[BoardClaim] = field(default_factory=list)  # where and when those jobs expect to run
     held_back_by: dict[str, str] = field(default_factory=dict)  # queue that holds back → its first job that waits
+    plans: dict[str, BatchPlan] = field(default_factory=dict)  # cp-sat queues' joint answers (batching.py)
     _pool: VictimPool | None = None
     _vacating: list[RunningJob] | None = None
 
@@ -198,6 +202,9 @@ class _Cycle:
             if not self.preempt(job, quota_only=True):
                 self.reason(job, "QuotaExceeded", message)
             return
+        plan = self.plans.get(job.job.queue)
+        if plan is not None and not plan.dropped and self.follow_plan(job, plan):
+            return
         placed = self.try_place(job)
         if placed is not None:
             self.commit(job, *placed)
@@ -208,6 +215,22 @@ class _Cycle:
             return
         if self.head is None and self.now - job.job.submitted_ts >= self.config.backfill.min_age_reserve_s:
             self.protect(job)
+
+    def follow_plan(self, job: RankedJob, plan: BatchPlan) -> bool:
+        """Place or hold `job` as its queue's joint plan says; False when the plan has nothing for it (or no longer
+        fits: then it is dropped and best fit serves the rest of the queue)."""
+        alloc = plan.allocations.get(job.job_id)
+        if alloc is None:
+            if job.job_id not in plan.left_out:
+                return False
+            self.reason(job, "Resources", plan.left_out_message())
+            return True
+        if not self.capacity.state.fits(alloc):
+            plan.dropped = True
+            return False
+        plan.used.add(job.job_id)
+        self.commit(job, alloc, False)
+        return True
 
     def try_place(self, job: RankedJob) -> tuple[Allocation, bool] | None:
         """The job's allocation and whether it took reserved GPUs, or None with the reason recorded."""

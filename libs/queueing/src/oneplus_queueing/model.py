@@ -133,6 +133,7 @@ class CycleStats:
     skipped_by_count: int = 0
     skipped_by_memo: int = 0
     victim_searches: int = 0
+    batch_solves: int = 0  # cp-sat queues whose joint plan beat best fit this cycle
     wall_s: float = 0.0
 
 

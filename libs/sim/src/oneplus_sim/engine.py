@@ -82,6 +82,7 @@ class SimResult:
     series_pending: list[int]
     gpu_busy: list[list[float]]
     total_gpus: int
+    counters: dict[str, int] = field(default_factory=dict)  # the policy's own (`oneplus`: cp-sat plans used)
 
     @property
     def placements(self) -> dict[str, list[tuple[tuple[int, tuple[int, ...]], ...]]]:
@@ -237,6 +238,7 @@ class Simulation:
             series_pending=pend,
             gpu_busy=self._busy,
             total_gpus=self.cluster.total_gpus,
+            counters=dict(getattr(self.policy, "counters", {})),
         )
 
     # ---- queue ---------------------------------------------------------------------------------

@@ -62,4 +62,5 @@ def figures(res: SimResult) -> dict[str, object]:
         "solver_p50_ms": _r(percentile(ms, 50), 4),
         "solver_p99_ms": _r(percentile(ms, 99), 4),
         "cycles": len(ms),
+        "batch_plans": res.counters.get("batch_plans", 0),
     }

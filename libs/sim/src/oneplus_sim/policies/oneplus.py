@@ -121,6 +121,7 @@ class OnePlusPolicy:
         self._preemptions: dict[str, int] = {}
         self._charged = -math.inf
         self._leaf_room = 0  # most nodes under one leaf: a gang of more ranks cannot ask for one leaf
+        self.counters: dict[str, int] = {"batch_plans": 0}  # cycles × cp-sat queues whose joint plan was used
 
     def queue_key(self, job: SimJob) -> tuple[float, ...]:
         return (-job.priority, job.order)
@@ -157,6 +158,7 @@ class OnePlusPolicy:
             seed=self.seed,
             carry=self._carry,
         )
+        self.counters["batch_plans"] += decision.stats.batch_solves
         applied = apply_decision(decision, self._state, self._pending, self._running, self.usage)
         for e in applied.evicted:
             victim = e.victim.job_id
