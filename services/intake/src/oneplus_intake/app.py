@@ -24,7 +24,7 @@ from . import joblist
 from .deliveries import NatsDeliveryLedger
 from .hotview import HotView
 from .http_api import JobsApi
-from .settings import IntakeSettings
+from .settings import IntakeSettings, submit_workers
 from .submissions import Intake, job_id_for
 from .web import HttpServer, IntakeHttp
 from .webhooks import MlflowWebhook, load_templates
@@ -32,9 +32,6 @@ from .webhooks import MlflowWebhook, load_templates
 __all__ = ["IntakeService", "build_intake", "job_id_for", "main"]
 
 log = logging.getLogger("oneplus.intake")
-
-# Submissions are answered concurrently: each waits a few ms for the job owner's fold, and CI/CD bursts are wide.
-SUBMIT_WORKERS = 32
 
 
 class IntakeService:
@@ -181,7 +178,7 @@ def build_intake(
         subjects.SUBMIT,
         queue="intake",
         title="job submissions (request/reply)",
-        max_workers=SUBMIT_WORKERS,
+        max_workers=submit_workers(intake_settings),
     )(it.on_submit)
     svc.on_start(it.start)
     svc.on_stop(it.stop)
