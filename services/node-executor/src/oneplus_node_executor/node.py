@@ -164,12 +164,18 @@ class NodeExecutor:
     async def launch(self, cmd: LaunchRanks) -> None:
         if self.tokens.get(cmd.job_id, -1) >= cmd.token or (cmd.job_id, cmd.token) in self.ends:
             return  # redelivered: the ranks already run (or ran) under this token
-        current = await self.current_token(cmd.job_id)
-        if current != cmd.token:
+        # The renewal is the fencing check: "ok" only while the reservation holds this token (one round trip).
+        leased = await self.lease_for_launch(cmd.job_id, cmd.token)
+        if leased != "ok":
             log.warning(
-                "%s: refused launch of %s with stale token %s (current %s)", self.node, cmd.job_id, cmd.token, current
+                "%s: refused launch of %s with stale token %s (its reservation: %s)",
+                self.node,
+                cmd.job_id,
+                cmd.token,
+                "another attempt's" if leased == "stale" else "none",
             )
             return
+        leased_at = asyncio.get_running_loop().time()
         gpus = self.local_gpus(cmd.ranks)
         busy = self.gpu_conflicts(cmd.job_id, cmd.token, gpus)
         if busy:
@@ -203,12 +209,13 @@ class NodeExecutor:
             return
         self.start_watch(cmd.job_id, cmd.token, gpus)
         self.serve_slurm_steps(slurm.start_step_server(self.runtime, cmd, lambda: self.svc.nc))
-        try:
-            status = await self.rstore().renew_status(cmd.job_id, cmd.token, LEASE_S)
-        except Exception as exc:  # the heartbeat renews it; the ranks run either way
-            log.warning("%s: renewing the lease of %s failed: %s", self.node, cmd.job_id, exc)
-        else:
-            self.apply_renewals({(cmd.job_id, cmd.token): status})
+        if asyncio.get_running_loop().time() - leased_at > LEASE_S / 4:  # a slow start (an image pull): renew now
+            try:
+                status = await self.rstore().renew_status(cmd.job_id, cmd.token, LEASE_S)
+            except Exception as exc:  # the heartbeat renews it; the ranks run either way
+                log.warning("%s: renewing the lease of %s failed: %s", self.node, cmd.job_id, exc)
+            else:
+                self.apply_renewals({(cmd.job_id, cmd.token): status})
         await self.record(
             JobRunning(
                 event_id=f"running-{cmd.job_id}-{cmd.token}-{self.node}",
@@ -294,18 +301,19 @@ class NodeExecutor:
             with contextlib.suppress(Exception):
                 await self.runtime.stop(cmd.job_id, grace_s=STOP_GRACE_S)
 
-    async def current_token(self, job_id: str) -> int | None:
-        """The reservation's token; a store found reset is given time to be rebuilt (then StoreResetPending)."""
+    async def lease_for_launch(self, job_id: str, token: int) -> RenewStatus:
+        """Renew the attempt's lease before its ranks start: "ok" while its reservation holds `token`. A store found
+        reset is given time to be rebuilt (then StoreResetPending)."""
         store = self.rstore()
-        current = await store.current_token(job_id)
-        if current is not None or await store.epoch() is not None:
-            return current
+        status = await store.renew_status(job_id, token, LEASE_S)
+        if status != "reset":
+            return status
         log.warning("%s: the reservation store is reset: waiting for the solver to rebuild it", self.node)
         deadline = asyncio.get_running_loop().time() + self.store_reset_wait_s
         while asyncio.get_running_loop().time() < deadline:
             await asyncio.sleep(0.25)
             if await store.epoch() is not None:
-                return await store.current_token(job_id)
+                return await store.renew_status(job_id, token, LEASE_S)
         raise StoreResetPending(f"the reservation store is reset and not rebuilt yet (launch of {job_id})")
 
     def local_gpus(self, ranks: Iterable[RankPlacement]) -> dict[int, int]:
