@@ -9,6 +9,7 @@ import threading
 import time
 from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
 
 import pytest
 from faststream.nats import NatsMessage
@@ -16,7 +17,7 @@ from nats.aio.client import Client
 from oneplus_bus.metrics import ConfigError
 from oneplus_bus.service import OneplusService
 from oneplus_bus.settings import BusSettings
-from oneplus_bus.telemetry import job_span, make_tracer_provider, otel_exporters
+from oneplus_bus.telemetry import inject, job_span, make_tracer_provider, otel_exporters
 from oneplus_contracts import subjects
 from oneplus_testing import Servers
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
@@ -170,3 +171,25 @@ def test_a_setting_that_cannot_be_honoured_is_refused(
     monkeypatch.setenv(var, value)
     with pytest.raises(ConfigError, match=message):
         OneplusService("t", "test", BusSettings("nats://127.0.0.1:1", "redis://127.0.0.1:1"))
+
+
+def test_with_nothing_to_export_spans_are_not_recorded_but_their_context_still_travels(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    for var in (*OTEL_VARS, "OTEL_TRACES_SAMPLER", "ONEPLUS_TRACE_FILE", "ONEPLUS_TRACE_DIR"):
+        monkeypatch.delenv(var, raising=False)
+    tracer = make_tracer_provider("quiet").get_tracer("t")
+    with job_span(tracer, "root", None) as span:
+        assert not span.is_recording()
+        ctx = span.get_span_context()
+        assert ctx.is_valid and not ctx.trace_flags.sampled, "a trace id for logs and messages, nothing recorded"
+        carrier = inject({})
+    assert carrier["traceparent"].startswith(f"00-{ctx.trace_id:032x}-")
+    # An explicit sampler, or anywhere to send spans, records them as before.
+    monkeypatch.setenv("OTEL_TRACES_SAMPLER", "always_on")
+    with make_tracer_provider("sampled").get_tracer("t").start_as_current_span("s") as span:
+        assert span.is_recording()
+    monkeypatch.delenv("OTEL_TRACES_SAMPLER")
+    monkeypatch.setenv("ONEPLUS_TRACE_DIR", str(tmp_path))
+    with make_tracer_provider("filed").get_tracer("t").start_as_current_span("s") as span:
+        assert span.is_recording()
