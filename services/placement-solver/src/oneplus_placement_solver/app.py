@@ -32,6 +32,7 @@ from oneplus_bus.acks import wait_acks
 from oneplus_bus.archive import JobArchive
 from oneplus_bus.audit import ReservationAuditLog, last_audit_ts
 from oneplus_bus.clusterview import QUEUES_KEY, explain_job
+from oneplus_bus.heap import trim_heap
 from oneplus_bus.informer import StreamTail, kv_list_and_watch
 from oneplus_bus.lease import Lease, ReplicaSet
 from oneplus_bus.service import OneplusService, OpsError
@@ -84,6 +85,8 @@ STORE_REBUILD_LEASE_S = 60.0  # a rebuilt reservation lives this long unless its
 OWNER_LEASE_KEY = subjects.SOLVER_OWNER_LEASE_KEY
 REPLICA_PREFIX = "replica."
 RELEASES_AT_ONCE = 32  # side by side, well within the Redis client's connection pool
+TRIM_AFTER_ARCHIVED = 1000  # jobs archived before the heap is trimmed (oneplus_bus.heap)
+TRIM_EVERY_S = 300.0  # while jobs keep waiting, trim at most this often
 
 
 @dataclass(frozen=True)
@@ -1020,9 +1023,15 @@ class Solver:
             await self.audit.flush()  # the releases of jobs that ended since the last cycle
 
     async def expire_loop(self) -> None:
+        archived = 0  # jobs moved to the archive since the heap was last trimmed
+        trimmed = time.monotonic()
         while True:
             await asyncio.sleep(self.settings.expire_interval_s)
-            await self.owner.expire()
+            archived += len(await self.owner.expire())
+            quiet = not self.owner.index.pending or time.monotonic() - trimmed > TRIM_EVERY_S
+            if archived >= TRIM_AFTER_ARCHIVED and quiet:
+                trim_heap()  # a few tens of ms: after the burst that made these jobs, or seldom during one
+                archived, trimmed = 0, time.monotonic()
 
     # -- ops -------------------------------------------------------------------------------------------------------
     def own_reasons(self, job_ids: Iterable[str]) -> tuple[dict[str, PendingReason], list[str]]:
