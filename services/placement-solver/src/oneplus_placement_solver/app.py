@@ -1030,7 +1030,7 @@ class Solver:
             archived += len(await self.owner.expire())
             quiet = not self.owner.index.pending or time.monotonic() - trimmed > TRIM_EVERY_S
             if archived >= TRIM_AFTER_ARCHIVED and quiet:
-                trim_heap()  # a few tens of ms: after the burst that made these jobs, or seldom during one
+                trim_heap()  # a few ms: after the burst that made these jobs, or seldom during one
                 archived, trimmed = 0, time.monotonic()
 
     # -- ops -------------------------------------------------------------------------------------------------------
