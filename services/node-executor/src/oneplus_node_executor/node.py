@@ -86,6 +86,7 @@ class NodeExecutor:
         *,
         heartbeat_s: float = 2.0,
         keep_finished: int = KEEP_FINISHED,
+        remember_ends: int = REMEMBER_ENDS,
         gpu_probe: GpuProbe | None = None,
         gpu_check_s: float = GPU_CHECK_S,
         outbox: Outbox | None = None,
@@ -108,6 +109,7 @@ class NodeExecutor:
         self.ended: dict[str, asyncio.Event] = {}  # job → set when all its local ranks have exited
         self.handshakes: set[asyncio.Task[None]] = set()
         self.finished = FinishedRanks(keep_finished)
+        self.remember_ends = remember_ends
         self.engine_ok = True
         self.engine_reason: str | None = None
         self.reconciled = False
@@ -147,7 +149,7 @@ class NodeExecutor:
             )
         )
         self.ends[(job_id, token)] = None
-        while len(self.ends) > REMEMBER_ENDS:
+        while len(self.ends) > self.remember_ends:
             self.ends.popitem(last=False)
 
     async def engine_down(self, exc: EngineUnavailable) -> None:
