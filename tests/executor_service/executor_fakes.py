@@ -76,9 +76,6 @@ class Store:
     allocations: dict[str, Allocation] = field(default_factory=dict)
     renewals: list[tuple[str, int]] = field(default_factory=list)
 
-    async def current_token(self, job_id: str) -> int | None:
-        return self.tokens.get(job_id)
-
     epoch_marker: int | None = 1  # None: the store lost its state
 
     async def renew(self, job_id: str, token: int, lease_s: float) -> bool:

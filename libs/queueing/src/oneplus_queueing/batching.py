@@ -3,17 +3,17 @@
 Before the cycle serves anyone, each such queue's window (its first `batch.window` waiting jobs in its serving
 order, leaving out those waiting longer than `batch.max_wait_s`) goes to `place_batch`: greedy first, and CP-SAT
 over candidate plans, warm-started from it, under `batch.time_limit_s`. A plan is kept only where CP-SAT's answer
-is strictly better than greedy's (objective: priority-weighted GPUs, ring quality, idle nodes broken); a window that
-greedy places whole never runs CP-SAT. The cycle then serves jobs in order as always (quotas, singletons, the
-head's block), and a planned job takes its planned GPUs. A job the plan leaves out waits this cycle. Jobs served
-earlier in the cycle (other queues, nominations, the head's block) may take planned GPUs: from the first planned
-allocation that no longer fits, the plan is dropped and the rest of the queue is served by best fit.
+places more GPUs than greedy's; a window that greedy places whole never runs CP-SAT. The cycle then serves jobs in
+order as always (quotas, singletons, the head's block), and a planned job takes its planned GPUs. A job the plan
+leaves out waits this cycle. Jobs served earlier in the cycle (other queues, nominations, the head's block) may take
+planned GPUs: from the first planned allocation that no longer fits, the plan is dropped and the rest of the queue
+is served by best fit.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from oneplus_contracts import Allocation
 from oneplus_placement.batch import PendingGang, place_batch
@@ -32,11 +32,7 @@ class BatchPlan:
     left_out: frozenset[str]
     placed_gpus: float
     greedy_gpus: float
-    objective: float
-    greedy_objective: float
-    wall_s: float
     dropped: bool = False  # an earlier placement took planned GPUs: best fit serves the rest
-    used: set[str] = field(default_factory=set)
 
     def left_out_message(self) -> str:
         return (
@@ -57,7 +53,7 @@ def plan_batches(
     config: QueueConfig,
     seed: int = 0,
 ) -> dict[str, BatchPlan]:
-    """The plans of this cycle's cp-sat queues (only those where CP-SAT beats greedy on the window)."""
+    """The plans of this cycle's cp-sat queues (only those where CP-SAT places more GPUs than greedy)."""
     queues = batch_queues(config)
     if not queues:
         return {}
@@ -74,7 +70,7 @@ def plan_batches(
             continue
         gangs = [PendingGang(job.job_id, job.job.spec, job.priority) for job in window]
         result = place_batch(state, gangs, time_limit_s=policy.time_limit_s, seed=seed, contested_only=True)
-        if result.solver != "cp-sat" or result.placed_gpus <= result.greedy_placed_gpus:
+        if result.placed_gpus <= result.greedy_placed_gpus:  # greedy's answer is what the cycle gives anyway
             continue
         allocations = result.allocations
         plans[queue] = BatchPlan(
@@ -83,8 +79,5 @@ def plan_batches(
             left_out=frozenset(job.job_id for job in window if job.job_id not in allocations),
             placed_gpus=result.placed_gpus,
             greedy_gpus=result.greedy_placed_gpus,
-            objective=result.objective,
-            greedy_objective=result.greedy_objective,
-            wall_s=result.wall_s,
         )
     return plans

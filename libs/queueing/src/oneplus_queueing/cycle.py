@@ -228,7 +228,6 @@ class _Cycle:
         if not self.capacity.state.fits(alloc):
             plan.dropped = True
             return False
-        plan.used.add(job.job_id)
         self.commit(job, alloc, False)
         return True
 
