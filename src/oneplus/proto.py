@@ -15,6 +15,7 @@ from oneplus_contracts import (
     JOB_EVENT_ADAPTER,
     NODE_COMMAND_ADAPTER,
     SCHEMA_VERSION,
+    FactOutcome,
     JobRecord,
     JobSpec,
     NodeHeartbeat,
@@ -39,6 +40,7 @@ MODELS: dict[str, type[BaseModel] | TypeAdapter[Any]] = {
     "NodeHeartbeat": NodeHeartbeat,
     "ReservationAudit": ReservationAudit,
     "NodeRecord": NodeRecord,
+    "FactOutcome": FactOutcome,
 }
 
 # channel id → (address, message schema, description, who sends, who receives)
@@ -63,6 +65,14 @@ CHANNELS: dict[str, tuple[str, str, str, str, str]] = {
         "A fact about a job for its owner to fold or refuse, in stream ONEPLUS_FACTS",
         "intake, preemption, node-executor",
         "placement-solver",
+    ),
+    "factOutcomes": (
+        "oneplus.outcome.job.{job_id}.{event}",
+        "FactOutcome",
+        "Whether the owner folded a fact reported with the Oneplus-Await-Fold header, sent once the record is in the"
+        " hot view (core NATS)",
+        "placement-solver",
+        "intake (a submission or cancel answered once a read sees it)",
     ),
     "jobArchive": (
         "oneplus.archive.{job_id}.{state}.{team}.{user}",

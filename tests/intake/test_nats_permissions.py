@@ -4,6 +4,7 @@ and an intake running as its own user takes each request's team from the server'
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import os
 import subprocess
@@ -119,6 +120,8 @@ SERVICE_SUBJECTS = [
     ("placement-solver", "oneplus.job.j-1.running", True),
     ("placement-solver", "$KV.jobs.j-1", True),
     ("placement-solver", "oneplus.archive.j-1.SUCCEEDED.nlp.alice", True),
+    ("placement-solver", "oneplus.outcome.job.j-1.accepted", True),  # a waiting reporter hears its fact folded
+    ("intake", "oneplus.outcome.job.j-1.accepted", False),
     ("placement-solver", "oneplus.cmd.node.h100-0.preempt", False),
     ("placement-solver", "oneplus.node.h100-0.heartbeat", False),
     ("preemption", "oneplus.cmd.node.h100-0.preempt", True),
@@ -164,6 +167,27 @@ async def test_a_service_user_publishes_only_its_own_subjects(
     finally:
         await who.nc.close()
         await admin.nc.close()
+
+
+async def test_the_intake_hears_the_owner_tell_the_outcome_of_the_facts_it_waits_for(secured: SecuredNats) -> None:
+    intake = await Connection.open(secured.url("intake"))
+    solver = await Connection.open(secured.url("placement-solver"))
+    try:
+        for event_type in ("accepted", "cancel_requested"):
+            sub = await intake.nc.subscribe(subjects.fact_outcome("*", event_type))
+            await intake.nc.flush()
+            heard = None
+            for _ in range(4):  # as above: an allowed publish on a loaded machine may need another try
+                await solver.nc.publish(subjects.fact_outcome("j-1", event_type), b"{}")
+                await solver.nc.flush()
+                with contextlib.suppress(nats.errors.TimeoutError):
+                    heard = await sub.next_msg(timeout=2.0)
+                    break
+            assert heard is not None and heard.subject == subjects.fact_outcome("j-1", event_type)
+        assert not intake.violations and not solver.violations
+    finally:
+        await intake.nc.close()
+        await solver.nc.close()
 
 
 # --- a node's executor ---------------------------------------------------------------------------------

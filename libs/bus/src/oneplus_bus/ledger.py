@@ -21,7 +21,7 @@ from nats.js.kv import KeyValue
 from oneplus_contracts import IllegalTransition, JobEvent, JobRecord, apply_event, parse_job_event, subjects
 from pydantic import ValidationError
 
-from .foldwatch import FoldWatch
+from .foldwatch import FoldWatch, outcome_applied
 from .retry import until_answered
 from .telemetry import inject
 
@@ -69,23 +69,25 @@ class JobLedger:
         job event, or refuses it. Every service but the owner changes job state this way.
 
         With `wait_s`, wait (no polling: one subscription per event type, shared by every wait, `FoldWatch`) up to
-        that long for the owner to publish the folded event, so that a read right after sees it. The fact is stored
-        either way and folded when the owner gets to it. A fact whose event id the stream already holds (within its
-        duplicate window) is not stored again: `duplicate`, and nothing is waited for."""
+        that long for the owner to say it folded the fact and wrote the record to the hot view, so that a read right
+        after sees it; a refused fact ends the wait at once (`folded` False). The fact is stored either way and
+        folded when the owner gets to it. A fact whose event id the stream already holds (within its duplicate
+        window) is not stored again: `duplicate`, and nothing is waited for."""
         headers = {"Nats-Msg-Id": event.event_id}
         if traceparent:
             headers["traceparent"] = traceparent
         else:
             inject(headers)
-        fut: asyncio.Future[None] | None = None
+        fut: asyncio.Future[bool] | None = None
         folded = None
         if wait_s > 0 and self.nc is not None:
+            headers[subjects.AWAIT_FOLD_HEADER] = "1"
             if FoldWatch.watchable(event.job_id):
                 if self._watch is None:
                     self._watch = FoldWatch(self.nc)
                 fut = await self._watch.expect(event.job_id, event.type)
             else:  # an id a wildcard cannot match: a subscription of its own
-                folded = await self.nc.subscribe(subjects.job_event(event.job_id, event.type), max_msgs=1)
+                folded = await self.nc.subscribe(subjects.fact_outcome(event.job_id, event.type), max_msgs=1)
         try:
             ack = await self.js.publish(
                 subjects.job_fact(event.job_id, event.type),
@@ -99,10 +101,11 @@ class JobLedger:
                 return Reported(folded=False, duplicate=False)
             try:
                 if fut is not None:
-                    await asyncio.wait_for(asyncio.shield(fut), timeout=wait_s)
-                elif folded is not None:
-                    await folded.next_msg(timeout=wait_s)
-                return Reported(folded=True, duplicate=False)
+                    applied = await asyncio.wait_for(asyncio.shield(fut), timeout=wait_s)
+                else:
+                    assert folded is not None
+                    applied = bool(outcome_applied((await folded.next_msg(timeout=wait_s)).data))
+                return Reported(folded=applied, duplicate=False)
             except (TimeoutError, FetchTimeout):
                 log.warning("%s of %s: not folded by the job owner within %.1f s", event.type, event.job_id, wait_s)
                 return Reported(folded=False, duplicate=False)

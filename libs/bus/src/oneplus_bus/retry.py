@@ -35,3 +35,12 @@ async def until_answered(fn: Callable[[], Awaitable[T]], what: str, limit_s: flo
                 raise
             log.warning("%s: JetStream not answering (%s); again in %g s", what, type(exc).__name__, pause_s)
             await asyncio.sleep(pause_s)
+
+
+def raise_if_cancelling() -> None:
+    """Re-raise a cancellation that a timeout swallowed. On Python 3.11, `asyncio.wait_for` (which nats-py's `fetch`
+    uses) can raise TimeoutError when the task is cancelled as the wait times out; a loop that treats a timeout as
+    "nothing yet, fetch again" would then never stop. Call it where such a loop catches the timeout."""
+    task = asyncio.current_task()
+    if task is not None and task.cancelling():
+        raise asyncio.CancelledError

@@ -7,6 +7,7 @@ from .audit import ReservationAudit
 from .commands import (
     NODE_COMMAND_ADAPTER,
     CancelRanks,
+    FactOutcome,
     LaunchRanks,
     NodeCommand,
     PreemptionRequest,
@@ -73,6 +74,7 @@ __all__ = [
     "CancelRanks",
     "CheckpointPolicy",
     "Domain",
+    "FactOutcome",
     "GpuHealth",
     "GpuInfo",
     "GpuLink",

@@ -70,6 +70,16 @@ class PreemptionRequest(Strict):
     lost_work_gpu_s: float = 0.0
 
 
+class FactOutcome(Strict):
+    """What the job owner made of a fact reported with `AWAIT_FOLD_HEADER`, once the folded record is in the hot view
+    (core NATS on `subjects.fact_outcome`): a reporter waiting on it can read its own write right after."""
+
+    job_id: str
+    event_id: str
+    type: str
+    applied: bool  # False: refused as an illegal transition, or already in the job stream
+
+
 class SubmitReply(Strict):
     """Answer to a request on the submit subject."""
 

@@ -79,6 +79,16 @@ def job_fact(job_id: str, event_type: str) -> str:
     return f"{PREFIX}.fact.job.{job_id}.{event_type}"
 
 
+# A header on a reported fact: its reporter waits for the owner's `fact_outcome` (the owner publishes none otherwise).
+AWAIT_FOLD_HEADER = "Oneplus-Await-Fold"
+
+
+def fact_outcome(job_id: str, event_type: str) -> str:
+    """Where the owner says what it made of a fact reported with AWAIT_FOLD_HEADER (a `FactOutcome`, core NATS, no
+    stream), once the record it folded into is written to the hot view: a read after it sees the fact."""
+    return f"{PREFIX}.outcome.job.{job_id}.{event_type}"
+
+
 def job_events_of(job_id: str) -> str:
     return f"{PREFIX}.job.{job_id}.*"
 

@@ -208,6 +208,7 @@ class Solver:
             min_age_s=self.settings.min_job_age_s,
             metrics=svc.metrics,
             state_kv=svc.kv[subjects.SOLVER_STATE_KV],
+            nc=svc.nc,
         )
         self.owner.on_applied(self.react)
         self.owner.guard = self.guard_commit

@@ -25,6 +25,8 @@ import time
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 
+from nats.aio.client import Client
+from nats.aio.msg import Msg
 from nats.errors import TimeoutError as FetchTimeout
 from nats.js import JetStreamContext
 from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy, PubAck
@@ -33,8 +35,17 @@ from oneplus_bus.acks import PUBLISH_ACK_TIMEOUT_S, wait_acks
 from oneplus_bus.archive import JobArchive
 from oneplus_bus.informer import StreamTail
 from oneplus_bus.ledger import PROJECTED_SEQ_KEY, latest_values, projected_seq, read_stream
+from oneplus_bus.retry import raise_if_cancelling
 from oneplus_bus.telemetry import inject
-from oneplus_contracts import IllegalTransition, JobEvent, JobRecord, apply_event, parse_job_event, subjects
+from oneplus_contracts import (
+    FactOutcome,
+    IllegalTransition,
+    JobEvent,
+    JobRecord,
+    apply_event,
+    parse_job_event,
+    subjects,
+)
 from oneplus_contracts.jobindex import JobIndex
 from prometheus_client import CollectorRegistry, Counter
 from pydantic import ValidationError
@@ -70,8 +81,10 @@ class JobOwner:
         min_age_s: float,
         metrics: CollectorRegistry | None = None,
         state_kv: KeyValue | None = None,
+        nc: Client | None = None,
     ) -> None:
         self.js = js
+        self.nc = nc  # where a fact's outcome is told to a reporter that waits for it (None: nobody is told)
         self.archive = archive
         self.state_kv = state_kv  # where the projected sequence is kept (PROJECTED_SEQ_KEY)
         self.saved_seq = 0
@@ -315,9 +328,11 @@ class JobOwner:
                 except (FetchTimeout, TimeoutError):  # nats-py's fetch raises either
                     if until_idle:
                         return done
+                    raise_if_cancelling()  # a solver stopping must not fetch for ever
                     continue
                 events: list[JobEvent] = []
                 tps: list[str | None] = []
+                awaited: list[bool] = []
                 for msg in msgs:
                     try:
                         events.append(parse_job_event(msg.data))
@@ -326,20 +341,39 @@ class JobOwner:
                         log.error("refused an unreadable fact on %s: %s", msg.subject, str(exc)[:300])
                         continue
                     tps.append((msg.headers or {}).get("traceparent"))
+                    awaited.append(_awaited(msg))
                 try:
-                    await self.commit(*events, traceparents=tps)
+                    records = await self.commit(*events, traceparents=tps)
                 except Exception:
                     # Not folded (the bus dropped, say): give the facts back now rather than after ack_wait.
                     for msg in msgs:
                         with contextlib.suppress(Exception):
                             await msg.nak(delay=1.0)
                     raise
+                await self._tell_outcomes(events, records, awaited)
                 for msg in msgs:
                     await msg.ack()
                 done += len(msgs)
         finally:
             with contextlib.suppress(Exception):
                 await sub.unsubscribe()
+
+    async def _tell_outcomes(
+        self, events: Sequence[JobEvent], records: Sequence[JobRecord | None], awaited: Sequence[bool]
+    ) -> None:
+        """Tell each reporter that waits what became of its fact. Sent after the commit wrote its records to the hot
+        view, so a read the reporter makes on hearing it sees the fact (the job event itself goes out before that)."""
+        if self.nc is None:
+            return
+        for event, rec, wanted in zip(events, records, awaited, strict=True):
+            if wanted:
+                outcome = FactOutcome(
+                    job_id=event.job_id, event_id=event.event_id, type=event.type, applied=rec is not None
+                )
+                with contextlib.suppress(Exception):  # best effort: the reporter's wait times out, the fact stands
+                    await self.nc.publish(
+                        subjects.fact_outcome(event.job_id, event.type), outcome.model_dump_json().encode()
+                    )
 
     # -- bounded history -------------------------------------------------------------------------------------------
     async def expire(self, now: float | None = None) -> list[JobRecord]:
@@ -369,3 +403,7 @@ class JobOwner:
 
     async def _purge(self, job_id: str) -> None:
         await self.js.purge_stream(f"KV_{subjects.JOBS_KV}", subject=f"$KV.{subjects.JOBS_KV}.{job_id}")
+
+
+def _awaited(msg: Msg) -> bool:
+    return bool((msg.headers or {}).get(subjects.AWAIT_FOLD_HEADER))
