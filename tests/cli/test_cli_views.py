@@ -38,11 +38,11 @@ def test_importing_the_cli_pulls_in_nothing_heavy():
 
 def test_the_cli_copies_of_library_constants_are_current():
     from oneplus_jobformats.cloudevents import SUBMIT_EVENT_TYPE
-    from oneplus_sim.fgd import SCORERS
+    from oneplus_sim.fgd import POLICIES
     from oneplus_sim.policies import POLICY_NAMES
 
     assert tuple(POLICY_NAMES) == sim.POLICY_NAMES
-    assert tuple(SCORERS) == sim.SCORERS
+    assert POLICIES == sim.SCORERS
     assert client_module.SUBMIT_EVENT_TYPE == SUBMIT_EVENT_TYPE
     lazily = client_module._load_subjects()
     for name in ("SUBMIT", "OPS_JOB_SHOW", "OPS_QUEUE_LIST", "OPS_JOB_EXPLAIN", "OPS_NODE_LIST", "OPS_NODE_DRAIN"):

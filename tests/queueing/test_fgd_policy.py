@@ -11,6 +11,7 @@ from __future__ import annotations
 import pytest
 from oneplus_placement.fgd import FragMeter, WorkloadShape
 from oneplus_placement.greedy import place_gang
+from oneplus_queueing.capacity import workload_meter
 from oneplus_queueing.config import QueueConfigError, default_config, load_queue_config
 from oneplus_queueing.cycle import schedule_cycle
 from oneplus_queueing.fairshare import UsageHistory
@@ -58,3 +59,25 @@ def test_fgd_puts_a_share_on_the_gpu_it_fills_rather_than_opening_a_whole_one() 
     gpu = first.allocation.ranks[0].gpus[0]
     second = place_gang(w.state, spec("s2", 0.5), fgd=FragMeter([(WorkloadShape(0, 500, 1), 1.0)]))
     assert second.allocation is not None and second.allocation.ranks[0].gpus == [gpu]
+
+
+def test_fgd_keeps_leaves_filled_only_when_the_mix_holds_gangs_of_several_ranks() -> None:
+    # Two leaves of two nodes; leaf 1 is busier (node-02 runs a job). Node-00 and node-03 are each half used, so
+    # FGD scores them alike and neither is untouched: leaf fill decides only for a mix with multi-rank gangs.
+    w = World(n_nodes=4, nodes_per_leaf=2)
+    w.run("x", [(0, [0, 1, 2, 3])], started=0)
+    w.run("y", [(3, [0, 1, 2, 3])], started=0)
+    w.run("z", [(2, [0, 1, 2, 3, 4, 5])], started=0)
+    single = workload_meter([spec("a", 1), spec("b", 2)])
+    gangs = workload_meter([spec("a", 1), spec("b", 2, ranks=2)])  # the same shapes, as a gang
+    assert not single.multi_rank and gangs.multi_rank
+    picked = {
+        seed: place_gang(w.state, ONE.spec, seed=seed, fgd=gangs).allocation.ranks[0].node  # type: ignore[union-attr]
+        for seed in range(6)
+    }
+    assert set(picked.values()) == {"node-03"}, picked  # the fuller leaf, whatever the node order
+    spread = {
+        place_gang(w.state, ONE.spec, seed=seed, fgd=single).allocation.ranks[0].node  # type: ignore[union-attr]
+        for seed in range(6)
+    }
+    assert spread == {"node-00", "node-03"}  # the seeded node order alone

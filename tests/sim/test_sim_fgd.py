@@ -4,17 +4,19 @@ from __future__ import annotations
 
 import random
 from pathlib import Path
+from typing import Any
 
 import pytest
+from oneplus_placement.fgd import gradient_score
+from oneplus_placement.greedy import place_gang
+from oneplus_sim import fgd_live
 from oneplus_sim.fgd import (
     DotProdScorer,
     FgdInputError,
-    FgdScorer,
     FragMeter,
     GpuClusteringScorer,
     GpuPackingScorer,
     NodeState,
-    OnePlusScorer,
     Pod,
     PodRes,
     affinity_tag,
@@ -82,17 +84,57 @@ def test_fgd_keeps_a_whole_gpu_for_whole_gpu_pods(tmp_path: Path) -> None:
         assert run.failed == 0 and run.alloc_pct[-1] == pytest.approx(100)
 
 
-def test_oneplus_breaks_an_fgd_tie_in_favour_of_a_node_already_in_use() -> None:
-    whole = PodRes(1000, 1000, 1, "")
-    meter = FragMeter([(whole, 1.0)])
-    idle = ("T4", 32_000, 65_536, (1000, 1000, 1000, 1000), NO_TAGS)
-    used = ("T4", 32_000, 65_536, (1000, 1000, 1000, 0), NO_TAGS)
-    fgd, oneplus = FgdScorer(meter, random.Random(0)), OnePlusScorer(meter, random.Random(0))
-    # A whole-GPU pod leaves no fragment on either node: FGD scores them the same (sigmoid(0) x 100).
-    assert fgd.score(idle, whole) == fgd.score(used, whole) == 50
-    assert oneplus.score(used, whole) == 50 and oneplus.score(idle, whole) < 50
-    # The tie-break never outweighs a real difference of one integer step.
-    assert oneplus.score(idle, whole) > 49
+def test_fgd_scores_in_whole_points_of_the_sigmoid_as_the_plugin_does() -> None:
+    assert gradient_score(0) == 50  # no change in fragmentation
+    assert gradient_score(-1000) == 26  # 1,000 milli more fragment: sigmoid(-1) = 0.269
+    assert gradient_score(400) == gradient_score(399) == 59  # within a point: a tie
+    assert gradient_score(10**9) == 100 and gradient_score(-(10**9)) == 0
+
+
+def test_oneplus_places_every_gpu_pod_with_the_live_placement_code(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    nodes = load_nodes(write(tmp_path, "n.csv", NODES, [f"n{i},32000,65536,4,T4" for i in range(3)]))
+    rows = [f"w{i},1000,1024,1,1000,,LS,Running,0,1,0" for i in range(3)]
+    rows += [f"s{i},1000,1024,1,500,,LS,Running,0,1,0" for i in range(2)] + ["c0,2000,1024,0,0,,LS,Running,0,1,0"]
+    pods = load_pods(write(tmp_path, "p.csv", PODS, rows))
+    calls: list[str] = []
+    live = fgd_live.place_gang
+
+    def counted(*args: Any, **kwargs: Any) -> Any:
+        got = live(*args, **kwargs)
+        calls.append(got.allocation.nodes[0] if got.allocation else "")
+        return got
+
+    monkeypatch.setattr(fgd_live, "place_gang", counted)
+    run = run_fgd(nodes, pods, "oneplus", 7, demand=4000 / 12_000)  # exactly the six pods, no inflation
+    assert run.pods == 6 and run.failed == 0 and len(calls) == 5 and all(calls)
+    # Whole GPUs and shares packed by FGD with untouched nodes kept for last: one node holds everything.
+    assert len(set(calls)) == 1
+
+
+@pytest.mark.parametrize("seed", [1, 2, 3, 4, 5])
+def test_oneplus_keeps_untouched_nodes_for_last_among_equal_fgd_scores(tmp_path: Path, seed: int) -> None:
+    nodes = load_nodes(write(tmp_path, "n.csv", NODES, [f"n{i},32000,65536,4,T4" for i in range(4)]))
+    whole = Pod("w", PodRes(1000, 1000, 1, ""), 1024)
+    cluster = fgd_live.OpenbState(nodes, FragMeter([(whole.res, 1.0)]))
+    spec = fgd_live.pod_spec(whole)
+    first = place_gang(cluster.state, spec, seed=seed, fgd=cluster.meter).allocation
+    assert first is not None
+    cluster.apply(first)
+    # A whole GPU leaves no fragment for whole-GPU pods anywhere: every node scores 50, and the used one wins.
+    second = place_gang(cluster.state, spec, seed=seed, fgd=cluster.meter).allocation
+    assert second is not None and second.nodes == first.nodes
+
+
+def test_a_cpu_only_pod_goes_where_fgd_scores_best_and_takes_no_gpu(tmp_path: Path) -> None:
+    # n0 has few CPUs: a CPU-only pod there would leave its GPU unusable (no CPU for a GPU pod), so FGD avoids it.
+    nodes = load_nodes(write(tmp_path, "n.csv", NODES, ["n0,3000,65536,1,T4", "n1,32000,65536,1,T4"]))
+    gpu = PodRes(2000, 1000, 1, "")
+    cluster = fgd_live.OpenbState(nodes, FragMeter([(gpu, 1.0)]))
+    cpu_pod = Pod("c", PodRes(2000, 0, 0, ""), 512)
+    for seed in range(4):
+        assert fgd_live.place_cpu_pod(cluster, cpu_pod, seed) == 1
 
 
 NO_TAGS: frozenset[str] = frozenset()
@@ -204,3 +246,15 @@ def test_bad_inputs_are_refused(tmp_path: Path) -> None:
         run_fgd(nodes, [], "tetris", 0)
     with pytest.raises(FgdInputError, match="no pods"):
         run_fgd(nodes, [], "fgd", 0)
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2, 3])
+def test_fgd_tells_apart_nodes_of_one_board_that_differ_in_cpus(tmp_path: Path, seed: int) -> None:
+    # Both boards are 4 x T4 on one PCIe switch, but `a` has too few CPUs for the typical 8-CPU pod: its GPUs are a
+    # fragment already, so a 1-CPU job there costs nothing; on `b` it would break up a usable node.
+    rows = ["b,64000,65536,4,T4", "a,4000,65536,4,T4"] if seed % 2 else ["a,4000,65536,4,T4", "b,64000,65536,4,T4"]
+    nodes = load_nodes(write(tmp_path, "n.csv", NODES, rows))
+    cluster = fgd_live.OpenbState(nodes, FragMeter([(PodRes(8000, 1000, 1, ""), 1.0)]))
+    job = fgd_live.pod_spec(Pod("j", PodRes(1000, 1000, 1, ""), 1024))
+    got = place_gang(cluster.state, job, seed=seed, fgd=cluster.meter).allocation
+    assert got is not None and got.nodes == ["a"]

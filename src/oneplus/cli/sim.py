@@ -17,7 +17,7 @@ if TYPE_CHECKING:
     from oneplus_queueing.config import QueueConfig
     from rich.progress import Progress
 
-# oneplus_sim.policies.POLICY_NAMES and oneplus_sim.fgd.SCORERS, for the help texts (tests/cli keeps them equal).
+# oneplus_sim.policies.POLICY_NAMES and oneplus_sim.fgd.POLICIES, for the help texts (tests/cli keeps them equal).
 POLICY_NAMES = ("oneplus", "k8s-default", "slurm-tree", "kueue-tas", "fifo-firstfit")
 TIME_LIMIT_MODELS = ("user", "oracle")  # oneplus_sim.estimates.TIME_LIMIT_MODELS
 SCORERS = ("fgd", "bestfit", "random", "dotprod", "gpuclustering", "gpupacking", "oneplus")

@@ -1,13 +1,15 @@
-"""Fragmentation gradient descent (Weng et al., "Beware of Fragmentation", USENIX ATC '23): the measure.
+"""Fragmentation gradient descent (Weng et al., "Beware of Fragmentation", USENIX ATC '23): the measure and score.
 
 A node's fragmentation for a workload mix is the GPU capacity (milli-GPUs) the typical jobs of the mix could not
 use there, weighted by how common each is: all of its idle capacity for a job it cannot host (model, whole GPUs,
-CPU), else the GPUs too small for the job's share. FGD places a job where this grows least. The simulator's FGD
-protocol (`oneplus_sim.fgd`) and the live placement policy (`fitters.FgdWholeGpuFitter`) read the same meter.
+CPU), else the GPUs too small for the job's share. FGD places a job where this grows least, scored as its
+kube-scheduler plugin scores (`gradient_score`). The simulator's FGD protocol (`oneplus_sim.fgd`) and the live
+placement policy (`fitters.FgdWholeGpuFitter`, `fitters.FgdShareFitter`) read the same meter and score.
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Protocol, TypeVar
@@ -15,6 +17,17 @@ from typing import Protocol, TypeVar
 from .snapshot import FULL_SHARE as MILLI  # a whole GPU, in milli-GPUs
 
 GpuState = tuple[int, ...]  # milli-GPUs left per GPU, sorted descending
+MAX_SCORE = 100  # kube-scheduler's MaxNodeScore: a plugin scores a node 0..100 in whole points
+
+
+def gradient_score(drop: float) -> int:
+    """FGD's score for a placement that lowers the node's expected fragmentation by `drop` milli-GPUs (negative: it
+    grows): sigmoid(drop / 1000) in whole points of 0..100, as the FGD plugin hands it to kube-scheduler. The whole
+    points are part of the policy, not a rounding: nodes within a point tie and the tie-break (an idle node last,
+    then a fixed node order) packs them. On openb at 130% demand exact scores placed 94.0% of GPUs, whole points
+    95.4% (docs/simulator.md)."""
+    x = drop / 1000
+    return int(1.0 / (1.0 + math.exp(-x)) * MAX_SCORE) if x > -700 else 0
 
 
 class Shape(Protocol):
@@ -69,10 +82,13 @@ def hosts(left: Sequence[int], shape: Shape) -> bool:
 
 
 class FragMeter:
-    """Expected milli-GPUs a node wastes for the typical mix (the reference's NodeGpuShareFragAmount)."""
+    """Expected milli-GPUs a node wastes for the typical mix (the reference's NodeGpuShareFragAmount).
 
-    def __init__(self, typical: Sequence[tuple[Shape, float]]) -> None:
+    `multi_rank`: the mix holds gangs of several ranks, which need whole leaves (FGD then keeps leaf fill)."""
+
+    def __init__(self, typical: Sequence[tuple[Shape, float]], multi_rank: bool = False) -> None:
         self.typical = list(typical)
+        self.multi_rank = multi_rank
         self._cache: dict[tuple[str, int, GpuState], float] = {}
 
     def frag(self, model: str, cpu_left: int, left: GpuState) -> float:

@@ -12,7 +12,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from .bandwidth import board_shortfall, fabric_gbps
-from .fgd import FragMeter, WorkloadShape, after
+from .fgd import FragMeter, WorkloadShape, after, gradient_score
 from .layout import Layout, NodeSlot
 from .request import GangRequest
 from .shape import NodeShape, bits
@@ -107,10 +107,15 @@ class Fitter(ABC):
         """Which board kind suits `units` of this gang on node `i`, smaller first; () where kinds do not matter."""
         return ()
 
+    packs_leaves = True  # among equally fit nodes, the fullest leaf first
+
+    def leaf_order(self, i: int) -> int:
+        """Where node `i` comes among equally fit nodes before the tie-break: its leaf's free GPUs (fullest first)."""
+        return self.leaf_free[self.layout.slots[i].leaf] if self.packs_leaves else 0
+
     def node_key(self, i: int, units: int) -> NodeKey:
         """Best fit first: the per-class fit, then the fullest leaf, then a seeded tie-break."""
-        leaf = self.layout.slots[i].leaf
-        return (*self.fit_part(i, units), float(self.leaf_free[leaf]), float(tie_break(i, self.seed)))
+        return (*self.fit_part(i, units), float(self.leaf_order(i)), float(tie_break(i, self.seed)))
 
     @abstractmethod
     def pick(self, i: int, units: int, rails: frozenset[int] | None) -> list[RankPick]:
@@ -274,6 +279,13 @@ def gpu_left(snap: Holdings, i: int) -> list[int]:
     return out
 
 
+def fgd_inputs(snap: Holdings, i: int) -> tuple[object, ...]:
+    """What the FGD meter reads of node `i` beyond its GPUs: its GPU model and the CPUs left. Two nodes of one board
+    shape may differ in both, so FGD's class of equal nodes must name them."""
+    slot = snap.layout.slots[i]
+    return (slot.gpu_model, slot.cpus - snap.cpu_used[i])
+
+
 class FgdState:
     """Node `i` as the FGD meter sees it, and how much a placement there grows its fragmentation."""
 
@@ -281,48 +293,66 @@ class FgdState:
         slot = fitter.layout.slots[i]
         self.meter = meter
         self.model = slot.gpu_model
-        self.cpu_left = int((slot.cpus - fitter.snap.cpu_used[i]) * 1000)
+        self.cpu_left = round((slot.cpus - fitter.snap.cpu_used[i]) * 1000)  # milli-CPUs: 91.2 is 91200, not 91199
         self.left = gpu_left(fitter.snap, i)
+
+    @property
+    def untouched(self) -> float:
+        """1.0 when every GPU of the node is whole and free (FGD keeps such nodes for last), else 0.0."""
+        return 1.0 if self.left and all(x == FULL_SHARE for x in self.left) else 0.0
 
     def growth(self, left_after: Sequence[int], cpus: float) -> float:
         before = self.meter.frag(self.model, self.cpu_left, tuple(sorted(self.left, reverse=True)))
-        now = self.meter.frag(self.model, self.cpu_left - int(cpus * 1000), tuple(sorted(left_after, reverse=True)))
+        now = self.meter.frag(self.model, self.cpu_left - round(cpus * 1000), tuple(sorted(left_after, reverse=True)))
         return now - before
+
+    def score(self, left_after: Sequence[int], cpus: float) -> float:
+        """The FGD score of leaving the node at `left_after` (whole points, higher is better), as a sort key."""
+        return -float(gradient_score(-self.growth(left_after, cpus)))
 
 
 class FgdWholeGpuFitter(WholeGpuFitter):
-    """FGD for whole GPUs: among the board kinds at par for the gang, the node whose expected fragmentation for the
-    workload mix grows least (Weng et al., ATC '23), then best fit."""
+    """FGD for whole GPUs: among the board kinds at par for the gang, the node with the best FGD score (its expected
+    fragmentation for the workload mix grows least, in whole points; Weng et al., ATC '23); among equal scores a node
+    already in use before an untouched one, so untouched nodes stay whole for the gangs that need them; then the best
+    ring, then the fixed node order (no best fit: on openb a tightest-fit tie-break placed fewer GPUs)."""
 
     def __init__(self, snap: Holdings, req: GangRequest, seed: int, meter: FragMeter) -> None:
         super().__init__(snap, req, seed)
         self.meter = meter
+        # Leaf fill keeps leaves whole for gangs of several ranks; with none in the mix it only overrides FGD's
+        # order (openb: 0.7 points fewer GPUs placed; docs/placement.md).
+        self.packs_leaves = meter.multi_rank
 
     def class_key(self, i: int) -> tuple[object, ...]:
         snap = self.snap
-        return (*super().class_key(i), snap.shares[i], snap.blocked[i], snap.cpu_used[i])
+        return (*super().class_key(i), snap.shares[i], snap.blocked[i], *fgd_inputs(snap, i))
 
     def fit_part(self, i: int, units: int) -> tuple[float, ...]:
         state = FgdState(self, self.meter, i)
         n = units * self.req.unit_gpus
-        growth = state.growth(after(tuple(sorted(state.left, reverse=True)), WorkloadShape(0, FULL_SHARE, n))[0],
-                              units * self.req.unit_cpus)  # fmt: skip
-        shape = self.layout.slots[i].shape
-        return (*self.board_key(i, units), growth, *shape.fit(self.snap.free[i], n, self.req.group))
+        left_after = after(tuple(sorted(state.left, reverse=True)), WorkloadShape(0, FULL_SHARE, n))[0]
+        ideal, _ = self.layout.slots[i].shape.fit(self.snap.free[i], n, self.req.group)
+        return (*self.board_key(i, units), state.score(left_after, units * self.req.unit_cpus), state.untouched, ideal)
 
 
 class FgdShareFitter(ShareFitter):
-    """FGD for GPU shares: the node, and on it the GPU, where the expected fragmentation grows least."""
+    """FGD for GPU shares: the node with the best FGD score, an untouched node last among equals, then the fixed node
+    order; on the node, each share on the GPU with the best score (the lowest position among equals)."""
 
     def __init__(self, snap: Holdings, req: GangRequest, seed: int, meter: FragMeter) -> None:
         super().__init__(snap, req, seed)
         self.meter = meter
+        # Leaf fill keeps leaves whole for gangs of several ranks; with none in the mix it only overrides FGD's
+        # order (openb: 0.7 points fewer GPUs placed; docs/placement.md).
+        self.packs_leaves = meter.multi_rank
 
     def class_key(self, i: int) -> tuple[object, ...]:
-        return (*super().class_key(i), self.snap.cpu_used[i])
+        return (*super().class_key(i), *fgd_inputs(self.snap, i))
 
-    def _positions(self, i: int, units: int) -> tuple[list[int], float]:
-        """The GPU position of each of `units` shares, each where the growth is least then; and the total growth."""
+    def _positions(self, i: int, units: int) -> tuple[list[int], float, FgdState]:
+        """The GPU position of each of `units` shares, each where the score (from the node as it was) is best then;
+        the score of the whole placement as a sort key; and the node's state before it."""
         state = FgdState(self, self.meter, i)
         left, milli, cpus = list(state.left), self.req.milli, self.req.unit_cpus
         chosen: list[int] = []
@@ -333,22 +363,21 @@ class FgdShareFitter(ShareFitter):
                     continue
                 trial = list(left)
                 trial[p] -= milli
-                g = self.meter.frag(state.model, state.cpu_left - int(cpus * 1000 * (len(chosen) + 1)),
-                                    tuple(sorted(trial, reverse=True)))  # fmt: skip
-                if best is None or (g, p) < best:
-                    best = (g, p)
+                key = (state.score(trial, cpus * (len(chosen) + 1)), p)
+                if best is None or key < best:
+                    best = key
             if best is None:
                 break
             chosen.append(best[1])
             left[best[1]] -= milli
-        return chosen, state.growth(left, cpus * len(chosen))
+        return chosen, state.score(left, cpus * len(chosen)), state
 
     def fit_part(self, i: int, units: int) -> tuple[float, ...]:
-        _, growth = self._positions(i, units)
-        return (growth, *super().fit_part(i, units))
+        _, score, state = self._positions(i, units)
+        return (score, state.untouched)
 
     def pick(self, i: int, units: int, rails: frozenset[int] | None) -> list[RankPick]:
-        positions, _ = self._positions(i, units)
+        positions, _, _ = self._positions(i, units)
         return [RankPick(i, 1 << p, self.req.milli) for p in positions]
 
 

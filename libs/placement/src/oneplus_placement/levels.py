@@ -82,10 +82,10 @@ class DomainSearch:
             ),
             key=lambda t: t[0],
         )
-        slots, leaf_free, seed = self.layout.slots, fitter.leaf_free, fitter.seed
+        leaf_order, seed = fitter.leaf_order, fitter.seed
 
         def rest(i: int) -> tuple[int, int]:
-            return (leaf_free[slots[i].leaf], tie_break(i, seed))
+            return (leaf_order(i), tie_break(i, seed))
 
         out: list[int] = []
         at = 0

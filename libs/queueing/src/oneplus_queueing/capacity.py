@@ -25,14 +25,17 @@ DomainKey = tuple[Domain, int]  # ("node", node index) / ("leaf", leaf index) / 
 
 def workload_meter(specs: Iterable[JobSpec]) -> FragMeter:
     """FGD's workload mix from the jobs a cycle sees (pending and running): one rank's shape per job, the shapes
-    that cover 95% of them (the paper's typical pods). GPU models are not part of a shape here."""
+    that cover 95% of them (the paper's typical pods), and whether any job is a gang of several ranks. GPU models are
+    not part of a shape here."""
     shapes = []
+    multi_rank = False
     for spec in specs:
         res = spec.resources
         whole = res.whole_gpus
         milli = res.gpu_milli or (FULL_SHARE if whole else 0)
         shapes.append(WorkloadShape(int(res.cpus * 1000), milli, whole or (1 if milli else 0)))
-    return FragMeter(typical_shapes(shapes))
+        multi_rank = multi_rank or spec.ranks > 1
+    return FragMeter(typical_shapes(shapes), multi_rank=multi_rank)
 
 
 def working_copy(state: ClusterState | ClusterSnapshot) -> ClusterState:

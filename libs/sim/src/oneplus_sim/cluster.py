@@ -8,6 +8,7 @@ one PCIe domain (every GPU pair at the PXB tier, `oneplus_topology.bandwidth.lin
 from __future__ import annotations
 
 import csv
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from functools import cached_property
 from pathlib import Path
@@ -246,22 +247,36 @@ def load_tiresias_spec(p: Path, oversubscription: float = 2.0) -> SimCluster:
     return c
 
 
+OpenbEntry = tuple[str, int, str, int, int]  # name, GPUs, GPU model, CPU milli-cores, memory MiB
+
+
+def openb_cluster(name: str, entries: Sequence[OpenbEntry], nodes_per_leaf: int = 32) -> Cluster:
+    """openb nodes as a `Cluster`: each one PCIe domain, `nodes_per_leaf` per leaf in list order, one spine."""
+    nodes = [
+        pcie_node(node, gpus, model, max(1, cpu_milli // 1000), memory, f"leaf{k // nodes_per_leaf}", "spine0")
+        for k, (node, gpus, model, cpu_milli, memory) in enumerate(entries)
+    ]
+    fabric = Fabric(nodes_per_leaf=nodes_per_leaf, leaves_per_spine=10_000, nic_gbps_per_gpu=DEFAULT_NIC_GBITS)
+    return Cluster(name=name, fabric=fabric, nodes=nodes)
+
+
 def load_openb_nodes(p: Path, nodes_per_leaf: int = 32) -> SimCluster:
     """Alibaba openb node list: CPU, memory, GPU model and count per node; GPU topology unknown."""
     with p.open(newline="") as fh:
         rows = [(i + 2, r) for i, r in enumerate(csv.DictReader(fh))]
-    nodes: list[NodeTopology] = []
-    for line, row in rows:
-        gpus = _int(p, line, row, "gpu")
-        model = (row.get("model") or "").strip()
-        leaf = len(nodes) // nodes_per_leaf
-        name = (row.get("sn") or f"node-{line}").strip()
-        cpus = max(1, _int(p, line, row, "cpu_milli") // 1000)
-        nodes.append(pcie_node(name, gpus, model, cpus, _int(p, line, row, "memory_mib"), f"leaf{leaf}", "spine0"))
-    if not nodes:
+    entries = [
+        (
+            (row.get("sn") or f"node-{line}").strip(),
+            _int(p, line, row, "gpu"),
+            (row.get("model") or "").strip(),
+            _int(p, line, row, "cpu_milli"),
+            _int(p, line, row, "memory_mib"),
+        )
+        for line, row in rows
+    ]
+    if not entries:
         raise ClusterError(f"{p}: the node list is empty")
-    fabric = Fabric(nodes_per_leaf=nodes_per_leaf, leaves_per_spine=10_000, nic_gbps_per_gpu=DEFAULT_NIC_GBITS)
-    c = SimCluster(Cluster(name=p.stem, fabric=fabric, nodes=nodes), source=str(p))
+    c = SimCluster(openb_cluster(p.stem, entries, nodes_per_leaf), source=str(p))
     c.notes.append(
         f"openb node list: GPU topology unknown, each node is one PCIe domain (PXB pairs); {nodes_per_leaf} nodes "
         f"per leaf in file order; {DEFAULT_NIC_GBITS:g} Gb/s NIC per GPU; no oversubscription (assumed)"

@@ -24,7 +24,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from oneplus_placement.fgd import FragMeter, GpuState, accessible, after, hosts, typical_shapes
+from oneplus_placement.fgd import FragMeter, GpuState, accessible, after, gradient_score, hosts, typical_shapes
 
 MILLI = 1000
 MAX_SCORE = 100
@@ -208,8 +208,7 @@ class FgdScorer(Scorer):
     def score(self, state: NodeKey, res: PodRes) -> float:
         model, cpu, _mem, left, _tags = state
         best = max(self._delta(model, cpu, left, nl, res) for nl in after(left, res))
-        s = _sigmoid(best / 1000) * MAX_SCORE
-        return float(int(s)) if self.truncate else s
+        return float(gradient_score(best)) if self.truncate else _sigmoid(best / 1000) * MAX_SCORE
 
     def pick_share_gpu(self, ns: NodeState, res: PodRes) -> int:
         model, cpu, left = ns.node.model, ns.cpu_left, ns.sorted_left
@@ -220,7 +219,7 @@ class FgdScorer(Scorer):
             lst = list(ns.left)
             lst[g] -= res.milli
             s = self._delta(model, cpu, left, tuple(sorted(lst, reverse=True)), res)
-            s = float(int(_sigmoid(s / 1000) * MAX_SCORE)) if self.truncate else s
+            s = float(gradient_score(s)) if self.truncate else s
             if s > best_s:
                 best_g, best_s = g, s
         return best_g
@@ -317,21 +316,6 @@ class RandomScorer(Scorer):
         return self.rng.choice([g for g, x in enumerate(ns.left) if x >= res.milli])
 
 
-class OnePlusScorer(FgdScorer):
-    """FGD's fragmentation gradient, with the platform's whole-node rule as the tie-break: among nodes of equal
-    (integer) FGD score, one that already runs something wins over one whose GPUs are all idle, so idle nodes stay
-    whole for the pods that need them. Over seeds 0-9, 42-51 and 100-109 this lifts the allocation at 130% by
-    0.05-0.11 points on every set; exact (untruncated) scores and BestFit or CPU tie-breaks all did worse."""
-
-    name = "oneplus"
-    _IDLE_NODE_PENALTY = 1e-3  # below the integer score step: it only orders ties
-
-    def score(self, state: NodeKey, res: PodRes) -> float:
-        left = state[3]
-        whole = bool(left) and all(x == MILLI for x in left)
-        return super().score(state, res) - (self._IDLE_NODE_PENALTY if whole else 0.0)
-
-
 SCORERS: dict[str, type[Scorer]] = {
     c.name: c
     for c in (
@@ -341,9 +325,11 @@ SCORERS: dict[str, type[Scorer]] = {
         DotProdScorer,
         GpuClusteringScorer,
         GpuPackingScorer,
-        OnePlusScorer,
     )
 }
+# The platform's own policy: the live placement code with FGD (oneplus_sim.fgd_live), not a scorer of this module.
+LIVE_POLICY = "oneplus"
+POLICIES = (*SCORERS, LIVE_POLICY)
 
 
 # ---- the protocol -----------------------------------------------------------------------------------------
@@ -406,12 +392,16 @@ def run_fgd(
     demand: float = 1.3,
     on_pod: Callable[[int, int], None] | None = None,
 ) -> FgdRun:
-    if policy not in SCORERS:
-        raise FgdInputError(f"unknown FGD policy {policy!r}; choose from {', '.join(SCORERS)}")
+    if policy not in POLICIES:
+        raise FgdInputError(f"unknown FGD policy {policy!r}; choose from {', '.join(POLICIES)}")
     if demand <= 0:
         raise FgdInputError(f"--demand must be > 0, got {demand}")
     if not pods:
         raise FgdInputError("no pods to replay: the pod list has no rows")
+    if policy == LIVE_POLICY:
+        from .fgd_live import run_live  # it builds on this module
+
+        return run_live(nodes, pods, seed, demand, on_pod)
     rng = random.Random(seed)
     capacity = sum(n.n_gpu for n in nodes) * MILLI
     # The reference names nodes "<random permutation index>-<name>" and breaks score ties by the smallest name.

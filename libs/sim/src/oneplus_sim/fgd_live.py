@@ -1,0 +1,129 @@
+"""The FGD protocol's `oneplus` policy: every GPU pod placed by the live placement code, as a queue with
+`placement: fgd` places a job.
+
+Each pod with GPUs becomes a one-rank `JobSpec` (whole GPUs, or a share of one) and goes through
+`oneplus_placement.greedy.place_gang` with the protocol's FGD meter, on placement's own `ClusterState` of the openb
+nodes (each one PCIe domain, 32 per leaf, as `oneplus sim run` loads them): the fitters, tie-breaks and GPU choice
+are the live solver's (`fitters.FgdWholeGpuFitter`, `fitters.FgdShareFitter`). The protocol keeps what the platform
+does not schedule: CPU-only pods, placed by FGD's score with the same tie-break (an untouched node last, then the
+fixed node order of the seed). The seed draws the arrivals exactly as for every other policy.
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Callable, Sequence
+
+from oneplus_contracts import Allocation, JobSpec, RankPlacement
+from oneplus_placement.capacity import CapacityIndexes
+from oneplus_placement.fgd import FragMeter, gradient_score
+from oneplus_placement.fitters import gpu_left, tie_break
+from oneplus_placement.greedy import place_gang
+from oneplus_placement.snapshot import ClusterState
+
+from .cluster import openb_cluster
+from .fgd import LIVE_POLICY, MILLI, FgdRun, Node, Pod, PodRes, typical_pods, workload
+
+
+class OpenbState:
+    """The live `ClusterState` of the openb nodes, with what the protocol reads of each node kept current."""
+
+    def __init__(self, nodes: Sequence[Node], meter: FragMeter) -> None:
+        entries = [(n.name, n.n_gpu, n.model, n.cpu, n.memory) for n in nodes]
+        self.state = ClusterState.from_cluster(openb_cluster("openb", entries))
+        self.meter = meter
+        self.models = [n.model for n in nodes]
+        self.frag = [0.0] * len(nodes)
+        self.left: list[tuple[int, ...]] = [()] * len(nodes)
+        for i in range(len(nodes)):
+            self._read(i)
+
+    def _read(self, i: int) -> None:
+        self.left[i] = tuple(sorted(gpu_left(self.state, i), reverse=True))
+        self.frag[i] = self.meter.frag(self.models[i], self.cpu_left(i), self.left[i])
+
+    def cpu_left(self, i: int) -> int:
+        return round(self.state.cpu_free(i) * 1000)
+
+    def apply(self, alloc: Allocation) -> list[int]:
+        self.state.apply(alloc)
+        touched = [self.state.layout.index(n) for n in alloc.nodes]
+        for i in touched:
+            self._read(i)
+        return touched
+
+
+def pod_spec(pod: Pod) -> JobSpec:
+    """A pod with GPUs as the platform's job: one rank of whole GPUs, or of a share of one GPU."""
+    res = pod.res
+    gpus: float = res.n_gpu if res.milli >= MILLI else res.milli / MILLI
+    resources: dict[str, object] = {
+        "gpus": gpus,
+        "cpus": res.cpu / 1000,
+        "memory_mb": max(1, pod.memory),
+    }  # the contract has no 0 MiB
+    if res.models:
+        resources["gpu_models"] = res.models.split("|")
+    return JobSpec.model_validate({"name": "pod", "resources": resources})
+
+
+def place_cpu_pod(cluster: OpenbState, pod: Pod, seed: int) -> int | None:
+    """The node for a CPU-only pod: the best FGD score, an untouched node last, then the seed's node order."""
+    state, meter, res = cluster.state, cluster.meter, pod.res
+    best: tuple[int, int, int] | None = None
+    found = None
+    for i in range(len(cluster.left)):
+        cpu = cluster.cpu_left(i)
+        if cpu < res.cpu or state.mem_free(i) < pod.memory or not state.schedulable[i]:
+            continue
+        left = cluster.left[i]
+        drop = cluster.frag[i] - meter.frag(cluster.models[i], cpu - res.cpu, left)
+        untouched = int(bool(left) and all(x == MILLI for x in left))
+        key = (-gradient_score(drop), untouched, tie_break(i, seed))
+        if best is None or key < best:
+            best, found = key, i
+    return found
+
+
+def run_live(
+    nodes: Sequence[Node],
+    pods: Sequence[Pod],
+    seed: int,
+    demand: float,
+    on_pod: Callable[[int, int], None] | None = None,
+) -> FgdRun:
+    rng = random.Random(seed)
+    capacity = sum(n.n_gpu for n in nodes) * MILLI
+    rng.shuffle(list(range(len(nodes))))  # the reference's node naming: drawn so the arrivals match other policies
+    arrivals = workload(pods, capacity, demand, rng)
+    meter = FragMeter(typical_pods(pods))
+    cluster = OpenbState(nodes, meter)
+    indexes = CapacityIndexes()
+    specs: dict[tuple[PodRes, int], JobSpec] = {}
+    run = FgdRun(LIVE_POLICY, seed, capacity)
+    idle, arrived = capacity, 0
+    for n_pod, pod in enumerate(arrivals):
+        arrived += pod.res.total_milli
+        alloc: Allocation | None = None
+        if pod.res.milli:
+            key = (pod.res, pod.memory)
+            spec = specs.get(key) or specs.setdefault(key, pod_spec(pod))
+            alloc = place_gang(cluster.state, spec, seed=seed, fgd=meter, indexes=indexes).allocation
+        else:
+            i = place_cpu_pod(cluster, pod, seed)
+            if i is not None:
+                node = cluster.state.layout.slots[i].name
+                rank = RankPlacement(rank=0, node=node, gpus=[], cpus=pod.res.cpu / 1000, memory_mb=pod.memory)
+                alloc = Allocation(ranks=[rank])
+        if alloc is None:
+            run.failed += 1
+        else:
+            indexes.touched(cluster.apply(alloc))
+            idle -= pod.res.total_milli
+        run.arrived_pct.append(100 * arrived / capacity)
+        run.alloc_pct.append(100 * (capacity - idle) / capacity)
+        run.frag_pct.append(100 * sum(cluster.frag) / idle if idle else 0.0)
+        if on_pod:
+            on_pod(n_pod + 1, len(arrivals))
+    run.pods = len(arrivals)
+    return run
