@@ -30,16 +30,22 @@ class SlowProjection(JobOwner):
         await super()._project(records)
 
 
-@pytest.fixture
-async def running(nc: Client) -> AsyncIterator[tuple[JobOwner, JobLedger]]:
+async def started(nc: Client, kind: type[JobOwner]) -> tuple[JobOwner, asyncio.Task[None]]:
+    """An owner of `kind` on fresh streams, draining facts."""
     js = nc.jetstream()
     await ensure_streams(js)
     kv = await ensure_kv(js)
-    owner = SlowProjection(js, JobArchive(js), min_age_s=3600, state_kv=kv[subjects.SOLVER_STATE_KV], nc=nc)
+    owner = kind(js, JobArchive(js), min_age_s=3600, state_kv=kv[subjects.SOLVER_STATE_KV], nc=nc)
     await owner.bootstrap()
-    task = asyncio.create_task(owner.run_facts())
+    return owner, asyncio.create_task(owner.run_facts())
+
+
+@pytest.fixture
+async def running(nc: Client) -> AsyncIterator[tuple[JobOwner, JobLedger]]:
+    owner, task = await started(nc, SlowProjection)
     try:
-        yield owner, JobLedger(js, kv[subjects.JOBS_KV], nc)
+        js = nc.jetstream()
+        yield owner, JobLedger(js, await js.key_value(subjects.JOBS_KV), nc)
     finally:
         task.cancel()
         with contextlib.suppress(asyncio.CancelledError):
@@ -85,12 +91,7 @@ async def test_the_fact_loop_stops_when_its_cancellation_comes_back_as_a_fetch_t
             raise TimeoutError from None
 
     monkeypatch.setattr(JetStreamContext.PullSubscription, "fetch", swallowing)
-    js = nc.jetstream()
-    await ensure_streams(js)
-    kv = await ensure_kv(js)
-    owner = JobOwner(js, JobArchive(js), min_age_s=3600, state_kv=kv[subjects.SOLVER_STATE_KV], nc=nc)
-    await owner.bootstrap()
-    task = asyncio.create_task(owner.run_facts())
+    _, task = await started(nc, JobOwner)
     await asyncio.sleep(0.3)  # inside a fetch
     task.cancel()
     done, _ = await asyncio.wait([task], timeout=10)
