@@ -17,7 +17,7 @@ from oneplus_bus.archive import JobArchive
 from oneplus_bus.ledger import JobLedger
 from oneplus_bus.streams import ensure_kv, ensure_streams
 from oneplus_contracts import JobAccepted, JobCancelRequested, JobRecord, subjects
-from oneplus_placement_solver.owner import JobOwner
+from oneplus_placement_solver.owner import Applied, JobOwner
 from test_cycle_store_ops import spec
 
 
@@ -100,3 +100,25 @@ async def test_the_fact_loop_stops_when_its_cancellation_comes_back_as_a_fetch_t
         task.cancel()
         await asyncio.wait([task], timeout=10)
     assert done and task.cancelled(), "the loop went on fetching after it was stopped"
+
+
+async def test_a_waiting_reporter_hears_its_outcome_before_the_owners_reactions_run(nc: Client) -> None:
+    """The solver reacts to a commit (settling ended gangs, sending cancels: round trips of their own); a submission
+    must not wait for the reactions to a batch it happens to share."""
+    owner, task = await started(nc, JobOwner)
+    release = asyncio.Event()
+
+    async def slow_reaction(applied: Sequence[Applied]) -> None:
+        await release.wait()
+
+    owner.on_applied(slow_reaction)
+    try:
+        js = nc.jetstream()
+        ledger = JobLedger(js, await js.key_value(subjects.JOBS_KV), nc)
+        event = JobAccepted(event_id="a-j2", job_id="j2", spec=spec(0))
+        got = await asyncio.wait_for(ledger.report(event, wait_s=30.0), timeout=10.0)
+        assert got.folded
+    finally:
+        release.set()
+        task.cancel()
+        await asyncio.wait([task], timeout=10)

@@ -176,10 +176,16 @@ class JobOwner:
         return replayed
 
     # -- commits ---------------------------------------------------------------------------------------------------
-    async def commit(self, *events: JobEvent, traceparents: Sequence[str | None] = ()) -> list[JobRecord | None]:
-        """Fold, publish and project `events` in order; the record of each, or None where it did not apply."""
+    async def commit(
+        self, *events: JobEvent, traceparents: Sequence[str | None] = (), awaited: Sequence[bool] = ()
+    ) -> list[JobRecord | None]:
+        """Fold, publish and project `events` in order; the record of each, or None where it did not apply.
+        `awaited[i]`: the reporter of `events[i]` waits to hear what became of it (`_tell_outcomes`)."""
         async with self._lock:
             applied, out = await self._commit_locked(events, traceparents)
+        if any(awaited):
+            # Before the listeners: their reactions (settling ended gangs, cancelling) take round trips of their own.
+            await self._tell_outcomes(events, out, awaited)
         await self._notify(applied)
         return out
 
@@ -343,14 +349,13 @@ class JobOwner:
                     tps.append((msg.headers or {}).get("traceparent"))
                     awaited.append(_awaited(msg))
                 try:
-                    records = await self.commit(*events, traceparents=tps)
+                    await self.commit(*events, traceparents=tps, awaited=awaited)
                 except Exception:
                     # Not folded (the bus dropped, say): give the facts back now rather than after ack_wait.
                     for msg in msgs:
                         with contextlib.suppress(Exception):
                             await msg.nak(delay=1.0)
                     raise
-                await self._tell_outcomes(events, records, awaited)
                 for msg in msgs:
                     await msg.ack()
                 done += len(msgs)
