@@ -77,6 +77,11 @@ def accessible(model: str, wanted: str) -> bool:
     return not wanted or (bool(model) and model in wanted.split("|"))
 
 
+def untouched(left: Sequence[int]) -> bool:
+    """Every GPU of the node whole and free: FGD keeps such a node for last among nodes of equal score."""
+    return bool(left) and all(x == MILLI for x in left)
+
+
 def hosts(left: Sequence[int], shape: Shape) -> bool:
     return sum(1 for x in left if x >= shape.milli) >= shape.n_gpu
 

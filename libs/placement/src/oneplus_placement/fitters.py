@@ -12,7 +12,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from .bandwidth import board_shortfall, fabric_gbps
-from .fgd import FragMeter, WorkloadShape, after, gradient_score
+from .fgd import FragMeter, WorkloadShape, after, gradient_score, untouched
 from .layout import Layout, NodeSlot
 from .request import GangRequest
 from .shape import NodeShape, bits
@@ -299,7 +299,7 @@ class FgdState:
     @property
     def untouched(self) -> float:
         """1.0 when every GPU of the node is whole and free (FGD keeps such nodes for last), else 0.0."""
-        return 1.0 if self.left and all(x == FULL_SHARE for x in self.left) else 0.0
+        return 1.0 if untouched(self.left) else 0.0
 
     def growth(self, left_after: Sequence[int], cpus: float) -> float:
         before = self.meter.frag(self.model, self.cpu_left, tuple(sorted(self.left, reverse=True)))
@@ -311,11 +311,8 @@ class FgdState:
         return -float(gradient_score(-self.growth(left_after, cpus)))
 
 
-class FgdWholeGpuFitter(WholeGpuFitter):
-    """FGD for whole GPUs: among the board kinds at par for the gang, the node with the best FGD score (its expected
-    fragmentation for the workload mix grows least, in whole points; Weng et al., ATC '23); among equal scores a node
-    already in use before an untouched one, so untouched nodes stay whole for the gangs that need them; then the best
-    ring, then the fixed node order (no best fit: on openb a tightest-fit tie-break placed fewer GPUs)."""
+class FgdFitter(Fitter):
+    """What the FGD fitters share: the workload mix's meter, and leaf fill only for a mix with multi-rank gangs."""
 
     def __init__(self, snap: Holdings, req: GangRequest, seed: int, meter: FragMeter) -> None:
         super().__init__(snap, req, seed)
@@ -323,6 +320,13 @@ class FgdWholeGpuFitter(WholeGpuFitter):
         # Leaf fill keeps leaves whole for gangs of several ranks; with none in the mix it only overrides FGD's
         # order (openb: 0.7 points fewer GPUs placed; docs/placement.md).
         self.packs_leaves = meter.multi_rank
+
+
+class FgdWholeGpuFitter(FgdFitter, WholeGpuFitter):
+    """FGD for whole GPUs: among the board kinds at par for the gang, the node with the best FGD score (its expected
+    fragmentation for the workload mix grows least, in whole points; Weng et al., ATC '23); among equal scores a node
+    already in use before an untouched one, so untouched nodes stay whole for the gangs that need them; then the best
+    ring, then the fixed node order (no best fit: on openb a tightest-fit tie-break placed fewer GPUs)."""
 
     def class_key(self, i: int) -> tuple[object, ...]:
         snap = self.snap
@@ -336,16 +340,9 @@ class FgdWholeGpuFitter(WholeGpuFitter):
         return (*self.board_key(i, units), state.score(left_after, units * self.req.unit_cpus), state.untouched, ideal)
 
 
-class FgdShareFitter(ShareFitter):
+class FgdShareFitter(FgdFitter, ShareFitter):
     """FGD for GPU shares: the node with the best FGD score, an untouched node last among equals, then the fixed node
     order; on the node, each share on the GPU with the best score (the lowest position among equals)."""
-
-    def __init__(self, snap: Holdings, req: GangRequest, seed: int, meter: FragMeter) -> None:
-        super().__init__(snap, req, seed)
-        self.meter = meter
-        # Leaf fill keeps leaves whole for gangs of several ranks; with none in the mix it only overrides FGD's
-        # order (openb: 0.7 points fewer GPUs placed; docs/placement.md).
-        self.packs_leaves = meter.multi_rank
 
     def class_key(self, i: int) -> tuple[object, ...]:
         return (*super().class_key(i), *fgd_inputs(self.snap, i))

@@ -138,10 +138,6 @@ def typical_pods(pods: Sequence[Pod], popularity: float = 95.0) -> list[tuple[Po
 NodeKey = tuple[str, int, int, GpuState, frozenset[str]]
 
 
-def _sigmoid(x: float) -> float:
-    return 1.0 / (1.0 + math.exp(-x)) if x > -700 else 0.0
-
-
 # ---- the cluster ------------------------------------------------------------------------------------------
 @dataclass(slots=True)
 class NodeState:
@@ -199,7 +195,6 @@ class FgdScorer(Scorer):
     """FGD: sigmoid of the drop in expected fragmentation, ×100, truncated to an integer (the reference)."""
 
     name = "fgd"
-    truncate = True
 
     def _delta(self, model: str, cpu: int, left: GpuState, new_left: GpuState, res: PodRes) -> float:
         m = self.meter
@@ -208,7 +203,7 @@ class FgdScorer(Scorer):
     def score(self, state: NodeKey, res: PodRes) -> float:
         model, cpu, _mem, left, _tags = state
         best = max(self._delta(model, cpu, left, nl, res) for nl in after(left, res))
-        return float(gradient_score(best)) if self.truncate else _sigmoid(best / 1000) * MAX_SCORE
+        return float(gradient_score(best))
 
     def pick_share_gpu(self, ns: NodeState, res: PodRes) -> int:
         model, cpu, left = ns.node.model, ns.cpu_left, ns.sorted_left
@@ -218,8 +213,7 @@ class FgdScorer(Scorer):
                 continue
             lst = list(ns.left)
             lst[g] -= res.milli
-            s = self._delta(model, cpu, left, tuple(sorted(lst, reverse=True)), res)
-            s = float(gradient_score(s)) if self.truncate else s
+            s = float(gradient_score(self._delta(model, cpu, left, tuple(sorted(lst, reverse=True)), res)))
             if s > best_s:
                 best_g, best_s = g, s
         return best_g

@@ -16,7 +16,7 @@ from collections.abc import Callable, Sequence
 
 from oneplus_contracts import Allocation, JobSpec, RankPlacement
 from oneplus_placement.capacity import CapacityIndexes
-from oneplus_placement.fgd import FragMeter, gradient_score
+from oneplus_placement.fgd import FragMeter, gradient_score, untouched
 from oneplus_placement.fitters import gpu_left, tie_break
 from oneplus_placement.greedy import place_gang
 from oneplus_placement.snapshot import ClusterState
@@ -34,13 +34,16 @@ class OpenbState:
         self.meter = meter
         self.models = [n.model for n in nodes]
         self.frag = [0.0] * len(nodes)
+        self.total_frag = 0.0  # the sum of `frag`, kept as nodes change
         self.left: list[tuple[int, ...]] = [()] * len(nodes)
         for i in range(len(nodes)):
             self._read(i)
 
     def _read(self, i: int) -> None:
         self.left[i] = tuple(sorted(gpu_left(self.state, i), reverse=True))
-        self.frag[i] = self.meter.frag(self.models[i], self.cpu_left(i), self.left[i])
+        frag = self.meter.frag(self.models[i], self.cpu_left(i), self.left[i])
+        self.total_frag += frag - self.frag[i]
+        self.frag[i] = frag
 
     def cpu_left(self, i: int) -> int:
         return round(self.state.cpu_free(i) * 1000)
@@ -57,11 +60,8 @@ def pod_spec(pod: Pod) -> JobSpec:
     """A pod with GPUs as the platform's job: one rank of whole GPUs, or of a share of one GPU."""
     res = pod.res
     gpus: float = res.n_gpu if res.milli >= MILLI else res.milli / MILLI
-    resources: dict[str, object] = {
-        "gpus": gpus,
-        "cpus": res.cpu / 1000,
-        "memory_mb": max(1, pod.memory),
-    }  # the contract has no 0 MiB
+    # A pod may ask 0 MiB; the contract's least is 1.
+    resources: dict[str, object] = {"gpus": gpus, "cpus": res.cpu / 1000, "memory_mb": max(1, pod.memory)}
     if res.models:
         resources["gpu_models"] = res.models.split("|")
     return JobSpec.model_validate({"name": "pod", "resources": resources})
@@ -70,7 +70,7 @@ def pod_spec(pod: Pod) -> JobSpec:
 def place_cpu_pod(cluster: OpenbState, pod: Pod, seed: int) -> int | None:
     """The node for a CPU-only pod: the best FGD score, an untouched node last, then the seed's node order."""
     state, meter, res = cluster.state, cluster.meter, pod.res
-    best: tuple[int, int, int] | None = None
+    best: tuple[int, bool, int] | None = None
     found = None
     for i in range(len(cluster.left)):
         cpu = cluster.cpu_left(i)
@@ -78,8 +78,7 @@ def place_cpu_pod(cluster: OpenbState, pod: Pod, seed: int) -> int | None:
             continue
         left = cluster.left[i]
         drop = cluster.frag[i] - meter.frag(cluster.models[i], cpu - res.cpu, left)
-        untouched = int(bool(left) and all(x == MILLI for x in left))
-        key = (-gradient_score(drop), untouched, tie_break(i, seed))
+        key = (-gradient_score(drop), untouched(left), tie_break(i, seed))
         if best is None or key < best:
             best, found = key, i
     return found
@@ -122,7 +121,7 @@ def run_live(
             idle -= pod.res.total_milli
         run.arrived_pct.append(100 * arrived / capacity)
         run.alloc_pct.append(100 * (capacity - idle) / capacity)
-        run.frag_pct.append(100 * sum(cluster.frag) / idle if idle else 0.0)
+        run.frag_pct.append(100 * cluster.total_frag / idle if idle else 0.0)
         if on_pod:
             on_pod(n_pod + 1, len(arrivals))
     run.pods = len(arrivals)
