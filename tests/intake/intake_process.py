@@ -81,7 +81,13 @@ class IntakeProcess:
             }
             self.owner = spawn([sys.executable, "-m", "oneplus_placement_solver"], self.owner_log, owner_env)
         self.proc = spawn([sys.executable, "-m", "oneplus_intake"], self.log, env)
-        await self._wait_ready(timeout)
+        try:
+            await self._wait_ready(timeout)
+        except BaseException:
+            # A job owner left running would outlive the test on the session's NATS: it takes over the facts
+            # consumer that later tests recreate, and refuses their facts against an index of its own.
+            self.stop()
+            raise
         return self
 
     @property

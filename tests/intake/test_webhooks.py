@@ -212,3 +212,4 @@ async def test_an_intake_with_a_broken_templates_file_does_not_start_and_says_wh
     with pytest.raises(RuntimeError, match="intake exited") as err:
         await proc.start(timeout=60)
     assert "templates.yaml: resnet50.model_version.created[0]: placeholder(s) {nme}" in str(err.value)
+    assert proc.owner.poll() is not None, "the job owner started beside it is stopped too"
