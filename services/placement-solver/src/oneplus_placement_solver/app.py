@@ -288,42 +288,55 @@ class Solver:
 
     async def role_loop(self) -> None:
         """Each beat: say this replica is alive, renew or try the owner lease, and take or give up the lead."""
-        assert self._replicas is not None
         while True:
             await asyncio.sleep(self.settings.beat_s)
-            try:
-                await self._replicas.beat()
-            except Exception as exc:
-                log.warning("solver %s: liveness beat failed (%s)", self.settings.replica, exc)
-            members = self._replicas.alive()
-            if members != self.members:
-                log.info("solver replicas now: %s", ", ".join(members))
-                self.members = members
-                self.wake.set()  # the shards moved: jobs may be this replica's now
-            self.metrics.replicas.set(len(members))
-            try:
-                held = await self.lease.try_hold()
-            except Exception as exc:
-                # The bus is down: nothing can be written anyway, and the lease ages out on its own if this lasts.
-                log.warning("solver %s: owner lease not renewed (%s)", self.settings.replica, exc)
-                continue
-            if held and not self.leading:
-                await self.take_lead()
-            elif not held and self.leading and self.lease.holder != self.settings.replica:
-                await self.step_down()  # another replica holds it now (a lost write of our own is retried next beat)
+            await self.beat()
+
+    async def beat(self) -> None:
+        """One beat of `role_loop`."""
+        assert self._replicas is not None
+        try:
+            await self._replicas.beat()
+        except Exception as exc:
+            log.warning("solver %s: liveness beat failed (%s)", self.settings.replica, exc)
+        members = self._replicas.alive()
+        if members != self.members:
+            log.info("solver replicas now: %s", ", ".join(members))
+            self.members = members
+            self.wake.set()  # the shards moved: jobs may be this replica's now
+        self.metrics.replicas.set(len(members))
+        try:
+            held = await self.lease.try_hold()
+        except Exception as exc:
+            # The bus is down: nothing can be written anyway, and the lease ages out on its own if this lasts.
+            log.warning("solver %s: owner lease not renewed (%s)", self.settings.replica, exc)
+            return
+        if held and not self.leading:
+            await self.take_lead()
+        elif not held and self.lease.holder != self.settings.replica and (self.leading or not self.owner.following):
+            # Another replica holds it now (a lost write of our own is retried next beat); or a lead this replica
+            # failed to take left it neither owning nor following.
+            await self.step_down()
 
     async def take_lead(self) -> None:
-        """This replica now holds the owner lease: rebuild the working set as a restarted owner does, then own."""
+        """This replica now holds the owner lease: rebuild the working set as a restarted owner does, then own.
+        Leading only once all of it is done: a step that fails (the bus mid-failover) is tried again next beat,
+        rather than leave a lead that holds the lease and folds no fact."""
         log.warning("solver %s takes the lead (owner lease)", self.settings.replica)
         await self.owner.unfollow()
-        self.leading = True
+        self.leading = True  # the steps below act as the owner (sync_store rebuilds a reset store)
         self.metrics.leading.set(1)
-        await self.owner.bootstrap()
-        self.carry = await self.memory.load_carry()
-        self.usage = None  # the stored history, carried on from the last owner
-        await self.sync_store()
-        await self.catch_up_audit()
-        await self.reconcile()
+        try:
+            await self.owner.bootstrap()
+            self.carry = await self.memory.load_carry()
+            self.usage = None  # the stored history, carried on from the last owner
+            await self.sync_store()
+            await self.catch_up_audit()
+            await self.reconcile()
+        except BaseException:
+            self.leading = False
+            self.metrics.leading.set(0)
+            raise
         self.start_owner_loops()
         self.wake.set()
 

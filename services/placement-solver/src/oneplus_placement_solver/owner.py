@@ -152,6 +152,11 @@ class JobOwner:
         )
         self._tail.start(await relist())
 
+    @property
+    def following(self) -> bool:
+        """Whether this index follows the owner's job stream (`follow`)."""
+        return self._tail is not None
+
     async def unfollow(self) -> None:
         if self._tail is not None:
             await self._tail.stop()
