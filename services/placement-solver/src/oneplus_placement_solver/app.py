@@ -65,7 +65,7 @@ from oneplus_queueing.fairshare import UsageHistory
 from oneplus_queueing.model import CycleCarry, CycleDecision, PendingJob, PendingReason, RunningJob, VictimChoice
 from oneplus_queueing.report import queue_rows, queues_rows, split_records
 from oneplus_queueing.shards import replica_for
-from oneplus_reservations import Conflict, ReservationStore
+from oneplus_reservations import Conflict, Reservation, ReservationStore
 from prometheus_client import Counter
 from redis.exceptions import RedisError
 
@@ -374,8 +374,19 @@ class Solver:
 
     async def sync_capacity(self) -> None:
         """Make the capacity model hold exactly the store's reservations (one read of the live ones), and wake."""
-        self.capacity.hold_exactly((r.job_id, r.token, r.allocation) for r in await self.store.all())
+        self.capacity.hold_exactly(self.holding(await self.store.all()))
         self.wake.set()
+
+    def holding(self, reservations: Iterable[Reservation]) -> list[tuple[str, int, Allocation]]:
+        """What the capacity model holds: the store's reservations, and every attempt whose job record still holds
+        GPUs though its reservation is gone (its lease ran out: a node silent, or reports not folded yet). Those GPUs
+        are offered only once the record ends (reconcile requeues it), never while the job stream says it holds them.
+        """
+        held = {r.job_id: (r.job_id, r.token, r.allocation) for r in reservations}
+        for rec in self.owner.index.holders.values():
+            if rec.job_id not in held and rec.allocation is not None and rec.token is not None:
+                held[rec.job_id] = (rec.job_id, rec.token, rec.allocation)
+        return list(held.values())
 
     async def record(self, *events: JobEvent) -> None:
         """Record decisions: the owner commits them; a follower reports them as facts for the owner to fold."""
@@ -976,8 +987,8 @@ class Solver:
                 # Reset between the check and the read: what was read is not the truth; rebuild first.
                 await self.guard_store(await self.fence.check())
                 return
-            # A holder missing from the store: its lease ran out.
-            self.capacity.hold_exactly((r.job_id, r.token, r.allocation) for r in reservations.values())
+            # A holder missing from the store (its lease ran out) keeps its GPUs until its record ends, below.
+            self.capacity.hold_exactly(self.holding(reservations.values()))
         for job_id, res in reservations.items():
             rec = index.get(job_id)
             if rec is None:
@@ -1022,7 +1033,9 @@ class Solver:
                         token=rec.token,
                     )
                 await self.owner.commit(event)
-                self.wake.set()
+                # Ends the hold in the audit (the store forgot it when the lease ran out) and frees the GPUs in the
+                # capacity model, which kept them while the record held them.
+                await self.release(rec.job_id, rec.token, why)
             elif rec.state in HOLDING_STATES and rec.allocation and set(rec.nodes_done) >= set(rec.allocation.nodes):
                 await self.settle(rec)
         for rec in list(index.pending.values()):

@@ -1,0 +1,50 @@
+"""A reservation whose lease ran out while its job record still holds the GPUs (the node's reports not folded yet,
+the owner restarting): the GPUs are not given to another job until the record ends.
+
+Seen in the multi-host chaos run: a gang's ranks exited and its node stopped renewing the lease; the owner folded
+the node's report only after the lease had lapsed. Reconcile had already dropped the gang from the capacity model
+(it held exactly what Redis held), the next cycle placed two gangs on its GPUs, and the job stream and the
+reservation audit both showed one GPU held by two jobs.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import functools
+
+import pytest
+from nats.aio.client import Client
+from oneplus_bus.audit import audit_history, read_audit
+from oneplus_contracts import JobAccepted
+from oneplus_reservations import check_history
+from oneplus_testing import Servers
+from test_cycle_store_ops import add_nodes, solver_on_fresh_bus, spec
+
+
+async def test_gpus_of_a_lapsed_lease_wait_for_the_record_to_end(
+    nc: Client, servers: Servers, cluster_name: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    async with solver_on_fresh_bus(nc, servers, cluster_name) as solver:
+        monkeypatch.setattr(solver, "settings", dataclasses.replace(solver.settings, lost_reservation_grace_s=0.5))
+        await add_nodes(nc, solver, 1)
+        # Leases of a few tenths of a second, and a node that never renews them.
+        monkeypatch.setattr(solver.store, "reserve", functools.partial(solver.store.reserve, lease_s=0.3))
+        await solver.owner.commit(JobAccepted(event_id="acc-0", job_id="j0", spec=spec(0, gpus=8)))
+        assert await solver.schedule_once() == 1
+        await asyncio.sleep(0.4)
+        assert await solver.store.all() == [], "the lease ran out"
+
+        await solver.owner.commit(JobAccepted(event_id="acc-1", job_id="j1", spec=spec(1, gpus=8)))
+        await solver.reconcile()  # within the grace: j0's record still holds the node
+        assert solver.owner.index.get("j0").state == "PLACED"  # type: ignore[union-attr]
+        assert await solver.schedule_once() == 0, "j1 placed on GPUs the job stream says j0 holds"
+
+        await asyncio.sleep(0.6)
+        await solver.reconcile()  # past the grace: j0 is requeued, its GPUs free
+        assert solver.owner.index.get("j0").state == "ACCEPTED"  # type: ignore[union-attr]
+        assert await solver.schedule_once() == 1
+        await solver.audit.flush()
+        entries = await read_audit(nc)
+        assert [e.op for e in entries] == ["reserve", "release", "reserve"], "the lapsed hold ends in the audit"
+        assert check_history(audit_history(entries, cluster_name)) == []
