@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 
 from .events import ACTIVE_STATES, JobEvent, JobRecord, JobRejected
 from .lifecycle import IllegalTransition, apply_event
+from .slim import slim
 
 # States in which a job holds its reservation: the active ones, and checkpointed while its ranks stop.
 HOLDING_STATES: frozenset[str] = ACTIVE_STATES | {"CHECKPOINTED"}
@@ -19,31 +20,53 @@ HOLDING_STATES: frozenset[str] = ACTIVE_STATES | {"CHECKPOINTED"}
 
 @dataclass
 class JobIndex:
-    """Records by job id, with the pending and holding jobs indexed apart, and the stream sequence folded so far."""
+    """Records by job id, with the pending and holding jobs indexed apart, and the stream sequence folded so far.
 
-    jobs: dict[str, JobRecord] = field(default_factory=dict)
+    A finished job is kept as its record's JSON until it leaves the hot view (about a fifth of the memory of the
+    record's objects, which live jobs keep for the cycle to read): in a busy hour most of the hot view is finished
+    jobs, and the solver's memory follows its busiest moment (CPython's allocator seldom gives back what a peak took).
+    `keep_finished` False (an informer that needs only live jobs) drops a finished job at once.
+    """
+
+    jobs: dict[str, JobRecord] = field(default_factory=dict)  # the live jobs (not finished)
     pending: dict[str, JobRecord] = field(default_factory=dict)  # ACCEPTED, in arrival order
     holders: dict[str, JobRecord] = field(default_factory=dict)  # holding GPUs (HOLDING_STATES with an allocation)
-    finished_at: dict[str, float] = field(default_factory=dict)  # terminal job → when it finished, oldest first
+    finished: dict[str, bytes] = field(default_factory=dict)  # finished job → its record's JSON
+    finished_at: dict[str, float] = field(default_factory=dict)  # finished job → when it finished, oldest first
     last_seq: int = 0
+    keep_finished: bool = True
 
     def __len__(self) -> int:
-        return len(self.jobs)
+        return len(self.jobs) + len(self.finished)
 
     def __contains__(self, job_id: object) -> bool:
-        return job_id in self.jobs
+        return job_id in self.jobs or job_id in self.finished
 
     def __iter__(self) -> Iterator[JobRecord]:
-        return iter(self.jobs.values())
+        yield from list(self.jobs.values())
+        for data in list(self.finished.values()):
+            yield JobRecord.model_validate_json(data)
 
     def get(self, job_id: str) -> JobRecord | None:
-        return self.jobs.get(job_id)
+        rec = self.jobs.get(job_id)
+        if rec is None and (data := self.finished.get(job_id)) is not None:
+            return JobRecord.model_validate_json(data)  # a late event of a finished job, a lookup: seldom
+        return rec
 
     def put(self, rec: JobRecord) -> None:
         """Store a record (the owner's commit, a replayed event, a bootstrap entry) and keep the indexes right."""
         job_id = rec.job_id
-        self.jobs[job_id] = rec
         self.last_seq = max(self.last_seq, rec.seq)
+        if rec.terminal:
+            self.jobs.pop(job_id, None)
+            self.pending.pop(job_id, None)
+            self.holders.pop(job_id, None)
+            if self.keep_finished:
+                self.finished[job_id] = rec.model_dump_json().encode()
+                self.finished_at.setdefault(job_id, rec.finished_ts if rec.finished_ts is not None else rec.updated_ts)
+            return
+        slim(rec)
+        self.jobs[job_id] = rec
         if rec.state == "ACCEPTED":
             self.pending[job_id] = rec
         else:
@@ -52,8 +75,6 @@ class JobIndex:
             self.holders[job_id] = rec
         else:
             self.holders.pop(job_id, None)
-        if rec.terminal:
-            self.finished_at.setdefault(job_id, rec.finished_ts if rec.finished_ts is not None else rec.updated_ts)
 
     def apply(self, event: JobEvent, seq: int, traceparent: str | None = None) -> JobRecord | None:
         """Fold an event read from the job-event stream at `seq` (an informer's or a restarted owner's replay).
@@ -63,7 +84,7 @@ class JobIndex:
         `traceparent` is the event's header: a record made here carries the job's trace like the owner's does.
         """
         self.last_seq = max(self.last_seq, seq)
-        rec = self.jobs.get(event.job_id)
+        rec = self.get(event.job_id)
         if rec is not None and seq <= rec.seq:
             return None
         if rec is None and (isinstance(event, JobRejected) or event.type not in ("accepted", "submitted")):
@@ -86,15 +107,16 @@ class JobIndex:
             if now - ts < min_age_s:
                 continue
             del self.finished_at[job_id]
-            rec = self.jobs.pop(job_id, None)
-            if rec is not None:
-                out.append(rec)
+            data = self.finished.pop(job_id, None)
+            if data is not None:
+                out.append(JobRecord.model_validate_json(data))
         return out
 
     def forget(self, job_id: str) -> None:
         self.jobs.pop(job_id, None)
         self.pending.pop(job_id, None)
         self.holders.pop(job_id, None)
+        self.finished.pop(job_id, None)
         self.finished_at.pop(job_id, None)
 
     @classmethod

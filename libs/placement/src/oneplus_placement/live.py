@@ -11,6 +11,7 @@ import logging
 from collections.abc import Iterable
 
 from oneplus_contracts import Allocation, NodeRecord
+from oneplus_contracts.slim import slim
 
 from .snapshot import AllocationConflict, ClusterSnapshot, ClusterState
 
@@ -31,8 +32,13 @@ class LiveCapacity:
         """A node's record changed; True when it may offer more than before (a node back, uncordoned, healed)."""
         node = rec.topology.node
         before = self.records.get(node)
+        if before is not None and before.topology == rec.topology:
+            # The same board (a persisted heartbeat, a status change): keep the topology already held, so the copy
+            # just parsed is dropped at once instead of living on beside the jobs of the moment (heap fragmentation).
+            rec = rec.model_copy(update={"topology": before.topology})
+        slim(rec)
         self.records[node] = rec
-        if before is None or before.topology != rec.topology or self._state is None:
+        if before is None or before.topology is not rec.topology or self._state is None:
             self._state = None  # a new node or a new board: rebuild on the next read
             return True
         self._state.set_schedulable(node, rec.schedulable)

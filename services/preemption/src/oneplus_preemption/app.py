@@ -49,7 +49,7 @@ class Preemption:
 
     def __init__(self, svc: OneplusService) -> None:
         self.svc = svc
-        self.index = JobIndex()
+        self.index = JobIndex(keep_finished=False)  # finished jobs are of no use to victim choice
         self.capacity = LiveCapacity("live")
         self.config: QueueConfig = default_config()
         self.tails: list[StreamTail] = []
@@ -113,7 +113,6 @@ class Preemption:
             self.capacity.ensure_held(rec.job_id, rec.token, rec.allocation)
         else:
             self.capacity.release(rec.job_id)
-        self.index.expire(time.time(), 0.0)  # finished jobs are of no use to victim choice
 
     async def on_node(self, node: str, value: bytes | None) -> None:
         if value is None:
