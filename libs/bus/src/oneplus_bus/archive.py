@@ -148,12 +148,12 @@ class JobArchive:
         self.stream = stream
         self.timeout = timeout
 
-    async def put(self, rec: JobRecord) -> int:
-        """Archive `rec`; the same record (job and sequence) put again within the dedupe window is not stored
-        twice. Returns its sequence in the archive stream."""
+    async def put(self, rec: JobRecord, data: bytes | None = None) -> int:
+        """Archive `rec` (`data`: its JSON, where the caller has it already); the same record (job and sequence) put
+        again within the dedupe window is not stored twice. Returns its sequence in the archive stream."""
         ack = await self.js.publish(
             archive_subject(rec),
-            rec.model_dump_json().encode(),
+            data if data is not None else rec.model_dump_json().encode(),
             headers={"Nats-Msg-Id": f"archive-{rec.job_id}-{rec.seq}"},
             stream=self.stream,
         )

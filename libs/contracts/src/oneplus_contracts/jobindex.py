@@ -102,14 +102,18 @@ class JobIndex:
 
     def expire(self, now: float, min_age_s: float) -> list[JobRecord]:
         """Finished jobs older than `min_age_s`, taken out of the hot view (oldest first)."""
-        out: list[JobRecord] = []
+        return [rec for rec, _ in self.expire_finished(now, min_age_s)]
+
+    def expire_finished(self, now: float, min_age_s: float) -> list[tuple[JobRecord, bytes]]:
+        """`expire`, each record with the JSON it was kept as (what the archive stores)."""
+        out: list[tuple[JobRecord, bytes]] = []
         for job_id, ts in list(self.finished_at.items()):
             if now - ts < min_age_s:
                 continue
             del self.finished_at[job_id]
             data = self.finished.pop(job_id, None)
             if data is not None:
-                out.append(JobRecord.model_validate_json(data))
+                out.append((JobRecord.model_validate_json(data), data))
         return out
 
     def forget(self, job_id: str) -> None:

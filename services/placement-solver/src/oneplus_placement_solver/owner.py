@@ -292,14 +292,17 @@ class JobOwner:
         for rec in records:
             self.unprojected[rec.job_id] = rec
         todo = list(self.unprojected.values())
-        futures = [
-            await self.js.publish_async(f"$KV.{subjects.JOBS_KV}.{rec.job_id}", rec.model_dump_json().encode())
-            for rec in todo
-        ]
+        futures = [await self.js.publish_async(f"$KV.{subjects.JOBS_KV}.{rec.job_id}", self._json(rec)) for rec in todo]
         await wait_acks(futures)
         for rec in todo:
             if self.unprojected.get(rec.job_id) is rec:
                 del self.unprojected[rec.job_id]
+
+    def _json(self, rec: JobRecord) -> bytes:
+        """`rec` as JSON: a finished record's is the one the index keeps it as (written once, not twice)."""
+        if rec.terminal and (data := self.index.finished.get(rec.job_id)) is not None:
+            return data
+        return rec.model_dump_json().encode()
 
     async def _notify(self, applied: Sequence[Applied]) -> None:
         if not applied:
@@ -391,9 +394,10 @@ class JobOwner:
         async with self._lock:
             if self.guard is not None:
                 await self.guard()
-            gone = self.index.expire(time.time() if now is None else now, self.min_age_s)
-            for rec in gone:
-                await self.archive.put(rec)  # archived first: a crash in between leaves it in both, never neither
+            expired = self.index.expire_finished(time.time() if now is None else now, self.min_age_s)
+            gone = [rec for rec, _ in expired]
+            for rec, data in expired:
+                await self.archive.put(rec, data)  # archived first: a crash in between leaves it in both, never neither
                 self.unprojected.pop(rec.job_id, None)  # its key is purged below: never written back
             # Purged, not deleted: a delete leaves a marker per key, which every read of the hot view would still walk
             # through (20,000 markers after 20,000 jobs); a purge of the key's subject leaves nothing.
