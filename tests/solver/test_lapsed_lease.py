@@ -29,7 +29,7 @@ async def test_gpus_of_a_lapsed_lease_wait_for_the_record_to_end(
         monkeypatch.setattr(solver, "settings", dataclasses.replace(solver.settings, lost_reservation_grace_s=0.5))
         await add_nodes(nc, solver, 1)
         # Leases of a few tenths of a second, and a node that never renews them.
-        monkeypatch.setattr(solver.store, "reserve", functools.partial(solver.store.reserve, lease_s=0.3))
+        monkeypatch.setattr(solver.store, "reserve_many", functools.partial(solver.store.reserve_many, lease_s=0.3))
         await solver.owner.commit(JobAccepted(event_id="acc-0", job_id="j0", spec=spec(0, gpus=8)))
         assert await solver.schedule_once() == 1
         await asyncio.sleep(0.4)

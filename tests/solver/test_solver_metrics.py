@@ -100,16 +100,16 @@ async def test_metrics_after_a_cycle(nc: Client, servers: Servers, cluster_name:
 async def test_refused_commits_are_counted(nc: Client, servers: Servers, cluster_name: str) -> None:
     async with solver_with_nodes(nc, servers, cluster_name, 1) as solver:
         await solver.owner.commit(JobAccepted(event_id="acc-a", job_id="a", spec=spec("a", 4)))
-        reserve = solver.store.reserve
+        reserve_many = solver.store.reserve_many
 
-        async def taken(job_id: str, alloc: Allocation, *args: Any, **kwargs: Any) -> Any:
-            return Conflict("GPUs already held", holder="someone")
+        async def taken(gangs: list[tuple[str, Allocation]], *args: Any, **kwargs: Any) -> Any:
+            return [Conflict("GPUs already held", holder="someone") for _ in gangs]
 
-        solver.store.reserve = taken  # type: ignore[method-assign]
+        solver.store.reserve_many = taken  # type: ignore[method-assign]
         try:
             assert await solver.schedule_once() == 0
         finally:
-            solver.store.reserve = reserve  # type: ignore[method-assign]
+            solver.store.reserve_many = reserve_many  # type: ignore[method-assign]
         assert value(solver, "oneplus_reservation_conflicts_total", kind="taken") == 1
         assert await solver.schedule_once() == 1
         assert value(solver, "oneplus_pending_jobs", queue="default", priority="0", reason="None") == 0

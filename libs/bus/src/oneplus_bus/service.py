@@ -46,6 +46,7 @@ from .tenancy import PLATFORM_ACCOUNTS, TenancyError, caller_of
 
 VERSION = "0.1.0"
 STARTUP_WAIT_S = 60.0  # how long a starting service waits for JetStream to answer before it exits
+GC_GEN0 = 5000  # young-generation threshold of every service (ONEPLUS_GC_GEN0); why: `young_collection_after`
 FREEZE_AFTER_S = (0.0, 20.0)  # started, then its informers have listed (seconds after the one before)
 # Our push consumers are durable AND a deliver group (queue=durable name), so replicas share them.
 warnings.filterwarnings(
@@ -298,7 +299,33 @@ class OneplusService:
 
     def run(self) -> None:
         configure_logging(self.name, self.log_level, self.log_format)
+        try:
+            young_collection_after(gc_gen0_from_env())  # the process's setting, read before anything connects
+        except ValueError as exc:
+            raise SystemExit(f"{self.name}: {exc}") from None
         asyncio.run(self.app.run())
+
+
+def gc_gen0_from_env() -> int:
+    """ONEPLUS_GC_GEN0: allocations between two collections of the youngest generation (Python's default: 700)."""
+    raw = os.environ.get("ONEPLUS_GC_GEN0", str(GC_GEN0))
+    try:
+        value = int(raw)
+    except ValueError:
+        raise ValueError(f"ONEPLUS_GC_GEN0={raw!r} is not a whole number of allocations") from None
+    if value < 100:
+        raise ValueError(f"ONEPLUS_GC_GEN0={value} is below 100: the collector would run all the time")
+    return value
+
+
+def young_collection_after(allocations: int) -> None:
+    """Collect the youngest generation after `allocations` net allocations instead of Python's 700.
+
+    A service allocates a few hundred objects per message (pydantic models, headers, futures), nearly none in
+    cycles: at 700 the collector ran several times per gang of a burst and took ~5% of the platform's CPU
+    (`task bench:scale`, docs/performance.md). The older generations keep Python's ratios."""
+    _, older, oldest = gc.get_threshold()
+    gc.set_threshold(allocations, older, oldest)
 
 
 async def freeze_heap(settle_s: Sequence[float] = FREEZE_AFTER_S) -> None:

@@ -149,6 +149,21 @@ class ReservationStore:
         """Take every GPU (and share) of every rank, or nothing. Returns the fencing token.
 
         A store without its epoch marker (reset, or never set up by a solver) refuses: `Conflict.store_reset`."""
+        call = self._reserve_call(job_id, alloc, lease_s)
+        if isinstance(call, Conflict):
+            return call
+        keys, args = call
+        if self.wait_replicas > 0:
+            return await self._reserve_replicated(job_id, keys, args)
+        res = await self._reserve(keys=keys, args=args)
+        if int(res[0]) == 1:
+            return _token(res)
+        return _conflict(res)
+
+    def _reserve_call(
+        self, job_id: str, alloc: Allocation, lease_s: float
+    ) -> tuple[list[str], list[str | int]] | Conflict:
+        """The RESERVE script's keys and arguments for `alloc`; a Conflict for an allocation no store could take."""
         gpu_keys, share_keys, milli = _slots(self.ks, alloc)
         if len(set(gpu_keys)) != len(gpu_keys):
             return Conflict("the allocation names one GPU twice")
@@ -162,12 +177,41 @@ class ReservationStore:
             self.ks.epoch,
         ]
         args: list[str | int] = [job_id, alloc.model_dump_json(), int(lease_s * 1000), len(gpu_keys), *milli]
-        if self.wait_replicas > 0:
-            return await self._reserve_replicated(job_id, keys, args)
-        res = await self._reserve(keys=keys, args=args)
-        if int(res[0]) == 1:
-            return _token(res)
-        return _conflict(res)
+        return keys, args
+
+    async def reserve_many(
+        self, gangs: Sequence[tuple[str, Allocation]], lease_s: float = DEFAULT_LEASE_S
+    ) -> list[Token | Conflict]:
+        """`reserve` for every gang of a cycle, in order, in one round trip: each is all-or-nothing on its own, and
+        a refusal of one never undoes another. With `wait_replicas`, one at a time, stopping after the first that
+        no replica acknowledged: the results are then fewer than the gangs, and the rest were not tried."""
+        if self.wait_replicas > 0 or len(gangs) == 1:  # one gang: no pipeline's script check, one round trip
+            out: list[Token | Conflict] = []
+            for job_id, alloc in gangs:
+                res = await self.reserve(job_id, alloc, lease_s)
+                out.append(res)
+                if isinstance(res, Conflict) and (res.not_replicated or res.store_reset):
+                    break
+            return out
+        calls: list[tuple[list[str], list[str | int]] | Conflict] = [
+            self._reserve_call(job_id, alloc, lease_s) for job_id, alloc in gangs
+        ]
+        todo = [c for c in calls if not isinstance(c, Conflict)]
+        replies: list[Any] = []
+        if todo:
+            async with self.r.pipeline(transaction=False) as pipe:
+                for keys, args in todo:
+                    await self._reserve(keys=keys, args=args, client=pipe)
+                replies = await pipe.execute()
+        answers = iter(replies)
+        results: list[Token | Conflict] = []
+        for call in calls:
+            if isinstance(call, Conflict):
+                results.append(call)
+                continue
+            res = next(answers)
+            results.append(_token(res) if int(res[0]) == 1 else _conflict(res))
+        return results
 
     async def _reserve_replicated(self, job_id: str, keys: list[str], args: list[str | int]) -> Token | Conflict:
         """RESERVE, then WAIT on the same connection (WAIT covers the writes of its own connection only)."""
@@ -223,6 +267,16 @@ class ReservationStore:
         Returns the token of the reservation freed (true), or None when nothing was freed."""
         res = await self._release(keys=self._release_keys(job_id), args=[job_id, token or 0, reason])
         return _token(res) if int(res[0]) == 1 else None
+
+    async def release_many(self, gangs: Sequence[tuple[str, int | None, str]]) -> list[Token | None]:
+        """`release` for (job, token, reason) of many gangs, in order, in one round trip."""
+        if len(gangs) <= 1:
+            return [await self.release(job_id, token, reason) for job_id, token, reason in gangs]
+        async with self.r.pipeline(transaction=False) as pipe:
+            for job_id, token, reason in gangs:
+                await self._release(keys=self._release_keys(job_id), args=[job_id, token or 0, reason], client=pipe)
+            replies = await pipe.execute()
+        return [_token(res) if int(res[0]) == 1 else None for res in replies]
 
     def _release_keys(self, job_id: str) -> list[str]:
         return [self.ks.gang(job_id), self.ks.history, self.ks.gangs, self.ks.epoch]

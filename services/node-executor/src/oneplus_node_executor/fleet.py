@@ -47,7 +47,7 @@ from oneplus_bus.metrics import add_metrics_port_argument
 from oneplus_bus.service import OneplusService
 from oneplus_bus.settings import BusSettings
 from oneplus_contracts import NODE_COMMAND_ADAPTER, CancelRanks, LaunchRanks, NodeTopology, subjects
-from oneplus_reservations import Reservation, ReservationStore, redis_client
+from oneplus_reservations import DEFAULT_LEASE_S, RenewStatus, Reservation, ReservationStore, redis_client
 from opentelemetry import propagate
 
 from .app import DEFAULT_INBOX, make_runtime
@@ -106,12 +106,46 @@ def cluster_nodes(path: str | Path) -> tuple[str, list[NodeTopology]]:
 
 
 class FleetStore(ReservationStore):
-    """One Redis client for the whole fleet, with the two things a fleet does in bulk."""
+    """One Redis client for the whole fleet, with the three things a fleet does in bulk."""
 
     def __init__(self, client: aioredis.Redis, cluster: str = "default") -> None:
         super().__init__(client, cluster)
         self.snapshot: list[Reservation] | None = None
         self.snapshot_epoch: int | None = None
+        self._renewals: dict[tuple[str, int, float], asyncio.Future[RenewStatus]] = {}
+        self._renewing: set[asyncio.Task[None]] = set()
+
+    async def renew_status(self, job_id: str, token: int, lease_s: float = DEFAULT_LEASE_S) -> RenewStatus:
+        """The lease checks that the fleet's nodes make in one turn of the loop (launches of a burst) share one
+        round trip to the store (`renew_many`): a round trip each costs the fleet's one core more than Redis."""
+        loop = asyncio.get_running_loop()
+        key = (job_id, token, lease_s)
+        fut = self._renewals.get(key)
+        if fut is None:
+            if not self._renewals:
+                loop.call_soon(self._send_renewals)
+            fut = self._renewals[key] = loop.create_future()
+        return await asyncio.shield(fut)  # a caller cancelled leaves the answer to the others asking the same
+
+    def _send_renewals(self) -> None:
+        batch, self._renewals = self._renewals, {}
+        task = asyncio.create_task(self._renew_batch(batch))
+        self._renewing.add(task)
+        task.add_done_callback(self._renewing.discard)
+
+    async def _renew_batch(self, batch: dict[tuple[str, int, float], asyncio.Future[RenewStatus]]) -> None:
+        leases: dict[float, list[tuple[str, int]]] = {}
+        for job_id, token, lease_s in batch:
+            leases.setdefault(lease_s, []).append((job_id, token))
+        try:
+            for lease_s, held in leases.items():
+                got = await self.renew_many(held, lease_s)
+                for job_id, token in held:
+                    batch[(job_id, token, lease_s)].set_result(got[(job_id, token)])
+        except Exception as exc:
+            for fut in batch.values():
+                if not fut.done():
+                    fut.set_exception(exc)
 
     async def all(self) -> list[Reservation]:
         """While `snapshot` is set (a fleet reconcile), every node's reconcile reads that one list."""

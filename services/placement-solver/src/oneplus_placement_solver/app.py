@@ -84,7 +84,6 @@ AUDIT_CATCH_UP_MARGIN_S = 30.0  # clocks of the solver hosts and of Redis may di
 STORE_REBUILD_LEASE_S = 60.0  # a rebuilt reservation lives this long unless its node renews it
 OWNER_LEASE_KEY = subjects.SOLVER_OWNER_LEASE_KEY
 REPLICA_PREFIX = "replica."
-RELEASES_AT_ONCE = 32  # side by side, well within the Redis client's connection pool
 TRIM_AFTER_ARCHIVED = 1000  # jobs archived before the heap is trimmed (oneplus_bus.heap)
 TRIM_EVERY_S = 300.0  # while jobs keep waiting, trim at most this often
 
@@ -636,26 +635,34 @@ class Solver:
             if not events:
                 return
             await self.owner.commit(*events)
-            for at in range(0, len(releases), RELEASES_AT_ONCE):
-                await asyncio.gather(*(self.release(j, t, why) for j, t, why in releases[at : at + RELEASES_AT_ONCE]))
+            await self.release_many(releases)
 
     async def release(self, job_id: str, token: int | None, reason: str) -> None:
-        try:
-            freed = await self.store.release(job_id, token, reason=reason)
-        except RedisError as exc:
-            # The store is unreachable: the job has ended all the same. Its GPUs stay out of offers until reconcile
-            # frees the reservation (or finds the store reset and rebuilds without it).
-            log.warning("release of %s not confirmed by the reservation store (%s); reconcile frees it", job_id, exc)
-            audited = token if token is not None else self.capacity.token_of(job_id)
-            if audited is not None:
-                await self.audit.record("release", job_id, audited, reason=f"{reason} (store unreachable)")
+        await self.release_many([(job_id, token, reason)])
+
+    async def release_many(self, releases: Sequence[tuple[str, int | None, str]]) -> None:
+        """Free the GPUs of ended gangs, (job, token, reason) each, in one round trip to the store."""
+        if not releases:
             return
-        # Audited whether or not the store still had it: a hold that ended across a store reset ends in the audit too.
-        audited = freed if freed is not None else token if token is not None else self.capacity.token_of(job_id)
-        if audited is not None:
-            await self.audit.record("release", job_id, int(audited), reason=reason, at=freed.at if freed else "")
-        if token is None or self.capacity.token_of(job_id) == token:
-            self.capacity.release(job_id)  # after Redis: a cycle never offers GPUs that Redis would refuse
+        try:
+            freed_all = await self.store.release_many(releases)
+        except RedisError as exc:
+            # The store is unreachable: the jobs have ended all the same. Their GPUs stay out of offers until
+            # reconcile frees the reservations (or finds the store reset and rebuilds without them).
+            log.warning("release of %s not confirmed by the reservation store (%s); reconcile frees them",
+                        ", ".join(j for j, _, _ in releases), exc)  # fmt: skip
+            for job_id, token, reason in releases:
+                audited = token if token is not None else self.capacity.token_of(job_id)
+                if audited is not None:
+                    await self.audit.record("release", job_id, audited, reason=f"{reason} (store unreachable)")
+            return
+        for (job_id, token, reason), freed in zip(releases, freed_all, strict=True):
+            # Audited whether or not the store still had it: a hold that ended across a store reset ends there too.
+            audited = freed if freed is not None else token if token is not None else self.capacity.token_of(job_id)
+            if audited is not None:
+                await self.audit.record("release", job_id, int(audited), reason=reason, at=freed.at if freed else "")
+            if token is None or self.capacity.token_of(job_id) == token:
+                self.capacity.release(job_id)  # after Redis: a cycle never offers GPUs that Redis would refuse
         self.wake.set()
 
     async def send_cancel(self, rec: JobRecord, node: str, reason: str) -> None:
@@ -812,12 +819,14 @@ class Solver:
             await self.memory.save_carry(self.carry)
         placed: list[tuple[JobRecord, Allocation, int]] = []
         stale = False  # a commit was refused: the capacity model missed another replica's reservation
-        for job_id, alloc in decision.placements.items():
+        # Every gang of the decision in one round trip to the store; each is taken or refused on its own.
+        reserved = await self.store.reserve_many(list(decision.placements.items()))
+        for (job_id, alloc), res in zip(decision.placements.items(), reserved, strict=False):
             rec = pending_recs[job_id]
             with job_span(self.svc.tracer, "placement-solver place", rec.traceparent, {"oneplus.job_id": job_id}) as sp:
-                res = await self.store.reserve(job_id, alloc)
                 if isinstance(res, Conflict) and res.store_reset:
-                    # The store lost its state: nothing more is placed until reconcile rebuilds it.
+                    # The store lost its state: nothing more is placed until reconcile rebuilds it (and frees any
+                    # later gang of this batch that a store rebuilt meanwhile took: no record names it).
                     sp.set_attribute("oneplus.placed", False)
                     self.metrics.conflicts.labels("store_reset").inc()
                     log.error("reservation of %s refused: %s", job_id, res.reason)
