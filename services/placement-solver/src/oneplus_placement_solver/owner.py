@@ -54,6 +54,7 @@ log = logging.getLogger("oneplus.owner")
 
 FACTS_CONSUMER = "job-owner"
 FACT_BATCH = 256
+REST_OF_BATCH_S = 0.05  # the facts pending behind a first one are in the stream already: they come at once
 PURGE_BATCH = 128  # hot-view keys purged side by side when finished jobs move to the archive
 
 
@@ -338,7 +339,7 @@ class JobOwner:
         try:
             while True:
                 try:
-                    msgs = await sub.fetch(batch=FACT_BATCH, timeout=0.5 if until_idle else 5.0)
+                    msgs = await fetch_batch(sub, timeout=0.5 if until_idle else 5.0)
                 except (FetchTimeout, TimeoutError):  # nats-py's fetch raises either
                     if until_idle:
                         return done
@@ -417,6 +418,22 @@ class JobOwner:
 
     async def _purge(self, job_id: str) -> None:
         await self.js.purge_stream(f"KV_{subjects.JOBS_KV}", subject=f"$KV.{subjects.JOBS_KV}.{job_id}")
+
+
+async def fetch_batch(sub: JetStreamContext.PullSubscription, timeout: float) -> list[Msg]:
+    """The facts waiting now, up to FACT_BATCH, as soon as there is one (FetchTimeout after `timeout` with none).
+
+    Not one `fetch(batch=FACT_BATCH)`: when nothing waits, nats-py then leaves a pull request for the whole batch
+    with the server and, once the first fact comes, waits for the next one too; at one submission every 20 ms a fact
+    waited ~20 ms for the one after it (`task bench:scale`'s paced jobs, p90 26 ms against 6 ms). One fact is asked
+    for instead, and then, without waiting, as many more as its delivery says are pending behind it."""
+    msgs = await sub.fetch(batch=1, timeout=timeout)
+    pending = int(msgs[0].metadata.num_pending or 0)
+    if pending > 0:
+        # None coming means they were taken meanwhile (a stopping owner's puller): fold what came.
+        with contextlib.suppress(FetchTimeout, TimeoutError):
+            msgs += await sub.fetch(batch=min(pending, FACT_BATCH - 1), timeout=REST_OF_BATCH_S)
+    return msgs
 
 
 def _awaited(msg: Msg) -> bool:
