@@ -60,10 +60,21 @@ fi
 
 answers() { curl -sf --max-time 2 --unix-socket "$SOCK" http://d/_ping >/dev/null 2>&1; }
 
+# A service whose working directory was deleted (started from a clone since removed) still answers pings, but
+# every container it starts fails ("conmon: Failed to get working directory", "write child: broken pipe").
+for pid in $(pgrep -f "podman system service --time=0 $URL" || true); do
+    if [ "$(readlink "/proc/$pid/cwd" 2>/dev/null)" != "/" ]; then
+        say "restarting podman system service $pid (its working directory is not /)"
+        kill "$pid" 2>/dev/null || true
+        for _ in $(seq 1 20); do kill -0 "$pid" 2>/dev/null || break; sleep 0.25; done
+    fi
+done
+
 if ! answers; then
     say "starting podman system service on $URL (log: $LOG_FILE)"
     rm -f "$SOCK"
-    setsid nohup podman system service --time=0 "$URL" >"$LOG_FILE" 2>&1 < /dev/null &
+    # From /: the service and every conmon it starts keep this working directory.
+    (cd / && exec setsid nohup podman system service --time=0 "$URL" >"$LOG_FILE" 2>&1 < /dev/null) &
     for _ in $(seq 1 60); do
         answers && break
         sleep 0.5

@@ -10,6 +10,7 @@ import asyncio
 import contextlib
 import ctypes
 import os
+import random
 import re
 import shutil
 import signal
@@ -34,7 +35,34 @@ def _die_with_parent() -> None:
 _METRICS_LINE = re.compile(r"metrics on (http://\S+/metrics)")
 
 
+EPHEMERAL_RANGE = Path("/proc/sys/net/ipv4/ip_local_port_range")
+LISTEN_PORTS_FROM = 10_000  # below: the well-known and registered ports of services a machine may run
+
+
+def ephemeral_ports_from(path: Path = EPHEMERAL_RANGE) -> int | None:
+    """The lowest port the kernel hands out as the source port of an outgoing connection; None when unknown."""
+    with contextlib.suppress(OSError, ValueError, IndexError):
+        return int(path.read_text().split()[0])
+    return None
+
+
 def free_port() -> int:
+    """A loopback port free now, for a server started next to listen on.
+
+    Chosen below the kernel's ephemeral range where there is room: a port from that range (what binding port 0
+    gives) can be taken by any outgoing connection between this check and the server's bind, and was (the intake's
+    HTTP port, taken by a client's connection: "address already in use", the platform did not come up)."""
+    low = ephemeral_ports_from()
+    if low is not None and low > LISTEN_PORTS_FROM + 1000:
+        rng = random.SystemRandom()
+        for _ in range(200):
+            port = rng.randrange(LISTEN_PORTS_FROM, low)
+            with socket.socket() as s:
+                try:
+                    s.bind(("127.0.0.1", port))
+                except OSError:
+                    continue  # in use: another
+                return port
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return int(s.getsockname()[1])
