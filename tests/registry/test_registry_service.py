@@ -311,3 +311,39 @@ async def test_a_heartbeat_the_bucket_refuses_while_jetstream_elects_is_not_dead
     with pytest.raises(nats.errors.TimeoutError):
         await dlq.next_msg(timeout=1.0)
     await dlq.unsubscribe()
+
+
+class _MemoryStore:
+    def __init__(self) -> None:
+        self.records: dict[str, NodeRecord] = {}
+
+    async def load(self) -> list[NodeRecord]:
+        return list(self.records.values())
+
+    async def put(self, rec: NodeRecord) -> None:
+        self.records[rec.topology.node] = rec
+
+
+async def test_a_redelivered_older_heartbeat_does_not_flap_the_node_lost() -> None:
+    """A heartbeat delivered again after a newer one (a redelivery after a failed write, an outbox replay) must not
+    set the node's clock back: the loss detector would call it lost and end the gangs placed there, and the next
+    heartbeat would bring it back for the next placement, again and again (seen in the multi-host lab run)."""
+    now = [1000.0]
+    published: list[str] = []
+
+    async def publish(subject: str, body: bytes) -> None:
+        published.append(subject)
+
+    reg = Registry(_MemoryStore(), publish, RegistrySettings(lost_after_s=LOST_AFTER), clock=lambda: now[0])
+    await reg.bootstrap()
+    await reg.on_topology(load_preset("dgx1_v100", "r1").model_copy(update={"leaf": "leaf-0"}))
+    await reg.on_heartbeat(NodeHeartbeat(node="r1", ts=1000.0))
+    now[0] = 1001.0
+    await reg.on_heartbeat(NodeHeartbeat(node="r1", ts=1001.0))
+    await reg.on_heartbeat(NodeHeartbeat(node="r1", ts=998.0))  # the old one, delivered again
+    await reg.check_lost()
+    assert reg.records["r1"].status == "ready" and reg.records["r1"].last_heartbeat == 1001.0
+    assert subjects.node_lost("r1") not in published
+    now[0] = 1001.0 + LOST_AFTER + 0.1  # silence past the limit is still a loss
+    await reg.check_lost()
+    assert reg.records["r1"].status == "lost" and published.count(subjects.node_lost("r1")) == 1

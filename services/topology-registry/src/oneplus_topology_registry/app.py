@@ -111,6 +111,7 @@ class Registry:
         self.max_payload = max_payload
         self.records: dict[str, NodeRecord] = {}  # the working set: every node as the registry knows it now
         self.stored: dict[str, NodeRecord] = {}  # what the bucket holds, as last written or read
+        self.newest_beat: dict[str, float] = {}  # node → the `ts` (node's clock) of the newest heartbeat folded
         self.ready = asyncio.Event()
         self._locks: dict[str, asyncio.Lock] = {}
 
@@ -176,6 +177,13 @@ class Registry:
         before = self.records.get(hb.node)
         if before is None:
             return  # a heartbeat before the topology report: the report will follow
+        newest = self.newest_beat.get(hb.node)
+        if newest is not None and hb.ts < newest:
+            # A redelivered or replayed heartbeat must not set the node's clock back: the loss detector would call
+            # the node lost, the next heartbeat ready again, and every flap ends the gangs placed there meanwhile.
+            log.info("heartbeat from %s older than one already folded (%.3f < %.3f): ignored", hb.node, hb.ts, newest)
+            return
+        self.newest_beat[hb.node] = hb.ts
         log.debug("heartbeat from %s", hb.node)  # one a node every few seconds: never at INFO
         await self.commit(self.status(apply_heartbeat(before, hb)), before, "heartbeat")
 
