@@ -417,9 +417,14 @@ class ChaosRun:
         return jobs
 
     def platform_env(self) -> dict[str, str]:
+        # Gangs run for seconds, so the default hour of victim protection would leave the preemption path idle.
+        queues = self.workdir / "queues.yaml"
+        queues.parent.mkdir(parents=True, exist_ok=True)
+        queues.write_text("preemption: {min_runtime_s: 0}\n", encoding="utf-8")
         return {
             "ONEPLUS_HEARTBEAT_S": str(self.cfg.heartbeat_s),
             "ONEPLUS_NODE_LOST_AFTER_S": str(self.cfg.node_lost_after_s),
+            "ONEPLUS_QUEUES_FILE": str(queues),
         }
 
     def start_world(self) -> str:

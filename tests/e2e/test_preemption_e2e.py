@@ -53,7 +53,15 @@ async def launches_of(bus: nats.aio.client.Client, job_id: str) -> list[LaunchRa
 async def test_high_priority_gang_starts_after_victims_checkpoint_and_victims_resume_from_it(
     servers: Servers, tmp_path: Path
 ) -> None:
-    async with fresh_platform(servers.nats_url, servers.redis_url, tmp_path) as (p, bus, store):
+    # The low gangs run for seconds: a site config without the default hour of victim protection lets the urgent
+    # gang evict them at once, as a site whose urgent work must never wait would set it.
+    queues = tmp_path / "queues.yaml"
+    queues.write_text("preemption: {min_runtime_s: 0}\n")
+    async with fresh_platform(servers.nats_url, servers.redis_url, tmp_path, ONEPLUS_QUEUES_FILE=str(queues)) as (
+        p,
+        bus,
+        store,
+    ):
         async with OnePlusClient.connect(servers.nats_url) as c:
             lows = []
             for i in range(4):

@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 from oneplus_contracts import Allocation, CheckpointPolicy, JobSpec, RankPlacement, RankResources, TopologyConstraint
 from oneplus_placement.snapshot import ClusterState
 from oneplus_queueing.apply import apply_decision
-from oneplus_queueing.config import QueueConfig
+from oneplus_queueing.config import QueueConfig, default_config
 from oneplus_queueing.cycle import schedule_cycle
 from oneplus_queueing.fairshare import UsageHistory
 from oneplus_queueing.model import CycleDecision, PendingJob, RunningJob
@@ -43,6 +43,13 @@ def spec(
         min_runtime_s=min_runtime_s,
         checkpoint=CheckpointPolicy(grace_s=grace_s),
     )
+
+
+def unfloored(config: QueueConfig | None = None) -> QueueConfig:
+    """The config without the site's floor on a victim's run time (an hour by default): these worlds run for
+    seconds, and the tests that use it are about which victims are chosen, not when they become eligible."""
+    config = config or default_config()
+    return config.model_copy(update={"preemption": config.preemption.model_copy(update={"min_runtime_s": 0.0})})
 
 
 class World:

@@ -3,11 +3,10 @@
 from __future__ import annotations
 
 from oneplus_queueing.apply import apply_decision, evictions
-from oneplus_queueing.config import default_config
 from oneplus_queueing.cycle import schedule_cycle
 from oneplus_queueing.fairshare import UsageHistory
 from oneplus_queueing.model import CycleDecision, PendingJob, VictimChoice
-from queueing_world import World, spec
+from queueing_world import World, spec, unfloored
 
 
 def test_a_preemptor_evicts_its_victims_once_each_counted_by_their_own_gpus_and_the_free_gpus_start_a_job() -> None:
@@ -17,7 +16,7 @@ def test_a_preemptor_evicts_its_victims_once_each_counted_by_their_own_gpus_and_
     boss = PendingJob("boss", spec("boss", 8, priority=10), 0.0)
     small = PendingJob("small", spec("small", 2), 0.0)
     usage = UsageHistory()
-    d = schedule_cycle(100.0, w.state, [boss, small], list(w.running.values()), default_config(), usage)
+    d = schedule_cycle(100.0, w.state, [boss, small], list(w.running.values()), unfloored(), usage)
     assert [c.victims for c in d.preemptions] == [("low",)] and "small" in d.placements
     pending = {j.job_id: j for j in (boss, small)}
     applied = apply_decision(d, w.state, pending, w.running, usage)

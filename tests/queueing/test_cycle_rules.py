@@ -104,7 +104,7 @@ def test_a_start_is_unknown_when_a_blocker_has_no_time_limit() -> None:
 
 def test_nominated_gpus_are_not_given_to_anyone_else_in_the_same_cycle() -> None:
     w = World(n_nodes=1, nodes_per_leaf=1)
-    w.run("low", [(0, [0, 1, 2, 3])], started=0)
+    w.run("low", [(0, [0, 1, 2, 3])], started=-3600)  # past the default hour a victim is protected
     boss = PendingJob("boss", spec("boss", 8, priority=10), 0.0)
     small = PendingJob("small", spec("small", 2, priority=5), 1.0)
     d = _cycle(w, [boss, small])
@@ -116,13 +116,13 @@ def test_nominated_gpus_are_not_given_to_anyone_else_in_the_same_cycle() -> None
 
 def test_in_flight_victims_are_not_chosen_twice_and_their_gpus_stay_nominated() -> None:
     w = World(n_nodes=1, nodes_per_leaf=1)
-    w.run("low", [(0, [0, 1, 2, 3])], started=0)
+    w.run("low", [(0, [0, 1, 2, 3])], started=-3600)  # past the default hour a victim is protected
     boss = PendingJob("boss", spec("boss", 8, priority=10), 0.0)
     small = PendingJob("small", spec("small", 2, priority=5), 1.0)
     first = _cycle(w, [boss, small])
     # The victim is checkpointing (PREEMPTING) when the next cycle runs.
     w.finish("low")
-    w.run("low", [(0, [0, 1, 2, 3])], started=0, preempting=True)
+    w.run("low", [(0, [0, 1, 2, 3])], started=-3600, preempting=True)
     second = _cycle(w, [boss, small], now=101.0, carry=first.carry)
     assert second.preemptions == []
     assert second.reasons["boss"].code == "Preempting" and "waiting for low" in second.reasons["boss"].message
@@ -159,7 +159,7 @@ def test_fair_share_serves_the_queue_that_used_less_first() -> None:
 def test_the_rate_limit_spans_all_wishes_of_a_cycle() -> None:
     w = World(n_nodes=2, nodes_per_leaf=2)
     for k in range(4):
-        w.run(f"low{k}", [(k // 2, [4 * (k % 2) + i for i in range(4)])], started=0)
+        w.run(f"low{k}", [(k // 2, [4 * (k % 2) + i for i in range(4)])], started=-3600)
     cfg = load_queue_config("preemption: {rate_limit_gangs: 2}")
     bosses = [PendingJob(f"boss{k}", spec(f"boss{k}", 4, priority=10), float(k)) for k in range(4)]
     d = _cycle(w, bosses, cfg)

@@ -9,7 +9,7 @@ from oneplus_queueing.config import default_config, load_queue_config
 from oneplus_queueing.cycle import schedule_cycle
 from oneplus_queueing.fairshare import UsageHistory
 from oneplus_queueing.model import PendingJob
-from queueing_world import Loop, World, spec
+from queueing_world import Loop, World, spec, unfloored
 
 TWO_QUEUES = """
 queues:
@@ -89,7 +89,7 @@ def test_a_queues_guarantee_is_restored_by_reclaim_within_one_cycle() -> None:
 
 
 def test_reclaim_never_takes_a_queue_below_its_guarantee() -> None:
-    cfg = load_queue_config(TWO_QUEUES)
+    cfg = unfloored(load_queue_config(TWO_QUEUES))  # the urgent job evicts a-old within seconds of its start
     world = World(n_nodes=2, nodes_per_leaf=2)
     world.run("b0", [(0, list(range(8)))], queue="beta", started=0)  # beta at exactly its guarantee
     world.run("a-old", [(1, list(range(8)))], queue="alpha", started=0)

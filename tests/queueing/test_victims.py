@@ -11,7 +11,7 @@ from oneplus_queueing.config import default_config, load_queue_config
 from oneplus_queueing.fairshare import UsageHistory
 from oneplus_queueing.model import PendingJob, RunningJob, VictimChoice
 from oneplus_queueing.victims import choose_victims
-from queueing_world import World, spec
+from queueing_world import World, spec, unfloored
 
 RESTART = default_config().preemption.restart_cost_s
 
@@ -51,7 +51,7 @@ def test_the_victim_set_with_the_least_lost_work_is_chosen_on_a_hand_built_clust
     w = _hand_built()
     now = 1000.0
     boss = PendingJob("boss", spec("boss", 8, priority=10), 900.0)
-    choice = choose_victims(now, w.state, boss, list(w.running.values()), default_config())
+    choice = choose_victims(now, w.state, boss, list(w.running.values()), unfloored())
     assert choice is not None
     # A alone is the cheapest job, but A + B cost 4520 GPU-s; node-01's three jobs cost 1080.
     assert sorted(choice.victims) == ["C", "D", "E"]
@@ -70,7 +70,7 @@ def test_the_state_given_to_choose_victims_is_not_changed() -> None:
         w.state,
         PendingJob("boss", spec("boss", 8, priority=10), 0.0),
         list(w.running.values()),
-        default_config(),
+        unfloored(),
     )
     assert (list(w.state.whole), list(w.state.free)) == before
 
@@ -83,7 +83,7 @@ def test_victims_free_a_placeable_domain_not_just_enough_gpus() -> None:
     w.run("cheap-l1", [(2, list(range(8)))], started=980)
     w.run("mid-l1", [(3, list(range(8)))], started=900)
     boss = PendingJob("boss", spec("boss", 8, ranks=2, priority=10, domain="leaf"), 0.0)
-    choice = choose_victims(1000.0, w.state, boss, list(w.running.values()), default_config())
+    choice = choose_victims(1000.0, w.state, boss, list(w.running.values()), unfloored())
     assert choice is not None
     assert sorted(choice.victims) == ["cheap-l1", "mid-l1"]
     assert choice.nominated.domain == "leaf"
@@ -96,7 +96,7 @@ def test_non_preemptible_min_runtime_and_lower_priority_rules_are_respected() ->
     w.run("young", [(0, [4, 5])], started=950, min_runtime_s=300)
     w.run("peer", [(0, [6, 7])], started=0, priority=10)
     boss = PendingJob("boss", spec("boss", 2, priority=10), 0.0)
-    cfg = default_config()
+    cfg = unfloored()
     running = list(w.running.values())
     assert choose_victims(1000.0, w.state, boss, running, cfg) is None  # peer has equal priority, young is young
     later = choose_victims(1250.0, w.state, boss, running, cfg)
@@ -106,7 +106,7 @@ def test_non_preemptible_min_runtime_and_lower_priority_rules_are_respected() ->
 def test_a_preemptor_waits_out_the_preemption_delay() -> None:
     w = World(n_nodes=1, nodes_per_leaf=1)
     w.run("low", [(0, list(range(8)))], started=0)
-    cfg = load_queue_config("preemption: {preemption_delay_s: 60}")
+    cfg = load_queue_config("preemption: {min_runtime_s: 0, preemption_delay_s: 60}")
     boss = PendingJob("boss", spec("boss", 8, priority=10), 950.0)
     running = list(w.running.values())
     assert choose_victims(1000.0, w.state, boss, running, cfg) is None
@@ -114,7 +114,9 @@ def test_a_preemptor_waits_out_the_preemption_delay() -> None:
 
 
 def test_a_job_preempted_repeatedly_gains_protection() -> None:
-    cfg = load_queue_config("preemption: {max_preemptions_per_job: 3, restart_cost_s: 60, protection_backoff: 2}")
+    cfg = load_queue_config(
+        "preemption: {min_runtime_s: 0, max_preemptions_per_job: 3, restart_cost_s: 60, protection_backoff: 2}"
+    )
     boss = PendingJob("boss", spec("boss", 8, priority=10), 0.0)
     for preemptions, started, chosen in [
         (0, 990, True),
@@ -132,7 +134,7 @@ def test_a_job_preempted_repeatedly_gains_protection() -> None:
 
 
 def test_the_rate_limit_caps_victim_gangs_per_window() -> None:
-    cfg = load_queue_config("preemption: {rate_limit_gangs: 3, rate_window_s: 300}")
+    cfg = load_queue_config("preemption: {min_runtime_s: 0, rate_limit_gangs: 3, rate_window_s: 300}")
     w = World(n_nodes=1, nodes_per_leaf=1)
     w.run("v1", [(0, [0, 1, 2, 3])], started=0)
     w.run("v2", [(0, [4, 5, 6, 7])], started=0)
@@ -152,7 +154,7 @@ def test_victims_of_a_gang_spanning_nodes_are_whole_gangs() -> None:
     w.run("solo", [(0, [4, 5, 6, 7])], started=0)
     w.run("pinned", [(1, [4, 5, 6, 7])], started=0, preemptible=False)
     boss = PendingJob("boss", spec("boss", 8, priority=10), 0.0)
-    choice = choose_victims(1000.0, w.state, boss, list(w.running.values()), default_config())
+    choice = choose_victims(1000.0, w.state, boss, list(w.running.values()), unfloored())
     # Only node-00 can be freed; the gang goes whole, its ranks on node-01 included.
     assert choice is not None and sorted(choice.victims) == ["gang", "solo"]
     assert choice.nominated.nodes == ["node-00"]
@@ -217,7 +219,7 @@ def test_victim_gangs_are_never_left_partial_and_the_choice_is_least_lost_work(
     now = 1000.0
     if place_gang(w.state, boss.spec).allocation is not None:
         return  # it fits already: no one need be preempted
-    choice = choose_victims(now, w.state, boss, running, default_config())
+    choice = choose_victims(now, w.state, boss, running, unfloored())
     eligible = [j for j in running if j.spec.preemptible and j.spec.priority < 2]
     best = _brute_force(w, boss, eligible, now)
     if choice is None:

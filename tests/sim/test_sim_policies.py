@@ -58,17 +58,27 @@ def test_oneplus_runs_the_same_tiny_trace_to_hand_checked_times() -> None:
 
 
 def test_oneplus_preempts_low_priority_work_and_it_resumes_from_its_checkpoint() -> None:
-    low = job("low", 0, 8, 3000, cls="low", checkpoint=600)
-    high = job("high", 1000, 8, 100, cls="high")
+    low = job("low", 0, 8, 6000, cls="low", checkpoint=600)
+    high = job("high", 4000, 8, 100, cls="high")
     res = simulate(h100(), [low, high], "oneplus", preempt_grace_s=30)
     rec = res.records
     assert rec["low"].preemptions == 1
-    # high arrives at 1000 and the cycle then evicts low (a class that may preempt it); low writes its checkpoint
-    # for the 30 s grace and releases at 1030; cycles run at most every 60 s, so high starts at 1060, ends at 1160.
-    assert rec["high"].first_start_s == 1060
-    # low had done 1000 s, its last checkpoint was at 600 s: 400 s x 8 GPUs are lost, 2400 s are left.
+    # high arrives at 4000, past low's hour of protection, and the cycle then evicts low; low writes its checkpoint
+    # for the 30 s grace and releases at 4030; cycles run at most every 60 s, so high starts at 4060, ends at 4160.
+    assert rec["high"].first_start_s == 4060
+    # low had done 4000 s, its last checkpoint was at 3600 s: 400 s x 8 GPUs are lost, 2400 s are left.
     assert rec["low"].lost_gpu_s == pytest.approx(400 * 8)
-    assert rec["low"].finish_s == pytest.approx(1160 + 2400)
+    assert rec["low"].finish_s == pytest.approx(4160 + 2400)
+
+
+def test_oneplus_leaves_a_job_younger_than_the_default_hour_running() -> None:
+    low = job("low", 0, 8, 3000, cls="low", checkpoint=600)
+    high = job("high", 1000, 8, 100, cls="high")
+    res = simulate(h100(), [low, high], "oneplus", preempt_grace_s=30)
+    # low has run 1000 s of the default 3600 s floor (`preemption.min_runtime_s`) when high comes, and ends at 3000
+    # before its protection would lapse: no preemption, high starts at the first cycle after.
+    assert res.preemptions == 0
+    assert res.records["high"].first_start_s == 3000
 
 
 def test_baselines_never_preempt() -> None:

@@ -188,6 +188,7 @@ def may_use_block(
     if not job.preemptible:
         return False
     as_running = RunningJob(job.job_id, job.job.spec, Allocation(ranks=[]), now, preemptions=job.job.preemptions)
-    if eviction_grounds(head, as_running, config, ledger) is None:
+    kind = eviction_grounds(head, as_running, config, ledger)
+    if kind is None:
         return False
-    return start is None or protected_until(as_running, config) <= start
+    return start is None or protected_until(as_running, config, kind) <= start

@@ -418,7 +418,7 @@ class _Cycle:
         self.head = job
         holders = [r for r in self.running if r.job_id not in self.taken] + self.placed
 
-        evictable = {e.job.job_id: e.protected_until for e, _ in self.pool.grounds(job, self.ledger)}
+        evictable = {e.job.job_id: e.protected_for(kind) for e, kind in self.pool.grounds(job, self.ledger)}
 
         def releasable_at(r: RunningJob) -> float | None:
             if r.preempting:

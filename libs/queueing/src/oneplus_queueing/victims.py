@@ -36,10 +36,14 @@ class Candidate:
     on_node: dict[int, int]  # node index → GPUs it holds there
 
 
-def protected_until(job: RunningJob, config: QueueConfig) -> float:
-    """Until when the job may not be evicted: its minimum run time, longer after each earlier preemption."""
+def protected_until(job: RunningJob, config: QueueConfig, kind: PreemptionKind = "priority") -> float:
+    """Until when the job may not be evicted on these grounds: its minimum run time, longer after each earlier
+    preemption. The site's floor (`preemption.min_runtime_s`) guards against priority preemption only: a borrower's
+    GPUs go back to the lending queue as soon as the job's own minimum allows."""
     pol = config.preemption
-    floor = max(pol.min_runtime_s, float(job.spec.min_runtime_s))
+    floor = float(job.spec.min_runtime_s)
+    if kind == "priority":
+        floor = max(floor, pol.min_runtime_s)
     if job.preemptions > 0:
         floor = max(floor, pol.restart_cost_s) * pol.protection_backoff**job.preemptions
     return job.started_ts + floor
@@ -59,9 +63,10 @@ def eviction_kind(
     now: float, preemptor: RankedJob, victim: RunningJob, config: QueueConfig, ledger: QuotaLedger
 ) -> PreemptionKind | None:
     """On what grounds `victim` may be evicted for `preemptor` right now; None when it may not be."""
-    if now < protected_until(victim, config):
+    kind = eviction_grounds(preemptor, victim, config, ledger)
+    if kind is None or now < protected_until(victim, config, kind):
         return None
-    return eviction_grounds(preemptor, victim, config, ledger)
+    return kind
 
 
 @dataclass(frozen=True, slots=True)
@@ -70,7 +75,11 @@ class Evictable:
 
     job: RunningJob
     priority: int
-    protected_until: float
+    protected_until: float  # against priority preemption
+    reclaimable_from: float  # against reclaim of borrowed GPUs
+
+    def protected_for(self, kind: PreemptionKind) -> float:
+        return self.reclaimable_from if kind == "reclaim" else self.protected_until
 
     @classmethod
     def of(cls, job: RunningJob, config: QueueConfig) -> Evictable | None:
@@ -80,7 +89,12 @@ class Evictable:
             config.path(job.queue)
             if not config.preemptible(job.spec):
                 return None
-            return cls(job, config.priority_of(job.spec), protected_until(job, config))
+            return cls(
+                job,
+                config.priority_of(job.spec),
+                protected_until(job, config, "priority"),
+                protected_until(job, config, "reclaim"),
+            )
         except QueueConfigError:
             return None  # a job of a queue no longer configured is left alone rather than guessed about
 
@@ -176,7 +190,7 @@ def search_victims(
             e.job, kind, e.job.lost_work_gpu_s(now) + e.job.gpus * restart, gpus_by_node(capacity, e.job.allocation)
         )
         for e, kind in pool.grounds(preemptor, ledger)
-        if now >= e.protected_until
+        if now >= e.protected_for(kind)
         and e.job.job_id not in exclude
         and (not same_queue_only or e.job.queue == preemptor.job.queue)
     ]
