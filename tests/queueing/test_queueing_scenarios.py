@@ -64,7 +64,7 @@ def test_ageing_lets_a_low_priority_gang_overtake_a_stream_of_higher_priority_jo
 
 
 def test_a_queues_guarantee_is_restored_by_reclaim_within_one_cycle() -> None:
-    cfg = load_queue_config(TWO_QUEUES)
+    cfg = load_queue_config(TWO_QUEUES)  # the default hour of victim protection does not hold back reclaim
     world = World(n_nodes=2, nodes_per_leaf=2)
     # beta borrowed the whole cluster: four 4-GPU jobs, each of higher priority than alpha's.
     for k, (node, gpus, ckpt) in enumerate(
@@ -86,6 +86,17 @@ def test_a_queues_guarantee_is_restored_by_reclaim_within_one_cycle() -> None:
     assert set(d2.placements) == {"a0", "a1"}
     for c in d.preemptions:  # each preemptor lands on exactly the GPUs nominated for it
         assert d2.placements[c.preemptor] == c.nominated
+
+
+def test_reclaim_still_honours_the_borrowers_own_minimum_run_time() -> None:
+    cfg = load_queue_config("queues: [{name: alpha, guarantee_gpus: 4}, {name: beta, guarantee_gpus: 4}]")
+    world = World(n_nodes=1, nodes_per_leaf=1)  # beta borrows alpha's 4 GPUs
+    world.run("b0", [(0, list(range(8)))], queue="beta", priority=50, started=0, min_runtime_s=2000)
+    pending = [PendingJob("a0", spec("a0", 4, queue="alpha"), 990.0)]
+    d = schedule_cycle(1000.0, world.state, pending, list(world.running.values()), cfg, UsageHistory())
+    assert d.preemptions == []
+    d = schedule_cycle(2000.0, world.state, pending, list(world.running.values()), cfg, UsageHistory())
+    assert [(c.victims, c.kind) for c in d.preemptions] == [(("b0",), "reclaim")]
 
 
 def test_reclaim_never_takes_a_queue_below_its_guarantee() -> None:

@@ -103,6 +103,16 @@ def test_non_preemptible_min_runtime_and_lower_priority_rules_are_respected() ->
     assert later is not None and later.victims == ("young",)
 
 
+def test_by_default_a_victim_gets_an_hour_before_priority_preemption() -> None:
+    w = World(n_nodes=1, nodes_per_leaf=1)
+    w.run("young", [(0, list(range(8)))], started=1000)
+    boss = PendingJob("boss", spec("boss", 8, priority=10), 1000.0)
+    running = list(w.running.values())
+    assert choose_victims(4599.0, w.state, boss, running, default_config()) is None
+    chosen = choose_victims(4600.0, w.state, boss, running, default_config())
+    assert chosen is not None and chosen.victims == ("young",) and chosen.kinds == ("priority",)
+
+
 def test_a_preemptor_waits_out_the_preemption_delay() -> None:
     w = World(n_nodes=1, nodes_per_leaf=1)
     w.run("low", [(0, list(range(8)))], started=0)
