@@ -120,7 +120,9 @@ class PreemptionPolicy(_Model):
         default=0.0, description="A pending job waits this long before it may evict anyone"
     )
     min_runtime_s: Annotated[float, Field(ge=0)] = Field(
-        default=3600.0, description="Floor on every victim's run time since its (re)start; a job's min_runtime_s adds"
+        default=3600.0,  # 0 thrashed on mixed-cluster replays: gangs evicted minutes after their start, again and again
+        description="Floor on a victim's run time since its (re)start against priority preemption (reclaim of "
+        "borrowed GPUs skips it); a job's own min_runtime_s adds",
     )
     restart_cost_s: Annotated[float, Field(ge=0)] = Field(
         default=60.0, description="Seconds of GPU time a restart costs each victim GPU (load, warm-up)"
