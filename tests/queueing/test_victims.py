@@ -8,6 +8,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from oneplus_placement.greedy import place_gang
 from oneplus_queueing.config import default_config, load_queue_config
+from oneplus_queueing.cycle import schedule_cycle
 from oneplus_queueing.fairshare import UsageHistory
 from oneplus_queueing.model import PendingJob, RunningJob, VictimChoice
 from oneplus_queueing.victims import choose_victims
@@ -111,6 +112,17 @@ def test_by_default_a_victim_gets_an_hour_before_priority_preemption() -> None:
     assert choose_victims(4599.0, w.state, boss, running, default_config()) is None
     chosen = choose_victims(4600.0, w.state, boss, running, default_config())
     assert chosen is not None and chosen.victims == ("young",) and chosen.kinds == ("priority",)
+
+
+def test_a_preemptor_held_back_by_protection_is_told_when_and_why() -> None:
+    w = World(n_nodes=1, nodes_per_leaf=1)
+    w.run("young", [(0, list(range(8)))], started=1000)
+    boss = PendingJob("boss", spec("boss", 8, priority=10), 1000.0)
+    d = schedule_cycle(1100.0, w.state, [boss], list(w.running.values()), default_config(), UsageHistory())
+    assert d.preemptions == [] and d.reservation is not None and d.reservation.start_ts == 4600.0
+    msg = d.reasons["boss"].message
+    assert "reserved for it from t=4600s, when young may be preempted" in msg
+    assert "preemption.min_runtime_s" in msg
 
 
 def test_a_preemptor_waits_out_the_preemption_delay() -> None:

@@ -434,8 +434,31 @@ class _Cycle:
         self.hold = self.hold_for(res.allocation, job.job_id)
         when = f"from {fmt_ts(res.start_ts)}" if res.start_ts is not None else "once jobs without a time limit end"
         note = f"; {res.domain} {res.domain_name} ({', '.join(res.nodes)}) is reserved for it {when}"
+        if protected := _protected_there(self.now, res, holders, evictable):
+            # The block frees because victims' protection ends, not because they end: say which knob sets that.
+            note += (
+                f", when {', '.join(protected[:3])}{' and others' if len(protected) > 3 else ''} may be preempted "
+                "(a victim is protected for its first preemption.min_runtime_s, or its own min_runtime_s)"
+            )
         if previous is not None:
             self.decision.reasons[job.job_id] = PendingReason(job.job_id, previous.code, previous.message + note)
+
+
+def _protected_there(
+    now: float, res: Reservation, holders: Sequence[RunningJob], evictable: Mapping[str, float]
+) -> list[str]:
+    """The holders on the reserved nodes that the head may evict only at the reserved start, their protection's end."""
+    if res.start_ts is None:
+        return []
+    nodes = set(res.nodes)
+    return sorted(
+        r.job_id
+        for r in holders
+        if (until := evictable.get(r.job_id)) is not None
+        and now < until
+        and abs(until - res.start_ts) < 1e-6
+        and nodes.intersection(r.allocation.nodes)
+    )
 
 
 def _dependencies_met(
