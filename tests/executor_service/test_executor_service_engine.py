@@ -59,7 +59,10 @@ async def stack(
     await store.close()
     node = SimNode(f"{node_tag}-a", PRESET, "leaf-0", "spine-0")
     workdir = tmp_path_factory.mktemp("executor-service")
-    env = {**ENV, "ONEPLUS_DOCKER_URL": engine_url}
+    # The preemption test's victim has run for seconds: without the default hour of victim protection it steps aside.
+    queues = workdir / "queues.yaml"
+    queues.write_text("preemption: {min_runtime_s: 0}\n")
+    env = {**ENV, "ONEPLUS_DOCKER_URL": engine_url, "ONEPLUS_QUEUES_FILE": str(queues)}
     p = Platform(servers.nats_url, servers.redis_url, (node,), workdir / "logs", "docker", env).start()
     try:
         async with OnePlusClient.connect(servers.nats_url) as c:
