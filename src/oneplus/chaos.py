@@ -58,7 +58,7 @@ from rich.table import Table
 
 from .client import OnePlusClient, PlatformError
 from .demo import wait_for_platform
-from .devstack import DEMO_NODES, EmbeddedServers, Platform
+from .devstack import DEMO_NODES, PREEMPT_AT_ONCE, EmbeddedServers, Platform, queue_config_env
 from .workload import DEMO_SHAPES
 
 console = Console(width=None if Console().is_terminal else 160)
@@ -417,14 +417,10 @@ class ChaosRun:
         return jobs
 
     def platform_env(self) -> dict[str, str]:
-        # Gangs run for seconds, so the default hour of victim protection would leave the preemption path idle.
-        queues = self.workdir / "queues.yaml"
-        queues.parent.mkdir(parents=True, exist_ok=True)
-        queues.write_text("preemption: {min_runtime_s: 0}\n", encoding="utf-8")
         return {
             "ONEPLUS_HEARTBEAT_S": str(self.cfg.heartbeat_s),
             "ONEPLUS_NODE_LOST_AFTER_S": str(self.cfg.node_lost_after_s),
-            "ONEPLUS_QUEUES_FILE": str(queues),
+            **queue_config_env(self.workdir, PREEMPT_AT_ONCE),  # gangs run for seconds: preempt them at once
         }
 
     def start_world(self) -> str:

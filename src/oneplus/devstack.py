@@ -239,6 +239,19 @@ class EmbeddedServers:
         self.stop()
 
 
+# For platforms whose gangs run for seconds (tests, the chaos run): the default hour of victim protection would keep
+# every preemption from happening.
+PREEMPT_AT_ONCE = "preemption: {min_runtime_s: 0}\n"
+
+
+def queue_config_env(workdir: Path, config: str) -> dict[str, str]:
+    """Write `config` (queue-config YAML) into `workdir` and return the environment that makes the services read it."""
+    workdir.mkdir(parents=True, exist_ok=True)
+    path = workdir / "queues.yaml"
+    path.write_text(config, encoding="utf-8")
+    return {"ONEPLUS_QUEUES_FILE": str(path)}
+
+
 def urls_from_env() -> tuple[str | None, str | None]:
     return os.environ.get("NATS_URL") or None, os.environ.get("REDIS_URL") or None
 

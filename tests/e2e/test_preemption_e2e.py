@@ -14,6 +14,7 @@ from oneplus_testing import Servers
 from platform_fixture import fresh_platform, job_history, wait_terminal
 
 from oneplus.client import OnePlusClient
+from oneplus.devstack import PREEMPT_AT_ONCE, queue_config_env
 
 pytestmark = pytest.mark.e2e
 
@@ -55,9 +56,8 @@ async def test_high_priority_gang_starts_after_victims_checkpoint_and_victims_re
 ) -> None:
     # The low gangs run for seconds: a site config without the default hour of victim protection lets the urgent
     # gang evict them at once, as a site whose urgent work must never wait would set it.
-    queues = tmp_path / "queues.yaml"
-    queues.write_text("preemption: {min_runtime_s: 0}\n")
-    async with fresh_platform(servers.nats_url, servers.redis_url, tmp_path, ONEPLUS_QUEUES_FILE=str(queues)) as (
+    env = queue_config_env(tmp_path, PREEMPT_AT_ONCE)
+    async with fresh_platform(servers.nats_url, servers.redis_url, tmp_path, **env) as (
         p,
         bus,
         store,

@@ -30,7 +30,7 @@ from typer.testing import CliRunner
 from oneplus.cli.app import app as cli
 from oneplus.client import OnePlusClient
 from oneplus.demo import wait_for_platform
-from oneplus.devstack import Platform, SimNode, spawn
+from oneplus.devstack import PREEMPT_AT_ONCE, Platform, SimNode, queue_config_env, spawn
 
 pytestmark = [pytest.mark.engine, pytest.mark.e2e]
 
@@ -60,9 +60,7 @@ async def stack(
     node = SimNode(f"{node_tag}-a", PRESET, "leaf-0", "spine-0")
     workdir = tmp_path_factory.mktemp("executor-service")
     # The preemption test's victim has run for seconds: without the default hour of victim protection it steps aside.
-    queues = workdir / "queues.yaml"
-    queues.write_text("preemption: {min_runtime_s: 0}\n")
-    env = {**ENV, "ONEPLUS_DOCKER_URL": engine_url, "ONEPLUS_QUEUES_FILE": str(queues)}
+    env = {**ENV, "ONEPLUS_DOCKER_URL": engine_url, **queue_config_env(workdir, PREEMPT_AT_ONCE)}
     p = Platform(servers.nats_url, servers.redis_url, (node,), workdir / "logs", "docker", env).start()
     try:
         async with OnePlusClient.connect(servers.nats_url) as c:

@@ -59,16 +59,6 @@ def eviction_grounds(
     return ledger.preemption_kind(preemptor.job.queue, preemptor.priority, preemptor.gpus, victim, entry.priority)
 
 
-def eviction_kind(
-    now: float, preemptor: RankedJob, victim: RunningJob, config: QueueConfig, ledger: QuotaLedger
-) -> PreemptionKind | None:
-    """On what grounds `victim` may be evicted for `preemptor` right now; None when it may not be."""
-    kind = eviction_grounds(preemptor, victim, config, ledger)
-    if kind is None or now < protected_until(victim, config, kind):
-        return None
-    return kind
-
-
 @dataclass(frozen=True, slots=True)
 class Evictable:
     """A running job that could ever be a victim, with what the checks need resolved once."""
