@@ -10,6 +10,7 @@ from __future__ import annotations
 import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
+from typing import Any
 
 import redis.asyncio as aioredis
 from nats.aio.client import Client
@@ -91,7 +92,23 @@ async def measured_cycle(nc: Client, servers: Servers, solver: Solver) -> tuple[
         sent += 1
         return await execute(*args, **kwargs)
 
+    make_pipeline = redis_client.pipeline
+
+    def counted_pipeline(*args: Any, **kwargs: Any) -> Any:
+        # A cycle's reserves go in one pipeline (reserve_many): count the commands it sends, not just plain calls.
+        pipe = make_pipeline(*args, **kwargs)
+        run = pipe.execute
+
+        async def execute(*a: Any, **kw: Any) -> Any:
+            nonlocal sent
+            sent += len(pipe.command_stack)
+            return await run(*a, **kw)
+
+        pipe.execute = execute
+        return pipe
+
     redis_client.execute_command = counted  # type: ignore[method-assign]
+    redis_client.pipeline = counted_pipeline  # type: ignore[method-assign]
     try:
         nc_stats = solver.svc.nc.stats
         msgs_before = nc_stats["out_msgs"]
@@ -100,6 +117,7 @@ async def measured_cycle(nc: Client, servers: Servers, solver: Solver) -> tuple[
         cmds = sent
     finally:
         redis_client.execute_command = execute  # type: ignore[method-assign]
+        redis_client.pipeline = make_pipeline  # type: ignore[method-assign]
     return msgs, cmds, placed
 
 
