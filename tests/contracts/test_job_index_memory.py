@@ -96,6 +96,8 @@ def test_an_index_that_keeps_no_finished_job_drops_it_at_once() -> None:
     index.put(record("j-1"))
     index.put(record("j-1", "SUCCEEDED"))
     assert "j-1" not in index and index.get("j-1") is None and index.expire(now=99.0, min_age_s=0.0) == []
+    listed = JobIndex.of([record("j-1", "SUCCEEDED"), record("j-2")], keep_finished=False)  # an informer's relist
+    assert "j-1" not in listed and not listed.finished and list(listed.jobs) == ["j-2"]
 
 
 def test_finished_jobs_take_under_a_quarter_of_the_memory_of_live_ones() -> None:

@@ -124,8 +124,8 @@ class JobIndex:
         self.finished_at.pop(job_id, None)
 
     @classmethod
-    def of(cls, records: Iterable[JobRecord]) -> JobIndex:
-        idx = cls()
+    def of(cls, records: Iterable[JobRecord], *, keep_finished: bool = True) -> JobIndex:
+        idx = cls(keep_finished=keep_finished)
         for rec in sorted(records, key=lambda r: (r.seq, r.submitted_ts, r.job_id)):
             idx.put(rec)
         return idx

@@ -90,7 +90,8 @@ class Preemption:
     async def relist(self) -> int:
         """List the hot view once; returns the job-stream sequence to follow from."""
         records = [JobRecord.model_validate_json(v) for v in await latest_values(self.svc.js, subjects.JOBS_KV)]
-        self.index = JobIndex.of(records)
+        # Built afresh, so it must be told again: an index that kept finished jobs grew with every job ever run.
+        self.index = JobIndex.of(records, keep_finished=False)
         self.capacity.hold_exactly(
             (r.job_id, r.token, r.allocation)
             for r in self.index.holders.values()
