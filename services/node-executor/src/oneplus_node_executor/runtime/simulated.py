@@ -12,6 +12,7 @@ import time
 from dataclasses import dataclass, field
 
 from oneplus_contracts import LaunchRanks
+from oneplus_contracts.slim import slim
 
 from .base import RanksExit, RunningRanks
 
@@ -42,6 +43,7 @@ class SimulatedRuntime:
         current = self._jobs.get(cmd.job_id)
         if current is not None and current.cmd.token >= cmd.token:
             return  # idempotent by (job, token): a redelivered launch starts nothing
+        slim(cmd)  # kept until the node forgets the job (16 ended jobs a node): a fleet holds thousands
         job = _SimJob(cmd=cmd, env=env_per_rank, started=time.time())
         job.logs.extend(f"[rank {r.rank}] started on {r.node} gpus={r.gpus}" for r in cmd.ranks)
         job.task = asyncio.create_task(self._run(job), name=f"sim:{cmd.job_id}")
