@@ -195,6 +195,12 @@ def test_every_stream_is_bounded_and_the_knobs_are_read() -> None:
     }
     assert stream_limits(subjects.ARCHIVE_STREAM, env=env).max_bytes == 1_000_000_000
     assert stream_limits(subjects.JOBS_STREAM, env=env).max_msgs == 5
+    assert stream_limits(subjects.JOBS_STREAM, env=env).max_age == 3600, "the event log follows the archive's knob"
+    env["ONEPLUS_JOB_EVENTS_RETENTION_S"] = "86400"  # a shorter event log than the archive: less broker memory
+    assert stream_limits(subjects.JOBS_STREAM, env=env).max_age == 86400
+    assert stream_limits(subjects.ARCHIVE_STREAM, env=env).max_age == 3600
+    with pytest.raises(ValueError, match="ONEPLUS_JOB_EVENTS_RETENTION_S='-1' must be positive"):
+        stream_limits(subjects.JOBS_STREAM, env={"ONEPLUS_JOB_EVENTS_RETENTION_S": "-1"})
     with pytest.raises(ValueError, match="ONEPLUS_ARCHIVE_RETENTION_S='soon' is not a number"):
         stream_limits(subjects.ARCHIVE_STREAM, env={"ONEPLUS_ARCHIVE_RETENTION_S": "soon"})
 
@@ -215,6 +221,11 @@ async def test_ensure_streams_applies_the_limits_and_updates_a_stream_whose_limi
     cfg = (await js.stream_info(subjects.ARCHIVE_STREAM)).config
     assert (cfg.max_age, cfg.max_bytes, cfg.max_msgs_per_subject) == (7200, 2**30, 1)
     assert (await js.stream_info(subjects.JOBS_STREAM)).config.max_age == 7200
+    monkeypatch.setenv("ONEPLUS_JOB_EVENTS_RETENTION_S", "3600")
+    await ensure_streams(js)
+    assert (await js.stream_info(subjects.JOBS_STREAM)).config.max_age == 3600
+    assert (await js.stream_info(subjects.ARCHIVE_STREAM)).config.max_age == 7200
+    monkeypatch.delenv("ONEPLUS_JOB_EVENTS_RETENTION_S")
     monkeypatch.delenv("ONEPLUS_ARCHIVE_RETENTION_S")
     monkeypatch.delenv("ONEPLUS_ARCHIVE_MAX_BYTES")
     await ensure_streams(js)

@@ -61,9 +61,11 @@ def stream_limits(name: str, env: Mapping[str, str] | None = None) -> StreamLimi
     env = os.environ if env is None else env
     retention = _knob(env, "ONEPLUS_ARCHIVE_RETENTION_S", ARCHIVE_RETENTION_S)
     limits = {
-        # The event log is kept as long as the archive, so a job's history outlives its record no longer.
+        # The event log is kept as long as the archive unless told otherwise: a job's history outlives its record no
+        # longer. A shorter log bounds the broker's memory, which holds an index entry for each of a job's subjects.
         subjects.JOBS_STREAM: StreamLimits(
-            max_age=retention, max_msgs=int(_knob(env, "ONEPLUS_JOBS_STREAM_MAX_MSGS", JOBS_STREAM_MAX_MSGS))
+            max_age=_knob(env, "ONEPLUS_JOB_EVENTS_RETENTION_S", retention),
+            max_msgs=int(_knob(env, "ONEPLUS_JOBS_STREAM_MAX_MSGS", JOBS_STREAM_MAX_MSGS)),
         ),
         # Heartbeats are only news while fresh: keep a short tail per node, not a history.
         subjects.NODES_STREAM: StreamLimits(max_msgs_per_subject=50),
