@@ -31,6 +31,9 @@ level (`--history`, default 0,20000,100000): for each level, in order,
    Every measurement job has finished before the next level starts.
 
 Prints a table and writes bench/results/scale.json (after every level, so a failed run keeps what it measured).
+The verdict also lists every process's RSS at each level and notes a platform service that grew by more than 1.2×
+between the later levels: something kept for every finished job (the preemption service's 189 → 349 MiB at
+b76e96c was one).
 A quick smoke run: `uv run task bench:scale -- --nodes 64 --history 0,2000 --burst 200`.
 """
 
@@ -789,6 +792,30 @@ RATIO_KEYS = (
 )
 
 
+# The platform's own services: none of them may keep anything per finished job (the fleet keeps its nodes' last
+# ended jobs for `oneplus logs`, a bound; nats-server keeps the streams' history, docs/submitting.md).
+SERVICES = ("intake", "topology-registry", "placement-solver", "preemption")
+
+
+def rss_growth(levels: list[Row]) -> tuple[Row, list[str]]:
+    """Every process's RSS at each level, and a note for each service that grew by more than the ratio target from
+    the second level to the last: the first level is measured before any load, the later ones after the history
+    and a burst, so only growth between later levels says that something is kept for every finished job."""
+    names = sorted({name for lv in levels for name in lv.get("rss_mb", {})})
+    by_level = {name: [lv.get("rss_mb", {}).get(name) for lv in levels] for name in names}
+    notes = []
+    if len(levels) >= 3:
+        for name in SERVICES:
+            mid, end = by_level.get(name, [None])[1:2], by_level.get(name, [None])[-1]
+            if mid and mid[0] and end and end / mid[0] > TARGETS["ratio"]:
+                notes.append(
+                    f"{name}'s RSS grew {end / mid[0]:.2f}× from {fmt(levels[1]['history'])} to "
+                    f"{fmt(levels[-1]['history'])} finished jobs ({mid[0]:.0f} → {end:.0f} MiB): it keeps something "
+                    "for every finished job"
+                )
+    return by_level, notes
+
+
 def verdict(levels: list[Row], list_limit: int = 100) -> Row:
     """Each target, met or not, at each level, and the ratio of the last level to the first (for placements/s, of
     the first to the last: a slowdown), with what makes a ratio hard to read."""
@@ -825,7 +852,8 @@ def verdict(levels: list[Row], list_limit: int = 100) -> Row:
             f"the 1-minute load average at the start of the levels was {loads} on {os.cpu_count()} CPUs: other work "
             "shared the machine, and latency ratios between levels mostly reflect it"
         )
-    out["notes"] = notes
+    out["rss_mb_by_level"], grew = rss_growth(levels)
+    out["notes"] = notes + grew
     return out
 
 
@@ -858,6 +886,9 @@ def table(report: Row) -> str:
     if v.get("ratio_last_to_first"):
         ratios = ", ".join(f"{k} {x:.2f}×" for k, x in v["ratio_last_to_first"].items())
         out.append(f"\nlast level / first level: {ratios} (target ≤ {TARGETS['ratio']}×)")
+    if v.get("rss_mb_by_level"):
+        rss = ", ".join(f"{name} {' / '.join(fmt(x, 0) for x in xs)}" for name, xs in v["rss_mb_by_level"].items())
+        out.append(f"RSS by process at each level (MiB): {rss}")
     out += [f"note: {n}" for n in v.get("notes", [])]
     grows = [f"{fmt(g['jobs'])} jobs at {fmt(g['jobs_per_s'], 1)} jobs/s" for r in levels if (g := r.get("grow"))]
     if grows:
