@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import gc
 import logging
 import socket
 import time
@@ -108,8 +109,10 @@ async def test_a_service_serves_its_registry(
         assert f'oneplus_dead_letters_total{{error="ValidationError",stream="{subjects.COMMANDS_STREAM}"}} 1.0' in text
         assert 'app_name="metrics-test"' in text
         assert "process_cpu_seconds_total" in text
+        assert 'oneplus_gc_pause_seconds_bucket{generation="2",le="0.05"}' in text
     finally:
         await svc.app.stop()
+    assert svc.gc_pauses._on_gc not in gc.callbacks, "a stopped service leaves the collector's callbacks as it was"
     assert svc.metrics_server is None
     with pytest.raises(OSError):
         await asyncio.to_thread(scrape, url)

@@ -34,6 +34,7 @@ from prometheus_client import GC_COLLECTOR, PLATFORM_COLLECTOR, PROCESS_COLLECTO
 from pydantic import BaseModel, ValidationError
 
 from .broker import MessageHandler, make_broker, whole_message_subscriber
+from .gcpause import GcPauses
 from .health import remove_health_file, write_health_file
 from .ledger import JobLedger
 from .logs import FASTSTREAM_LOGGER, configure_logging, log_settings_from_env
@@ -91,6 +92,7 @@ class OneplusService:
         self.metrics = CollectorRegistry()
         for collector in (PROCESS_COLLECTOR, PLATFORM_COLLECTOR, GC_COLLECTOR):
             self.metrics.register(collector)
+        self.gc_pauses = GcPauses(self.metrics)
         self.broker = make_broker(name, self.settings, self.tracer_provider, self.metrics)
         self.app = FastStream(
             self.broker,
@@ -213,6 +215,7 @@ class OneplusService:
         await until_answered(declare, f"{self.name}: declaring streams and buckets", STARTUP_WAIT_S)
 
     async def _after_startup(self) -> None:
+        self.gc_pauses.install()
         self._js = self.nc.jetstream()
         self.kv = await ensure_kv(self._js)
         self._ledger = JobLedger(self._js, self.kv[subjects.JOBS_KV], self.nc)
@@ -254,6 +257,7 @@ class OneplusService:
                 await asyncio.sleep(1.0)
 
     async def _on_shutdown(self) -> None:
+        self.gc_pauses.uninstall()
         remove_health_file(self.name)
         for t in self._tasks:
             t.cancel()
