@@ -805,12 +805,12 @@ def rss_growth(levels: list[Row]) -> tuple[Row, list[str]]:
     by_level = {name: [lv.get("rss_mb", {}).get(name) for lv in levels] for name in names}
     notes = []
     if len(levels) >= 3:
-        for name in SERVICES:
-            mid, end = by_level.get(name, [None])[1:2], by_level.get(name, [None])[-1]
-            if mid and mid[0] and end and end / mid[0] > TARGETS["ratio"]:
+        for name in (n for n in SERVICES if n in by_level):
+            mid, end = by_level[name][1], by_level[name][-1]
+            if mid and end and end / mid > TARGETS["ratio"]:
                 notes.append(
-                    f"{name}'s RSS grew {end / mid[0]:.2f}× from {fmt(levels[1]['history'])} to "
-                    f"{fmt(levels[-1]['history'])} finished jobs ({mid[0]:.0f} → {end:.0f} MiB): it keeps something "
+                    f"{name}'s RSS grew {end / mid:.2f}× from {fmt(levels[1]['history'])} to "
+                    f"{fmt(levels[-1]['history'])} finished jobs ({mid:.0f} → {end:.0f} MiB): it keeps something "
                     "for every finished job"
                 )
     return by_level, notes

@@ -14,6 +14,7 @@ import asyncio
 import contextlib
 import logging
 import time
+from collections.abc import Iterable
 
 from faststream.nats import NatsMessage
 from oneplus_bus.clusterview import QUEUES_KEY
@@ -49,7 +50,7 @@ class Preemption:
 
     def __init__(self, svc: OneplusService) -> None:
         self.svc = svc
-        self.index = JobIndex(keep_finished=False)  # finished jobs are of no use to victim choice
+        self.index = working_set(())
         self.capacity = LiveCapacity("live")
         self.config: QueueConfig = default_config()
         self.tails: list[StreamTail] = []
@@ -90,8 +91,7 @@ class Preemption:
     async def relist(self) -> int:
         """List the hot view once; returns the job-stream sequence to follow from."""
         records = [JobRecord.model_validate_json(v) for v in await latest_values(self.svc.js, subjects.JOBS_KV)]
-        # Built afresh, so it must be told again: an index that kept finished jobs grew with every job ever run.
-        self.index = JobIndex.of(records, keep_finished=False)
+        self.index = working_set(records)
         self.capacity.hold_exactly(
             (r.job_id, r.token, r.allocation)
             for r in self.index.holders.values()
@@ -211,6 +211,12 @@ class Preemption:
                 headers=headers,
                 stream=subjects.COMMANDS_STREAM,
             )
+
+
+def working_set(records: Iterable[JobRecord]) -> JobIndex:
+    """The service's job index: finished jobs are of no use to victim choice, so none is kept (an index that kept
+    them grew with every job the cluster ever ran)."""
+    return JobIndex.of(records, keep_finished=False)
 
 
 def still_valid(victims: list[str], req: PreemptionRequest, jobs: dict[str, JobRecord], state: ClusterState) -> bool:
