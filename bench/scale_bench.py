@@ -799,7 +799,7 @@ def cpu_bound_note(levels: list[Row], cpus: int) -> str | None:
         per_gang, wall, rate = burst_cpu_ms_per_gang(b), b.get("wall_s"), b.get("placements_per_s")
         if per_gang is None or not wall or rate is None or rate >= TARGETS["placements_per_s"]:
             continue
-        busy = sum(b["cpu_s"].values()) / wall
+        busy = per_gang * b["gangs"] / 1000 / wall
         if busy >= 0.85 * cpus:
             missed.append((lv["history"], rate, per_gang, busy))
     if not missed:
@@ -858,7 +858,7 @@ def verdict(levels: list[Row], list_limit: int = 100, cpus: int | None = None) -
     levels = [lv for lv in levels if "paced" in lv and "burst" in lv]
     if not levels:
         return {}
-    cpus = cpus or len(os.sched_getaffinity(0))
+    cpus = cpus or len(os.sched_getaffinity(0))  # a results file records the CPUs it ran on
     first, last = figures(levels[0]), figures(levels[-1])
     out: Row = {"targets": TARGETS}
     for lv in levels:
@@ -886,7 +886,7 @@ def verdict(levels: list[Row], list_limit: int = 100, cpus: int | None = None) -
     loads = [figures(lv)["load1"] for lv in levels]
     if None not in loads and max(loads) > 1.5 * min(loads):
         notes.append(
-            f"the 1-minute load average at the start of the levels was {loads} on {os.cpu_count()} CPUs: other work "
+            f"the 1-minute load average at the start of the levels was {loads} on {cpus} CPUs: other work "
             "shared the machine, and latency ratios between levels mostly reflect it"
         )
     if (bound := cpu_bound_note(levels, cpus)) is not None:
