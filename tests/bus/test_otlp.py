@@ -13,11 +13,13 @@ from pathlib import Path
 
 import pytest
 from faststream.nats import NatsMessage
+from faststream.nats.opentelemetry import NatsTelemetryMiddleware
 from nats.aio.client import Client
+from oneplus_bus.broker import whole_message_subscriber
 from oneplus_bus.metrics import ConfigError
 from oneplus_bus.service import OneplusService
 from oneplus_bus.settings import BusSettings
-from oneplus_bus.telemetry import inject, job_span, make_tracer_provider, otel_exporters
+from oneplus_bus.telemetry import inject, job_span, make_tracer_provider, otel_exporters, traceparent_of_current
 from oneplus_contracts import subjects
 from oneplus_testing import Servers
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
@@ -193,3 +195,43 @@ def test_with_nothing_to_export_spans_are_not_recorded_but_their_context_still_t
     monkeypatch.setenv("ONEPLUS_TRACE_DIR", str(tmp_path))
     with make_tracer_provider("filed").get_tracer("t").start_as_current_span("s") as span:
         assert span.is_recording()
+
+
+async def test_with_nothing_to_export_a_handler_runs_in_its_messages_trace(
+    monkeypatch: pytest.MonkeyPatch, nc: Client, servers: Servers
+) -> None:
+    """FastStream's telemetry middleware builds spans for every message; with nowhere to send them the broker only
+    carries the trace on: the handler runs in the trace its message names (a new one when it names none)."""
+    for var in (*OTEL_VARS, "OTEL_TRACES_SAMPLER", "ONEPLUS_TRACE_FILE", "ONEPLUS_TRACE_DIR"):
+        monkeypatch.delenv(var, raising=False)
+    svc = OneplusService("quiet-trace", "test", BusSettings(servers.nats_url, servers.redis_url))
+    assert not any(isinstance(m, NatsTelemetryMiddleware) for m in svc.broker.middlewares)
+    seen: list[str | None] = []
+
+    async def answer(msg: NatsMessage) -> dict[str, str]:
+        seen.append(traceparent_of_current())
+        return {}
+
+    whole_message_subscriber(svc.broker, "oneplus.test.quiet-trace", queue="t")(answer)
+    await svc.app.start()
+    try:
+        sender = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-00"
+        await nc.request("oneplus.test.quiet-trace", b"{}", headers={"traceparent": sender}, timeout=10)
+        await nc.request("oneplus.test.quiet-trace", b"{}", timeout=10)
+        await nc.request("oneplus.test.quiet-trace", b"{}", timeout=10)
+    finally:
+        await svc.app.stop()
+    assert seen[0] == sender, "the sender's trace and span carry on into what the handler sends"
+    assert seen[1] is not None and seen[2] is not None, "a message naming no trace starts one"
+    assert seen[1].split("-")[1] != seen[2].split("-")[1], "a trace of its own for each such message"
+    assert seen[1].endswith("-00") or seen[1].endswith("-02"), "not sampled: nothing is recorded"
+
+
+def test_a_service_that_exports_spans_keeps_faststreams_telemetry_middleware(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    for var in (*OTEL_VARS, "OTEL_TRACES_SAMPLER", "ONEPLUS_TRACE_FILE"):
+        monkeypatch.delenv(var, raising=False)
+    monkeypatch.setenv("ONEPLUS_TRACE_DIR", str(tmp_path))
+    svc = OneplusService("loud-trace", "test", BusSettings("nats://127.0.0.1:1", "redis://127.0.0.1:1"))
+    assert any(isinstance(m, NatsTelemetryMiddleware) for m in svc.broker.middlewares)

@@ -6,21 +6,54 @@ import logging
 from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar
 
+from faststream._internal.middlewares import BaseMiddleware
 from faststream.message import StreamMessage
 from faststream.nats import NatsBroker
 from faststream.nats.message import NatsMessage
 from faststream.nats.opentelemetry import NatsTelemetryMiddleware
 from faststream.nats.prometheus import NatsPrometheusMiddleware
+from opentelemetry import context, propagate, trace
 from opentelemetry.sdk.trace import TracerProvider
 from prometheus_client import CollectorRegistry
 
 from .deadletter import count_dead_letters, dead_letter_middleware
 from .logs import FASTSTREAM_LOGGER
 from .settings import BusSettings
+from .telemetry import records_spans
 
 R = TypeVar("R")
 MessageHandler = Callable[[NatsMessage], Awaitable[Any]]
 H = TypeVar("H", bound=MessageHandler)
+
+
+def trace_context_middleware(tracer_provider: TracerProvider) -> type[BaseMiddleware]:
+    """The message's trace carried on without building spans, for a provider that exports none.
+
+    A handler runs inside the trace its message carries (a new one when it carries none), so its logs and the
+    messages it sends name that trace, as under FastStream's telemetry middleware. That middleware builds two spans,
+    their attributes and baggage for every message even when none is recorded: about 75 µs a request (bench:handler),
+    a fiftieth of a burst's CPU."""
+    tracer = tracer_provider.get_tracer("oneplus.bus")
+
+    class TraceContextMiddleware(BaseMiddleware):
+        async def consume_scope(self, call_next: Any, msg: Any) -> Any:
+            parent = propagate.extract(msg.headers or {})
+            if trace.get_current_span(parent).get_span_context().is_valid:
+                token = context.attach(parent)  # the sender's span stays the current one: no span of ours is kept
+                try:
+                    return await call_next(msg)
+                finally:
+                    context.detach(token)
+            name = f"{getattr(msg.raw_message, 'subject', '')} process"
+            with tracer.start_as_current_span(name, kind=trace.SpanKind.CONSUMER):  # a new trace, never recorded
+                return await call_next(msg)
+
+        async def publish_scope(self, call_next: Any, cmd: Any) -> Any:
+            if "traceparent" not in cmd.headers:
+                propagate.inject(cmd.headers, context=context.get_current())
+            return await call_next(cmd)
+
+    return TraceContextMiddleware
 
 
 def make_broker(
@@ -29,10 +62,12 @@ def make_broker(
     tracer_provider: TracerProvider,
     registry: CollectorRegistry | None = None,
 ) -> NatsBroker:
-    middlewares: list[object] = [
-        NatsTelemetryMiddleware(tracer_provider=tracer_provider),
-        dead_letter_middleware(settings.max_deliver),
-    ]
+    telemetry: object = (
+        NatsTelemetryMiddleware(tracer_provider=tracer_provider)
+        if records_spans(tracer_provider)
+        else trace_context_middleware(tracer_provider)
+    )
+    middlewares: list[object] = [telemetry, dead_letter_middleware(settings.max_deliver)]
     if registry is not None:
         middlewares.insert(1, NatsPrometheusMiddleware(registry=registry, app_name=service))
     broker = NatsBroker(
