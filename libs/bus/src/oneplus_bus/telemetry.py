@@ -14,7 +14,6 @@ from __future__ import annotations
 import importlib
 import os
 import threading
-import weakref
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from typing import Any
@@ -51,8 +50,8 @@ class JsonLinesSpanExporter(SpanExporter):
 
 # Exporters every provider made from now on also feeds (an in-memory exporter in tests, say).
 EXTRA_EXPORTERS: list[SpanExporter] = []
-# Providers made with nothing to export to and no sampler asked for: no span of theirs ever leaves the process.
-_QUIET: weakref.WeakSet[TracerProvider] = weakref.WeakSet()
+# The sampler of a provider made with nothing to export to and no sampler asked for: no span of its leaves the process.
+UNRECORDED = ParentBased(ALWAYS_OFF)
 
 
 def otel_exporters() -> list[SpanExporter]:
@@ -122,12 +121,9 @@ def make_tracer_provider(service: str, extra_exporters: Sequence[SpanExporter] =
     # The sampler: OTEL_TRACES_SAMPLER. Unset and nothing to export to: spans are not recorded (their context still
     # travels in every message), since building spans no one reads cost a burst about a tenth of the fleet's CPU.
     sampler = None
-    quiet = not (exporters or extra_exporters or path or folder or os.environ.get("OTEL_TRACES_SAMPLER", "").strip())
-    if quiet:
-        sampler = ParentBased(ALWAYS_OFF)
+    if not (exporters or extra_exporters or path or folder or os.environ.get("OTEL_TRACES_SAMPLER", "").strip()):
+        sampler = UNRECORDED
     provider = TracerProvider(resource=make_resource(service), sampler=sampler)
-    if quiet:
-        _QUIET.add(provider)
     for exp in exporters:
         # Batched, off the event loop's thread: a slow or absent collector never holds a handler up.
         provider.add_span_processor(BatchSpanProcessor(exp))
@@ -144,7 +140,7 @@ def make_tracer_provider(service: str, extra_exporters: Sequence[SpanExporter] =
 
 def records_spans(provider: TracerProvider) -> bool:
     """False for a provider `make_tracer_provider` made with nothing to export to: no span of its leaves the process."""
-    return provider not in _QUIET
+    return provider.sampler is not UNRECORDED
 
 
 def traceparent_of_current() -> str | None:
