@@ -109,3 +109,34 @@ def test_finished_jobs_take_under_a_quarter_of_the_memory_of_live_ones() -> None
 
     live, finished = held(lambda: index_of("RUNNING")), held(lambda: index_of("SUCCEEDED"))
     assert finished <= 0.25 * live, (live, finished)
+
+
+def test_a_finished_job_leaves_with_what_the_archive_files_it_under_and_nothing_parsed(monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    index = JobIndex()
+    done = record("j-1", "SUCCEEDED").model_copy(update={"seq": 9})
+    done = done.model_copy(update={"spec": done.spec.model_copy(update={"team": "vision", "user": "ana"})})
+    index.put(done)
+    # A late event of the finished job changes its record, not when it left the live set.
+    index.put(done.model_copy(update={"seq": 10, "updated_ts": 50.0, "finished_ts": 50.0}))
+    parsed: list[object] = []
+    real = JobRecord.model_validate_json
+    monkeypatch.setattr(JobRecord, "model_validate_json", lambda data: parsed.append(data) or real(data))
+    assert [d.seq for d in index.expire_finished(now=12.5, min_age_s=10.0)] == [10]  # 10.5 s after the first finish
+    assert parsed == [], "expiring keeps the JSON as it is: a burst of expired jobs is no burst of parsed records"
+    assert "j-1" not in index
+
+
+def test_expired_jobs_carry_their_archive_fields_and_json() -> None:
+    index = JobIndex()
+    rec = record("j-2", "FAILED").model_copy(update={"seq": 4})
+    index.put(rec)
+    (gone,) = index.expire_finished(now=30.0, min_age_s=10.0)
+    assert (gone.job_id, gone.seq, gone.state, gone.team, gone.user, gone.ts) == (
+        "j-2",
+        4,
+        "FAILED",
+        rec.spec.team,
+        rec.spec.user,
+        rec.updated_ts,
+    )
+    assert JobRecord.model_validate_json(gone.data) == rec

@@ -30,6 +30,7 @@ from nats.js import JetStreamContext
 from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy
 from nats.js.errors import NotFoundError
 from oneplus_contracts import TERMINAL_STATES, JobRecord, JobState, subjects
+from oneplus_contracts.jobindex import FinishedJob
 
 ARCHIVE_PREFIX = f"{subjects.PREFIX}.archive"
 JOB_STATES: tuple[str, ...] = get_args(JobState)
@@ -54,7 +55,11 @@ def job_token(job_id: str) -> str:
 
 
 def archive_subject(rec: JobRecord) -> str:
-    return f"{ARCHIVE_PREFIX}.{job_token(rec.job_id)}.{rec.state}.{token(rec.spec.team)}.{token(rec.spec.user)}"
+    return subject_of(rec.job_id, rec.state, rec.spec.team, rec.spec.user)
+
+
+def subject_of(job_id: str, state: str, team: str, user: str) -> str:
+    return f"{ARCHIVE_PREFIX}.{job_token(job_id)}.{state}.{token(team)}.{token(user)}"
 
 
 def reply_size(rec: JobRecord) -> int:
@@ -151,11 +156,18 @@ class JobArchive:
     async def put(self, rec: JobRecord, data: bytes | None = None) -> int:
         """Archive `rec` (`data`: its JSON, where the caller has it already); the same record (job and sequence) put
         again within the dedupe window is not stored twice. Returns its sequence in the archive stream."""
+        data = data if data is not None else rec.model_dump_json().encode()
+        return await self._publish(archive_subject(rec), rec.job_id, rec.seq, data)
+
+    async def put_finished(self, done: FinishedJob) -> int:
+        """`put` of a finished job as the hot view keeps it (its JSON and filing fields): nothing is parsed."""
+        return await self._publish(
+            subject_of(done.job_id, done.state, done.team, done.user), done.job_id, done.seq, done.data
+        )
+
+    async def _publish(self, subject: str, job_id: str, seq: int, data: bytes) -> int:
         ack = await self.js.publish(
-            archive_subject(rec),
-            data if data is not None else rec.model_dump_json().encode(),
-            headers={"Nats-Msg-Id": f"archive-{rec.job_id}-{rec.seq}"},
-            stream=self.stream,
+            subject, data, headers={"Nats-Msg-Id": f"archive-{job_id}-{seq}"}, stream=self.stream
         )
         return int(ack.seq)
 

@@ -7,6 +7,7 @@ pending and holder indexes at once, and the hot view `min_age_s` after it finish
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 
@@ -16,6 +17,21 @@ from .slim import slim
 
 # States in which a job holds its reservation: the active ones, and checkpointed while its ranks stop.
 HOLDING_STATES: frozenset[str] = ACTIVE_STATES | {"CHECKPOINTED"}
+
+
+@dataclass(frozen=True, slots=True)
+class FinishedJob:
+    """A finished job as the hot view keeps it until it leaves for the archive: its record's JSON, and the fields the
+    archive files it under, taken at the finish so that archiving never parses the record back (a burst of finished
+    jobs expired together was a burst of full records made and dropped at once)."""
+
+    job_id: str
+    seq: int
+    state: str
+    team: str
+    user: str
+    ts: float  # when it finished
+    data: bytes
 
 
 @dataclass
@@ -31,8 +47,7 @@ class JobIndex:
     jobs: dict[str, JobRecord] = field(default_factory=dict)  # the live jobs (not finished)
     pending: dict[str, JobRecord] = field(default_factory=dict)  # ACCEPTED, in arrival order
     holders: dict[str, JobRecord] = field(default_factory=dict)  # holding GPUs (HOLDING_STATES with an allocation)
-    finished: dict[str, bytes] = field(default_factory=dict)  # finished job → its record's JSON
-    finished_at: dict[str, float] = field(default_factory=dict)  # finished job → when it finished, oldest first
+    finished: dict[str, FinishedJob] = field(default_factory=dict)  # finished job → its record's JSON, in fold order
     last_seq: int = 0
     keep_finished: bool = True
 
@@ -44,13 +59,13 @@ class JobIndex:
 
     def __iter__(self) -> Iterator[JobRecord]:
         yield from list(self.jobs.values())
-        for data in list(self.finished.values()):
-            yield JobRecord.model_validate_json(data)
+        for done in list(self.finished.values()):
+            yield JobRecord.model_validate_json(done.data)
 
     def get(self, job_id: str) -> JobRecord | None:
         rec = self.jobs.get(job_id)
-        if rec is None and (data := self.finished.get(job_id)) is not None:
-            return JobRecord.model_validate_json(data)  # a late event of a finished job, a lookup: seldom
+        if rec is None and (done := self.finished.get(job_id)) is not None:
+            return JobRecord.model_validate_json(done.data)  # a late event of a finished job, a lookup: seldom
         return rec
 
     def put(self, rec: JobRecord) -> None:
@@ -62,8 +77,17 @@ class JobIndex:
             self.pending.pop(job_id, None)
             self.holders.pop(job_id, None)
             if self.keep_finished:
-                self.finished[job_id] = rec.model_dump_json().encode()
-                self.finished_at.setdefault(job_id, rec.finished_ts if rec.finished_ts is not None else rec.updated_ts)
+                was = self.finished.get(job_id)
+                self.finished[job_id] = FinishedJob(
+                    job_id,
+                    rec.seq,
+                    sys.intern(rec.state),
+                    rec.spec.team,
+                    rec.spec.user,
+                    # The first finish counts: a late event changes the record, not when the job left.
+                    was.ts if was is not None else (rec.finished_ts if rec.finished_ts is not None else rec.updated_ts),
+                    rec.model_dump_json().encode(),
+                )
             return
         slim(rec)
         self.jobs[job_id] = rec
@@ -101,19 +125,14 @@ class JobIndex:
         return new
 
     def expire(self, now: float, min_age_s: float) -> list[JobRecord]:
-        """Finished jobs older than `min_age_s`, taken out of the hot view (oldest first)."""
-        return [rec for rec, _ in self.expire_finished(now, min_age_s)]
+        """Finished jobs older than `min_age_s`, taken out of the hot view, as records (in fold order)."""
+        return [JobRecord.model_validate_json(done.data) for done in self.expire_finished(now, min_age_s)]
 
-    def expire_finished(self, now: float, min_age_s: float) -> list[tuple[JobRecord, bytes]]:
-        """`expire`, each record with the JSON it was kept as (what the archive stores)."""
-        out: list[tuple[JobRecord, bytes]] = []
-        for job_id, ts in list(self.finished_at.items()):
-            if now - ts < min_age_s:
-                continue
-            del self.finished_at[job_id]
-            data = self.finished.pop(job_id, None)
-            if data is not None:
-                out.append((JobRecord.model_validate_json(data), data))
+    def expire_finished(self, now: float, min_age_s: float) -> list[FinishedJob]:
+        """`expire`, as kept: the JSON the archive stores and the fields it files it under, nothing parsed."""
+        out = [done for done in self.finished.values() if now - done.ts >= min_age_s]
+        for done in out:
+            del self.finished[done.job_id]
         return out
 
     def forget(self, job_id: str) -> None:
@@ -121,7 +140,6 @@ class JobIndex:
         self.pending.pop(job_id, None)
         self.holders.pop(job_id, None)
         self.finished.pop(job_id, None)
-        self.finished_at.pop(job_id, None)
 
     @classmethod
     def of(cls, records: Iterable[JobRecord], *, keep_finished: bool = True) -> JobIndex:

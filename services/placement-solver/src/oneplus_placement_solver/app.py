@@ -403,7 +403,7 @@ class Solver:
             if self.leading:
                 continue
             await self.sync_store()
-            self.owner.index.expire(time.time(), self.settings.min_job_age_s)
+            self.owner.index.expire_finished(time.time(), self.settings.min_job_age_s)  # dropped, not parsed
 
     async def catch_up_audit(self) -> None:
         """A new owner writes the releases a dead one may not have delivered to the audit (see `catch_up_releases`).

@@ -46,7 +46,7 @@ from oneplus_contracts import (
     parse_job_event,
     subjects,
 )
-from oneplus_contracts.jobindex import JobIndex
+from oneplus_contracts.jobindex import FinishedJob, JobIndex
 from prometheus_client import CollectorRegistry, Counter
 from pydantic import ValidationError
 
@@ -301,8 +301,8 @@ class JobOwner:
 
     def _json(self, rec: JobRecord) -> bytes:
         """`rec` as JSON: a finished record's is the one the index keeps it as (written once, not twice)."""
-        if rec.terminal and (data := self.index.finished.get(rec.job_id)) is not None:
-            return data
+        if rec.terminal and (done := self.index.finished.get(rec.job_id)) is not None:
+            return done.data
         return rec.model_dump_json().encode()
 
     async def _notify(self, applied: Sequence[Applied]) -> None:
@@ -390,20 +390,21 @@ class JobOwner:
                     )
 
     # -- bounded history -------------------------------------------------------------------------------------------
-    async def expire(self, now: float | None = None) -> list[JobRecord]:
+    async def expire(self, now: float | None = None) -> list[FinishedJob]:
         """Move finished jobs older than `min_age_s` from the hot view to the archive."""
         async with self._lock:
             if self.guard is not None:
                 await self.guard()
-            expired = self.index.expire_finished(time.time() if now is None else now, self.min_age_s)
-            gone = [rec for rec, _ in expired]
-            for rec, data in expired:
-                await self.archive.put(rec, data)  # archived first: a crash in between leaves it in both, never neither
-                self.unprojected.pop(rec.job_id, None)  # its key is purged below: never written back
+            gone = self.index.expire_finished(time.time() if now is None else now, self.min_age_s)
+            for done in gone:
+                await self.archive.put_finished(
+                    done
+                )  # archived first: a crash in between leaves it in both, never neither
+                self.unprojected.pop(done.job_id, None)  # its key is purged below: never written back
             # Purged, not deleted: a delete leaves a marker per key, which every read of the hot view would still walk
             # through (20,000 markers after 20,000 jobs); a purge of the key's subject leaves nothing.
             for start in range(0, len(gone), PURGE_BATCH):
-                await asyncio.gather(*(self._purge(rec.job_id) for rec in gone[start : start + PURGE_BATCH]))
+                await asyncio.gather(*(self._purge(done.job_id) for done in gone[start : start + PURGE_BATCH]))
             # Under the commit lock every event up to last_seq is in the hot view or the archive: a restart, or an
             # informer listing an emptied view, resumes after it rather than at the stream's first event.
             seq = self.index.last_seq
