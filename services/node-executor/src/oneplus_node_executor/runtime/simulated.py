@@ -32,24 +32,56 @@ class _SimJob:
     stopped: asyncio.Event = field(default_factory=asyncio.Event)
 
 
+@dataclass(slots=True)
+class _EndedSimJob:
+    """What is kept of a simulated job once its ranks have exited (until the node forgets it): its logs and exit.
+
+    A fleet keeps 16 ended jobs on each of its nodes; kept whole (launch command, per-rank environment, task and its
+    context, event) they were ~40 objects each, and the fleet's CPU a gang grew with them (bench:scale: 0.48 → 0.64
+    ms a gang from 0 to 20,000 finished jobs, flat with none kept)."""
+
+    token: int
+    ranks: int
+    logs: list[str]
+    exit: RanksExit
+    checkpoint_ts: float | None
+
+
 class SimulatedRuntime:
     name = "simulated"
 
     def __init__(self, time_scale: float = 1.0) -> None:
         self.time_scale = time_scale
-        self._jobs: dict[str, _SimJob] = {}
+        self._jobs: dict[str, _SimJob] = {}  # ranks still running
+        self._ended: dict[str, _EndedSimJob] = {}  # ranks exited, kept until removed
+
+    def _token(self, job_id: str) -> int | None:
+        if (job := self._jobs.get(job_id)) is not None:
+            return job.cmd.token
+        ended = self._ended.get(job_id)
+        return ended.token if ended is not None else None
 
     async def launch(self, cmd: LaunchRanks, env_per_rank: dict[int, dict[str, str]]) -> None:
-        current = self._jobs.get(cmd.job_id)
-        if current is not None and current.cmd.token >= cmd.token:
+        current = self._token(cmd.job_id)
+        if current is not None and current >= cmd.token:
             return  # idempotent by (job, token): a redelivered launch starts nothing
-        slim(cmd)  # kept until the node forgets the job (16 ended jobs a node): a fleet holds thousands
+        self._ended.pop(cmd.job_id, None)
+        slim(cmd)  # kept while the ranks run: a fleet's nodes run thousands
         job = _SimJob(cmd=cmd, env=env_per_rank, started=time.time())
         job.logs.extend(f"[rank {r.rank}] started on {r.node} gpus={r.gpus}" for r in cmd.ranks)
         job.task = asyncio.create_task(self._run(job), name=f"sim:{cmd.job_id}")
         self._jobs[cmd.job_id] = job
 
     async def _run(self, job: _SimJob) -> RanksExit:
+        result = await self._ranks(job)
+        if self._jobs.get(job.cmd.job_id) is job:  # not removed meanwhile, nor replaced by a newer attempt
+            del self._jobs[job.cmd.job_id]
+            self._ended[job.cmd.job_id] = _EndedSimJob(
+                job.cmd.token, len(job.cmd.ranks), job.logs, result, job.checkpoint_ts
+            )
+        return result
+
+    async def _ranks(self, job: _SimJob) -> RanksExit:
         sim = job.cmd.spec.simulate
         # A resumed job only has the work left after its last checkpoint.
         duration = max(0.0, (sim.duration_s if sim else 1.0) - job.cmd.resume_progress_s) * self.time_scale
@@ -71,6 +103,8 @@ class SimulatedRuntime:
         )
 
     async def wait(self, job_id: str) -> RanksExit:
+        if (ended := self._ended.get(job_id)) is not None:
+            return ended.exit
         job = self._jobs[job_id]
         assert job.task is not None
         return await asyncio.shield(job.task)
@@ -78,7 +112,7 @@ class SimulatedRuntime:
     async def signal(self, job_id: str, signal: str) -> None:
         job = self._jobs.get(job_id)
         if job is None:
-            return
+            return  # no rank left to signal
         job.signals.append(signal)
         job.logs.append(f"received {signal}")
         sim = job.cmd.spec.simulate
@@ -89,8 +123,13 @@ class SimulatedRuntime:
     def _mark_checkpoint(self, job: _SimJob) -> None:
         job.checkpoint_ts = time.time()
         job.logs.append("checkpoint written")
+        ended = self._ended.get(job.cmd.job_id)
+        if ended is not None and ended.token == job.cmd.token:  # the ranks exited before the checkpoint's delay
+            ended.checkpoint_ts = job.checkpoint_ts
 
     async def checkpoint_acknowledged(self, job_id: str) -> float | None:
+        if (ended := self._ended.get(job_id)) is not None:
+            return ended.checkpoint_ts
         job = self._jobs.get(job_id)
         return job.checkpoint_ts if job else None
 
@@ -102,6 +141,11 @@ class SimulatedRuntime:
         job.stopped.set()
 
     async def remove(self, job_id: str, token: int | None = None) -> int:
+        if (ended := self._ended.get(job_id)) is not None:
+            if token is not None and ended.token != token:
+                return 0
+            del self._ended[job_id]
+            return ended.ranks
         job = self._jobs.get(job_id)
         if job is None or (token is not None and job.cmd.token != token):
             return 0
@@ -118,17 +162,17 @@ class SimulatedRuntime:
 
     async def logs(self, job_id: str, rank: int | None, follow: bool) -> list[str]:
         job = self._jobs.get(job_id)
-        if job is None:
-            return []
+        ended = self._ended.get(job_id)
+        lines = job.logs if job is not None else ended.logs if ended is not None else []
         if rank is None:
-            return list(job.logs)
-        return [line for line in job.logs if line.startswith(f"[rank {rank}]") or not line.startswith("[rank")]
+            return list(lines)
+        return [line for line in lines if line.startswith(f"[rank {rank}]") or not line.startswith("[rank")]
 
     async def healthy(self) -> tuple[bool, str | None]:
         return True, None
 
     async def close(self) -> None:
-        for job in self._jobs.values():
+        for job in list(self._jobs.values()):  # each leaves the dict as its ranks exit
             job.stopped.set()
             if job.task is not None:
                 with contextlib.suppress(Exception):
