@@ -22,13 +22,10 @@ STOPPED_EXIT = 143  # 128 + SIGTERM, as a container stopped by the engine report
 @dataclass
 class _SimJob:
     cmd: LaunchRanks
-    env: dict[int, dict[str, str]]
-    started: float
     task: asyncio.Task[RanksExit] | None = None
     stop_reason: str | None = None
     checkpoint_ts: float | None = None
-    signals: list[str] = field(default_factory=list)
-    logs: list[str] = field(default_factory=list)
+    logs: list[str] = field(default_factory=list)  # a signal received is one of its lines
     stopped: asyncio.Event = field(default_factory=asyncio.Event)
 
 
@@ -36,9 +33,9 @@ class _SimJob:
 class _EndedSimJob:
     """What is kept of a simulated job once its ranks have exited (until the node forgets it): its logs and exit.
 
-    A fleet keeps 16 ended jobs on each of its nodes; kept whole (launch command, per-rank environment, task and its
-    context, event) they were ~40 objects each, and the fleet's CPU a gang grew with them (bench:scale: 0.48 → 0.64
-    ms a gang from 0 to 20,000 finished jobs, flat with none kept)."""
+    A fleet keeps 16 ended jobs on each of its nodes; kept whole (launch command, task and its context, event) they
+    were ~40 objects each, and the fleet's CPU a gang grew with them (bench:scale: 0.48 → 0.64 ms a gang from 0 to
+    20,000 finished jobs, flat with none kept)."""
 
     token: int
     ranks: int
@@ -67,7 +64,7 @@ class SimulatedRuntime:
             return  # idempotent by (job, token): a redelivered launch starts nothing
         self._ended.pop(cmd.job_id, None)
         slim(cmd)  # kept while the ranks run: a fleet's nodes run thousands
-        job = _SimJob(cmd=cmd, env=env_per_rank, started=time.time())
+        job = _SimJob(cmd=cmd)  # no process: the ranks' environment is not used
         job.logs.extend(f"[rank {r.rank}] started on {r.node} gpus={r.gpus}" for r in cmd.ranks)
         job.task = asyncio.create_task(self._run(job), name=f"sim:{cmd.job_id}")
         self._jobs[cmd.job_id] = job
@@ -113,7 +110,6 @@ class SimulatedRuntime:
         job = self._jobs.get(job_id)
         if job is None:
             return  # no rank left to signal
-        job.signals.append(signal)
         job.logs.append(f"received {signal}")
         sim = job.cmd.spec.simulate
         delay = sim.checkpoint_after_s if sim else 0.2
