@@ -193,6 +193,41 @@ async def test_heartbeats_that_change_nothing_write_nothing_and_a_change_writes_
     assert await kv_writes(nc) == 3
 
 
+async def test_heartbeat_times_go_to_their_own_bucket_and_the_topology_bucket_hears_of_changes_only(
+    nc: Client, servers: Servers
+) -> None:
+    settings = RegistrySettings(lost_after_s=LOST_AFTER, persist_heartbeat_s=0.2)
+    svc, reg = build(BusSettings(servers.nats_url, servers.redis_url), settings)
+    await svc.app.start()
+    try:
+        async with OnePlusClient.connect(servers.nats_url) as c:
+            await until_registry_answers(c)
+            await report(nc, "h1")
+            await node_record(c, "h1", "ready")
+            for _ in range(6):
+                await beat(nc, "h1")
+                await asyncio.sleep(0.1)
+            sent = time.time()
+            await node_record(c, "h1", "ready")
+        js = nc.jetstream()
+        beats = await js.key_value(subjects.HEARTBEATS_KV)
+        deadline = time.monotonic() + 10
+        while True:
+            entry = await beats.get("h1")
+            row = json.loads(entry.value or b"{}")
+            if row.get("node") == "h1" and sent - row["last_heartbeat"] < 1.0:
+                break
+            assert time.monotonic() < deadline, f"no recent heartbeat time stored: {row}"
+            await asyncio.sleep(0.1)
+        assert await kv_writes(nc) == 1, "the topology bucket holds the report only: no heartbeat time woke a watcher"
+        # What the registry reads back on a restart: a value that is no time is passed over, not a failed start.
+        await beats.put("junk", b"not json")
+        loaded = await reg._store().load_beats()
+        assert "junk" not in loaded and sent - loaded["h1"] < 1.0
+    finally:
+        await svc.app.stop()
+
+
 async def test_a_restarted_registry_reads_the_bucket_once_and_counts_every_node_as_seen_at_its_start(
     started: Registry, nc: Client, servers: Servers
 ) -> None:
@@ -316,12 +351,56 @@ async def test_a_heartbeat_the_bucket_refuses_while_jetstream_elects_is_not_dead
 class _MemoryStore:
     def __init__(self) -> None:
         self.records: dict[str, NodeRecord] = {}
+        self.beats: dict[str, float] = {}
+        self.puts = 0
 
     async def load(self) -> list[NodeRecord]:
         return list(self.records.values())
 
     async def put(self, rec: NodeRecord) -> None:
         self.records[rec.topology.node] = rec
+        self.puts += 1
+
+    async def load_beats(self) -> dict[str, float]:
+        return dict(self.beats)
+
+    async def put_beat(self, node: str, ts: float) -> None:
+        self.beats[node] = ts
+
+
+async def test_a_heartbeat_time_is_persisted_apart_from_the_record_the_other_services_watch() -> None:
+    """Every `persist_heartbeat_s` a node's heartbeat time is stored, in the `node_heartbeats` bucket: written into
+    the `topology` record, 512 nodes' times every 30 s woke the solver, the intake and the preemption service to
+    parse 512 unchanged boards, in a wave that took 4-7% of a burst's CPU (docs/fleet.md)."""
+    now = [1000.0]
+    store = _MemoryStore()
+    reg = Registry(store, None, RegistrySettings(lost_after_s=100.0, persist_heartbeat_s=30.0), clock=lambda: now[0])
+    await reg.bootstrap()
+    await reg.on_topology(load_preset("dgx1_v100", "r1").model_copy(update={"leaf": "leaf-0"}))
+    assert store.puts == 1 and store.beats == {}, "the report is the record's one write; its time is in it"
+    for ts in (1005.0, 1010.0, 1029.0):
+        await reg.on_heartbeat(NodeHeartbeat(node="r1", ts=ts))
+    assert store.beats == {}, "not due before persist_heartbeat_s"
+    await reg.on_heartbeat(NodeHeartbeat(node="r1", ts=1031.0))
+    assert store.beats == {"r1": 1031.0}
+    for ts in (1040.0, 1060.0, 1062.0):
+        await reg.on_heartbeat(NodeHeartbeat(node="r1", ts=ts))
+    assert store.beats == {"r1": 1062.0}, "again once 30 s have passed since the stored time"
+    assert store.puts == 1, "a heartbeat that changes nothing but the time never rewrites the topology record"
+    await reg.on_heartbeat(NodeHeartbeat(node="r1", ts=1063.0, gpus=[GpuHealth(index=3, healthy=False)]))
+    assert store.puts == 2 and store.records["r1"].unhealthy_gpus == [3], "a change is written at once"
+
+
+async def test_a_restarted_registry_takes_a_lost_nodes_newest_time_from_either_bucket() -> None:
+    store = _MemoryStore()
+    topo = load_preset("dgx1_v100", "gone").model_copy(update={"leaf": "leaf-0"})
+    store.records["gone"] = NodeRecord(topology=topo, last_heartbeat=900.0, status="lost")
+    store.beats["gone"] = 950.0  # persisted after the record's last change, before the node went silent
+    store.records["up"] = NodeRecord(topology=topo.model_copy(update={"node": "up"}), last_heartbeat=900.0)
+    reg = Registry(store, None, RegistrySettings(lost_after_s=10.0), clock=lambda: 2000.0)
+    await reg.bootstrap()
+    assert reg.records["gone"].last_heartbeat == 950.0 and reg.records["gone"].status == "lost"
+    assert reg.records["up"].last_heartbeat == 2000.0, "a node not lost counts as seen at the registry's start"
 
 
 async def test_a_redelivered_older_heartbeat_does_not_flap_the_node_lost() -> None:

@@ -106,6 +106,7 @@ def _limits_of(cfg: StreamConfig) -> list[int]:
 KV_HISTORY = {
     subjects.JOBS_KV: 5,
     subjects.TOPOLOGY_KV: 5,
+    subjects.HEARTBEATS_KV: 1,
     subjects.QUEUES_KV: 5,
     subjects.SOLVER_STATE_KV: 1,
     subjects.WEBHOOK_DELIVERIES_KV: 1,

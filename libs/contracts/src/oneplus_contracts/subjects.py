@@ -46,6 +46,9 @@ STREAMS: dict[str, list[str]] = {
 # KV buckets.
 JOBS_KV = "jobs"
 TOPOLOGY_KV = "topology"
+# Each node's newest heartbeat time, persisted by the registry at most every ONEPLUS_REGISTRY_PERSIST_HEARTBEAT_S: kept
+# apart from TOPOLOGY_KV so that a heartbeat's time alone wakes none of the services that watch the topology.
+HEARTBEATS_KV = "node_heartbeats"
 QUEUES_KV = "queues"
 SOLVER_STATE_KV = "solver_state"  # fair-share usage and nominations: what a restarted solver must not forget
 SOLVER_OWNER_LEASE_KEY = "owner.lease"  # in SOLVER_STATE_KV: which solver replica writes job records now

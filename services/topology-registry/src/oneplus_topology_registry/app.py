@@ -6,9 +6,11 @@ when they return, serves drain/cordon, and emits `topology.changed` whenever pla
 The working set is in memory: every node's record, read once from the `topology` bucket at start and kept current
 from the reports and heartbeats this service consumes itself. The bucket is written only when a record changes in
 a way others can see (status, health, flags, topology); a heartbeat that changes nothing but its time updates
-memory, and the time is persisted at most every `persist_heartbeat_s` per node. A restarted registry counts every
-node it reads (but a lost one) as seen at its start, so nobody is declared lost for a heartbeat time the bucket had
-not caught up with. The loss detector and `oneplus nodes` read memory; the bucket is for the solver and the intake.
+memory, and the time is persisted at most every `persist_heartbeat_s` per node in the `node_heartbeats` bucket,
+which no other service watches (in the `topology` bucket, 512 nodes' times every 30 s woke the solver, the intake
+and the preemption service to parse 512 unchanged boards). A restarted registry counts every node it reads (but a
+lost one) as seen at its start, so nobody is declared lost for a heartbeat time the buckets had not caught up with.
+The loss detector and `oneplus nodes` read memory; the `topology` bucket is for the solver and the intake.
 
 `build(settings)` makes the service; `python -m oneplus_topology_registry` runs one.
 """
@@ -68,20 +70,26 @@ class RegistrySettings:
 
 
 class NodeStore(Protocol):
-    """Where node records are kept for the rest of the platform (the `topology` KV bucket)."""
+    """Where node records are kept for the rest of the platform (the `topology` KV bucket), and the nodes'
+    heartbeat times for the registry's own restart (the `node_heartbeats` bucket)."""
 
     async def load(self) -> list[NodeRecord]: ...
 
     async def put(self, rec: NodeRecord) -> None: ...
+
+    async def load_beats(self) -> dict[str, float]: ...
+
+    async def put_beat(self, node: str, ts: float) -> None: ...
 
 
 Publish = Callable[[str, bytes], Awaitable[None]]
 
 
 class KvNodeStore:
-    def __init__(self, js: JetStreamContext, kv: KeyValue) -> None:
+    def __init__(self, js: JetStreamContext, kv: KeyValue, beats: KeyValue) -> None:
         self.js = js
         self.kv = kv
+        self.beats = beats
         self.writes = 0
 
     async def load(self) -> list[NodeRecord]:
@@ -90,6 +98,19 @@ class KvNodeStore:
     async def put(self, rec: NodeRecord) -> None:
         await self.kv.put(rec.topology.node, rec.model_dump_json().encode())
         self.writes += 1
+
+    async def load_beats(self) -> dict[str, float]:
+        beats: dict[str, float] = {}
+        for value in await latest_values(self.js, subjects.HEARTBEATS_KV):
+            try:
+                row = json.loads(value)
+                beats[str(row["node"])] = float(row["last_heartbeat"])
+            except (ValueError, KeyError, TypeError):
+                continue  # a time that cannot be read is one the topology record's own time stands in for
+        return beats
+
+    async def put_beat(self, node: str, ts: float) -> None:
+        await self.beats.put(node, json.dumps({"node": node, "last_heartbeat": ts}).encode())
 
 
 class Registry:
@@ -111,6 +132,7 @@ class Registry:
         self.max_payload = max_payload
         self.records: dict[str, NodeRecord] = {}  # the working set: every node as the registry knows it now
         self.stored: dict[str, NodeRecord] = {}  # what the bucket holds, as last written or read
+        self.stored_beat: dict[str, float] = {}  # node → the heartbeat time the `node_heartbeats` bucket holds
         self.newest_beat: dict[str, float] = {}  # node → the `ts` (node's clock) of the newest heartbeat folded
         self.ready = asyncio.Event()
         self._locks: dict[str, asyncio.Lock] = {}
@@ -123,11 +145,13 @@ class Registry:
         """Read the bucket once. Every node but a lost one counts as seen now: the stored heartbeat can be
         `persist_heartbeat_s` old, and a restart must not declare anyone lost for that."""
         now = self.clock()
-        for rec in await self._store().load():
+        store = self._store()
+        self.stored_beat = await store.load_beats()
+        for rec in await store.load():
             node = rec.topology.node
             self.stored[node] = rec
-            if rec.status != "lost":
-                rec = rec.model_copy(update={"last_heartbeat": max(rec.last_heartbeat, now)})
+            seen = max(rec.last_heartbeat, self.stored_beat.get(node, 0.0))
+            rec = rec.model_copy(update={"last_heartbeat": seen if rec.status == "lost" else max(seen, now)})
             self.records.setdefault(node, rec)
         self.ready.set()
         log.info("registry: %d nodes read from the %s bucket", len(self.records), subjects.TOPOLOGY_KV)
@@ -136,22 +160,29 @@ class Registry:
         """Take `rec` into memory; write the bucket if it changed (or its heartbeat is due); say so if it matters."""
         node = rec.topology.node
         self.records[node] = rec
-        if self._must_write(node):
+        if self._must_write(node) or self._beat_due(node):
             async with self._locks.setdefault(node, asyncio.Lock()):
-                if self._must_write(node):  # a write of this node may have landed while this one waited
-                    latest = self.records[node]  # writes of one node land in order, the newest last
+                # A write of this node may have landed while this one waited; writes of one node land in order.
+                if self._must_write(node):
+                    latest = self.records[node]
                     await self._store().put(latest)
                     self.stored[node] = latest
+                if self._beat_due(node):
+                    ts = self.records[node].last_heartbeat
+                    await self._store().put_beat(node, ts)
+                    self.stored_beat[node] = ts
         if before is None or summary_changed(before, rec):
             await self.announce(rec, before, reason)
 
     def _must_write(self, node: str) -> bool:
         rec, stored = self.records[node], self.stored.get(node)
-        return (
-            stored is None
-            or record_changed(stored, rec)
-            or heartbeat_due(stored, rec, self.settings.persist_heartbeat_s)
-        )
+        return stored is None or record_changed(stored, rec)
+
+    def _beat_due(self, node: str) -> bool:
+        """Whether the node's heartbeat time is old enough in the `node_heartbeats` bucket to persist again."""
+        rec = self.records[node]
+        stored = max(self.stored_beat.get(node, 0.0), self.stored[node].last_heartbeat if node in self.stored else 0.0)
+        return heartbeat_due(stored, rec.last_heartbeat, self.settings.persist_heartbeat_s)
 
     async def announce(self, rec: NodeRecord, before: NodeRecord | None, reason: str) -> None:
         if self.publish is None:
@@ -298,7 +329,7 @@ def build(
         await svc.js.publish(subject, body, stream=subjects.NODES_STREAM)
 
     async def start() -> None:
-        reg.store = KvNodeStore(svc.js, svc.kv[subjects.TOPOLOGY_KV])
+        reg.store = KvNodeStore(svc.js, svc.kv[subjects.TOPOLOGY_KV], svc.kv[subjects.HEARTBEATS_KV])
         reg.publish = publish
         await reg.bootstrap()
 

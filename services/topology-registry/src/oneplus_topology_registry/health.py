@@ -61,7 +61,7 @@ def record_changed(a: NodeRecord, b: NodeRecord) -> bool:
     return a.model_copy(update={"last_heartbeat": 0.0}) != b.model_copy(update={"last_heartbeat": 0.0})
 
 
-def heartbeat_due(stored: NodeRecord, rec: NodeRecord, every_s: float) -> bool:
-    """Whether a node's last heartbeat is old enough in the store to persist again (so a restarted registry, which
-    counts every node as seen at its start, is never far behind)."""
-    return rec.last_heartbeat - stored.last_heartbeat >= every_s
+def heartbeat_due(stored: float, last_heartbeat: float, every_s: float) -> bool:
+    """Whether a node's last heartbeat is old enough in the store (`stored`) to persist again (so a restarted
+    registry, which counts every node as seen at its start, is never far behind)."""
+    return last_heartbeat - stored >= every_s
