@@ -27,7 +27,9 @@ level (`--history`, default 0,20000,100000): for each level, in order,
      burst gang finished (GPUs still free), and the time from the first submission until all were placed;
    - the job list again, with the measurement jobs still in the hot view;
    - CPU seconds used by every process (services, fleet, nats-server, redis-server, this benchmark) per phase:
-     where the time goes.
+     where the time goes;
+   - a speed probe just before and after the burst (`speed_probe_ms`: a fixed pure-Python loop, the median of five
+     runs): a shared machine's CPU speed swings, and the burst's CPU a gang with it.
    Every measurement job has finished before the next level starts.
 
 Prints a table and writes bench/results/scale.json (after every level, so a failed run keeps what it measured).
@@ -68,6 +70,23 @@ from oneplus.devstack import SERVICE_MODULES, EmbeddedServers, FleetSpec, Platfo
 
 ROOT = Path(__file__).resolve().parent.parent
 TARGETS = {"p50_ms": 10.0, "p99_ms": 50.0, "placements_per_s": 500.0, "ratio": 1.2}
+PROBE_LOOP = 500_000  # iterations of the probe loop: 34 ms on the CI machine when fast, up to 60 ms when it is not
+
+
+def speed_probe_ms(rounds: int = 5) -> float:
+    """A fixed pure-Python loop timed in this process, the median of `rounds`, on an idle platform. The CI machine's
+    CPU speed swings by up to 1.8x within minutes (other tenants of its host), and a burst's CPU a gang swings with it:
+    the probe, taken just before and after each burst, says which speed a figure was measured at."""
+    times = []
+    for _ in range(rounds):
+        t = time.perf_counter()
+        x = 0
+        for i in range(PROBE_LOOP):
+            x += i * i % 7
+        times.append((time.perf_counter() - t) * 1000)
+    return round(statistics.median(times), 1)
+
+
 Row = dict[str, Any]
 
 
@@ -733,9 +752,11 @@ async def run(servers: EmbeddedServers, plat: Platform, args: argparse.Namespace
             await watch.wait(watch.finished, paced_ids, args.timeout)  # the burst starts on an idle cluster
             await settle(js, 30)
 
+            probe_before = speed_probe_ms()
             phase = CpuPhase(procs, logs)
             row["burst"], burst_ids = await burst(c, watch, args, f"{tag}-{target}")
             row["burst"] |= phase.stop()
+            row["burst"]["speed_probe_ms"] = [probe_before, speed_probe_ms()]
             shape = row["burst"].pop("placed_per_second", [])
             print(f"  burst: {json.dumps(row['burst'])}", flush=True)
             row["burst"]["placed_per_second"] = shape
@@ -801,13 +822,16 @@ def cpu_bound_note(levels: list[Row], cpus: int) -> str | None:
             continue
         busy = per_gang * b["gangs"] / 1000 / wall
         if busy >= 0.85 * cpus:
-            missed.append((lv["history"], rate, per_gang, busy))
+            speed = b.get("speed_probe_ms")
+            missed.append(
+                (lv["history"], rate, per_gang, busy, f", speed probe {speed[0]} / {speed[1]} ms" if speed else "")
+            )
     if not missed:
         return None
     parts = "; ".join(
         f"{fmt(h)}: {rate:.0f}/s at {per_gang:.2f} ms of CPU a gang, {busy:.2f} of {cpus} cores busy, a ceiling of "
-        f"{1000 * cpus / per_gang:.0f}/s"
-        for h, rate, per_gang, busy in missed
+        f"{1000 * cpus / per_gang:.0f}/s{speed}"
+        for h, rate, per_gang, busy, speed in missed
     )
     need = 1000 * cpus / TARGETS["placements_per_s"]
     return (
@@ -896,6 +920,11 @@ def verdict(levels: list[Row], list_limit: int = 100, cpus: int | None = None) -
     return out
 
 
+def probe_of(b: Row) -> str:
+    speed = b.get("speed_probe_ms")
+    return f" (probe {fmt(speed[0], 0)} / {fmt(speed[1], 0)} ms)" if speed else ""
+
+
 def table(report: Row) -> str:
     levels: list[Row] = report["levels"]
     head = (
@@ -916,7 +945,7 @@ def table(report: Row) -> str:
         out.append(
             f"| {fmt(r['finished_jobs'])} | {fmt(f['load1'], 1)} | {fmt(f['p50_ms'], 1)} ms | {fmt(f['p99_ms'], 1)} ms "
             f"| {fmt(f['placements_per_s'], 1)} ({fmt(f['submissions_per_s'], 1)}){late} "
-            f"| {fmt(b.get('all_placed_s'), 1)} s | {fmt(f['cpu_ms_per_gang'], 2)} ms "
+            f"| {fmt(b.get('all_placed_s'), 1)} s | {fmt(f['cpu_ms_per_gang'], 2)} ms{probe_of(b)} "
             f"| {fmt(f['solver_rss_mb'], 0)} / {fmt(f['solver_rss_after_burst_mb'], 0)} MiB | {cli} "
             f"| {fmt(f['client_list_ms'], 1)} ms "
             f"| {fmt(f['cli_list_busy_s'], 2)} s / {fmt(f['client_list_busy_ms'], 1)} ms |"
