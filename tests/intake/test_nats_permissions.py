@@ -130,6 +130,9 @@ SERVICE_SUBJECTS = [
     ("preemption", "oneplus.job.j-1.accepted", False),
     ("preemption", "$KV.jobs.j-1", False),
     ("topology-registry", "$KV.topology.h100-0", True),
+    ("topology-registry", "$KV.node_heartbeats.h100-0", True),  # heartbeat times, in a bucket of their own
+    ("placement-solver", "$KV.node_heartbeats.h100-0", False),
+    ("executor-h100-0", "$KV.node_heartbeats.h100-0", False),
     ("topology-registry", "oneplus.job.j-1.accepted", False),
     ("executor-h100-0", "oneplus.node.h100-0.heartbeat", True),
     ("executor-h100-0", "oneplus.node.h100-1.heartbeat", False),
