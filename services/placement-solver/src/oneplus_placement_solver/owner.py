@@ -397,9 +397,8 @@ class JobOwner:
                 await self.guard()
             gone = self.index.expire_finished(time.time() if now is None else now, self.min_age_s)
             for done in gone:
-                await self.archive.put_finished(
-                    done
-                )  # archived first: a crash in between leaves it in both, never neither
+                # Archived first: a crash in between leaves it in both, never neither.
+                await self.archive.put_finished(done)
                 self.unprojected.pop(done.job_id, None)  # its key is purged below: never written back
             # Purged, not deleted: a delete leaves a marker per key, which every read of the hot view would still walk
             # through (20,000 markers after 20,000 jobs); a purge of the key's subject leaves nothing.

@@ -132,7 +132,8 @@ class Registry:
         self.max_payload = max_payload
         self.records: dict[str, NodeRecord] = {}  # the working set: every node as the registry knows it now
         self.stored: dict[str, NodeRecord] = {}  # what the bucket holds, as last written or read
-        self.stored_beat: dict[str, float] = {}  # node → the heartbeat time the `node_heartbeats` bucket holds
+        # node → the newest heartbeat time stored in either bucket (a record written on change carries its time too)
+        self.persisted_beat: dict[str, float] = {}
         self.newest_beat: dict[str, float] = {}  # node → the `ts` (node's clock) of the newest heartbeat folded
         self.ready = asyncio.Event()
         self._locks: dict[str, asyncio.Lock] = {}
@@ -146,11 +147,11 @@ class Registry:
         `persist_heartbeat_s` old, and a restart must not declare anyone lost for that."""
         now = self.clock()
         store = self._store()
-        self.stored_beat = await store.load_beats()
+        self.persisted_beat = await store.load_beats()
         for rec in await store.load():
             node = rec.topology.node
             self.stored[node] = rec
-            seen = max(rec.last_heartbeat, self.stored_beat.get(node, 0.0))
+            seen = self.persisted_beat[node] = max(rec.last_heartbeat, self.persisted_beat.get(node, 0.0))
             rec = rec.model_copy(update={"last_heartbeat": seen if rec.status == "lost" else max(seen, now)})
             self.records.setdefault(node, rec)
         self.ready.set()
@@ -167,10 +168,11 @@ class Registry:
                     latest = self.records[node]
                     await self._store().put(latest)
                     self.stored[node] = latest
+                    self.persisted_beat[node] = max(self.persisted_beat.get(node, 0.0), latest.last_heartbeat)
                 if self._beat_due(node):
                     ts = self.records[node].last_heartbeat
                     await self._store().put_beat(node, ts)
-                    self.stored_beat[node] = ts
+                    self.persisted_beat[node] = ts
         if before is None or summary_changed(before, rec):
             await self.announce(rec, before, reason)
 
@@ -179,10 +181,9 @@ class Registry:
         return stored is None or record_changed(stored, rec)
 
     def _beat_due(self, node: str) -> bool:
-        """Whether the node's heartbeat time is old enough in the `node_heartbeats` bucket to persist again."""
-        rec = self.records[node]
-        stored = max(self.stored_beat.get(node, 0.0), self.stored[node].last_heartbeat if node in self.stored else 0.0)
-        return heartbeat_due(stored, rec.last_heartbeat, self.settings.persist_heartbeat_s)
+        """Whether the node's heartbeat time is old enough in the store to persist again (in `node_heartbeats`)."""
+        stored = self.persisted_beat.get(node, 0.0)
+        return heartbeat_due(stored, self.records[node].last_heartbeat, self.settings.persist_heartbeat_s)
 
     async def announce(self, rec: NodeRecord, before: NodeRecord | None, reason: str) -> None:
         if self.publish is None:
