@@ -1,0 +1,138 @@
+"""Variants of the live FGD policy on the FGD protocol (openb, 130% demand): does any of them place more GPUs?
+
+The live policy (`placement: fgd`, run here through `oneplus_sim.fgd_live.run_live`, as `oneplus sim fgd --policy
+oneplus` runs it) sorts the nodes for a whole-GPU pod by FGD's score in whole points, then an untouched node last,
+then the ring, then the seed's node order. Each variant below changes one thing, for this process only:
+
+- tie-breaks among nodes of equal score (after "untouched last"):
+  `tightest`: fewest whole GPUs left after the pod; `tightest-multi`: the same for pods of two GPUs or more only;
+  `exact`: the least exact (unrounded) growth of fragmentation; `least-idle`: fewest milli-GPUs left after;
+- the typical pods FGD measures fragmentation against (the paper weighs each shape by how many pods have it):
+  `weight-gpus`: by the GPUs its pods ask; `weight-sqrt`: by the square root of that; `popularity-100`: every
+  shape, not the most frequent ones covering 95% of pods.
+
+None of these is in the product: the script swaps the fitter's sort key or the typical pods around each run. It
+prints one JSON line a variant and pod list (mean `gpu_alloc_pct` over the seeds, and each seed's) and writes them
+all to `--out`. About 5 s a seed and variant on the multi-GPU lists.
+
+    uv run python bench/fgd_variants.py --pods multigpu40,multigpu50 --seeds 0-9 --out bench/results/fgd_variants.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import statistics
+import time
+from collections.abc import Callable, Iterator, Sequence
+from pathlib import Path
+from typing import Any
+
+import oneplus_sim.fgd_live as fgd_live
+from benchkit import git_commit
+from oneplus_placement.fgd import WorkloadShape, after, typical_shapes
+from oneplus_placement.fitters import FgdState, FgdWholeGpuFitter
+from oneplus_placement.snapshot import FULL_SHARE
+from oneplus_sim.fgd import Pod, PodRes, load_nodes, load_pods, parse_seeds, typical_pods
+
+ROOT = Path(__file__).resolve().parents[1]
+OPENB = ROOT / "data/traces/openb"
+
+TIE_BREAKS = ("tightest", "tightest-multi", "exact", "least-idle")
+WEIGHTS = ("weight-gpus", "weight-sqrt", "popularity-100")
+VARIANTS = ("live", *TIE_BREAKS, *WEIGHTS)
+
+
+def tie_break_fit(variant: str) -> Callable[[FgdWholeGpuFitter, int, int], tuple[float, ...]]:
+    """`FgdWholeGpuFitter.fit_part` with one more key after "untouched last"."""
+
+    def fit_part(self: FgdWholeGpuFitter, i: int, units: int) -> tuple[float, ...]:
+        state = FgdState(self, self.meter, i)
+        n = units * self.req.unit_gpus
+        cpus = units * self.req.unit_cpus
+        left_after = after(tuple(sorted(state.left, reverse=True)), WorkloadShape(0, FULL_SHARE, n))[0]
+        ideal, _ = self.layout.slots[i].shape.fit(self.snap.free[i], n, self.req.group)
+        extra: float
+        if variant == "tightest" or (variant == "tightest-multi" and n >= 2):
+            extra = sum(1 for x in left_after if x == FULL_SHARE)
+        elif variant == "exact":
+            extra = state.growth(left_after, cpus)
+        elif variant == "least-idle":
+            extra = sum(left_after)
+        else:
+            extra = 0
+        return (*self.board_key(i, units), state.score(left_after, cpus), state.untouched, extra, ideal)
+
+    return fit_part
+
+
+def weighted_typical(variant: str) -> Callable[[Sequence[Pod]], list[tuple[PodRes, float]]]:
+    def typical(pods: Sequence[Pod]) -> list[tuple[PodRes, float]]:
+        if variant == "popularity-100":
+            return typical_shapes((p.res for p in pods), 100.0)
+        power = 1.0 if variant == "weight-gpus" else 0.5
+        # A CPU-only shape asks no GPU, so a weight by GPUs leaves it out.
+        weighted = [(s, f * (s.total_milli / FULL_SHARE) ** power) for s, f in typical_pods(pods) if s.total_milli]
+        total = sum(w for _, w in weighted)
+        return [(s, w / total) for s, w in weighted]
+
+    return typical
+
+
+@contextlib.contextmanager
+def variant_in_force(variant: str) -> Iterator[None]:
+    # Patched by name: the variants are a measurement, not a policy the product offers.
+    saved = {(FgdWholeGpuFitter, "fit_part"), (fgd_live, "typical_pods")}
+    originals = {(owner, name): getattr(owner, name) for owner, name in saved}
+    if variant in TIE_BREAKS:
+        setattr(FgdWholeGpuFitter, "fit_part", tie_break_fit(variant))  # noqa: B010
+    elif variant in WEIGHTS:
+        setattr(fgd_live, "typical_pods", weighted_typical(variant))  # noqa: B010
+    try:
+        yield
+    finally:
+        for (owner, name), value in originals.items():
+            setattr(owner, name, value)
+
+
+def run(variant: str, pod_list: str, seeds: Sequence[int], demand: float) -> dict[str, Any]:
+    nodes = load_nodes(OPENB / "openb_node_list_gpu_node.csv")
+    pods = load_pods(OPENB / f"openb_pod_list_{pod_list}.csv")
+    t0 = time.monotonic()
+    with variant_in_force(variant):
+        per_seed = [fgd_live.run_live(nodes, pods, s, demand).alloc_at(100 * demand) for s in seeds]
+    return {
+        "variant": variant,
+        "pods": pod_list,
+        "seeds": list(seeds),
+        "gpu_alloc_pct": round(statistics.mean(per_seed), 3),
+        "per_seed": [round(v, 3) for v in per_seed],
+        "wall_s": round(time.monotonic() - t0, 1),
+    }
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--pods", default="multigpu40,multigpu50", help="openb pod lists (the NN of openb_pod_list_NN)")
+    ap.add_argument("--seeds", default="0-9")
+    ap.add_argument("--variants", default=",".join(VARIANTS), help=f"of {', '.join(VARIANTS)}")
+    ap.add_argument("--demand", type=float, default=1.3)
+    ap.add_argument("--out", type=Path, default=ROOT / "bench/results/fgd_variants.json")
+    args = ap.parse_args()
+    variants = args.variants.split(",")
+    unknown = sorted(set(variants) - set(VARIANTS))
+    if unknown:
+        ap.error(f"unknown variant(s) {', '.join(unknown)}; choose from {', '.join(VARIANTS)}")
+    rows = []
+    for pod_list in args.pods.split(","):
+        for variant in variants:
+            row = run(variant, pod_list, parse_seeds(args.seeds), args.demand)
+            print(json.dumps(row), flush=True)
+            rows.append(row)
+    args.out.write_text(json.dumps({"commit": git_commit(), "demand": args.demand, "runs": rows}, indent=1) + "\n")
+    print(f"wrote {args.out}")
+
+
+if __name__ == "__main__":
+    main()
