@@ -45,24 +45,22 @@ VARIANTS = ("live", *TIE_BREAKS, *WEIGHTS)
 
 
 def tie_break_fit(variant: str) -> Callable[[FgdWholeGpuFitter, int, int], tuple[float, ...]]:
-    """`FgdWholeGpuFitter.fit_part` with one more key after "untouched last"."""
+    """The live `FgdWholeGpuFitter.fit_part`, with one more key after "untouched last" (its last key is the ring)."""
+    live = FgdWholeGpuFitter.fit_part
 
     def fit_part(self: FgdWholeGpuFitter, i: int, units: int) -> tuple[float, ...]:
+        key = live(self, i, units)
         state = FgdState(self, self.meter, i)
         n = units * self.req.unit_gpus
-        cpus = units * self.req.unit_cpus
         left_after = after(tuple(sorted(state.left, reverse=True)), WorkloadShape(0, FULL_SHARE, n))[0]
-        ideal, _ = self.layout.slots[i].shape.fit(self.snap.free[i], n, self.req.group)
-        extra: float
+        extra: float = 0
         if variant == "tightest" or (variant == "tightest-multi" and n >= 2):
             extra = sum(1 for x in left_after if x == FULL_SHARE)
         elif variant == "exact":
-            extra = state.growth(left_after, cpus)
+            extra = state.growth(left_after, units * self.req.unit_cpus)
         elif variant == "least-idle":
             extra = sum(left_after)
-        else:
-            extra = 0
-        return (*self.board_key(i, units), state.score(left_after, cpus), state.untouched, extra, ideal)
+        return (*key[:-1], extra, key[-1])
 
     return fit_part
 
@@ -83,8 +81,8 @@ def weighted_typical(variant: str) -> Callable[[Sequence[Pod]], list[tuple[PodRe
 @contextlib.contextmanager
 def variant_in_force(variant: str) -> Iterator[None]:
     # Patched by name: the variants are a measurement, not a policy the product offers.
-    saved = {(FgdWholeGpuFitter, "fit_part"), (fgd_live, "typical_pods")}
-    originals = {(owner, name): getattr(owner, name) for owner, name in saved}
+    targets = ((FgdWholeGpuFitter, "fit_part"), (fgd_live, "typical_pods"))
+    originals = [(owner, name, getattr(owner, name)) for owner, name in targets]
     if variant in TIE_BREAKS:
         setattr(FgdWholeGpuFitter, "fit_part", tie_break_fit(variant))  # noqa: B010
     elif variant in WEIGHTS:
@@ -92,7 +90,7 @@ def variant_in_force(variant: str) -> Iterator[None]:
     try:
         yield
     finally:
-        for (owner, name), value in originals.items():
+        for owner, name, value in originals:
             setattr(owner, name, value)
 
 
