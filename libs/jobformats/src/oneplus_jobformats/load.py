@@ -43,8 +43,7 @@ def load_job_document(text: str, *, filename: str = "<stdin>", submit_dir: str |
     docs = _parse_documents(stripped, filename)
     if len(docs) > 1:
         return translate_documents(docs, filename=filename)
-    document = parse_mapping(stripped, filename=filename)
-    return translate_mapping(document, filename=filename)
+    return translate_mapping(_one_mapping(docs, filename), filename=filename)  # parsed once, not again
 
 
 def translate_documents(docs: list[Any], *, filename: str) -> Translation:
@@ -103,7 +102,10 @@ def parse_mapping(text: str, *, filename: str) -> dict[str, Any]:
     """JSON or YAML text holding exactly one mapping."""
     if not text.strip():
         raise JobFormatError("the document is empty", filename=filename)
-    docs = _parse_documents(text, filename)
+    return _one_mapping(_parse_documents(text, filename), filename)
+
+
+def _one_mapping(docs: list[Any], filename: str) -> dict[str, Any]:
     if len(docs) > 1:
         raise JobFormatError(f"holds {len(docs)} YAML documents; submit one job per file", filename=filename)
     document = docs[0] if docs else None
