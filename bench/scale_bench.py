@@ -29,7 +29,9 @@ level (`--history`, default 0,20000,100000): for each level, in order,
    - CPU seconds used by every process (services, fleet, nats-server, redis-server, this benchmark) per phase:
      where the time goes;
    - a speed probe just before and after the burst (`speed_probe_ms`: a fixed pure-Python loop, the median of five
-     runs): a shared machine's CPU speed swings, and the burst's CPU a gang with it.
+     runs): a shared machine's CPU speed swings, and the burst's CPU a gang with it;
+   - what crossed the broker during the burst, a gang (`broker`, from nats-server's monitoring port): messages and
+     KB in and out, and by client (each service's connection, this benchmark's unnamed one).
    Every measurement job has finished before the next level starts.
 
 Prints a table and writes bench/results/scale.json (after every level, so a failed run keeps what it measured).
@@ -261,6 +263,65 @@ class CpuPhase:
         row: Row = {"wall_s": round(wall, 2), "cpu_s": dict(sorted(used.items(), key=lambda kv: -kv[1]))}
         if self.logs is not None:
             row["logs"] = self.logs.since_mark()
+        return row
+
+
+class BrokerCount:
+    """Messages and bytes that crossed nats-server between `__init__` and `stop`: all of them (/varz: `in` is what
+    clients published, `out` what the server delivered, JetStream's acks and replies included) and by client
+    (/connz, the connections open at both ends, summed by connection name). Needs the server's monitoring port."""
+
+    def __init__(self, url: str | None) -> None:
+        self.url = url
+        self.v0 = self._varz()
+        self.c0 = self._conns()
+
+    def _get(self, path: str) -> dict[str, Any]:
+        assert self.url is not None
+        with urllib.request.urlopen(self.url + path, timeout=5) as resp:
+            doc: dict[str, Any] = json.load(resp)
+        return doc
+
+    def _varz(self) -> dict[str, int]:
+        if self.url is None:
+            return {}
+        v = self._get("/varz")
+        return {k: int(v[k]) for k in ("in_msgs", "out_msgs", "in_bytes", "out_bytes")}
+
+    def _conns(self) -> dict[int, tuple[str, int, int, int, int]]:
+        if self.url is None:
+            return {}
+        return {
+            int(c["cid"]): (c.get("name") or "unnamed", c["in_msgs"], c["out_msgs"], c["in_bytes"], c["out_bytes"])
+            for c in self._get("/connz?limit=4096")["connections"]
+        }
+
+    def stop(self, gangs: int) -> Row | None:
+        if self.url is None or gangs <= 0:
+            return None
+        v1, c1 = self._varz(), self._conns()
+        row: Row = {
+            "msgs_in_per_gang": round((v1["in_msgs"] - self.v0["in_msgs"]) / gangs, 2),
+            "msgs_out_per_gang": round((v1["out_msgs"] - self.v0["out_msgs"]) / gangs, 2),
+            "kb_in_per_gang": round((v1["in_bytes"] - self.v0["in_bytes"]) / gangs / 1024, 2),
+            "kb_out_per_gang": round((v1["out_bytes"] - self.v0["out_bytes"]) / gangs / 1024, 2),
+        }
+        by: dict[str, list[int]] = {}
+        for cid, (name, *after) in c1.items():
+            if cid in self.c0:
+                sums = by.setdefault(name, [0, 0, 0, 0])
+                for i, (a, b) in enumerate(zip(after, self.c0[cid][1:], strict=True)):
+                    sums[i] += a - b
+        row["by_client"] = {
+            name: {
+                "published_per_gang": round(d[0] / gangs, 2),
+                "delivered_per_gang": round(d[1] / gangs, 2),
+                "kb_published_per_gang": round(d[2] / gangs / 1024, 2),
+                "kb_delivered_per_gang": round(d[3] / gangs / 1024, 2),
+            }
+            for name, d in sorted(by.items(), key=lambda kv: -(kv[1][0] + kv[1][1]))
+            if d[0] + d[1] > 0
+        }
         return row
 
 
@@ -753,9 +814,11 @@ async def run(servers: EmbeddedServers, plat: Platform, args: argparse.Namespace
             await settle(js, 30)
 
             probe_before = speed_probe_ms()
+            broker = BrokerCount(servers.monitor_url)
             phase = CpuPhase(procs, logs)
             row["burst"], burst_ids = await burst(c, watch, args, f"{tag}-{target}")
             row["burst"] |= phase.stop()
+            row["burst"]["broker"] = broker.stop(args.burst)
             row["burst"]["speed_probe_ms"] = [probe_before, speed_probe_ms()]
             shape = row["burst"].pop("placed_per_second", [])
             print(f"  burst: {json.dumps(row['burst'])}", flush=True)
@@ -1048,7 +1111,7 @@ def main() -> None:
         "cli_startup_no_bytecode_cache_s": cli_startup(None) if args.cli_pycache else None,
         "levels": [],
     }
-    servers = EmbeddedServers().start()
+    servers = EmbeddedServers(monitor=True).start()  # the broker's counts of each burst (BrokerCount)
     logdir = servers.workdir / "logs"
     plat = Platform(
         servers.nats_url,

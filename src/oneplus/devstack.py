@@ -151,10 +151,18 @@ class EmbeddedServers:
     procs: list[subprocess.Popen[bytes]] = field(default_factory=list)
     nats_proc: subprocess.Popen[bytes] | None = field(default=None, repr=False)
     redis_proc: subprocess.Popen[bytes] | None = field(default=None, repr=False)
+    # nats-server's HTTP monitoring (/varz, /connz, /jsz) on a free loopback port: messages and bytes by client,
+    # which benchmarks read to count what crosses the broker. Off unless asked for.
+    monitor: bool = False
+    monitor_port: int = 0
 
     @property
     def nats_url(self) -> str:
         return f"nats://127.0.0.1:{self.nats_port}"
+
+    @property
+    def monitor_url(self) -> str | None:
+        return f"http://127.0.0.1:{self.monitor_port}" if self.monitor_port else None
 
     @property
     def redis_url(self) -> str:
@@ -164,6 +172,8 @@ class EmbeddedServers:
         self.workdir.mkdir(parents=True, exist_ok=True)
         self.nats_port = self.nats_port or free_port()
         self.redis_port = self.redis_port or free_port()
+        if self.monitor:
+            self.monitor_port = self.monitor_port or free_port()
         nats = self._spawn_nats()
         redis = self._spawn_redis()
         wait_port(self.nats_port, proc=nats)
@@ -171,10 +181,11 @@ class EmbeddedServers:
         return self
 
     def _spawn_nats(self) -> subprocess.Popen[bytes]:
-        nats = spawn(
-            [find_nats_server(), "-a", "127.0.0.1", "-p", str(self.nats_port), "-js", "-sd", str(self.workdir / "js")],
-            self.workdir / "nats-server.log",
-        )
+        argv = [find_nats_server(), "-a", "127.0.0.1", "-p", str(self.nats_port), "-js"]
+        argv += ["-sd", str(self.workdir / "js")]
+        if self.monitor_port:
+            argv += ["-m", str(self.monitor_port)]  # nats-server binds it to the -a address: loopback only
+        nats = spawn(argv, self.workdir / "nats-server.log")
         self.procs.append(nats)
         self.nats_proc = nats
         return nats
