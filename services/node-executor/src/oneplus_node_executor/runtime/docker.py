@@ -55,6 +55,17 @@ LAUNCHER_POLL_S = 0.5  # how often the launcher's node looks for the launcher un
 LAUNCHER_STOP_GRACE_S = 5.0  # SIGTERM → SIGKILL for the workers once their launcher has ended
 
 
+# Podman before 4.4 (Debian 12 ships 4.3) fails a whole listing with 500 "read /proc/<pid>/cgroup: no such process"
+# when a container's process exits while it is listed (containers/podman#16383, fixed by #16504): a race, not an
+# engine fault, that CI met once in a rank's restart test. The listing is asked again; Docker never answers so.
+LIST_RACE_TRIES = 3
+LIST_RACE_PAUSE_S = 0.05
+
+
+def listing_raced_an_exit(e: aiodocker.DockerError) -> bool:
+    return e.status == 500 and "no such process" in str(e.message)
+
+
 @dataclass(frozen=True)
 class RankContainer:
     """One of our containers, as the engine lists it."""
@@ -140,8 +151,16 @@ class DockerRuntime:
             labels.append(f"{LABEL_JOB}={job_id}")
         if self.node is not None:
             labels.append(f"{LABEL_NODE}={self.node}")
-        async with self._engine("listing containers") as docker:
-            found = await docker.containers.list(all=True, filters=json.dumps({"label": labels}))
+        filters = json.dumps({"label": labels})
+        for attempt in range(LIST_RACE_TRIES):
+            try:
+                async with self._engine("listing containers") as docker:
+                    found = await docker.containers.list(all=True, filters=filters)
+                break
+            except aiodocker.DockerError as e:
+                if not listing_raced_an_exit(e) or attempt == LIST_RACE_TRIES - 1:
+                    raise
+                await asyncio.sleep(LIST_RACE_PAUSE_S)  # the container's exit is done: the next listing reads it
         out: list[RankContainer] = []
         for c in found:
             info: dict[str, Any] = c._container
