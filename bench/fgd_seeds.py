@@ -62,6 +62,7 @@ def main() -> None:
     policies = sorted(set.intersection(*(set(r["policies"]) for r in reports)))
     out: dict[str, Any] = {"pods": pod_list, "demand_pct": demand, "published_fgd": published_fgd(pod_list, demand)}
     by_policy = {p: pooled(reports, p) for p in policies}
+    base = by_policy.get(args.against)
     for policy, seeds in by_policy.items():
         order = sorted(seeds)
         blocks = [
@@ -75,7 +76,6 @@ def main() -> None:
                 "min": round(min(blocks), 3),
                 "max": round(max(blocks), 3),
             }
-        base = by_policy.get(args.against)
         if base is not None and policy != args.against:
             common = sorted(set(seeds) & set(base))
             diff = summary([seeds[s] - base[s] for s in common])
