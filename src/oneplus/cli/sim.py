@@ -180,6 +180,14 @@ def fgd(
     demand: Annotated[float, typer.Option(help="Inflate requested GPUs to this share of capacity")] = 1.3,
     seeds: Annotated[str, typer.Option(help="FIRST-LAST or a comma list")] = "42-51",
     policy: Annotated[str, typer.Option(help=f"Comma list of {', '.join(SCORERS)}")] = "oneplus,fgd,bestfit,random",
+    arrivals: Annotated[
+        Path | None,
+        typer.Option(
+            help="Replay the reference simulator's own workloads for these seeds (a file of bench/fgd_reference, "
+            "e.g. data/traces/openb/reference_arrivals/openb_pod_list_default_42-51.jsonl.gz) instead of drawing "
+            "them with Python's random streams"
+        ),
+    ] = None,
 ) -> None:
     """The FGD protocol: pods arrive until `demand` x capacity was asked for; GPU allocation and fragmentation."""
     from oneplus_sim.fgd import FgdInputError, parse_seeds, run_protocol
@@ -199,13 +207,14 @@ def fgd(
                 if done % 200 == 0 or done == total:
                     bar.update(tasks[(name, s)], completed=done)
 
-            report = run_protocol(nodes, pods, names, seed_list, demand, on_pod=tick)
+            report = run_protocol(nodes, pods, names, seed_list, demand, on_pod=tick, arrivals=arrivals)
     except FgdInputError as e:
         raise _fail(str(e)) from None
     per_policy: dict[str, dict[str, Any]] = report["policies"]  # type: ignore[assignment]
     report = {"gpu_alloc_pct": per_policy[names[0]]["gpu_alloc_pct"], "policy": names[0], **report}
     _write_json(json_out, report)
-    t = Table(title=f"FGD protocol at {demand:.0%} demand, seeds {seeds}")
+    drawn = "the reference's workloads" if arrivals is not None else "workloads drawn here"
+    t = Table(title=f"FGD protocol at {demand:.0%} demand, seeds {seeds}, {drawn}")
     t.add_column("policy")
     t.add_column("gpu_alloc_pct", justify="right")
     t.add_column("failed pods (mean)", justify="right")

@@ -10,7 +10,9 @@ Read from hkust-adsl/kubernetes-scheduler-simulator @8f3d6417 and re-implemented
   name with a seeded random permutation index, so ties follow one random node order per seed (its selectHost).
 - allocation ratio = allocated GPU milli / capacity; the figure at 130% is the mean over the pod events whose
   arrived demand rounds to 130% (the reference's analysis_allo_discrete); fragmentation = frag milli / idle milli.
-The random number streams differ from Go's, so single seeds differ; means over seeds are what compare.
+Python's random streams draw other workloads than Go's for the same seed, so single seeds differ and means over
+seeds are what compare; `oneplus_sim.fgd_reference` loads the reference's own draws (bench/fgd_reference), and a run
+given one of those (`Workload`) replays exactly the pods, order and node names behind a published per-seed result.
 """
 
 from __future__ import annotations
@@ -378,6 +380,34 @@ def workload(pods: Sequence[Pod], capacity_milli: int, demand: float, rng: rando
         i += 1
 
 
+@dataclass(frozen=True)
+class Workload:
+    """One seed's arrivals and node order: `node_rank[i]` is node i's place among nodes of equal score (the
+    reference's random name prefix). `source` says who drew it: "python" (`draw_workload`) or "reference"."""
+
+    seed: int
+    arrivals: tuple[Pod, ...]
+    node_rank: tuple[int, ...]
+    source: str = "python"
+
+
+def draw_workload(
+    nodes: Sequence[Node], pods: Sequence[Pod], seed: int, demand: float, rng: random.Random | None = None
+) -> Workload:
+    """The seed's workload from Python's random streams (`rng`, seeded with `seed` when not given): the node order
+    first, then the arrivals."""
+    rng = random.Random(seed) if rng is None else rng
+    rank_of = list(range(len(nodes)))
+    rng.shuffle(rank_of)
+    arrivals = workload(pods, sum(n.n_gpu for n in nodes) * MILLI, demand, rng)
+    return Workload(seed, tuple(arrivals), tuple(rank_of))
+
+
+def check_workload(nodes: Sequence[Node], work: Workload) -> None:
+    if sorted(work.node_rank) != list(range(len(nodes))):
+        raise FgdInputError(f"seed {work.seed}: the node order does not rank the {len(nodes)} nodes of this list")
+
+
 def run_fgd(
     nodes: Sequence[Node],
     pods: Sequence[Pod],
@@ -385,23 +415,26 @@ def run_fgd(
     seed: int,
     demand: float = 1.3,
     on_pod: Callable[[int, int], None] | None = None,
+    work: Workload | None = None,
 ) -> FgdRun:
+    """One policy on one seed's workload: `work`, or the one Python's streams draw for `seed`."""
     if policy not in POLICIES:
         raise FgdInputError(f"unknown FGD policy {policy!r}; choose from {', '.join(POLICIES)}")
     if demand <= 0:
         raise FgdInputError(f"--demand must be > 0, got {demand}")
     if not pods:
         raise FgdInputError("no pods to replay: the pod list has no rows")
+    if work is not None:
+        check_workload(nodes, work)
     if policy == LIVE_POLICY:
         from .fgd_live import run_live  # it builds on this module
 
-        return run_live(nodes, pods, seed, demand, on_pod)
+        return run_live(nodes, pods, seed, demand, on_pod, work)
     rng = random.Random(seed)
     capacity = sum(n.n_gpu for n in nodes) * MILLI
+    drawn = draw_workload(nodes, pods, seed, demand, rng) if work is None else work
     # The reference names nodes "<random permutation index>-<name>" and breaks score ties by the smallest name.
-    rank_of = list(range(len(nodes)))
-    rng.shuffle(rank_of)
-    arrivals = workload(pods, capacity, demand, rng)
+    rank_of, arrivals = list(drawn.node_rank), drawn.arrivals
     meter = FragMeter(typical_pods(pods))
     scorer = SCORERS[policy](meter, random.Random(f"{seed}/gpu"))
     states = [NodeState(n, n.cpu, n.memory, [MILLI] * n.n_gpu, keep_tags=scorer.uses_tags) for n in nodes]
@@ -510,17 +543,27 @@ def run_protocol(
     seeds: Sequence[int],
     demand: float = 1.3,
     on_pod: Callable[[str, int, int, int], None] | None = None,
+    arrivals: Path | str | None = None,
 ) -> dict[str, object]:
-    """Every policy on every seed; per policy the mean allocation at `demand` and the mean series along the way."""
+    """Every policy on every seed; per policy the mean allocation at `demand` and the mean series along the way.
+    With `arrivals` (a file of `bench/fgd_reference`), each seed's workload is the reference's own draw."""
     nodes, pods = load_nodes(nodes_path), load_pods(pods_path)
     if not seeds:
         raise FgdInputError("at least one seed is needed")
+    works: dict[int, Workload] = {}
+    if arrivals is not None:
+        from .fgd_reference import load_reference_workloads  # it builds on this module
+
+        works = load_reference_workloads(arrivals, nodes_path, pods_path, nodes, pods, demand)
+        missing = [s for s in seeds if s not in works]
+        if missing:
+            raise FgdInputError(f"{arrivals}: has no workload for seed(s) {missing}; it has {sorted(works)}")
     out: dict[str, object] = {}
     for policy in policies:
         runs = []
         for seed in seeds:
             cb = (lambda done, total, _p=policy, _s=seed: on_pod(_p, _s, done, total)) if on_pod else None
-            runs.append(run_fgd(nodes, pods, policy, seed, demand, cb))
+            runs.append(run_fgd(nodes, pods, policy, seed, demand, cb, works.get(seed)))
         per_seed = {str(r.seed): round(r.alloc_at(100 * demand), 3) for r in runs}
         out[policy] = {
             "gpu_alloc_pct": round(sum(per_seed.values()) / len(per_seed), 3),
@@ -536,6 +579,7 @@ def run_protocol(
         "capacity_gpus": sum(n.n_gpu for n in nodes),
         "demand": demand,
         "seeds": list(seeds),
+        "workloads": f"the reference's own draws, from {arrivals}" if arrivals else "drawn by Python's random streams",
         "typical_pods": len(typical_pods(pods)),
         "policies": out,
     }

@@ -6,12 +6,12 @@ Each pod with GPUs becomes a one-rank `JobSpec` (whole GPUs, or a share of one) 
 nodes (each one PCIe domain, 32 per leaf, as `oneplus sim run` loads them): the fitters, tie-breaks and GPU choice
 are the live solver's (`fitters.FgdWholeGpuFitter`, `fitters.FgdShareFitter`). The protocol keeps what the platform
 does not schedule: CPU-only pods, placed by FGD's score with the same tie-break (an untouched node last, then the
-fixed node order of the seed). The seed draws the arrivals exactly as for every other policy.
+fixed node order of the seed). The seed draws the arrivals exactly as for every other policy, or a `Workload`
+(the reference's own draw, `oneplus_sim.fgd_reference`) gives them.
 """
 
 from __future__ import annotations
 
-import random
 from collections.abc import Callable, Sequence
 
 from oneplus_contracts import Allocation, JobSpec, RankPlacement
@@ -22,7 +22,7 @@ from oneplus_placement.greedy import place_gang
 from oneplus_placement.snapshot import ClusterState
 
 from .cluster import openb_cluster
-from .fgd import LIVE_POLICY, MILLI, FgdRun, Node, Pod, PodRes, typical_pods, workload
+from .fgd import LIVE_POLICY, MILLI, FgdRun, Node, Pod, PodRes, Workload, draw_workload, typical_pods
 
 
 class OpenbState:
@@ -90,11 +90,20 @@ def run_live(
     seed: int,
     demand: float,
     on_pod: Callable[[int, int], None] | None = None,
+    work: Workload | None = None,
 ) -> FgdRun:
-    rng = random.Random(seed)
+    """The live policy on one seed's workload. Drawn here (`work` None), the nodes keep the list's order and ties
+    follow the seed's fixed order (`fitters.tie_break`), as in the solver. Given a workload, the cluster lists its
+    nodes in the workload's node order (the reference's names, sorted) and ties keep that order (seed 0): the same
+    order FGD's ties follow on that workload."""
     capacity = sum(n.n_gpu for n in nodes) * MILLI
-    rng.shuffle(list(range(len(nodes))))  # the reference's node naming: drawn so the arrivals match other policies
-    arrivals = workload(pods, capacity, demand, rng)
+    tie_seed = seed
+    if work is None:
+        # The reference's node naming is drawn (and unused) so that the arrivals match the other policies'.
+        arrivals: Sequence[Pod] = draw_workload(nodes, pods, seed, demand).arrivals
+    else:
+        arrivals, tie_seed = work.arrivals, 0
+        nodes = [nodes[i] for i in sorted(range(len(nodes)), key=lambda i: work.node_rank[i])]
     meter = FragMeter(typical_pods(pods))
     cluster = OpenbState(nodes, meter)
     indexes = CapacityIndexes()
@@ -107,9 +116,9 @@ def run_live(
         if pod.res.milli:
             key = (pod.res, pod.memory)
             spec = specs.get(key) or specs.setdefault(key, pod_spec(pod))
-            alloc = place_gang(cluster.state, spec, seed=seed, fgd=meter, indexes=indexes).allocation
+            alloc = place_gang(cluster.state, spec, seed=tie_seed, fgd=meter, indexes=indexes).allocation
         else:
-            i = place_cpu_pod(cluster, pod, seed)
+            i = place_cpu_pod(cluster, pod, tie_seed)
             if i is not None:
                 node = cluster.state.layout.slots[i].name
                 rank = RankPlacement(rank=0, node=node, gpus=[], cpus=pod.res.cpu / 1000, memory_mb=pod.memory)

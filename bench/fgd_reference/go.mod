@@ -1,0 +1,3 @@
+module oneplus/bench/fgd_reference
+
+go 1.19

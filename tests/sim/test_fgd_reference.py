@@ -1,0 +1,150 @@
+"""The reference simulator's own FGD workloads (`oneplus_sim.fgd_reference`, `oneplus sim fgd --arrivals`)."""
+
+from __future__ import annotations
+
+import csv
+import gzip
+import hashlib
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+from oneplus_sim.fgd import FgdInputError, load_nodes, load_pods, run_fgd, run_protocol
+from oneplus_sim.fgd_reference import load_reference_workloads
+from typer.testing import CliRunner
+
+from oneplus.cli.sim import app
+
+OPENB = Path(__file__).resolve().parents[2] / "data" / "traces" / "openb"
+NODES = "sn,cpu_milli,memory_mib,gpu,model\n"
+PODS = "name,cpu_milli,memory_mib,num_gpu,gpu_milli\n"
+
+
+def published(workload: str, seed: int, policy: str = "06-FGD") -> float:
+    with (OPENB / "FGD_published_per_seed.csv").open(newline="") as fh:
+        for row in csv.DictReader(fh):
+            if (row["workload"], row["sc_policy"], int(row["seed"])) == (f"openb_pod_list_{workload}", policy, seed):
+                return float(row["gpu_alloc_pct_130"])
+    raise KeyError((workload, seed, policy))
+
+
+@pytest.mark.parametrize(("workload", "seed"), [("multigpu40", 42), ("multigpu40", 47), ("default", 45)])
+def test_fgd_on_the_reference_workload_gives_the_published_result_of_that_seed(workload: str, seed: int) -> None:
+    nodes_path, pods_path = OPENB / "openb_node_list_gpu_node.csv", OPENB / f"openb_pod_list_{workload}.csv"
+    nodes, pods = load_nodes(nodes_path), load_pods(pods_path)
+    arrivals = OPENB / "reference_arrivals" / f"openb_pod_list_{workload}_42-51.jsonl.gz"
+    work = load_reference_workloads(arrivals, nodes_path, pods_path, nodes, pods, 1.3)[seed]
+    assert work.source == "reference" and sorted(work.node_rank) == list(range(len(nodes)))
+    # The reference prints its results to two decimals: the same pods, order and node names give the same figure.
+    assert run_fgd(nodes, pods, "fgd", seed, work=work).alloc_at(130) == pytest.approx(
+        published(workload, seed), abs=0.006
+    )
+
+
+def write_lists(tmp: Path) -> tuple[Path, Path]:
+    nodes = tmp / "n.csv"
+    nodes.write_text(NODES + "a,32000,65536,2,T4\nb,32000,65536,2,T4\n")
+    pods = tmp / "p.csv"
+    pods.write_text(PODS + "p0,1000,1024,1,1000\np1,1000,1024,2,1000\n")
+    return nodes, pods
+
+
+def sha(p: Path) -> str:
+    return hashlib.sha256(p.read_bytes()).hexdigest()
+
+
+def arrivals_file(tmp: Path, nodes: Path, pods: Path, seeds: list[dict[str, Any]], **head: Any) -> Path:
+    header = {"pods": pods.name, "pods_sha256": sha(pods), "nodes": nodes.name, "nodes_sha256": sha(nodes)}
+    header["demand"] = 1.3
+    header.update(head)
+    path = tmp / "arrivals.jsonl.gz"
+    path.write_bytes(gzip.compress("\n".join(json.dumps(x) for x in [header, *seeds]).encode()))
+    return path
+
+
+def test_a_replay_takes_the_files_pods_in_order_with_tuned_copies_named_as_the_reference_names_them(
+    tmp_path: Path,
+) -> None:
+    nodes_path, pods_path = write_lists(tmp_path)
+    seed = {"seed": 7, "arrivals": [1, 0, 0, 0], "originals": 2, "node_rank": [1, 0]}
+    path = arrivals_file(tmp_path, nodes_path, pods_path, [seed])
+    nodes, pods = load_nodes(nodes_path), load_pods(pods_path)
+    work = load_reference_workloads(path, nodes_path, pods_path, nodes, pods, 1.3)[7]
+    assert [p.name for p in work.arrivals] == ["p1", "p0", "p0-tuned-0", "p0-tuned-1"]
+    assert work.node_rank == (1, 0)
+
+
+@pytest.mark.parametrize("policy", ["fgd", "oneplus"])
+def test_ties_go_to_the_node_the_reference_names_first(tmp_path: Path, policy: str) -> None:
+    # Nodes a and b differ only in memory, which no score reads: a one-GPU pod ties on them and goes to the node
+    # the file ranks first (the live policy is given the cluster in that order). A two-GPU pod asking for 4 GiB, which
+    # only a has, then needs a untouched: it fails when the first pod went to a.
+    nodes_path, pods_path = tmp_path / "n.csv", tmp_path / "p.csv"
+    nodes_path.write_text(NODES + "a,32000,65536,2,T4\nb,32000,2048,2,T4\n")
+    pods_path.write_text(PODS + "p0,1000,1024,1,1000\np1,1000,4096,2,1000\n")
+    nodes, pods = load_nodes(nodes_path), load_pods(pods_path)
+    for ranks, failed in (([0, 1], 1), ([1, 0], 0)):
+        path = arrivals_file(tmp_path, nodes_path, pods_path, [{"seed": 1, "arrivals": [0, 1], "originals": 2,
+                                                                 "node_rank": ranks}])  # fmt: skip
+        work = load_reference_workloads(path, nodes_path, pods_path, nodes, pods, 1.3)[1]
+        assert run_fgd(nodes, pods, policy, 1, work=work).failed == failed, ranks
+
+
+@pytest.mark.parametrize(
+    ("seeds", "head", "message"),
+    [
+        ([{"seed": 1, "arrivals": [5], "originals": 1, "node_rank": [0, 1]}], {}, "row numbers of the 2 pods"),
+        ([{"seed": 1, "arrivals": [0], "originals": 1, "node_rank": [0, 0]}], {}, "rank the 2 nodes, each once"),
+        ([{"seed": 1, "arrivals": [0], "originals": 3, "node_rank": [0, 1]}], {}, "originals 3 is not within"),
+        ([{"seed": 1, "arrivals": [0]}], {}, "needs seed, arrivals, originals and node_rank"),
+        ([{"seed": 1, "arrivals": [0], "originals": 1, "node_rank": [0, 1]}] * 2, {}, "seed 1 is given twice"),
+        ([{"seed": 1, "arrivals": [0], "originals": 1, "node_rank": [0, 1]}], {"demand": 1.1}, "for --demand 1.1"),
+        ([{"seed": 1, "arrivals": [0], "originals": 1, "node_rank": [0, 1]}], {"pods_sha256": "ab"}, "not from"),
+        ([], {}, "has no seed"),
+    ],
+)
+def test_a_bad_arrivals_file_is_refused_with_what_is_wrong(
+    tmp_path: Path, seeds: list[dict[str, Any]], head: dict[str, Any], message: str
+) -> None:
+    nodes_path, pods_path = write_lists(tmp_path)
+    path = arrivals_file(tmp_path, nodes_path, pods_path, seeds, **head)
+    with pytest.raises(FgdInputError, match=message):
+        load_reference_workloads(path, nodes_path, pods_path, load_nodes(nodes_path), load_pods(pods_path), 1.3)
+
+
+def test_unreadable_and_missing_arrivals_files_and_seeds_are_refused(tmp_path: Path) -> None:
+    nodes_path, pods_path = write_lists(tmp_path)
+    nodes, pods = load_nodes(nodes_path), load_pods(pods_path)
+    with pytest.raises(FgdInputError, match="no such arrivals file"):
+        load_reference_workloads(tmp_path / "none.jsonl", nodes_path, pods_path, nodes, pods, 1.3)
+    broken = tmp_path / "broken.jsonl.gz"
+    broken.write_bytes(b"not gzip")
+    with pytest.raises(FgdInputError, match="not a readable arrivals file"):
+        load_reference_workloads(broken, nodes_path, pods_path, nodes, pods, 1.3)
+    text = tmp_path / "text.jsonl"
+    text.write_text("{not json\n")
+    with pytest.raises(FgdInputError, match=r"text.jsonl:1: not JSON"):
+        load_reference_workloads(text, nodes_path, pods_path, nodes, pods, 1.3)
+    path = arrivals_file(tmp_path, nodes_path, pods_path, [{"seed": 1, "arrivals": [0], "originals": 1,
+                                                            "node_rank": [0, 1]}])  # fmt: skip
+    with pytest.raises(FgdInputError, match=r"no workload for seed\(s\) \[2\]; it has \[1\]"):
+        run_protocol(nodes_path, pods_path, ["fgd"], [1, 2], arrivals=path)
+
+
+def test_cli_replays_the_reference_workloads_and_says_so(tmp_path: Path) -> None:
+    nodes_path, pods_path = write_lists(tmp_path)
+    path = arrivals_file(tmp_path, nodes_path, pods_path, [{"seed": 3, "arrivals": [0, 1], "originals": 2,
+                                                            "node_rank": [1, 0]}])  # fmt: skip
+    out = tmp_path / "r.json"
+    args = ["fgd", "--nodes", str(nodes_path), "--pods", str(pods_path), "--seeds", "3", "--policy", "fgd,oneplus"]
+    res = CliRunner().invoke(app, [*args, "--arrivals", str(path), "--json", str(out)])
+    assert res.exit_code == 0, res.output
+    rep = json.loads(out.read_text())
+    assert rep["workloads"].startswith("the reference's own draws") and rep["seeds"] == [3]
+    assert rep["policies"]["fgd"]["series"][-1]["alloc_pct"] == 75.0  # both pods placed
+    other = tmp_path / "other.csv"
+    other.write_text(PODS + "q0,1000,1024,1,1000\n")
+    res = CliRunner().invoke(app, ["fgd", "--nodes", str(nodes_path), "--pods", str(other), "--seeds", "3",
+                                   "--arrivals", str(path), "--json", str(out)])  # fmt: skip
+    assert res.exit_code == 2 and "its arrivals would name other rows" in res.output
