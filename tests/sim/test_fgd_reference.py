@@ -6,11 +6,26 @@ import csv
 import gzip
 import hashlib
 import json
+import random
 from pathlib import Path
 from typing import Any
 
 import pytest
-from oneplus_sim.fgd import FgdInputError, load_nodes, load_pods, run_fgd, run_protocol
+from oneplus_placement.fgd import FragMeter
+from oneplus_sim.fgd import (
+    FgdInputError,
+    FgdScorer,
+    Node,
+    NodeState,
+    Pod,
+    PodRes,
+    _bind,
+    load_nodes,
+    load_pods,
+    run_fgd,
+    run_protocol,
+    typical_pods,
+)
 from oneplus_sim.fgd_reference import load_reference_workloads
 from typer.testing import CliRunner
 
@@ -148,3 +163,15 @@ def test_cli_replays_the_reference_workloads_and_says_so(tmp_path: Path) -> None
     res = CliRunner().invoke(app, ["fgd", "--nodes", str(nodes_path), "--pods", str(other), "--seeds", "3",
                                    "--arrivals", str(path), "--json", str(out)])  # fmt: skip
     assert res.exit_code == 2 and "its arrivals would name other rows" in res.output
+
+
+def test_fgd_chooses_a_shares_gpu_on_the_node_as_it_was_before_the_pods_cpu() -> None:
+    # multigpu50, seed 45 of the reference: node openb-node-0114 (G2, 96 CPUs) has 12.332 CPUs and GPUs
+    # [0, 0, 530, 0, 350, 0, 0, 190] left when a pod of 4 CPUs and 0.32 of a GPU comes. With its CPU taken once, GPU 4
+    # scores 56 and GPU 2 55, and the reference takes GPU 4; taking the CPU twice tied them and took GPU 2.
+    pods = load_pods(OPENB / "openb_pod_list_multigpu50.csv")
+    scorer = FgdScorer(FragMeter(typical_pods(pods)), random.Random(0))
+    node = NodeState(Node("openb-node-0114", 96_000, 393_216, 8, "G2"), 12_332, 300_000, [0, 0, 530, 0, 350, 0, 0, 190])
+    pod = Pod("openb-pod-2725", PodRes(4000, 320, 1, ""), 1024)
+    _bind(node, pod, scorer)
+    assert node.left == [0, 0, 530, 0, 30, 0, 0, 190] and node.cpu_left == 8_332

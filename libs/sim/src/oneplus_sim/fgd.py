@@ -506,6 +506,9 @@ def _select(
 
 def _bind(ns: NodeState, pod: Pod, scorer: Scorer) -> None:
     res = pod.res
+    # A share's GPU is chosen on the node as it was, before the pod's CPU is taken: FGD's choice takes the CPU off
+    # itself (choosing after took it twice, and on a node short of CPU chose another GPU than the reference).
+    share_gpu = scorer.pick_share_gpu(ns, res) if res.milli and res.is_share else None
     ns.cpu_left -= res.cpu
     ns.mem_left -= pod.memory
     if not res.milli:
@@ -513,8 +516,8 @@ def _bind(ns: NodeState, pod: Pod, scorer: Scorer) -> None:
     tag = affinity_tag(res)
     if tag is not None:
         ns.tags.add(tag)
-    if res.is_share:
-        ns.left[scorer.pick_share_gpu(ns, res)] -= res.milli
+    if share_gpu is not None:
+        ns.left[share_gpu] -= res.milli
         return
     taken = 0
     for g, x in enumerate(ns.left):  # whole GPUs: the lowest idle indexes (AllocateExclusiveGpuId)
