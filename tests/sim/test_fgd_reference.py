@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from oneplus_placement.fgd import FragMeter
+from oneplus_placement.fgd import FragMeter, gradient_score
 from oneplus_sim.fgd import (
     FgdInputError,
     FgdScorer,
@@ -19,9 +19,11 @@ from oneplus_sim.fgd import (
     NodeState,
     Pod,
     PodRes,
+    ReferenceFragMeter,
     _bind,
     load_nodes,
     load_pods,
+    reference_typical_pods,
     run_fgd,
     run_protocol,
     typical_pods,
@@ -175,3 +177,17 @@ def test_fgd_chooses_a_shares_gpu_on_the_node_as_it_was_before_the_pods_cpu() ->
     pod = Pod("openb-pod-2725", PodRes(4000, 320, 1, ""), 1024)
     _bind(node, pod, scorer)
     assert node.left == [0, 0, 530, 0, 30, 0, 0, 190] and node.cpu_left == 8_332
+
+
+def test_the_baseline_sums_fragmentation_in_the_references_order_down_to_the_last_bit() -> None:
+    # multigpu20, seed 45 of the reference: a pod of 32 CPUs and no GPU, on openb-node-0242 (G2, GPUs
+    # [1000, 1000, 1000, 1000, 530, 350, 190, 0] left, 57.732 CPUs) or openb-node-0488. It changes no typical pod's
+    # case, so the exact drop is 0 (score 50, as on 0488) and the live meter ties the two; the reference's sum comes to
+    # -5e-13 (score 49), and its log shows the pod on 0488. The baseline must do as the reference does.
+    pods = load_pods(OPENB / "openb_pod_list_multigpu20.csv")
+    live, ref = FragMeter(typical_pods(pods)), ReferenceFragMeter(reference_typical_pods(pods))
+    left = (1000, 1000, 1000, 1000, 530, 350, 190, 0)
+    assert gradient_score(live.frag("G2", 57_732, left) - live.frag("G2", 25_732, left)) == 50
+    assert gradient_score(ref.frag("G2", 57_732, left) - ref.frag("G2", 25_732, left)) == 49
+    assert ref.frag("G2", 57_732, left) == pytest.approx(live.frag("G2", 57_732, left), abs=1e-9)
+    assert [s for s, _ in reference_typical_pods(pods)] == [s for s, _ in typical_pods(pods)]

@@ -22,6 +22,7 @@ import csv
 import math
 import random
 from abc import ABC, abstractmethod
+from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -133,6 +134,48 @@ def load_pods(path: Path | str) -> list[Pod]:
 def typical_pods(pods: Sequence[Pod], popularity: float = 95.0) -> list[tuple[PodRes, float]]:
     """The most frequent pod shapes covering `popularity` % of pods, with renormalised frequencies."""
     return typical_shapes((pod.res for pod in pods), popularity)
+
+
+def reference_typical_pods(pods: Sequence[Pod], popularity: float = 95.0) -> list[tuple[PodRes, float]]:
+    """`typical_pods` with each frequency divided as the reference divides it: by all pods, then by the typical
+    ones' share (the same value, but not always the same last bit)."""
+    counts = Counter(pod.res for pod in pods)
+    chosen = typical_pods(pods, popularity)
+    total, cum = float(len(pods)), float(sum(counts[shape] for shape, _ in chosen))
+    return [(shape, (counts[shape] / total) / (cum / total)) for shape, _ in chosen]
+
+
+class ReferenceFragMeter(FragMeter):
+    """The fragmentation measure summed in the reference's order, for the FGD baseline: per case (Q1, Q2, Q4, XL, XR,
+    no access; NodeGpuShareFragAmount), then the cases in that order. The sum is the live meter's, but its last bits
+    can differ, and FGD's whole-point score turns a drop of exactly 0 into 50 and one of -5e-13 into 49: the reference
+    then prefers another node, and so must a reproduction of it. The live policy keeps the exact sum: ties stay ties.
+    """
+
+    def _compute(self, model: str, cpu_left: int, left: GpuState) -> float:
+        idle = sum(left)
+        q1 = q2 = q4 = xl = xr = na = 0.0
+        for shape, freq in self.typical:
+            if not shape.milli:
+                if cpu_left >= shape.cpu:
+                    xl += freq * idle
+                else:
+                    xr += freq * idle
+            elif not accessible(model, shape.models):
+                na += freq * idle
+            elif hosts(left, shape):
+                if cpu_left >= shape.cpu:
+                    q2 += freq * sum(x for x in left if x < shape.milli)  # Q3: only the GPUs too small for it
+                else:
+                    q4 += freq * idle
+            elif cpu_left >= shape.cpu:
+                q2 += freq * idle
+            else:
+                q1 += freq * idle
+        out = 0.0
+        for case in (q1, q2, q4, xl, xr, na):
+            out += case
+        return out
 
 
 # What a score depends on: GPU model, CPU and memory left, GPUs left, and (only for scorers that read them,
@@ -435,7 +478,7 @@ def run_fgd(
     drawn = draw_workload(nodes, pods, seed, demand, rng) if work is None else work
     # The reference names nodes "<random permutation index>-<name>" and breaks score ties by the smallest name.
     rank_of, arrivals = list(drawn.node_rank), drawn.arrivals
-    meter = FragMeter(typical_pods(pods))
+    meter = ReferenceFragMeter(reference_typical_pods(pods))
     scorer = SCORERS[policy](meter, random.Random(f"{seed}/gpu"))
     states = [NodeState(n, n.cpu, n.memory, [MILLI] * n.n_gpu, keep_tags=scorer.uses_tags) for n in nodes]
     by_rank = [0] * len(nodes)
