@@ -10,13 +10,16 @@ placement policy (`fitters.FgdWholeGpuFitter`, `fitters.FgdShareFitter`) read th
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
-from typing import Protocol, TypeVar
+from typing import Literal, Protocol, TypeVar
 
 from .snapshot import FULL_SHARE as MILLI  # a whole GPU, in milli-GPUs
 
 GpuState = tuple[int, ...]  # milli-GPUs left per GPU, sorted descending
+# The reference's fragmentation cases (NodeGpuShareFragAmount) that count: a job lacks GPUs and CPU, lacks GPUs, lacks
+# CPU, is CPU-only and fits, is CPU-only and does not, or cannot use the GPU model.
+FragCase = Literal["Q1", "Q2", "Q4", "XL", "XR", "NA"]
 MAX_SCORE = 100  # kube-scheduler's MaxNodeScore: a plugin scores a node 0..100 in whole points
 
 
@@ -104,16 +107,27 @@ class FragMeter:
         return v
 
     def _compute(self, model: str, cpu_left: int, left: GpuState) -> float:
-        idle = sum(left)
         out = 0.0
-        for shape, freq in self.typical:
-            if shape.milli and (not accessible(model, shape.models) or not hosts(left, shape)):
-                out += freq * idle
-            elif shape.milli and cpu_left >= shape.cpu:
-                out += freq * sum(x for x in left if x < shape.milli)  # Q3: only GPUs too small for it count
-            else:
-                out += freq * idle  # Q4, and CPU-only jobs (XL and XR both count: as the reference)
+        for _case, amount in self.terms(model, cpu_left, left):
+            out += amount
         return out
+
+    def terms(self, model: str, cpu_left: int, left: GpuState) -> Iterator[tuple[FragCase, float]]:
+        """Each typical job's share of the node's fragmentation, in the mix's order, with the reference's case for it
+        (what counts: every idle GPU, or for a job that fits, the GPUs too small for its share)."""
+        idle = sum(left)
+        for shape, freq in self.typical:
+            if not shape.milli:  # CPU-only jobs count every idle GPU, fitting or not (XL and XR: as the reference)
+                yield ("XL" if cpu_left >= shape.cpu else "XR"), freq * idle
+            elif not accessible(model, shape.models):
+                yield "NA", freq * idle
+            elif hosts(left, shape):
+                if cpu_left >= shape.cpu:  # Q3: only GPUs too small for it count (the reference adds them to Q2)
+                    yield "Q2", freq * sum(x for x in left if x < shape.milli)
+                else:
+                    yield "Q4", freq * idle
+            else:
+                yield ("Q2" if cpu_left >= shape.cpu else "Q1"), freq * idle
 
 
 def after(left: GpuState, shape: Shape) -> list[GpuState]:

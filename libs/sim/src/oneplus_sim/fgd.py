@@ -27,7 +27,16 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from oneplus_placement.fgd import FragMeter, GpuState, accessible, after, gradient_score, hosts, typical_shapes
+from oneplus_placement.fgd import (
+    FragCase,
+    FragMeter,
+    GpuState,
+    accessible,
+    after,
+    gradient_score,
+    hosts,
+    typical_shapes,
+)
 
 MILLI = 1000
 MAX_SCORE = 100
@@ -145,6 +154,9 @@ def reference_typical_pods(pods: Sequence[Pod], popularity: float = 95.0) -> lis
     return [(shape, (counts[shape] / total) / (cum / total)) for shape, _ in chosen]
 
 
+REFERENCE_CASE_ORDER: tuple[FragCase, ...] = ("Q1", "Q2", "Q4", "XL", "XR", "NA")  # FragRatioDataMap, Q3 left out
+
+
 class ReferenceFragMeter(FragMeter):
     """The fragmentation measure summed in the reference's order, for the FGD baseline: per case (Q1, Q2, Q4, XL, XR,
     no access; NodeGpuShareFragAmount), then the cases in that order. The sum is the live meter's, but its last bits
@@ -153,28 +165,12 @@ class ReferenceFragMeter(FragMeter):
     """
 
     def _compute(self, model: str, cpu_left: int, left: GpuState) -> float:
-        idle = sum(left)
-        q1 = q2 = q4 = xl = xr = na = 0.0
-        for shape, freq in self.typical:
-            if not shape.milli:
-                if cpu_left >= shape.cpu:
-                    xl += freq * idle
-                else:
-                    xr += freq * idle
-            elif not accessible(model, shape.models):
-                na += freq * idle
-            elif hosts(left, shape):
-                if cpu_left >= shape.cpu:
-                    q2 += freq * sum(x for x in left if x < shape.milli)  # Q3: only the GPUs too small for it
-                else:
-                    q4 += freq * idle
-            elif cpu_left >= shape.cpu:
-                q2 += freq * idle
-            else:
-                q1 += freq * idle
+        cases: dict[FragCase, float] = dict.fromkeys(REFERENCE_CASE_ORDER, 0.0)
+        for case, amount in self.terms(model, cpu_left, left):
+            cases[case] += amount
         out = 0.0
-        for case in (q1, q2, q4, xl, xr, na):
-            out += case
+        for case in REFERENCE_CASE_ORDER:
+            out += cases[case]
         return out
 
 
