@@ -29,6 +29,20 @@ _REMOVED_OPS = ("DEL", "PURGE")
 _REMOVED_MARKERS = ("MaxAge", "Purge", "Remove")
 
 
+def stream_seq(msg: Msg) -> int:
+    """The stream sequence of a JetStream message, read from its reply subject (`$JS.ACK.<stream>.<consumer>.
+    <delivered>.<stream seq>...`, or with a domain and account hash after `ACK`). `msg.metadata` reads the same and
+    also builds a timestamp and three objects: 4 µs a message against under 1, and a follower of the job events reads
+    several messages a gang. Anything else is left to nats-py, which refuses a message that is not JetStream's."""
+    tokens = (msg.reply or "").split(".")
+    if tokens[:2] == ["$JS", "ACK"]:
+        if len(tokens) == 9:
+            return int(tokens[5])
+        if len(tokens) >= 11:
+            return int(tokens[7])
+    return msg.metadata.sequence.stream
+
+
 class StreamTail:
     """Follows `subject` on `stream` from a sequence, calling `handler(seq, subject, data, headers)` in stream order.
 
@@ -91,7 +105,7 @@ class StreamTail:
             if ended.done():
                 return  # the follow is over (a gap, a failure): this subscription is being dropped
             try:
-                seq = msg.metadata.sequence.stream
+                seq = stream_seq(msg)
                 if seq <= self.last_seq:
                     return  # a redelivery after the ordered consumer reset itself
                 if self.whole and self.last_seq and seq != self.last_seq + 1 and self.relist is not None:
