@@ -76,6 +76,9 @@ def test_fgd_writes_the_mean_allocation_and_the_series(tmp_path: Path) -> None:
     assert rep["policy"] == "oneplus" and rep["seeds"] == [1, 2, 3]
     assert rep["gpu_alloc_pct"] == rep["policies"]["oneplus"]["gpu_alloc_pct"]
     assert rep["policies"]["fgd"]["series"]
+    idle = rep["policies"]["oneplus"]["idle_at_end_pct"]
+    assert set(idle) == {"shared_gpu_remainders", "whole_gpus", "stranded", "remainders_no_share_fits"}
+    assert "stranded" in res.output  # the table's column (rich may wrap its header)
     bad = runner.invoke(app, ["fgd", "--nodes", str(nodes), "--pods", str(pods), "--seeds", "x", "--json", str(out)])
     assert bad.exit_code == 2 and "--seeds" in bad.output
 

@@ -16,10 +16,12 @@ from oneplus_sim.fgd import (
     FragMeter,
     GpuClusteringScorer,
     GpuPackingScorer,
+    Least,
     NodeState,
     Pod,
     PodRes,
     affinity_tag,
+    idle_at_end,
     load_nodes,
     load_pods,
     parse_seeds,
@@ -221,6 +223,51 @@ def test_protocol_report_has_the_mean_and_the_series(tmp_path: Path) -> None:
     assert set(fgd) >= {"gpu_alloc_pct", "gpu_alloc_pct_by_seed", "series"}
     assert fgd["gpu_alloc_pct"] == pytest.approx(sum(fgd["gpu_alloc_pct_by_seed"].values()) / 2)
     assert fgd["series"][0]["arrived_pct"] >= 0 and {"alloc_pct", "frag_pct"} <= set(fgd["series"][-1])
+
+
+def test_idle_at_end_sorts_the_idle_capacity_by_hand() -> None:
+    least = Least(cpu=2000, memory=1024, share_milli=200)
+    nodes = [
+        (8000, 4096, [1000, 1000, 0, 0]),  # two whole idle GPUs
+        (8000, 4096, [300, 150, 0, 0]),  # remainders of shared GPUs: 150 is below every share
+        (1000, 4096, [1000, 500, 0, 0]),  # CPU below any GPU pod's: all of it stranded, whole or not
+        (8000, 512, [700, 0, 0, 0]),  # memory below any GPU pod's
+        (0, 0, [0, 0, 0, 0]),  # full: nothing idle
+    ]
+    got = idle_at_end(nodes, 20_000, least)
+    assert got == {
+        "whole_gpus": 10.0,
+        "shared_gpu_remainders": 2.25,
+        "stranded": 11.0,
+        "remainders_no_share_fits": 0.75,
+    }
+
+
+@pytest.mark.parametrize("policy", ["fgd", "oneplus", "bestfit"])
+def test_a_run_says_where_the_idle_gpus_are_and_which_pods_failed(tmp_path: Path, policy: str) -> None:
+    nodes = load_nodes(write(tmp_path, "n.csv", NODES, ["n0,8000,65536,2,T4", "n1,64000,65536,4,V100M16"]))
+    pods = load_pods(
+        write(
+            tmp_path,
+            "p.csv",
+            PODS,
+            [
+                "a,2000,1024,1,300,,LS,Running,0,1,0",
+                "b,4000,1024,1,1000,,LS,Running,0,1,0",
+                "c,8000,1024,2,1000,V100M16,LS,Running,0,1,0",
+                "d,1000,1024,0,0,,LS,Running,0,1,0",
+            ],
+        )
+    )
+    run = run_fgd(nodes, pods, policy, 3, demand=2.0)
+    assert run.failed > 0 and sum(run.failed_by_shape.values()) == run.failed
+    assert set(run.failed_by_shape) <= {"share", "1-gpu", "2-gpu", "cpu-only"}
+    parts = run.idle_end["shared_gpu_remainders"] + run.idle_end["whole_gpus"] + run.idle_end["stranded"]
+    assert parts == pytest.approx(100 - run.alloc_pct[-1], abs=0.01)
+    rep = run_protocol(tmp_path / "n.csv", tmp_path / "p.csv", [policy], [3], demand=2.0)
+    figs = rep["policies"][policy]  # type: ignore[index]
+    assert figs["idle_at_end_pct"] == pytest.approx(run.idle_end)
+    assert figs["failed_pods_by_shape_mean"] == pytest.approx(run.failed_by_shape)
 
 
 def test_the_real_trace_reproduces_the_published_order_on_one_seed() -> None:

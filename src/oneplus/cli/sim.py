@@ -218,7 +218,10 @@ def fgd(
     t.add_column("policy")
     t.add_column("gpu_alloc_pct", justify="right")
     t.add_column("failed pods (mean)", justify="right")
+    t.add_column("idle at the end, % of GPUs: in shared GPUs / whole GPUs / stranded", justify="right")
     for name, figs in per_policy.items():
-        t.add_row(name, str(figs["gpu_alloc_pct"]), str(figs["failed_pods_mean"]))
+        idle = figs["idle_at_end_pct"]
+        where = " / ".join(f"{idle.get(k, 0.0):.3f}" for k in ("shared_gpu_remainders", "whole_gpus", "stranded"))
+        t.add_row(name, str(figs["gpu_alloc_pct"]), str(figs["failed_pods_mean"]), where)
     console.print(t)
     console.print(f"report: {json_out}")

@@ -23,7 +23,7 @@ import math
 import random
 from abc import ABC, abstractmethod
 from collections import Counter
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -338,6 +338,54 @@ def affinity_tag(res: PodRes) -> str | None:
     return "share" if res.is_share else f"{res.n_gpu}-gpu"
 
 
+def shape_of(res: PodRes) -> str:
+    """How a report counts pods: `share`, `N-gpu` for N whole GPUs, `cpu-only`."""
+    return affinity_tag(res) or "cpu-only"
+
+
+IDLE_KINDS = ("shared_gpu_remainders", "whole_gpus", "stranded")
+
+
+@dataclass(frozen=True)
+class Least:
+    """The least any GPU pod of the list asks: below it a node's CPU or memory, or a GPU's remainder, serves none."""
+
+    cpu: int
+    memory: int
+    share_milli: int
+
+    @classmethod
+    def of(cls, pods: Sequence[Pod]) -> Least:
+        gpu = [p for p in pods if p.res.milli]
+        shares = [p.res.milli for p in gpu if p.res.is_share]
+        if not gpu:
+            return cls(0, 0, MILLI)
+        return cls(min(p.res.cpu for p in gpu), min(p.memory for p in gpu), min(shares, default=MILLI))
+
+
+def idle_at_end(nodes: Iterable[tuple[int, int, Sequence[int]]], capacity_milli: int, least: Least) -> dict[str, float]:
+    """Where the idle GPU capacity sits, each in % of the capacity, from each node's (CPU left, memory left, milli
+    left on each GPU). The first three add up to the idle share: `stranded`, on nodes where no GPU pod of the list
+    fits by CPU or memory any more; `whole_gpus`, idle GPUs elsewhere; `shared_gpu_remainders`, what shares leave
+    of the GPUs they use. `remainders_no_share_fits` is the part of the last one smaller than any share of the list:
+    no later pod can use it, wherever the policy put things after."""
+    out = dict.fromkeys((*IDLE_KINDS, "remainders_no_share_fits"), 0)
+    for cpu_left, mem_left, left in nodes:
+        if not any(left):
+            continue
+        if cpu_left < least.cpu or mem_left < least.memory:
+            out["stranded"] += sum(left)
+            continue
+        for x in left:
+            if x == MILLI:
+                out["whole_gpus"] += x
+            elif x:
+                out["shared_gpu_remainders"] += x
+                if x < least.share_milli:
+                    out["remainders_no_share_fits"] += x
+    return {k: round(100 * v / capacity_milli, 3) for k, v in out.items()}
+
+
 class RandomScorer(Scorer):
     """Random: every feasible node scores the same; the tie-break picks one uniformly."""
 
@@ -378,6 +426,13 @@ class FgdRun:
     frag_pct: list[float] = field(default_factory=list)
     failed: int = 0
     pods: int = 0
+    failed_by_shape: dict[str, int] = field(default_factory=dict)  # `shape_of` the pods that fit nowhere
+    idle_end: dict[str, float] = field(default_factory=dict)  # `idle_at_end` once every pod has arrived
+
+    def fail(self, res: PodRes) -> None:
+        self.failed += 1
+        shape = shape_of(res)
+        self.failed_by_shape[shape] = self.failed_by_shape.get(shape, 0) + 1
 
     def alloc_at(self, demand_pct: float) -> float:
         """Mean allocation over events whose arrived demand rounds to `demand_pct` (±1 if none), as the reference."""
@@ -498,7 +553,7 @@ def run_fgd(
                     sc = score_cache[ck] = scorer.score(key, pod.res)
                 scored.append((sc, key))
         if not scored:
-            run.failed += 1
+            run.fail(pod.res)
         else:
             node_idx = by_rank[_select(scored, groups, scorer, rng)]
             ns = states[node_idx]
@@ -518,6 +573,7 @@ def run_fgd(
         if on_pod:
             on_pod(n_pod + 1, len(arrivals))
     run.pods = len(arrivals)
+    run.idle_end = idle_at_end(((s.cpu_left, s.mem_left, s.left) for s in states), capacity, Least.of(pods))
     return run
 
 
@@ -611,6 +667,8 @@ def run_protocol(
             "gpu_alloc_pct": round(sum(per_seed.values()) / len(per_seed), 3),
             "gpu_alloc_pct_by_seed": per_seed,
             "failed_pods_mean": round(sum(r.failed for r in runs) / len(runs), 1),
+            "failed_pods_by_shape_mean": _mean_counts([r.failed_by_shape for r in runs]),
+            "idle_at_end_pct": _mean_counts([r.idle_end for r in runs], 3),
             "pods_mean": round(sum(r.pods for r in runs) / len(runs), 1),
             "series": _mean_series([r.series() for r in runs]),
         }
@@ -625,6 +683,13 @@ def run_protocol(
         "typical_pods": len(typical_pods(pods)),
         "policies": out,
     }
+
+
+def _mean_counts(per_run: Sequence[Mapping[str, float]], digits: int = 1) -> dict[str, float]:
+    """Key-wise mean over runs (a key a run lacks counts 0), largest first."""
+    keys = {k for d in per_run for k in d}
+    means = {k: round(sum(d.get(k, 0) for d in per_run) / len(per_run), digits) for k in keys}
+    return dict(sorted(means.items(), key=lambda kv: -kv[1]))
 
 
 def _mean_series(series: Sequence[list[dict[str, float]]]) -> list[dict[str, float]]:

@@ -22,7 +22,19 @@ from oneplus_placement.greedy import place_gang
 from oneplus_placement.snapshot import ClusterState
 
 from .cluster import openb_cluster
-from .fgd import LIVE_POLICY, MILLI, FgdRun, Node, Pod, PodRes, Workload, draw_workload, typical_pods
+from .fgd import (
+    LIVE_POLICY,
+    MILLI,
+    FgdRun,
+    Least,
+    Node,
+    Pod,
+    PodRes,
+    Workload,
+    draw_workload,
+    idle_at_end,
+    typical_pods,
+)
 
 
 class OpenbState:
@@ -124,7 +136,7 @@ def run_live(
                 rank = RankPlacement(rank=0, node=node, gpus=[], cpus=pod.res.cpu / 1000, memory_mb=pod.memory)
                 alloc = Allocation(ranks=[rank])
         if alloc is None:
-            run.failed += 1
+            run.fail(pod.res)
         else:
             indexes.touched(cluster.apply(alloc))
             idle -= pod.res.total_milli
@@ -134,4 +146,7 @@ def run_live(
         if on_pod:
             on_pod(n_pod + 1, len(arrivals))
     run.pods = len(arrivals)
+    state = cluster.state
+    ends = ((cluster.cpu_left(i), state.mem_free(i), cluster.left[i]) for i in range(len(nodes)))
+    run.idle_end = idle_at_end(ends, capacity, Least.of(pods))
     return run
