@@ -7,6 +7,9 @@ then the ring, then the seed's node order. Each variant below changes one thing,
 - tie-breaks among nodes of equal score (after "untouched last"):
   `tightest`: fewest whole GPUs left after the pod; `tightest-multi`: the same for pods of two GPUs or more only;
   `exact`: the least exact (unrounded) growth of fragmentation; `least-idle`: fewest milli-GPUs left after;
+- the GPU a share takes on its node, among GPUs of equal score (the live rule: the lowest position):
+  `tight-gpu`: the GPU the share leaves with the fewest milli-GPUs (best fit; the idle GPU capacity left at 130% is
+  almost all such remainders of shared GPUs);
 - the typical pods FGD measures fragmentation against (the paper weighs each shape by how many pods have it):
   `weight-gpus`: by the GPUs its pods ask; `weight-sqrt`: by the square root of that; `popularity-100`: every
   shape, not the most frequent ones covering 95% of pods.
@@ -32,7 +35,7 @@ from typing import Any
 import oneplus_sim.fgd_live as fgd_live
 from benchkit import git_commit
 from oneplus_placement.fgd import WorkloadShape, after, typical_shapes
-from oneplus_placement.fitters import FgdState, FgdWholeGpuFitter
+from oneplus_placement.fitters import FgdShareFitter, FgdState, FgdWholeGpuFitter
 from oneplus_placement.snapshot import FULL_SHARE
 from oneplus_sim.fgd import Pod, PodRes, load_nodes, load_pods, parse_seeds, typical_pods
 
@@ -40,8 +43,9 @@ ROOT = Path(__file__).resolve().parents[1]
 OPENB = ROOT / "data/traces/openb"
 
 TIE_BREAKS = ("tightest", "tightest-multi", "exact", "least-idle")
+SHARE_GPU = ("tight-gpu",)
 WEIGHTS = ("weight-gpus", "weight-sqrt", "popularity-100")
-VARIANTS = ("live", *TIE_BREAKS, *WEIGHTS)
+VARIANTS = ("live", *TIE_BREAKS, *SHARE_GPU, *WEIGHTS)
 
 
 def tie_break_fit(variant: str) -> Callable[[FgdWholeGpuFitter, int, int], tuple[float, ...]]:
@@ -65,6 +69,29 @@ def tie_break_fit(variant: str) -> Callable[[FgdWholeGpuFitter, int, int], tuple
     return fit_part
 
 
+def tight_share_positions(self: FgdShareFitter, i: int, units: int) -> tuple[list[int], float, FgdState]:
+    """The live `FgdShareFitter._positions`, with the milli-GPUs a share leaves on its GPU as a key between the
+    score and the position."""
+    state = FgdState(self, self.meter, i)
+    left, milli, cpus = list(state.left), self.req.milli, self.req.unit_cpus
+    chosen: list[int] = []
+    for _ in range(units):
+        best: tuple[float, int, int] | None = None
+        for p, x in enumerate(left):
+            if x < milli:
+                continue
+            trial = list(left)
+            trial[p] -= milli
+            key = (state.score(trial, cpus * (len(chosen) + 1)), x - milli, p)
+            if best is None or key < best:
+                best = key
+        if best is None:
+            break
+        chosen.append(best[2])
+        left[best[2]] -= milli
+    return chosen, state.score(left, cpus * len(chosen)), state
+
+
 def weighted_typical(variant: str) -> Callable[[Sequence[Pod]], list[tuple[PodRes, float]]]:
     def typical(pods: Sequence[Pod]) -> list[tuple[PodRes, float]]:
         if variant == "popularity-100":
@@ -81,10 +108,12 @@ def weighted_typical(variant: str) -> Callable[[Sequence[Pod]], list[tuple[PodRe
 @contextlib.contextmanager
 def variant_in_force(variant: str) -> Iterator[None]:
     # Patched by name: the variants are a measurement, not a policy the product offers.
-    targets = ((FgdWholeGpuFitter, "fit_part"), (fgd_live, "typical_pods"))
+    targets = ((FgdWholeGpuFitter, "fit_part"), (FgdShareFitter, "_positions"), (fgd_live, "typical_pods"))
     originals = [(owner, name, getattr(owner, name)) for owner, name in targets]
     if variant in TIE_BREAKS:
         setattr(FgdWholeGpuFitter, "fit_part", tie_break_fit(variant))  # noqa: B010
+    elif variant in SHARE_GPU:
+        setattr(FgdShareFitter, "_positions", tight_share_positions)  # noqa: B010
     elif variant in WEIGHTS:
         setattr(fgd_live, "typical_pods", weighted_typical(variant))  # noqa: B010
     try:
