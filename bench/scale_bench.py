@@ -187,14 +187,20 @@ class Watch:
 CLK_TCK = os.sysconf("SC_CLK_TCK")
 
 
-def cpu_s(pid: int) -> float | None:
-    """User + system CPU seconds of a process (its threads included)."""
+def cpu_times(pid: int) -> tuple[float, float] | None:
+    """User and system CPU seconds of a process (its threads included)."""
     try:
         stat = Path(f"/proc/{pid}/stat").read_text()
     except OSError:
         return None
     fields = stat[stat.rindex(")") + 2 :].split()
-    return (int(fields[11]) + int(fields[12])) / CLK_TCK
+    return int(fields[11]) / CLK_TCK, int(fields[12]) / CLK_TCK
+
+
+def cpu_s(pid: int) -> float | None:
+    """User + system CPU seconds of a process (its threads included)."""
+    times = cpu_times(pid)
+    return None if times is None else times[0] + times[1]
 
 
 def mem_mb(pid: int) -> dict[str, float]:
@@ -220,6 +226,10 @@ class Procs:
 
     def cpu(self) -> dict[str, float]:
         return {n: c for n, pid in self.pids.items() if (c := cpu_s(pid)) is not None}
+
+    def cpu_sys(self) -> dict[str, float]:
+        """The system (kernel) part of `cpu`: syscalls, the loopback TCP stack, page faults."""
+        return {n: t[1] for n, pid in self.pids.items() if (t := cpu_times(pid)) is not None}
 
     def rss(self) -> dict[str, float]:
         return {n: mem_mb(pid).get("VmRSS", 0.0) for n, pid in self.pids.items()}
@@ -255,12 +265,18 @@ class CpuPhase:
             logs.mark()
         self.t0 = time.monotonic()
         self.c0 = procs.cpu()
+        self.s0 = procs.cpu_sys()
 
     def stop(self) -> Row:
         wall = time.monotonic() - self.t0
-        c1 = self.procs.cpu()
+        c1, s1 = self.procs.cpu(), self.procs.cpu_sys()
         used = {n: round(c1[n] - self.c0.get(n, 0.0), 2) for n in c1}
-        row: Row = {"wall_s": round(wall, 2), "cpu_s": dict(sorted(used.items(), key=lambda kv: -kv[1]))}
+        kernel = {n: round(s1[n] - self.s0.get(n, 0.0), 2) for n in s1}
+        row: Row = {
+            "wall_s": round(wall, 2),
+            "cpu_s": dict(sorted(used.items(), key=lambda kv: -kv[1])),
+            "cpu_sys_s": dict(sorted(kernel.items(), key=lambda kv: -kv[1])),
+        }
         if self.logs is not None:
             row["logs"] = self.logs.since_mark()
         return row
@@ -862,6 +878,7 @@ def figures(r: Row) -> Row:
         "client_list_busy_ms": lb.get("client_ms"),
         "load1": (r.get("loadavg_at_start") or [None])[0],
         "cpu_ms_per_gang": burst_cpu_ms_per_gang(b),
+        "cpu_kernel_pct": burst_kernel_pct(b),
     }
 
 
@@ -872,6 +889,17 @@ def burst_cpu_ms_per_gang(b: Row) -> float | None:
     if not cpu or not gangs:
         return None
     return round(1000 * sum(cpu.values()) / gangs, 2)
+
+
+def burst_kernel_pct(b: Row) -> float | None:
+    """The share of the burst's CPU (every process) spent in the kernel: what fewer syscalls or processes could
+    save at most. Profilers that sample stacks (py-spy) count a process waiting for a core at its last Python line,
+    often a socket write that woke the receiver, so their share of "socket writes" is not CPU; this is."""
+    cpu, kernel = b.get("cpu_s"), b.get("cpu_sys_s")
+    if not cpu or kernel is None:
+        return None
+    total: float = sum(cpu.values())
+    return round(100 * sum(kernel.values()) / total, 1) if total else None
 
 
 def cpu_bound_note(levels: list[Row], cpus: int) -> str | None:
@@ -988,8 +1016,11 @@ def verdict(levels: list[Row], list_limit: int = 100, cpus: int | None = None) -
 
 
 def probe_of(b: Row) -> str:
-    speed = b.get("speed_probe_ms")
-    return f" (probe {fmt(speed[0], 0)} / {fmt(speed[1], 0)} ms)" if speed else ""
+    speed, kernel = b.get("speed_probe_ms"), burst_kernel_pct(b)
+    parts = ([f"probe {fmt(speed[0], 0)} / {fmt(speed[1], 0)} ms"] if speed else []) + (
+        [f"{kernel:.0f}% in the kernel"] if kernel is not None else []
+    )
+    return f" ({', '.join(parts)})" if parts else ""
 
 
 def table(report: Row) -> str:
