@@ -69,27 +69,9 @@ def tie_break_fit(variant: str) -> Callable[[FgdWholeGpuFitter, int, int], tuple
     return fit_part
 
 
-def tight_share_positions(self: FgdShareFitter, i: int, units: int) -> tuple[list[int], float, FgdState]:
-    """The live `FgdShareFitter._positions`, with the milli-GPUs a share leaves on its GPU as a key between the
-    score and the position."""
-    state = FgdState(self, self.meter, i)
-    left, milli, cpus = list(state.left), self.req.milli, self.req.unit_cpus
-    chosen: list[int] = []
-    for _ in range(units):
-        best: tuple[float, int, int] | None = None
-        for p, x in enumerate(left):
-            if x < milli:
-                continue
-            trial = list(left)
-            trial[p] -= milli
-            key = (state.score(trial, cpus * (len(chosen) + 1)), x - milli, p)
-            if best is None or key < best:
-                best = key
-        if best is None:
-            break
-        chosen.append(best[2])
-        left[best[2]] -= milli
-    return chosen, state.score(left, cpus * len(chosen)), state
+def tight_gpu_order(self: FgdShareFitter, left: int, p: int) -> tuple[int, ...]:
+    """`FgdShareFitter.gpu_order` for `tight-gpu`: the GPU the share leaves with the fewest milli-GPUs first."""
+    return (left - self.req.milli, p)
 
 
 def weighted_typical(variant: str) -> Callable[[Sequence[Pod]], list[tuple[PodRes, float]]]:
@@ -108,12 +90,12 @@ def weighted_typical(variant: str) -> Callable[[Sequence[Pod]], list[tuple[PodRe
 @contextlib.contextmanager
 def variant_in_force(variant: str) -> Iterator[None]:
     # Patched by name: the variants are a measurement, not a policy the product offers.
-    targets = ((FgdWholeGpuFitter, "fit_part"), (FgdShareFitter, "_positions"), (fgd_live, "typical_pods"))
+    targets = ((FgdWholeGpuFitter, "fit_part"), (FgdShareFitter, "gpu_order"), (fgd_live, "typical_pods"))
     originals = [(owner, name, getattr(owner, name)) for owner, name in targets]
     if variant in TIE_BREAKS:
         setattr(FgdWholeGpuFitter, "fit_part", tie_break_fit(variant))  # noqa: B010
     elif variant in SHARE_GPU:
-        setattr(FgdShareFitter, "_positions", tight_share_positions)  # noqa: B010
+        setattr(FgdShareFitter, "gpu_order", tight_gpu_order)  # noqa: B010
     elif variant in WEIGHTS:
         setattr(fgd_live, "typical_pods", weighted_typical(variant))  # noqa: B010
     try:

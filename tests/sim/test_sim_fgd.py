@@ -206,18 +206,21 @@ def test_a_pod_that_fits_nowhere_fails_and_the_next_one_comes(tmp_path: Path) ->
     assert max(run.alloc_pct) == pytest.approx(100)
 
 
+THREE_SHAPES = [  # a share, a whole GPU, two whole V100s
+    "a,2000,1024,1,300,,LS,Running,0,1,0",
+    "b,4000,1024,1,1000,,LS,Running,0,1,0",
+    "c,8000,1024,2,1000,V100M16,LS,Running,0,1,0",
+]
+
+
+def small_cluster(tmp: Path, t4_cpu: int, pods: list[str]) -> tuple[Path, Path]:
+    """A 2-GPU T4 node with `t4_cpu` milli-CPUs and a 4-GPU V100 node; the node and pod files."""
+    n = write(tmp, "n.csv", NODES, [f"n0,{t4_cpu},65536,2,T4", "n1,64000,65536,4,V100M16"])
+    return n, write(tmp, "p.csv", PODS, pods)
+
+
 def test_protocol_report_has_the_mean_and_the_series(tmp_path: Path) -> None:
-    n = write(tmp_path, "n.csv", NODES, ["n0,32000,65536,2,T4", "n1,64000,65536,4,V100M16"])
-    p = write(
-        tmp_path,
-        "p.csv",
-        PODS,
-        [
-            "a,2000,1024,1,300,,LS,Running,0,1,0",
-            "b,4000,1024,1,1000,,LS,Running,0,1,0",
-            "c,8000,1024,2,1000,V100M16,LS,Running,0,1,0",
-        ],
-    )
+    n, p = small_cluster(tmp_path, 32000, THREE_SHAPES)
     rep = run_protocol(n, p, ["fgd", "random"], [1, 2], demand=1.3)
     fgd = rep["policies"]["fgd"]  # type: ignore[index]
     assert set(fgd) >= {"gpu_alloc_pct", "gpu_alloc_pct_by_seed", "series"}
@@ -245,26 +248,13 @@ def test_idle_at_end_sorts_the_idle_capacity_by_hand() -> None:
 
 @pytest.mark.parametrize("policy", ["fgd", "oneplus", "bestfit"])
 def test_a_run_says_where_the_idle_gpus_are_and_which_pods_failed(tmp_path: Path, policy: str) -> None:
-    nodes = load_nodes(write(tmp_path, "n.csv", NODES, ["n0,8000,65536,2,T4", "n1,64000,65536,4,V100M16"]))
-    pods = load_pods(
-        write(
-            tmp_path,
-            "p.csv",
-            PODS,
-            [
-                "a,2000,1024,1,300,,LS,Running,0,1,0",
-                "b,4000,1024,1,1000,,LS,Running,0,1,0",
-                "c,8000,1024,2,1000,V100M16,LS,Running,0,1,0",
-                "d,1000,1024,0,0,,LS,Running,0,1,0",
-            ],
-        )
-    )
-    run = run_fgd(nodes, pods, policy, 3, demand=2.0)
+    n, p = small_cluster(tmp_path, 8000, [*THREE_SHAPES, "d,1000,1024,0,0,,LS,Running,0,1,0"])
+    run = run_fgd(load_nodes(n), load_pods(p), policy, 3, demand=2.0)
     assert run.failed > 0 and sum(run.failed_by_shape.values()) == run.failed
     assert set(run.failed_by_shape) <= {"share", "1-gpu", "2-gpu", "cpu-only"}
     parts = run.idle_end["shared_gpu_remainders"] + run.idle_end["whole_gpus"] + run.idle_end["stranded"]
     assert parts == pytest.approx(100 - run.alloc_pct[-1], abs=0.01)
-    rep = run_protocol(tmp_path / "n.csv", tmp_path / "p.csv", [policy], [3], demand=2.0)
+    rep = run_protocol(n, p, [policy], [3], demand=2.0)
     figs = rep["policies"][policy]  # type: ignore[index]
     assert figs["idle_at_end_pct"] == pytest.approx(run.idle_end)
     assert figs["failed_pods_by_shape_mean"] == pytest.approx(run.failed_by_shape)

@@ -347,6 +347,11 @@ class FgdShareFitter(FgdFitter, ShareFitter):
     def class_key(self, i: int) -> tuple[object, ...]:
         return (*super().class_key(i), *fgd_inputs(self.snap, i))
 
+    def gpu_order(self, left: int, p: int) -> tuple[int, ...]:
+        """Among GPUs of equal score: the lowest position (`left`, the milli-GPUs free on it, is for variants that
+        order by fill; bench/fgd_variants.py)."""
+        return (p,)
+
     def _positions(self, i: int, units: int) -> tuple[list[int], float, FgdState]:
         """The GPU position of each of `units` shares, each where the score (from the node as it was) is best then;
         the score of the whole placement as a sort key; and the node's state before it."""
@@ -354,15 +359,15 @@ class FgdShareFitter(FgdFitter, ShareFitter):
         left, milli, cpus = list(state.left), self.req.milli, self.req.unit_cpus
         chosen: list[int] = []
         for _ in range(units):
-            best: tuple[float, int] | None = None
+            best: tuple[tuple[float, ...], int] | None = None
             for p, x in enumerate(left):
                 if x < milli:
                     continue
                 trial = list(left)
                 trial[p] -= milli
-                key = (state.score(trial, cpus * (len(chosen) + 1)), p)
-                if best is None or key < best:
-                    best = key
+                key = (state.score(trial, cpus * (len(chosen) + 1)), *self.gpu_order(x, p))
+                if best is None or key < best[0]:
+                    best = (key, p)
             if best is None:
                 break
             chosen.append(best[1])
