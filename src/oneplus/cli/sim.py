@@ -190,7 +190,7 @@ def fgd(
     ] = None,
 ) -> None:
     """The FGD protocol: pods arrive until `demand` x capacity was asked for; GPU allocation and fragmentation."""
-    from oneplus_sim.fgd import FgdInputError, parse_seeds, run_protocol
+    from oneplus_sim.fgd import IDLE_KINDS, FgdInputError, parse_seeds, run_protocol
 
     names = [p.strip() for p in policy.split(",") if p.strip()]
     unknown = [p for p in names if p not in SCORERS]
@@ -221,7 +221,7 @@ def fgd(
     t.add_column("idle at the end, % of GPUs: in shared GPUs / whole GPUs / stranded", justify="right")
     for name, figs in per_policy.items():
         idle = figs["idle_at_end_pct"]
-        where = " / ".join(f"{idle.get(k, 0.0):.3f}" for k in ("shared_gpu_remainders", "whole_gpus", "stranded"))
+        where = " / ".join(f"{idle.get(k, 0.0):.3f}" for k in IDLE_KINDS)
         t.add_row(name, str(figs["gpu_alloc_pct"]), str(figs["failed_pods_mean"]), where)
     console.print(t)
     console.print(f"report: {json_out}")

@@ -32,7 +32,7 @@ _REMOVED_MARKERS = ("MaxAge", "Purge", "Remove")
 def stream_seq(msg: Msg) -> int:
     """The stream sequence of a JetStream message, read from its reply subject (`$JS.ACK.<stream>.<consumer>.
     <delivered>.<stream seq>...`, or with a domain and account hash after `ACK`). `msg.metadata` reads the same and
-    also builds a timestamp and three objects: 4 µs a message against under 1, and a follower of the job events reads
+    also builds a timestamp and three objects: 5.4 µs a message against 0.5, and a follower of the job events reads
     several messages a gang. Anything else is left to nats-py, which refuses a message that is not JetStream's."""
     tokens = (msg.reply or "").split(".")
     if tokens[:2] == ["$JS", "ACK"]:

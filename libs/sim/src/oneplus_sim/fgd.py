@@ -343,7 +343,7 @@ def shape_of(res: PodRes) -> str:
     return affinity_tag(res) or "cpu-only"
 
 
-IDLE_KINDS = ("shared_gpu_remainders", "whole_gpus", "stranded")
+IDLE_KINDS = ("shared_gpu_remainders", "whole_gpus", "stranded")  # they add up to the idle share; the CLI shows them
 
 
 @dataclass(frozen=True)
