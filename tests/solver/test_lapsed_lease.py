@@ -12,11 +12,13 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import functools
+import time
 
 import pytest
 from nats.aio.client import Client
 from oneplus_bus.audit import audit_history, read_audit
-from oneplus_contracts import JobAccepted
+from oneplus_contracts import JobAccepted, JobNodeFinished, subjects
+from oneplus_placement_solver.owner import FACTS_ACK_WAIT_S, FACTS_CONSUMER
 from oneplus_reservations import check_history
 from oneplus_testing import Servers
 from test_cycle_store_ops import add_nodes, solver_on_fresh_bus, spec
@@ -48,3 +50,41 @@ async def test_gpus_of_a_lapsed_lease_wait_for_the_record_to_end(
         entries = await read_audit(nc)
         assert [e.op for e in entries] == ["reserve", "release", "reserve"], "the lapsed hold ends in the audit"
         assert check_history(audit_history(entries, cluster_name)) == []
+
+
+async def test_a_lapsed_lease_waits_for_the_facts_a_dead_owner_fetched(
+    nc: Client, servers: Servers, cluster_name: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Seen in a clean-clone CI run of the solver-crash test: the owner was killed holding a node's `node_finished`
+    fetched and not acknowledged. JetStream gives such a fact back 30 s later; the gang's lease, no longer renewed
+    by its node, lapsed first, and the restarted owner's reconcile requeued a gang that had ended, as an
+    infrastructure fault. A restarted owner now judges no lease lost until those facts can have come back."""
+    async with solver_on_fresh_bus(nc, servers, cluster_name) as solver:
+        monkeypatch.setattr(solver, "settings", dataclasses.replace(solver.settings, lost_reservation_grace_s=0.5))
+        await add_nodes(nc, solver, 1)
+        monkeypatch.setattr(solver.store, "reserve_many", functools.partial(solver.store.reserve_many, lease_s=0.3))
+        await solver.owner.commit(JobAccepted(event_id="acc-0", job_id="j0", spec=spec(0, gpus=8)))
+        assert await solver.schedule_once() == 1
+        token = solver.owner.index.get("j0").token  # type: ignore[union-attr]
+        assert token is not None
+        # The owner that dies: it fetched the node's report and never acknowledged it.
+        assert await solver.owner.drain_facts() == 0  # the facts consumer exists, nothing waiting
+        done = JobNodeFinished(event_id="nf-j0", job_id="j0", node="n0", token=token, exit_code=0, reason="exit 0")
+        await solver.svc.ledger.report(done)
+        js = nc.jetstream()
+        dead = await js.pull_subscribe_bind(FACTS_CONSUMER, subjects.FACTS_STREAM)
+        fetched = await dead.fetch(1, timeout=5)
+        assert [m.subject for m in fetched] == [subjects.job_fact("j0", "node_finished")]
+
+        await solver.owner.bootstrap()  # the restarted owner
+        assert solver.owner.facts_back_at > time.time() + FACTS_ACK_WAIT_S - 5
+        await asyncio.sleep(0.6)
+        assert await solver.store.all() == [], "the lease ran out"
+        await solver.reconcile()  # past the grace, but the dead owner's fact is still on its way back
+        assert solver.owner.index.get("j0").state == "PLACED"  # type: ignore[union-attr]
+
+        await fetched[0].nak()  # as JetStream does FACTS_ACK_WAIT_S after the fetch: the fact is delivered again
+        solver.owner.facts_back_at = time.time()
+        assert await solver.owner.drain_facts() == 1
+        assert solver.owner.index.get("j0").state == "SUCCEEDED"  # type: ignore[union-attr]
+        await dead.unsubscribe()

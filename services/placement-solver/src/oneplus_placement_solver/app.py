@@ -1023,8 +1023,11 @@ class Solver:
                     "resending the launch of %s to %s: no report since it was placed", job_id, ", ".join(silent)
                 )
                 await self.send_launches(rec, res.allocation, res.token, silent)
+        # A record may still lag its nodes while facts a dead owner fetched are on their way back: a gang that ended
+        # then has stopped renewing its lease, and its record would read as a lost reservation and be requeued.
+        facts_in = self.owner.facts_caught_up(now)
         for rec in list(index.holders.values()):
-            if rec.job_id not in reservations and now - rec.updated_ts > s.lost_reservation_grace_s:
+            if rec.job_id not in reservations and now - rec.updated_ts > s.lost_reservation_grace_s and facts_in:
                 why = "reservation lease expired: no node renewed it (node or executor lost?)"
                 event: JobEvent = JobRequeued(
                     event_id=f"lost-{rec.job_id}-{rec.token}",

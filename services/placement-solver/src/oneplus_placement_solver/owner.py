@@ -30,6 +30,7 @@ from nats.aio.msg import Msg
 from nats.errors import TimeoutError as FetchTimeout
 from nats.js import JetStreamContext
 from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy, PubAck
+from nats.js.errors import NotFoundError
 from nats.js.kv import KeyValue
 from oneplus_bus.acks import PUBLISH_ACK_TIMEOUT_S, wait_acks
 from oneplus_bus.archive import JobArchive
@@ -53,6 +54,7 @@ from pydantic import ValidationError
 log = logging.getLogger("oneplus.owner")
 
 FACTS_CONSUMER = "job-owner"
+FACTS_ACK_WAIT_S = 30.0  # a fact fetched and not acknowledged (its fetcher died) is delivered again this much later
 FACT_BATCH = 256
 REST_OF_BATCH_S = 0.05  # the facts pending behind a first one are in the stream already: they come at once
 PURGE_BATCH = 128  # hot-view keys purged side by side when finished jobs move to the archive
@@ -99,6 +101,8 @@ class JobOwner:
         # Awaited before every commit: raises NotOwner unless this replica holds the owner lease.
         self.guard: Callable[[], Awaitable[None]] | None = None
         self._tail: StreamTail | None = None
+        # Until then a record may lag what its nodes reported: an earlier owner died holding facts it had fetched.
+        self.facts_back_at = 0.0
         self.refused = Counter(
             "oneplus_job_facts_refused", "Facts that did not apply to the job's record", ["type"], registry=metrics
         )
@@ -125,7 +129,29 @@ class JobOwner:
         log.info(
             "job owner: %d records, %d events replayed, at sequence %d", len(records), replayed, self.index.last_seq
         )
+        self.facts_back_at = await self._stranded_facts_back_at()
         return replayed
+
+    async def _stranded_facts_back_at(self) -> float:
+        """When the facts an earlier owner fetched and never acknowledged will have been delivered again (now if it
+        left none): JetStream gives them back only `FACTS_ACK_WAIT_S` after they went out."""
+        try:
+            info = await self.js.consumer_info(subjects.FACTS_STREAM, FACTS_CONSUMER)
+        except NotFoundError:
+            return 0.0
+        if not info.num_ack_pending:
+            return 0.0
+        log.info(
+            "job owner: %d fact(s) fetched by an earlier owner come back within %.0f s",
+            info.num_ack_pending,
+            FACTS_ACK_WAIT_S,
+        )
+        return time.time() + FACTS_ACK_WAIT_S
+
+    def facts_caught_up(self, now: float) -> bool:
+        """Whether every fact reported before this owner began can have been folded: records may lag their nodes
+        until then, so a reservation missing from the store says nothing yet about its job."""
+        return now >= self.facts_back_at
 
     async def follow(self, on_event: OnFollowed) -> None:
         """Read-only: list the hot view, then fold the job stream's events into the index as the owner publishes
@@ -328,7 +354,7 @@ class JobOwner:
             durable_name=FACTS_CONSUMER,
             deliver_policy=DeliverPolicy.ALL,
             ack_policy=AckPolicy.EXPLICIT,
-            ack_wait=30,
+            ack_wait=FACTS_ACK_WAIT_S,
             max_ack_pending=FACT_BATCH * 4,
             filter_subject=subjects.JOB_FACTS_ALL,
         )
