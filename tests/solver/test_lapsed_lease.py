@@ -16,6 +16,7 @@ import time
 
 import pytest
 from nats.aio.client import Client
+from nats.errors import TimeoutError as NatsTimeout
 from oneplus_bus.audit import audit_history, read_audit
 from oneplus_contracts import JobAccepted, JobNodeFinished, subjects
 from oneplus_placement_solver.owner import FACTS_ACK_WAIT_S, FACTS_CONSUMER
@@ -88,3 +89,20 @@ async def test_a_lapsed_lease_waits_for_the_facts_a_dead_owner_fetched(
         assert await solver.owner.drain_facts() == 1
         assert solver.owner.index.get("j0").state == "SUCCEEDED"  # type: ignore[union-attr]
         await dead.unsubscribe()
+
+
+async def test_an_owner_waits_only_when_facts_may_be_out(
+    nc: Client, servers: Servers, cluster_name: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A fresh facts consumer (or none yet) holds nothing back; one that does not answer is taken to hold some."""
+    async with solver_on_fresh_bus(nc, servers, cluster_name) as solver:
+        await solver.owner.bootstrap()
+        assert solver.owner.facts_caught_up(time.time())
+
+        async def unanswered(*args: object, **kwargs: object) -> None:
+            raise NatsTimeout
+
+        monkeypatch.setattr(solver.owner.js, "consumer_info", unanswered)
+        await solver.owner.bootstrap()
+        assert not solver.owner.facts_caught_up(time.time())
+        assert solver.owner.facts_caught_up(time.time() + FACTS_ACK_WAIT_S)

@@ -139,6 +139,12 @@ class JobOwner:
             info = await self.js.consumer_info(subjects.FACTS_STREAM, FACTS_CONSUMER)
         except NotFoundError:
             return 0.0
+        except Exception as exc:  # not answered (a stream leader election): assume some are out
+            raise_if_cancelling()
+            log.warning(
+                "job owner: facts consumer not answered (%s); assuming facts out for %.0f s", exc, FACTS_ACK_WAIT_S
+            )
+            return time.time() + FACTS_ACK_WAIT_S
         if not info.num_ack_pending:
             return 0.0
         log.info(
