@@ -19,22 +19,28 @@ from nats.aio.client import Client
 from nats.errors import TimeoutError as NatsTimeout
 from oneplus_bus.audit import audit_history, read_audit
 from oneplus_contracts import JobAccepted, JobNodeFinished, subjects
+from oneplus_placement_solver.app import Solver
 from oneplus_placement_solver.owner import FACTS_ACK_WAIT_S, FACTS_CONSUMER
 from oneplus_reservations import check_history
 from oneplus_testing import Servers
 from test_cycle_store_ops import add_nodes, solver_on_fresh_bus, spec
 
 
+async def place_with_a_short_lease(nc: Client, solver: Solver, monkeypatch: pytest.MonkeyPatch) -> None:
+    """One node, a grace of half a second, and gang j0 placed there on a lease of a few tenths of a second that no
+    node renews."""
+    monkeypatch.setattr(solver, "settings", dataclasses.replace(solver.settings, lost_reservation_grace_s=0.5))
+    await add_nodes(nc, solver, 1)
+    monkeypatch.setattr(solver.store, "reserve_many", functools.partial(solver.store.reserve_many, lease_s=0.3))
+    await solver.owner.commit(JobAccepted(event_id="acc-0", job_id="j0", spec=spec(0, gpus=8)))
+    assert await solver.schedule_once() == 1
+
+
 async def test_gpus_of_a_lapsed_lease_wait_for_the_record_to_end(
     nc: Client, servers: Servers, cluster_name: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     async with solver_on_fresh_bus(nc, servers, cluster_name) as solver:
-        monkeypatch.setattr(solver, "settings", dataclasses.replace(solver.settings, lost_reservation_grace_s=0.5))
-        await add_nodes(nc, solver, 1)
-        # Leases of a few tenths of a second, and a node that never renews them.
-        monkeypatch.setattr(solver.store, "reserve_many", functools.partial(solver.store.reserve_many, lease_s=0.3))
-        await solver.owner.commit(JobAccepted(event_id="acc-0", job_id="j0", spec=spec(0, gpus=8)))
-        assert await solver.schedule_once() == 1
+        await place_with_a_short_lease(nc, solver, monkeypatch)
         await asyncio.sleep(0.4)
         assert await solver.store.all() == [], "the lease ran out"
 
@@ -61,11 +67,7 @@ async def test_a_lapsed_lease_waits_for_the_facts_a_dead_owner_fetched(
     by its node, lapsed first, and the restarted owner's reconcile requeued a gang that had ended, as an
     infrastructure fault. A restarted owner now judges no lease lost until those facts can have come back."""
     async with solver_on_fresh_bus(nc, servers, cluster_name) as solver:
-        monkeypatch.setattr(solver, "settings", dataclasses.replace(solver.settings, lost_reservation_grace_s=0.5))
-        await add_nodes(nc, solver, 1)
-        monkeypatch.setattr(solver.store, "reserve_many", functools.partial(solver.store.reserve_many, lease_s=0.3))
-        await solver.owner.commit(JobAccepted(event_id="acc-0", job_id="j0", spec=spec(0, gpus=8)))
-        assert await solver.schedule_once() == 1
+        await place_with_a_short_lease(nc, solver, monkeypatch)
         token = solver.owner.index.get("j0").token  # type: ignore[union-attr]
         assert token is not None
         # The owner that dies: it fetched the node's report and never acknowledged it.
