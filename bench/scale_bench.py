@@ -227,9 +227,9 @@ class Procs:
     def cpu(self) -> dict[str, float]:
         return {n: c for n, pid in self.pids.items() if (c := cpu_s(pid)) is not None}
 
-    def cpu_sys(self) -> dict[str, float]:
-        """The system (kernel) part of `cpu`: syscalls, the loopback TCP stack, page faults."""
-        return {n: t[1] for n, pid in self.pids.items() if (t := cpu_times(pid)) is not None}
+    def cpu_times(self) -> dict[str, tuple[float, float]]:
+        """User and system (kernel: syscalls, the loopback TCP stack, page faults) seconds, one read a process."""
+        return {n: t for n, pid in self.pids.items() if (t := cpu_times(pid)) is not None}
 
     def rss(self) -> dict[str, float]:
         return {n: mem_mb(pid).get("VmRSS", 0.0) for n, pid in self.pids.items()}
@@ -264,14 +264,13 @@ class CpuPhase:
         if logs is not None:
             logs.mark()
         self.t0 = time.monotonic()
-        self.c0 = procs.cpu()
-        self.s0 = procs.cpu_sys()
+        self.times0 = procs.cpu_times()
 
     def stop(self) -> Row:
         wall = time.monotonic() - self.t0
-        c1, s1 = self.procs.cpu(), self.procs.cpu_sys()
-        used = {n: round(c1[n] - self.c0.get(n, 0.0), 2) for n in c1}
-        kernel = {n: round(s1[n] - self.s0.get(n, 0.0), 2) for n in s1}
+        t1, t0 = self.procs.cpu_times(), self.times0
+        used = {n: round(sum(t) - sum(t0.get(n, (0.0, 0.0))), 2) for n, t in t1.items()}
+        kernel = {n: round(t[1] - t0.get(n, (0.0, 0.0))[1], 2) for n, t in t1.items()}
         row: Row = {
             "wall_s": round(wall, 2),
             "cpu_s": dict(sorted(used.items(), key=lambda kv: -kv[1])),
