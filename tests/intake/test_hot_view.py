@@ -7,10 +7,10 @@ import asyncio
 import time
 
 from nats.aio.client import Client
-from oneplus_bus.archive import JobArchive, matches
+from oneplus_bus.archive import JobArchive, JobRow
 from oneplus_bus.streams import ensure_kv, ensure_streams
 from oneplus_contracts import JobRecord, JobSpec, RankResources, subjects
-from oneplus_intake.hotview import SYNC_WAIT_S, HotRow, HotView
+from oneplus_intake.hotview import SYNC_WAIT_S, HotView
 
 
 def record(
@@ -66,7 +66,8 @@ async def test_the_copy_follows_puts_and_purges_and_a_read_sees_what_was_written
         await hot.stop()
 
 
-def test_the_rows_filter_is_the_archives_filter() -> None:
+def test_the_job_lists_filter_on_stored_records() -> None:
+    """JobRow.matches, which the hot view and the archive both filter with, read from the stored JSON."""
     recs = [
         record("live"),
         record("done-early", state="SUCCEEDED", ts=1000.0),
@@ -74,13 +75,19 @@ def test_the_rows_filter_is_the_archives_filter() -> None:
         record("bob", user="bob"),
         record("other-team", team="vision"),
     ]
-    queries = [
-        {"states": None, "since": None, "user": None, "team": None},
-        {"states": frozenset({"RUNNING"}), "since": None, "user": None, "team": "nlp"},
-        {"states": frozenset({"SUCCEEDED", "FAILED"}), "since": 3000.0, "user": None, "team": None},
-        {"states": None, "since": 3000.0, "user": "bob", "team": None},
+    cases = [
+        ({"states": None, "since": None, "user": None, "team": None}, {r.job_id for r in recs}),
+        ({"states": frozenset({"RUNNING"}), "since": None, "user": None, "team": "nlp"}, {"live", "bob"}),
+        # done-early ended at 1,050 (before `since`), done-late at 5,050.
+        ({"states": frozenset({"SUCCEEDED", "FAILED"}), "since": 3000.0, "user": None, "team": None}, {"done-late"}),
+        ({"states": None, "since": 3000.0, "user": "bob", "team": None}, {"bob"}),
+        ({"states": None, "since": 1050.0, "user": None, "team": None}, {r.job_id for r in recs}),
     ]
-    for q in queries:
-        by_row = {r.job_id for r in recs if HotRow.of(r.model_dump_json().encode()).matches(**q)}  # type: ignore[arg-type]
-        by_archive = {r.job_id for r in recs if matches(r, **q)}  # type: ignore[arg-type]
-        assert by_row == by_archive, q
+    for query, expected in cases:
+        rows = [JobRow.of(r.model_dump_json().encode()) for r in recs]
+        assert {r.job_id for r in rows if r.matches(**query)} == expected, query  # type: ignore[arg-type]
+    # A finished job without finished_ts ended when it was last updated.
+    no_finish = record("old", state="CANCELLED", ts=1000.0).model_copy(update={"finished_ts": None})
+    row = JobRow.of(no_finish.model_dump_json().encode())
+    assert row.ended_ts == 1060.0 and row.matches(since=1060.0) and not row.matches(since=1060.5)
+    assert row.record() == no_finish

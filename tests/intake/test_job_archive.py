@@ -323,6 +323,24 @@ async def test_job_list_pages_past_one_megabyte_hot_view_first_then_the_archive(
     assert code == 200 and len(result["jobs"]) == 100 and result["next"], "100 per page unless asked"
 
 
+async def test_a_page_carries_each_record_as_the_job_owner_stored_it(
+    intake: IntakeProcess, bus: Client, jobs_kv: KeyValue
+) -> None:
+    # Nothing is decoded and encoded again on the way: the reply holds the stored bytes, hot view and archive alike.
+    team = team_name()
+    live = record(f"j-{team}-live", team, state="RUNNING", user="zoë")
+    done = record(f"j-{team}-done", team, user="zoë")
+    await hot(jobs_kv, live)
+    await JobArchive(bus.jetstream()).put(done)
+    msg = await bus.request(LIST, json.dumps({"user": "zoë"}).encode(), timeout=10, headers={"Oneplus-Team": team})
+    for rec in (live, done):
+        assert rec.model_dump_json().encode() in msg.data, rec.job_id
+    result = json.loads(msg.data)["result"]
+    assert result == {"jobs": [live.model_dump(mode="json"), done.model_dump(mode="json")], "next": None}
+    code, other, _ = await ask(bus, LIST, {"user": "zo_"}, team)
+    assert code == 200 and other["jobs"] == [], "a user whose subject token is the same is not listed"
+
+
 async def test_a_finished_job_moved_to_the_archive_is_still_shown_and_listed_by_state(
     intake: IntakeProcess, bus: Client, jobs_kv: KeyValue
 ) -> None:

@@ -18,9 +18,9 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import re
-from collections.abc import AsyncGenerator, Iterable
+from collections.abc import AsyncGenerator, Collection, Iterable
+from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import get_args
 
@@ -31,6 +31,7 @@ from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy
 from nats.js.errors import NotFoundError
 from oneplus_contracts import TERMINAL_STATES, JobRecord, JobState, subjects
 from oneplus_contracts.jobindex import FinishedJob
+from pydantic_core import from_json
 
 ARCHIVE_PREFIX = f"{subjects.PREFIX}.archive"
 JOB_STATES: tuple[str, ...] = get_args(JobState)
@@ -54,6 +55,11 @@ def job_token(job_id: str) -> str:
     return "=" + job_id.encode("utf-8", "surrogatepass").hex()
 
 
+def job_of_token(tok: str) -> str:
+    """The job id whose `job_token` is `tok`."""
+    return bytes.fromhex(tok[1:]).decode("utf-8", "surrogatepass") if tok.startswith("=") else tok
+
+
 def archive_subject(rec: JobRecord) -> str:
     return subject_of(rec.job_id, rec.state, rec.spec.team, rec.spec.user)
 
@@ -63,33 +69,61 @@ def subject_of(job_id: str, state: str, team: str, user: str) -> str:
 
 
 def reply_size(rec: JobRecord) -> int:
-    """Bytes `rec` takes in an ops reply (the ops adapter encodes with json.dumps), with its separator."""
-    return len(json.dumps(rec.model_dump(mode="json")).encode()) + 2
+    """Bytes `rec` takes in a page of the job list (its stored JSON, as the archive keeps it), with its separator."""
+    return len(rec.model_dump_json()) + 1
 
 
-def ended_since(rec: JobRecord, since: float) -> bool:
-    """sacct's --starttime: the job had not ended by `since` (it is live, or it ended at or after `since`)."""
-    if not rec.terminal:
-        return True
-    end = rec.finished_ts if rec.finished_ts is not None else rec.updated_ts
-    return end >= since
+@dataclass(frozen=True, slots=True)
+class JobRow:
+    """A stored job record (the hot view's or the archive's JSON, as the job owner wrote it) and what the job list
+    filters and sorts on; the record is validated only by whoever needs the model."""
 
+    submitted_ts: float
+    job_id: str
+    state: str
+    user: str | None
+    team: str | None
+    ended_ts: float | None  # finished_ts (else updated_ts) of a finished job; None while it is live
+    data: bytes
 
-def matches(
-    rec: JobRecord,
-    *,
-    states: Iterable[str] | None = None,
-    since: float | None = None,
-    user: str | None = None,
-    team: str | None = None,
-) -> bool:
-    """The one filter, applied to the hot view and to every record read from the archive."""
-    return (
-        (states is None or rec.state in states)
-        and (team is None or rec.spec.team == team)
-        and (user is None or rec.spec.user == user)
-        and (since is None or ended_since(rec, since))
-    )
+    @classmethod
+    def of(cls, data: bytes) -> JobRow:
+        """Raises ValueError, KeyError or TypeError for what is not a job record."""
+        raw = from_json(data)  # pydantic's parser: half json.loads' time, and no model built
+        spec = raw.get("spec") or {}
+        state = str(raw.get("state"))
+        ended = None
+        if state in TERMINAL_STATES:
+            ended = raw.get("finished_ts") if raw.get("finished_ts") is not None else raw.get("updated_ts")
+        return cls(
+            submitted_ts=float(raw.get("submitted_ts") or 0.0),
+            job_id=str(raw["job_id"]),
+            state=state,
+            user=spec.get("user"),
+            team=spec.get("team"),
+            ended_ts=float(ended) if ended is not None else None,
+            data=data,
+        )
+
+    def matches(
+        self,
+        *,
+        states: Iterable[str] | None = None,
+        since: float | None = None,
+        user: str | None = None,
+        team: str | None = None,
+    ) -> bool:
+        """The one filter of the job list, for the hot view and the archive alike. `since` is sacct's --starttime:
+        the job had not ended by then (it is live, or it ended at or after `since`)."""
+        return (
+            (states is None or self.state in states)
+            and (team is None or self.team == team)
+            and (user is None or self.user == user)
+            and (since is None or self.ended_ts is None or self.ended_ts >= since)
+        )
+
+    def record(self) -> JobRecord:
+        return JobRecord.model_validate_json(self.data)
 
 
 def parse_states(raw: object) -> set[str] | None:
@@ -198,37 +232,71 @@ class JobArchive:
         max_bytes: int | None = None,
         at_least_one: bool = True,
     ) -> tuple[list[JobRecord], str | None]:
-        """At most `limit` archived jobs matching every filter given, in archive order, and the cursor of the next
-        page (None at the end). `since` (epoch seconds) keeps the jobs that ended at or after it. `max_bytes` caps
-        the sum of their `reply_size`; with `at_least_one` the first record comes whatever its size, so that a
-        reader always gets on."""
+        """`page_raw`, each record validated."""
+        rows, nxt = await self.page_raw(
+            states=states,
+            since=since,
+            user=user,
+            team=team,
+            limit=limit,
+            cursor=cursor,
+            max_bytes=max_bytes,
+            at_least_one=at_least_one,
+        )
+        return [JobRecord.model_validate_json(data) for data in rows], nxt
+
+    async def page_raw(
+        self,
+        *,
+        states: set[str] | None = None,
+        since: float | None = None,
+        user: str | None = None,
+        team: str | None = None,
+        limit: int = 100,
+        cursor: str | None = None,
+        max_bytes: int | None = None,
+        at_least_one: bool = True,
+        skip: Collection[str] = (),
+    ) -> tuple[list[bytes], str | None]:
+        """At most `limit` archived jobs matching every filter given, as stored (JSON), in archive order, and the
+        cursor of the next page (None at the end). `since` (epoch seconds) keeps the jobs that ended at or after it.
+        `max_bytes` caps the sum of their sizes in a reply (`reply_size`); with `at_least_one` the first record comes
+        whatever its size, so that a reader always gets on. `skip`: ids of jobs not to list (the hot view's: one
+        archived while its key is still being deleted there is listed from there)."""
         if limit < 1:
             raise ValueError("limit must be at least 1")
         if states is not None and not states:
             return [], None
         start_seq = _cursor_seq(cursor) if cursor is not None else None
-        out: list[JobRecord] = []
+        out: list[bytes] = []
         used = 0
         team_tok, user_tok = token(team or ""), token(user or "")
+        # Team and user tokens may stand for several names, and the time is in the record: those filters read it.
+        exact = since is not None or user is not None or team is not None
         scan = self._scan(_filter(states, team, user), since=since, start_seq=start_seq, first_batch=limit + 1)
         async with contextlib.aclosing(scan):
             async for subject, data, seq in scan:
-                # The subject says state, team and user (as tokens): what cannot match is never decoded.
+                # The subject says state, team and user (as tokens): what cannot match is never parsed.
                 parts = subject.split(".")
-                if len(parts) == 6 and (
-                    (states is not None and parts[3] not in states)
-                    or (team is not None and parts[4] != team_tok)
-                    or (user is not None and parts[5] != user_tok)
-                ):
-                    continue
-                rec = JobRecord.model_validate_json(data)
-                if not matches(rec, states=states, since=since, user=user, team=team):
-                    continue
-                size = reply_size(rec) if max_bytes is not None else 0
+                if len(parts) == 6:
+                    if (
+                        (skip and job_of_token(parts[2]) in skip)
+                        or (states is not None and parts[3] not in states)
+                        or (team is not None and parts[4] != team_tok)
+                        or (user is not None and parts[5] != user_tok)
+                    ):
+                        continue
+                    if exact and not JobRow.of(data).matches(states=states, since=since, user=user, team=team):
+                        continue
+                else:
+                    row = JobRow.of(data)
+                    if row.job_id in skip or not row.matches(states=states, since=since, user=user, team=team):
+                        continue
+                size = len(data) + 1 if max_bytes is not None else 0
                 full = max_bytes is not None and used + size > max_bytes and (out or not at_least_one)
                 if len(out) >= limit or full:
                     return out, str(seq)  # this record starts the next page
-                out.append(rec)
+                out.append(data)
                 used += size
         return out, None
 

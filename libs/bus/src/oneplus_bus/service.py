@@ -14,6 +14,7 @@ import logging
 import os
 import warnings
 from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import nats
@@ -63,6 +64,14 @@ class OpsError(Exception):
     def __init__(self, message: str, code: int = 400) -> None:
         super().__init__(message)
         self.code = code
+
+
+@dataclass(frozen=True, slots=True)
+class RawJson:
+    """An ops result already in JSON (a page of records as the store keeps them): sent as it is, not decoded into
+    models and encoded again, which was most of the time of a long job listing."""
+
+    body: bytes
 
 
 def jstream(name: str) -> JStream:
@@ -287,6 +296,9 @@ class OneplusService:
                 if caller.team is not None:
                     payload["team"] = caller.team
                 result = await fn(payload, headers)
+                if isinstance(result, RawJson):
+                    await req.respond(b'{"ok":true,"result":' + result.body + b"}")
+                    return
                 body = result.model_dump(mode="json") if isinstance(result, BaseModel) else result
                 await req.respond(json.dumps({"ok": True, "result": body}, default=_json_default).encode())
             except (OpsError, TenancyError) as exc:

@@ -15,7 +15,7 @@ from faststream.nats import NatsMessage
 from nats.js.errors import InvalidKeyError
 from oneplus_bus.archive import JobArchive
 from oneplus_bus.broker import whole_message_subscriber
-from oneplus_bus.service import OneplusService, OpsError
+from oneplus_bus.service import OneplusService, OpsError, RawJson
 from oneplus_bus.settings import BusSettings
 from oneplus_bus.tenancy import Caller, TenancyError, caller_of
 from oneplus_contracts import JobCancelRequested, JobRecord, subjects
@@ -151,7 +151,7 @@ class IntakeService:
         svc = self.svc
         return await joblist.job_show(svc.ledger, JobArchive(svc.js), payload, self.tenant(headers, payload))
 
-    async def job_list(self, payload: dict[str, Any], headers: dict[str, str]) -> dict[str, Any]:
+    async def job_list(self, payload: dict[str, Any], headers: dict[str, str]) -> RawJson:
         """One page of jobs (joblist.py): limit, cursor, state, since, user; `{"jobs": [...], "next": ...}`."""
         svc = self.svc
         return await joblist.job_list(svc.ledger, JobArchive(svc.js), payload, self.tenant(headers, payload), self.hot)

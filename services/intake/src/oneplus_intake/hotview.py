@@ -21,14 +21,12 @@ import json
 import logging
 import os
 import time
-from dataclasses import dataclass
 
 from nats.js import JetStreamContext
 from nats.js.errors import KeyNotFoundError
-from oneplus_bus.archive import ARCHIVE_PREFIX
+from oneplus_bus.archive import ARCHIVE_PREFIX, JobRow
 from oneplus_bus.informer import StreamTail, kv_list_and_watch
-from oneplus_contracts import TERMINAL_STATES, JobRecord, subjects
-from pydantic_core import from_json
+from oneplus_contracts import JobRecord, subjects
 
 log = logging.getLogger("oneplus.intake.hotview")
 
@@ -37,55 +35,10 @@ SWEEP_EVERY_S = 60.0
 STALE_AFTER_S = 120.0  # past ONEPLUS_MIN_JOB_AGE_S: a finished job's key should be gone from the bucket by then
 
 
-@dataclass(frozen=True)
-class HotRow:
-    """What a listing filters and sorts on, and the record as stored (parsed only when it is returned)."""
-
-    submitted_ts: float
-    job_id: str
-    state: str
-    user: str | None
-    team: str | None
-    ended_ts: float | None  # finished_ts (else updated_ts) of a finished job; None while it is live
-    data: bytes
-
-    @classmethod
-    def of(cls, data: bytes) -> HotRow:
-        raw = from_json(data)  # pydantic's parser: half json.loads' time, for every write the bucket sees
-        spec = raw.get("spec") or {}
-        state = str(raw.get("state"))
-        ended = None
-        if state in TERMINAL_STATES:
-            ended = raw.get("finished_ts") if raw.get("finished_ts") is not None else raw.get("updated_ts")
-        return cls(
-            submitted_ts=float(raw.get("submitted_ts") or 0.0),
-            job_id=str(raw["job_id"]),
-            state=state,
-            user=spec.get("user"),
-            team=spec.get("team"),
-            ended_ts=float(ended) if ended is not None else None,
-            data=data,
-        )
-
-    def matches(
-        self, *, states: frozenset[str] | None, since: float | None, user: str | None, team: str | None
-    ) -> bool:
-        """`oneplus_bus.archive.matches` on the row (the same filter as the archive's)."""
-        return (
-            (states is None or self.state in states)
-            and (team is None or self.team == team)
-            and (user is None or self.user == user)
-            and (since is None or self.ended_ts is None or self.ended_ts >= since)
-        )
-
-    def record(self) -> JobRecord:
-        return JobRecord.model_validate_json(self.data)
-
-
 class HotView:
     def __init__(self, js: JetStreamContext, min_job_age_s: float | None = None) -> None:
         self.js = js
-        self.rows: dict[str, HotRow] = {}
+        self.rows: dict[str, JobRow] = {}
         self.min_job_age_s = (
             float(os.environ.get("ONEPLUS_MIN_JOB_AGE_S", "300")) if min_job_age_s is None else min_job_age_s
         )
@@ -157,7 +110,7 @@ class HotView:
             self.rows.pop(job_id, None)
             return
         try:
-            self.rows[job_id] = HotRow.of(value)
+            self.rows[job_id] = JobRow.of(value)
         except (ValueError, KeyError, TypeError):
             self.rows.pop(job_id, None)  # not a job record: nothing to list
 

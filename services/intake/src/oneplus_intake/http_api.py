@@ -25,7 +25,7 @@ from aiohttp import web
 from nats.aio.client import Client
 from nats.errors import NoRespondersError
 from nats.errors import TimeoutError as NatsTimeout
-from oneplus_bus.service import OpsError
+from oneplus_bus.service import OpsError, RawJson
 from oneplus_bus.tenancy import REQUEST_INFO_HEADER, TEAM_HEADER, TenancyError
 from oneplus_contracts import JobRecord, subjects
 from opentelemetry import trace
@@ -59,6 +59,8 @@ def error_code(status: int) -> str:
 
 
 def json_response(status: int, body: Any) -> web.Response:
+    if isinstance(body, RawJson):
+        return web.Response(status=status, body=body.body, content_type="application/json")
     return web.Response(status=status, text=json.dumps(body), content_type="application/json")
 
 
@@ -79,7 +81,7 @@ class JobOps(Protocol):
 
     async def job_show(self, payload: dict[str, Any], headers: dict[str, str]) -> JobRecord: ...
 
-    async def job_list(self, payload: dict[str, Any], headers: dict[str, str]) -> dict[str, Any]: ...
+    async def job_list(self, payload: dict[str, Any], headers: dict[str, str]) -> RawJson | dict[str, Any]: ...
 
     async def job_cancel(self, payload: dict[str, Any], headers: dict[str, str]) -> dict[str, Any]: ...
 
