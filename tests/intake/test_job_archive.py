@@ -61,6 +61,10 @@ def record(
     )
 
 
+def records(page: list[bytes]) -> list[JobRecord]:
+    return [JobRecord.model_validate_json(data) for data in page]
+
+
 async def all_pages(archive: JobArchive, limit: int, **filters: Any) -> tuple[list[JobRecord], int]:
     out: list[JobRecord] = []
     cursor: str | None = None
@@ -69,7 +73,7 @@ async def all_pages(archive: JobArchive, limit: int, **filters: Any) -> tuple[li
         page, cursor = await archive.page(limit=limit, cursor=cursor, **filters)
         pages += 1
         assert len(page) <= limit
-        out += page
+        out += records(page)
         if cursor is None:
             return out, pages
 
@@ -107,7 +111,7 @@ async def test_names_that_share_a_subject_token_are_told_apart(archive: JobArchi
     assert await archive.get(dotted.job_id) == dotted
     assert await archive.get(underscored.job_id) == underscored
     page, _ = await archive.page(team=team, user="a.b")
-    assert [r.job_id for r in page] == [dotted.job_id], "the exact user is checked on the record"
+    assert [r.job_id for r in records(page)] == [dotted.job_id], "the exact user is checked on the record"
 
 
 async def test_pages_filter_by_state_team_user_and_since_and_resume_at_their_cursor(archive: JobArchive) -> None:

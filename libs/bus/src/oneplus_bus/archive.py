@@ -231,31 +231,6 @@ class JobArchive:
         cursor: str | None = None,
         max_bytes: int | None = None,
         at_least_one: bool = True,
-    ) -> tuple[list[JobRecord], str | None]:
-        """`page_raw`, each record validated."""
-        rows, nxt = await self.page_raw(
-            states=states,
-            since=since,
-            user=user,
-            team=team,
-            limit=limit,
-            cursor=cursor,
-            max_bytes=max_bytes,
-            at_least_one=at_least_one,
-        )
-        return [JobRecord.model_validate_json(data) for data in rows], nxt
-
-    async def page_raw(
-        self,
-        *,
-        states: set[str] | None = None,
-        since: float | None = None,
-        user: str | None = None,
-        team: str | None = None,
-        limit: int = 100,
-        cursor: str | None = None,
-        max_bytes: int | None = None,
-        at_least_one: bool = True,
         skip: Collection[str] = (),
     ) -> tuple[list[bytes], str | None]:
         """At most `limit` archived jobs matching every filter given, as stored (JSON), in archive order, and the

@@ -165,7 +165,7 @@ async def list_page(ledger: JobLedger, archive: JobArchive, query: JobQuery, hot
             return page_json(jobs, query.cursor(archive=""))
     elif not query.reads_archive:
         return page_json([], None)
-    records, nxt = await archive.page_raw(
+    records, nxt = await archive.page(
         states=set(query.states) if query.states is not None else None,
         since=query.since,
         user=query.user,
