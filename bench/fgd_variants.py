@@ -7,6 +7,9 @@ then the ring, then the seed's node order. Each variant below changes one thing,
 - tie-breaks among nodes of equal score (after "untouched last"):
   `tightest`: fewest whole GPUs left after the pod; `tightest-multi`: the same for pods of two GPUs or more only;
   `exact`: the least exact (unrounded) growth of fragmentation; `least-idle`: fewest milli-GPUs left after;
+- `aligned`: among nodes of equal score, for whole GPUs and shares alike, the node whose free CPU, memory and GPU
+  line up best with what the pod asks (Tetris' alignment, Grandl et al., SIGCOMM '14: the dot product of the two
+  vectors, each part over the node's capacity); aimed at the capacity stranded on nodes whose CPU or memory runs out;
 - the GPU a share takes on its node, among GPUs of equal score (the live rule: the lowest position):
   `tight-gpu`: the GPU the share leaves with the fewest milli-GPUs (best fit; the idle GPU capacity left at 130% is
   almost all such remainders of shared GPUs);
@@ -35,14 +38,14 @@ from typing import Any
 import oneplus_sim.fgd_live as fgd_live
 from benchkit import git_commit
 from oneplus_placement.fgd import WorkloadShape, after, typical_shapes
-from oneplus_placement.fitters import FgdShareFitter, FgdState, FgdWholeGpuFitter
+from oneplus_placement.fitters import FgdShareFitter, FgdState, FgdWholeGpuFitter, gpu_left
 from oneplus_placement.snapshot import FULL_SHARE
 from oneplus_sim.fgd import Pod, PodRes, load_nodes, load_pods, parse_seeds, typical_pods
 
 ROOT = Path(__file__).resolve().parents[1]
 OPENB = ROOT / "data/traces/openb"
 
-TIE_BREAKS = ("tightest", "tightest-multi", "exact", "least-idle")
+TIE_BREAKS = ("tightest", "tightest-multi", "exact", "least-idle", "aligned")
 SHARE_GPU = ("tight-gpu",)
 WEIGHTS = ("weight-gpus", "weight-sqrt", "popularity-100")
 VARIANTS = ("live", *TIE_BREAKS, *SHARE_GPU, *WEIGHTS)
@@ -64,9 +67,31 @@ def tie_break_fit(variant: str) -> Callable[[FgdWholeGpuFitter, int, int], tuple
             extra = state.growth(left_after, units * self.req.unit_cpus)
         elif variant == "least-idle":
             extra = sum(left_after)
+        elif variant == "aligned":
+            extra = -alignment(self, i, units)
         return (*key[:-1], extra, key[-1])
 
     return fit_part
+
+
+def alignment(fitter: FgdWholeGpuFitter | FgdShareFitter, i: int, units: int) -> float:
+    """Tetris' alignment of `units` units of the request with node `i`'s free capacity, each part over capacity."""
+    slot, snap, req = fitter.layout.slots[i], fitter.snap, fitter.req
+    gpu_cap = slot.shape.n * FULL_SHARE
+    gpu_ask = units * (req.milli if req.shared else req.unit_gpus * FULL_SHARE)
+    return (
+        (units * req.unit_cpus / slot.cpus) * (snap.cpu_free(i) / slot.cpus)
+        + (units * req.unit_memory_mb / slot.memory_mb) * (snap.mem_free(i) / slot.memory_mb)
+        + (gpu_ask / gpu_cap) * (sum(gpu_left(snap, i)) / gpu_cap)
+    )
+
+
+def aligned_share_fit(self: FgdShareFitter, i: int, units: int) -> tuple[float, ...]:
+    """`FgdShareFitter.fit_part` for `aligned`: the live key (score, untouched last), then the alignment."""
+    return (*LIVE_SHARE_FIT(self, i, units), -alignment(self, i, units))
+
+
+LIVE_SHARE_FIT = FgdShareFitter.fit_part
 
 
 def tight_gpu_order(self: FgdShareFitter, left: int, p: int) -> tuple[int, ...]:
@@ -90,10 +115,17 @@ def weighted_typical(variant: str) -> Callable[[Sequence[Pod]], list[tuple[PodRe
 @contextlib.contextmanager
 def variant_in_force(variant: str) -> Iterator[None]:
     # Patched by name: the variants are a measurement, not a policy the product offers.
-    targets = ((FgdWholeGpuFitter, "fit_part"), (FgdShareFitter, "gpu_order"), (fgd_live, "typical_pods"))
+    targets = (
+        (FgdWholeGpuFitter, "fit_part"),
+        (FgdShareFitter, "gpu_order"),
+        (FgdShareFitter, "fit_part"),
+        (fgd_live, "typical_pods"),
+    )
     originals = [(owner, name, getattr(owner, name)) for owner, name in targets]
     if variant in TIE_BREAKS:
         setattr(FgdWholeGpuFitter, "fit_part", tie_break_fit(variant))  # noqa: B010
+        if variant == "aligned":
+            setattr(FgdShareFitter, "fit_part", aligned_share_fit)  # noqa: B010
     elif variant in SHARE_GPU:
         setattr(FgdShareFitter, "gpu_order", tight_gpu_order)  # noqa: B010
     elif variant in WEIGHTS:
