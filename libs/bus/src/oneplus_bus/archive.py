@@ -253,17 +253,15 @@ class JobArchive:
             async for subject, data, seq in scan:
                 # The subject says state, team and user (as tokens): what cannot match is never parsed.
                 parts = subject.split(".")
-                if len(parts) == 6:
-                    if (
-                        (skip and job_of_token(parts[2]) in skip)
-                        or (states is not None and parts[3] not in states)
-                        or (team is not None and parts[4] != team_tok)
-                        or (user is not None and parts[5] != user_tok)
-                    ):
-                        continue
-                    if exact and not JobRow.of(data).matches(states=states, since=since, user=user, team=team):
-                        continue
-                else:
+                by_subject = len(parts) == 6
+                if by_subject and (
+                    (skip and job_of_token(parts[2]) in skip)
+                    or (states is not None and parts[3] not in states)
+                    or (team is not None and parts[4] != team_tok)
+                    or (user is not None and parts[5] != user_tok)
+                ):
+                    continue
+                if exact or not by_subject:
                     row = JobRow.of(data)
                     if row.job_id in skip or not row.matches(states=states, since=since, user=user, team=team):
                         continue
