@@ -15,7 +15,11 @@ then the ring, then the seed's node order. Each variant below changes one thing,
   almost all such remainders of shared GPUs);
 - the typical pods FGD measures fragmentation against (the paper weighs each shape by how many pods have it):
   `weight-gpus`: by the GPUs its pods ask; `weight-sqrt`: by the square root of that; `popularity-100`: every
-  shape, not the most frequent ones covering 95% of pods.
+  shape, not the most frequent ones covering 95% of pods;
+- the resolution of FGD's score, which decides how many nodes tie and so how much the tie-breaks pack (the live
+  score is whole points of 0-100, as the FGD plugin hands it to kube-scheduler): `points-0.1`, `points-0.5`:
+  tenths and halves of a point; `points-2`, `points-5`: steps of 2 and 5 points (for whole GPUs, shares and
+  CPU-only pods alike).
 
 None of these is in the product: the script swaps the fitter's sort key or the typical pods around each run. It
 prints one JSON line a variant and pod list (mean `gpu_alloc_pct` over the seeds, and each seed's) and writes them
@@ -29,12 +33,14 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
+import math
 import statistics
 import time
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
+import oneplus_placement.fitters as fitters
 import oneplus_sim.fgd_live as fgd_live
 from benchkit import git_commit
 from oneplus_placement.fgd import WorkloadShape, after, typical_shapes
@@ -48,7 +54,8 @@ OPENB = ROOT / "data/traces/openb"
 TIE_BREAKS = ("tightest", "tightest-multi", "exact", "least-idle", "aligned")
 SHARE_GPU = ("tight-gpu",)
 WEIGHTS = ("weight-gpus", "weight-sqrt", "popularity-100")
-VARIANTS = ("live", *TIE_BREAKS, *SHARE_GPU, *WEIGHTS)
+RESOLUTIONS = {"points-0.1": 0.1, "points-0.5": 0.5, "points-2": 2.0, "points-5": 5.0}
+VARIANTS = ("live", *TIE_BREAKS, *SHARE_GPU, *WEIGHTS, *RESOLUTIONS)
 
 
 def tie_break_fit(variant: str) -> Callable[[FgdWholeGpuFitter, int, int], tuple[float, ...]]:
@@ -112,6 +119,17 @@ def weighted_typical(variant: str) -> Callable[[Sequence[Pod]], list[tuple[PodRe
     return typical
 
 
+def score_in_steps(step: float) -> Callable[[float], float]:
+    """`oneplus_placement.fgd.gradient_score` in steps of `step` points instead of whole points."""
+
+    def score(drop: float) -> float:
+        x = drop / 1000
+        points = 100.0 / (1.0 + math.exp(-x)) if x > -700 else 0.0
+        return math.floor(points / step) * step
+
+    return score
+
+
 @contextlib.contextmanager
 def variant_in_force(variant: str) -> Iterator[None]:
     # Patched by name: the variants are a measurement, not a policy the product offers.
@@ -120,6 +138,8 @@ def variant_in_force(variant: str) -> Iterator[None]:
         (FgdShareFitter, "gpu_order"),
         (FgdShareFitter, "fit_part"),
         (fgd_live, "typical_pods"),
+        (fitters, "gradient_score"),
+        (fgd_live, "gradient_score"),
     )
     originals = [(owner, name, getattr(owner, name)) for owner, name in targets]
     if variant in TIE_BREAKS:
@@ -130,6 +150,9 @@ def variant_in_force(variant: str) -> Iterator[None]:
         setattr(FgdShareFitter, "gpu_order", tight_gpu_order)  # noqa: B010
     elif variant in WEIGHTS:
         setattr(fgd_live, "typical_pods", weighted_typical(variant))  # noqa: B010
+    elif variant in RESOLUTIONS:
+        for module in (fitters, fgd_live):
+            setattr(module, "gradient_score", score_in_steps(RESOLUTIONS[variant]))  # noqa: B010
     try:
         yield
     finally:
