@@ -30,8 +30,9 @@ level (`--history`, default 0,20000,100000): for each level, in order,
      where the time goes;
    - a speed probe just before and after the burst (`speed_probe_ms`: a fixed pure-Python loop, the median of five
      runs): a shared machine's CPU speed swings, and the burst's CPU a gang with it;
-   - what crossed the broker during the burst, a gang (`broker`, from nats-server's monitoring port): messages and
-     KB in and out, and by client (each service's connection, this benchmark's unnamed one).
+   - what crossed the broker during the paced jobs (a job) and the burst (a gang) (`broker`, from nats-server's
+     monitoring port): messages and KB in and out, and by client (each service's connection, this benchmark's
+     unnamed one).
    Every measurement job has finished before the next level starts.
 
 Prints a table and writes bench/results/scale.json (after every level, so a failed run keeps what it measured).
@@ -821,9 +822,11 @@ async def run(servers: EmbeddedServers, plat: Platform, args: argparse.Namespace
             row["list_idle"] |= phase.stop()
             print(f"  jobs list (hot view empty): {json.dumps(row['list_idle'])}", flush=True)
 
+            broker = BrokerCount(servers.monitor_url)
             phase = CpuPhase(procs, logs)
             row["paced"], paced_ids = await paced(c, watch, args, f"{tag}-{target}")
             row["paced"] |= phase.stop()
+            row["paced"]["broker"] = broker.stop(args.paced)
             print(f"  paced: {json.dumps(row['paced'])}", flush=True)
             await watch.wait(watch.finished, paced_ids, args.timeout)  # the burst starts on an idle cluster
             await settle(js, 30)
