@@ -140,3 +140,17 @@ def test_expired_jobs_carry_their_archive_fields_and_json() -> None:
         rec.updated_ts,
     )
     assert JobRecord.model_validate_json(gone.data) == rec
+
+
+def test_due_finished_jobs_stay_until_forgotten_and_one_kept_anew_meanwhile_stays() -> None:
+    index = JobIndex()
+    for job_id in ("j-1", "j-2"):
+        index.put(record(job_id, "SUCCEEDED").model_copy(update={"seq": 3}))
+    due = index.due_finished(now=30.0, min_age_s=10.0)
+    assert [d.job_id for d in due] == ["j-1", "j-2"]
+    assert "j-1" in index and "j-2" in index, "due, not gone: the owner archives them before they leave"
+    # A late record of j-2 while they are archived: the archived copy is out of date, so j-2 waits for the next pass.
+    index.put(record("j-2", "SUCCEEDED").model_copy(update={"seq": 7}))
+    assert [d.job_id for d in index.forget_finished(due)] == ["j-1"]
+    assert "j-1" not in index and index.get("j-2") is not None and index.get("j-2").seq == 7  # type: ignore[union-attr]
+    assert [d.seq for d in index.due_finished(now=30.0, min_age_s=10.0)] == [7]

@@ -130,7 +130,15 @@ class JobIndex:
 
     def expire_finished(self, now: float, min_age_s: float) -> list[FinishedJob]:
         """`expire`, as kept: the JSON the archive stores and the fields it files it under, nothing parsed."""
-        out = [done for done in self.finished.values() if now - done.ts >= min_age_s]
+        return self.forget_finished(self.due_finished(now, min_age_s))
+
+    def due_finished(self, now: float, min_age_s: float) -> list[FinishedJob]:
+        """The finished jobs older than `min_age_s`, as kept, still in the hot view (`forget_finished` drops them)."""
+        return [done for done in self.finished.values() if now - done.ts >= min_age_s]
+
+    def forget_finished(self, due: Iterable[FinishedJob]) -> list[FinishedJob]:
+        """Take `due` out of the hot view; the ones a late event changed since (kept anew) stay. Returns those taken."""
+        out = [done for done in due if self.finished.get(done.job_id) is done]
         for done in out:
             del self.finished[done.job_id]
         return out
