@@ -95,7 +95,7 @@ class SolverSettings:
     lost_reservation_grace_s: float = 5.0
     relaunch_after_s: float = 10.0  # a node silent this long after its gang was placed gets its launch command again
     min_job_age_s: float = 300.0  # Slurm's MinJobAge: how long a finished job stays in the hot view
-    expire_interval_s: float = 5.0
+    expire_interval_s: float = 1.0  # small passes: a pass's burst of archive writes and purges delays commits
     preemption_request_every_s: float = 10.0
     nic_gbps_per_gpu: float = 400.0
     oversubscription: float = 1.0
