@@ -45,6 +45,11 @@ PUT_BATCH = 256  # finished jobs archived per round trip
 _UNSAFE = re.compile(r"[^A-Za-z0-9_-]")
 
 
+def _dedupe(job_id: str, seq: int) -> dict[str, str]:
+    """The headers of an archived record: JetStream drops a second put of the same record (a pass run again)."""
+    return {"Nats-Msg-Id": f"archive-{job_id}-{seq}"}
+
+
 def token(value: str) -> str:
     """`value` as one subject token: characters outside [A-Za-z0-9_-] become `_`; the empty string is `_`."""
     return _UNSAFE.sub("_", value) or "_"
@@ -204,7 +209,7 @@ class JobArchive:
                 await self.js.publish_async(
                     subject_of(d.job_id, d.state, d.team, d.user),
                     d.data,
-                    headers={"Nats-Msg-Id": f"archive-{d.job_id}-{d.seq}"},
+                    headers=_dedupe(d.job_id, d.seq),
                     stream=self.stream,
                 )
                 for d in done[start : start + PUT_BATCH]
@@ -212,9 +217,7 @@ class JobArchive:
             await wait_acks(futures)
 
     async def _publish(self, subject: str, job_id: str, seq: int, data: bytes) -> int:
-        ack = await self.js.publish(
-            subject, data, headers={"Nats-Msg-Id": f"archive-{job_id}-{seq}"}, stream=self.stream
-        )
+        ack = await self.js.publish(subject, data, headers=_dedupe(job_id, seq), stream=self.stream)
         return int(ack.seq)
 
     async def get(self, job_id: str) -> JobRecord | None:
