@@ -75,6 +75,25 @@ def fmt(v: Any, digits: int = 0) -> str:
     return str(v)
 
 
+def cpu_model() -> str | None:
+    """The CPU as /proc/cpuinfo names it (model name, family/model/stepping): runs on different hosts differ by 1.5x."""
+    try:
+        text = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return None
+    fields: dict[str, str] = {}
+    for line in text.splitlines():
+        key, sep, value = line.partition(":")
+        if not sep:
+            break  # the first processor's block ends at its blank line
+        fields.setdefault(key.strip(), value.strip())
+    name = fields.get("model name")
+    if name is None:
+        return None
+    fms = "/".join(fields.get(k, "?") for k in ("cpu family", "model", "stepping"))
+    return f"{name} (family/model/stepping {fms})"
+
+
 def git_commit() -> str | None:
     done = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True)
     if done.returncode != 0:

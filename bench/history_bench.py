@@ -38,7 +38,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from benchkit import fmt, git_commit, job_of, pct, probe, settle
+from benchkit import cpu_model, fmt, git_commit, job_of, pct, probe, settle
 from nats.errors import TimeoutError as FetchTimeout
 from nats.js import JetStreamContext
 from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy
@@ -412,6 +412,7 @@ def main() -> None:
         "cpus": os.cpu_count(),
         "python": sys.version.split()[0],
         "machine": host.machine(),
+        "cpu_model": cpu_model(),
         "wall_s": round(time.monotonic() - t0, 1),
         "loadavg_1m_before_after": [round(load_before[0], 2), round(os.getloadavg()[0], 2)],
         "runs": rows,

@@ -62,7 +62,7 @@ import urllib.request
 from pathlib import Path
 from typing import Any, ClassVar
 
-from benchkit import fmt, git_commit, job_of, pct, probe, settle
+from benchkit import cpu_model, fmt, git_commit, job_of, pct, probe, settle
 from nats.errors import TimeoutError as FetchTimeout
 from nats.js import JetStreamContext
 from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy
@@ -1138,6 +1138,7 @@ def main() -> None:
         "cpus_usable": len(os.sched_getaffinity(0)),
         "python": sys.version.split()[0],
         "machine": host.machine(),
+        "cpu_model": cpu_model(),
         "loadavg_before": [round(x, 2) for x in os.getloadavg()],
         "cli_bytecode_cache": str(args.cli_pycache) if args.cli_pycache else "as the environment has it",
         "cli_startup_s": cli_startup(args.cli_pycache),
@@ -1155,7 +1156,8 @@ def main() -> None:
         solver_replicas=args.solver_replicas,
     ).start()
     failed = False
-    print(f"{nodes} nodes, {gpus:,} GPUs; servers and logs in {servers.workdir}", flush=True)
+    cpu = report["cpu_model"] or host.machine()
+    print(f"{nodes} nodes, {gpus:,} GPUs on {cpu}; servers and logs in {servers.workdir}", flush=True)
     try:
         report["platform_ready_s"] = round(plat.wait_nodes(timeout=600), 1)
         print(f"every node ready after {report['platform_ready_s']} s", flush=True)
