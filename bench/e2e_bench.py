@@ -19,16 +19,12 @@ import sys
 import time
 from pathlib import Path
 
+from benchkit import cpu_model, git_commit, pct
 from oneplus_contracts import JobRecord, JobSpec, RankResources, SimulatedRun
 
 from oneplus.client import OnePlusClient
 from oneplus.demo import wait_for_platform
 from oneplus.devstack import DEMO_NODES, EmbeddedServers, Platform, urls_from_env
-
-
-def pct(values: list[float], q: float) -> float:
-    s = sorted(values)
-    return s[min(len(s) - 1, round(q / 100 * (len(s) - 1)))]
 
 
 async def wait_placed(c: OnePlusClient, ids: set[str], timeout: float) -> dict[str, JobRecord]:
@@ -83,6 +79,8 @@ async def run(nats_url: str, n: int, rate: float, tag: str) -> dict[str, object]
             "cpus": os.cpu_count(),
             "python": sys.version.split()[0],
             "machine": host.machine(),
+            "cpu_model": cpu_model(),
+            "commit": git_commit(),
         }
 
 
