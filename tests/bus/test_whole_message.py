@@ -4,6 +4,9 @@ thread per message): headers, body and JetStream metadata for durable subscriber
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import gc
+import weakref
 from typing import Any
 
 from faststream.nats import NatsMessage
@@ -52,6 +55,40 @@ async def test_a_request_handler_answers_through_the_decoder(nc: Client, servers
     finally:
         await svc.app.stop()
     assert reply.data == b'{"team":"nlp","bytes":5}'
+
+
+async def test_a_handled_message_is_freed_without_the_cyclic_collector(nc: Client, servers: Servers) -> None:
+    """The decoder's result is the message, which FastStream caches on the message: unbroken, that cycle kept every
+    consumed message (body, headers, raw NATS message) alive until a collection found it."""
+    svc = OneplusService("whole-message-free", "test", BusSettings(servers.nats_url, servers.redis_url))
+    handled: list[int] = []
+    freed: list[int] = []
+    all_freed = asyncio.Event()
+
+    def gone(i: int) -> None:
+        freed.append(i)
+        if len(freed) == 3:
+            all_freed.set()
+
+    async def answer(msg: NatsMessage) -> dict[str, Any]:
+        handled.append(len(msg.body))
+        weakref.finalize(msg, gone, len(msg.body))
+        return {"bytes": len(msg.body)}
+
+    whole_message_subscriber(svc.broker, "oneplus.test.whole.free", queue="t")(answer)
+    await svc.app.start()
+    gc.disable()  # only reference counting may free the messages now
+    try:
+        for i in range(1, 4):
+            reply = await nc.request("oneplus.test.whole.free", b"x" * i, timeout=10)
+            assert reply.data == b'{"bytes":%d}' % i
+        with contextlib.suppress(TimeoutError):  # the consumer finishes its middlewares after the reply is out
+            await asyncio.wait_for(all_freed.wait(), 2.0)
+    finally:
+        gc.enable()
+        await svc.app.stop()
+    assert handled == [1, 2, 3]
+    assert sorted(freed) == [1, 2, 3], f"messages {sorted(set(handled) - set(freed))} wait for the cyclic collector"
 
 
 def test_the_wrapper_keeps_the_handlers_name_and_hides_its_annotation() -> None:
