@@ -17,6 +17,7 @@ import platform
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -192,13 +193,13 @@ def main() -> None:
     args = p.parse_args()
     lo, _, hi = args.fgd_seeds.partition("-")
     seeds = list(range(int(lo), int(hi or lo) + 1))
-    steps = {
+    steps: dict[str, Callable[[], dict[str, Any]]] = {
         "trace_replay": lambda: trace_replay(args.philly_jobs),
         "fgd": lambda: fgd(seeds),
         "solver": lambda: solver(args.solver_timeout),
         "e2e": lambda: e2e(args.e2e_timeout),
     }
-    files = {"trace_replay": "trace_replay.json", "fgd": "fgd.json", "solver": None, "e2e": None}
+    files: dict[str, str | None] = {"trace_replay": "trace_replay.json", "fgd": "fgd.json", "solver": None, "e2e": None}
     sections: dict[str, dict[str, Any]] = {}
     wall: dict[str, float] = {}
     for name, step in steps.items():
@@ -206,8 +207,9 @@ def main() -> None:
         print(f"[bench] {name} ...", flush=True)
         sections[name] = step()
         wall[name] = time.perf_counter() - t0
-        if files[name] and "skipped" not in sections[name]:
-            _write(files[name], sections[name])
+        out = files[name]
+        if out and "skipped" not in sections[name]:
+            _write(out, sections[name])
         print(f"[bench] {name} done in {wall[name]:.0f} s", flush=True)
     (RESULTS / "README.md").write_text(markdown(sections, wall) + "\n", encoding="utf-8")
     print((RESULTS / "README.md").read_text())

@@ -890,7 +890,7 @@ def burst_cpu_ms_per_gang(b: Row) -> float | None:
     cpu, gangs = b.get("cpu_s"), b.get("gangs")
     if not cpu or not gangs:
         return None
-    return round(1000 * sum(cpu.values()) / gangs, 2)
+    return round(1000 * float(sum(cpu.values())) / float(gangs), 2)
 
 
 def burst_kernel_pct(b: Row) -> float | None:
@@ -1109,9 +1109,9 @@ def main() -> None:
     ap.add_argument("--report", type=Path, help="only recompute the verdict of this results file and print its table")
     args = ap.parse_args()
     if args.report is not None:
-        report = json.loads(args.report.read_text())
-        write(report, args.report)
-        print(table(report))
+        done: Row = json.loads(args.report.read_text())
+        write(done, args.report)
+        print(table(done))
         return
     # PYTHONDONTWRITEBYTECODE=1 (some sandboxes set it) makes every CLI call compile its ~2,000 modules from source:
     # seconds that an installed CLI does not pay. The CLI is timed with a bytecode cache of its own instead.
