@@ -13,6 +13,12 @@ then the ring, then the seed's node order. Each variant below changes one thing,
 - the GPU a share takes on its node, among GPUs of equal score (the live rule: the lowest position):
   `tight-gpu`: the GPU the share leaves with the fewest milli-GPUs (best fit; the idle GPU capacity left at 130% is
   almost all such remainders of shared GPUs);
+  `sum-squares`: the GPU, and among nodes of equal score the node, whose share grows least the sum over gap sizes
+  of the squared count of the cluster's shared GPUs with that gap (Csirik, Johnson, Kenyon, Orlin, Shor and Weber's
+  Sum-of-Squares rule for online bin packing, SIAM J. Comput. 2006: keep every gap size as rare as the items that
+  fill it);
+- the rule itself: `no-untouched` drops "an untouched node last" (whole GPUs, shares and CPU-only pods), which makes
+  the live policy FGD as the reference runs it;
 - the typical pods FGD measures fragmentation against (the paper weighs each shape by how many pods have it):
   `weight-gpus`: by the GPUs its pods ask; `weight-sqrt`: by the square root of that; `popularity-100`: every
   shape, not the most frequent ones covering 95% of pods;
@@ -23,7 +29,8 @@ then the ring, then the seed's node order. Each variant below changes one thing,
 
 None of these is in the product: the script swaps the fitter's sort key or the typical pods around each run. It
 prints one JSON line a variant and pod list (mean `gpu_alloc_pct` over the seeds, and each seed's) and writes them
-all to `--out`. About 5 s a seed and variant on the multi-GPU lists.
+all to `--out`. About 5 s a seed and variant on the multi-GPU lists. `--reference` replays the reference simulator's
+own workloads of seeds 42-51 instead of Python's draws (docs/simulator.md).
 
     uv run python bench/fgd_variants.py --pods multigpu40,multigpu50 --seeds 0-9 --out bench/results/fgd_variants.json
 """
@@ -45,17 +52,19 @@ import oneplus_sim.fgd_live as fgd_live
 from benchkit import git_commit
 from oneplus_placement.fgd import WorkloadShape, after, typical_shapes
 from oneplus_placement.fitters import FgdShareFitter, FgdState, FgdWholeGpuFitter, gpu_left
-from oneplus_placement.snapshot import FULL_SHARE
-from oneplus_sim.fgd import Pod, PodRes, load_nodes, load_pods, parse_seeds, typical_pods
+from oneplus_placement.snapshot import FULL_SHARE, Holdings
+from oneplus_sim.fgd import Pod, PodRes, Workload, load_nodes, load_pods, parse_seeds, typical_pods
+from oneplus_sim.fgd_reference import load_reference_workloads
 
 ROOT = Path(__file__).resolve().parents[1]
 OPENB = ROOT / "data/traces/openb"
 
 TIE_BREAKS = ("tightest", "tightest-multi", "exact", "least-idle", "aligned")
-SHARE_GPU = ("tight-gpu",)
+SHARE_GPU = ("tight-gpu", "sum-squares")
 WEIGHTS = ("weight-gpus", "weight-sqrt", "popularity-100")
 RESOLUTIONS = {"points-0.1": 0.1, "points-0.5": 0.5, "points-2": 2.0, "points-5": 5.0}
-VARIANTS = ("live", *TIE_BREAKS, *SHARE_GPU, *WEIGHTS, *RESOLUTIONS)
+RULES = ("no-untouched",)
+VARIANTS = ("live", *TIE_BREAKS, *SHARE_GPU, *WEIGHTS, *RESOLUTIONS, *RULES)
 
 
 def tie_break_fit(variant: str) -> Callable[[FgdWholeGpuFitter, int, int], tuple[float, ...]]:
@@ -106,6 +115,53 @@ def tight_gpu_order(self: FgdShareFitter, left: int, p: int) -> tuple[int, ...]:
     return (left - self.req.milli, p)
 
 
+def gap_counts(snap: Holdings) -> dict[int, int]:
+    """How many shared GPUs of the cluster have each gap (milli-GPUs left), for `sum-squares`."""
+    counts: dict[int, int] = {}
+    for i, shares in enumerate(snap.shares):
+        if shares is None:
+            continue
+        mask = snap.share_mask[i] & ~snap.blocked[i]
+        for p, used in enumerate(shares):
+            if mask >> p & 1:
+                gap = FULL_SHARE - used
+                counts[gap] = counts.get(gap, 0) + 1
+    return counts
+
+
+def ss_delta(counts: dict[int, int], gap: int, milli: int) -> int:
+    """Growth of the sum of squares of the gap counts when a share of `milli` goes into a GPU with `gap` left
+    (Csirik et al.'s Sum-of-Squares rule for online bin packing; a whole free GPU is a new bin)."""
+    out = 0
+    if gap < FULL_SHARE:
+        out += 1 - 2 * counts.get(gap, 0)
+    rest = gap - milli
+    if rest > 0:
+        out += 2 * counts.get(rest, 0) + 1
+    return out
+
+
+def ss_counts(self: FgdShareFitter) -> dict[int, int]:
+    got = getattr(self, "_ss_counts", None)
+    if got is None:
+        got = gap_counts(self.snap)
+        self._ss_counts = got  # type: ignore[attr-defined]
+    return got
+
+
+def ss_gpu_order(self: FgdShareFitter, left: int, p: int) -> tuple[int, ...]:
+    """`FgdShareFitter.gpu_order` for `sum-squares`: the GPU whose share grows the sum of squares least."""
+    return (ss_delta(ss_counts(self), left, self.req.milli), p)
+
+
+def ss_share_fit(self: FgdShareFitter, i: int, units: int) -> tuple[float, ...]:
+    """`FgdShareFitter.fit_part` for `sum-squares`: the live key, then the sum-of-squares growth of its GPU."""
+    positions, score, state = self._positions(i, units)
+    counts = ss_counts(self)
+    extra = sum(ss_delta(counts, state.left[p], self.req.milli) for p in positions)
+    return (score, state.untouched, float(extra))
+
+
 def weighted_typical(variant: str) -> Callable[[Sequence[Pod]], list[tuple[PodRes, float]]]:
     def typical(pods: Sequence[Pod]) -> list[tuple[PodRes, float]]:
         if variant == "popularity-100":
@@ -140,6 +196,8 @@ def variant_in_force(variant: str) -> Iterator[None]:
         (fgd_live, "typical_pods"),
         (fitters, "gradient_score"),
         (fgd_live, "gradient_score"),
+        (FgdState, "untouched"),
+        (fgd_live, "untouched"),
     )
     originals = [(owner, name, getattr(owner, name)) for owner, name in targets]
     if variant in TIE_BREAKS:
@@ -147,12 +205,19 @@ def variant_in_force(variant: str) -> Iterator[None]:
         if variant == "aligned":
             setattr(FgdShareFitter, "fit_part", aligned_share_fit)  # noqa: B010
     elif variant in SHARE_GPU:
-        setattr(FgdShareFitter, "gpu_order", tight_gpu_order)  # noqa: B010
+        if variant == "tight-gpu":
+            setattr(FgdShareFitter, "gpu_order", tight_gpu_order)  # noqa: B010
+        else:
+            setattr(FgdShareFitter, "gpu_order", ss_gpu_order)  # noqa: B010
+            setattr(FgdShareFitter, "fit_part", ss_share_fit)  # noqa: B010
     elif variant in WEIGHTS:
         setattr(fgd_live, "typical_pods", weighted_typical(variant))  # noqa: B010
     elif variant in RESOLUTIONS:
         for module in (fitters, fgd_live):
             setattr(module, "gradient_score", score_in_steps(RESOLUTIONS[variant]))  # noqa: B010
+    elif variant == "no-untouched":
+        setattr(FgdState, "untouched", property(lambda self: 0.0))  # noqa: B010
+        setattr(fgd_live, "untouched", lambda left: False)  # noqa: B010
     try:
         yield
     finally:
@@ -160,15 +225,20 @@ def variant_in_force(variant: str) -> Iterator[None]:
             setattr(owner, name, value)
 
 
-def run(variant: str, pod_list: str, seeds: Sequence[int], demand: float) -> dict[str, Any]:
-    nodes = load_nodes(OPENB / "openb_node_list_gpu_node.csv")
-    pods = load_pods(OPENB / f"openb_pod_list_{pod_list}.csv")
+def run(variant: str, pod_list: str, seeds: Sequence[int], demand: float, reference: bool = False) -> dict[str, Any]:
+    nodes_path, pods_path = OPENB / "openb_node_list_gpu_node.csv", OPENB / f"openb_pod_list_{pod_list}.csv"
+    nodes, pods = load_nodes(nodes_path), load_pods(pods_path)
+    works: dict[int, Workload] = {}
+    if reference:
+        arrivals = OPENB / "reference_arrivals" / f"openb_pod_list_{pod_list}_42-51.jsonl.gz"
+        works = load_reference_workloads(arrivals, nodes_path, pods_path, nodes, pods, demand)
     t0 = time.monotonic()
     with variant_in_force(variant):
-        per_seed = [fgd_live.run_live(nodes, pods, s, demand).alloc_at(100 * demand) for s in seeds]
+        per_seed = [fgd_live.run_live(nodes, pods, s, demand, work=works.get(s)).alloc_at(100 * demand) for s in seeds]
     return {
         "variant": variant,
         "pods": pod_list,
+        "workloads": "the reference's own draws" if reference else "drawn by Python's random streams",
         "seeds": list(seeds),
         "gpu_alloc_pct": round(statistics.mean(per_seed), 3),
         "per_seed": [round(v, 3) for v in per_seed],
@@ -182,6 +252,11 @@ def main() -> None:
     ap.add_argument("--seeds", default="0-9")
     ap.add_argument("--variants", default=",".join(VARIANTS), help=f"of {', '.join(VARIANTS)}")
     ap.add_argument("--demand", type=float, default=1.3)
+    ap.add_argument(
+        "--reference",
+        action="store_true",
+        help="replay the reference simulator's own workloads (seeds 42-51, data/traces/openb/reference_arrivals)",
+    )
     ap.add_argument("--out", type=Path, default=ROOT / "bench/results/fgd_variants.json")
     args = ap.parse_args()
     variants = args.variants.split(",")
@@ -191,7 +266,7 @@ def main() -> None:
     rows = []
     for pod_list in args.pods.split(","):
         for variant in variants:
-            row = run(variant, pod_list, parse_seeds(args.seeds), args.demand)
+            row = run(variant, pod_list, parse_seeds(args.seeds), args.demand, args.reference)
             print(json.dumps(row), flush=True)
             rows.append(row)
     args.out.write_text(json.dumps({"commit": git_commit(), "demand": args.demand, "runs": rows}, indent=1) + "\n")
