@@ -17,8 +17,9 @@ then the ring, then the seed's node order. Each variant below changes one thing,
   of the squared count of the cluster's shared GPUs with that gap (Csirik, Johnson, Kenyon, Orlin, Shor and Weber's
   Sum-of-Squares rule for online bin packing, SIAM J. Comput. 2006: keep every gap size as rare as the items that
   fill it);
-- the rule itself: `no-untouched` drops "an untouched node last" (whole GPUs, shares and CPU-only pods), which makes
-  the live policy FGD as the reference runs it;
+- what the live policy adds to FGD: `no-untouched` drops its rule "an untouched node last" (whole GPUs, shares and
+  CPU-only pods); `no-memory` gives it the reference's measure, which does not read memory; with both, the live
+  policy is FGD as the reference runs it;
 - the typical pods FGD measures fragmentation against (the paper weighs each shape by how many pods have it):
   `weight-gpus`: by the GPUs its pods ask; `weight-sqrt`: by the square root of that; `popularity-100`: every
   shape, not the most frequent ones covering 95% of pods;
@@ -50,7 +51,7 @@ from typing import Any
 import oneplus_placement.fitters as fitters
 import oneplus_sim.fgd_live as fgd_live
 from benchkit import git_commit
-from oneplus_placement.fgd import WorkloadShape, after, typical_shapes
+from oneplus_placement.fgd import FragMeter, WorkloadShape, after, typical_shapes
 from oneplus_placement.fitters import FgdShareFitter, FgdState, FgdWholeGpuFitter, gpu_left
 from oneplus_placement.snapshot import FULL_SHARE, Holdings
 from oneplus_sim.fgd import Pod, PodRes, Workload, load_nodes, load_pods, parse_seeds, typical_pods
@@ -63,7 +64,7 @@ TIE_BREAKS = ("tightest", "tightest-multi", "exact", "least-idle", "aligned")
 SHARE_GPU = ("tight-gpu", "sum-squares")
 WEIGHTS = ("weight-gpus", "weight-sqrt", "popularity-100")
 RESOLUTIONS = {"points-0.1": 0.1, "points-0.5": 0.5, "points-2": 2.0, "points-5": 5.0}
-RULES = ("no-untouched",)
+RULES = ("no-untouched", "no-memory")
 VARIANTS = ("live", *TIE_BREAKS, *SHARE_GPU, *WEIGHTS, *RESOLUTIONS, *RULES)
 
 
@@ -80,7 +81,7 @@ def tie_break_fit(variant: str) -> Callable[[FgdWholeGpuFitter, int, int], tuple
         if variant == "tightest" or (variant == "tightest-multi" and n >= 2):
             extra = sum(1 for x in left_after if x == FULL_SHARE)
         elif variant == "exact":
-            extra = state.growth(left_after, units * self.req.unit_cpus)
+            extra = state.growth(left_after, units)
         elif variant == "least-idle":
             extra = sum(left_after)
         elif variant == "aligned":
@@ -198,6 +199,7 @@ def variant_in_force(variant: str) -> Iterator[None]:
         (fgd_live, "gradient_score"),
         (FgdState, "untouched"),
         (fgd_live, "untouched"),
+        (fgd_live, "live_meter"),
     )
     originals = [(owner, name, getattr(owner, name)) for owner, name in targets]
     if variant in TIE_BREAKS:
@@ -218,6 +220,8 @@ def variant_in_force(variant: str) -> Iterator[None]:
     elif variant == "no-untouched":
         setattr(FgdState, "untouched", property(lambda self: 0.0))  # noqa: B010
         setattr(fgd_live, "untouched", lambda left: False)  # noqa: B010
+    elif variant == "no-memory":
+        setattr(fgd_live, "live_meter", lambda pods: FragMeter(typical_pods(pods)))  # noqa: B010
     try:
         yield
     finally:

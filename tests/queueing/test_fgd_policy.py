@@ -81,3 +81,13 @@ def test_fgd_keeps_leaves_filled_only_when_the_mix_holds_gangs_of_several_ranks(
         for seed in range(6)
     }
     assert spread == {"node-00", "node-03"}  # the seeded node order alone
+
+
+def test_the_cycles_mix_carries_the_memory_its_jobs_ask_a_rank() -> None:
+    small, big = spec("a", 1), spec("b", 1)
+    big = big.model_copy(update={"resources": big.resources.model_copy(update={"memory_mb": 65_536})})
+    meter = workload_meter([small, big, spec("c", 2)])
+    shapes = [shape for shape, _ in meter.typical]
+    one_gpu = shapes.index(WorkloadShape(int(small.resources.cpus * 1000), 1000, 1))
+    assert meter.memory is not None
+    assert meter.memory[one_gpu] == sorted([small.resources.memory_mb, 65_536])

@@ -80,6 +80,16 @@ def arrivals_file(tmp: Path, nodes: Path, pods: Path, seeds: list[dict[str, Any]
     return path
 
 
+@pytest.mark.parametrize(("workload", "seed"), [("multigpu40", 42), ("multigpu30", 44)])
+def test_the_live_policy_places_more_than_fgds_published_result_of_that_seed(workload: str, seed: int) -> None:
+    # Two seeds where the live policy used to place less than FGD; its measure now reads memory (docs/simulator.md).
+    nodes_path, pods_path = OPENB / "openb_node_list_gpu_node.csv", OPENB / f"openb_pod_list_{workload}.csv"
+    nodes, pods = load_nodes(nodes_path), load_pods(pods_path)
+    arrivals = OPENB / "reference_arrivals" / f"openb_pod_list_{workload}_42-51.jsonl.gz"
+    work = load_reference_workloads(arrivals, nodes_path, pods_path, nodes, pods, 1.3)[seed]
+    assert run_fgd(nodes, pods, "oneplus", seed, work=work).alloc_at(130) > published(workload, seed) + 0.005
+
+
 def test_a_replay_takes_the_files_pods_in_order_with_tuned_copies_named_as_the_reference_names_them(
     tmp_path: Path,
 ) -> None:

@@ -7,7 +7,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from oneplus_placement.fgd import gradient_score
+from oneplus_placement.fgd import gradient_score, memory_asks
 from oneplus_placement.greedy import place_gang
 from oneplus_sim import fgd_live
 from oneplus_sim.fgd import (
@@ -59,6 +59,50 @@ def test_frag_measure_by_hand() -> None:
     # A pod that names another model cannot use the node at all.
     only_v100 = FragMeter([(PodRes(1000, 1000, 1, "V100M16"), 1.0)])
     assert only_v100.frag("T4", 10_000, (1000, 1000)) == pytest.approx(2000)
+
+
+def test_frag_measure_reads_memory_only_when_given_the_mixs_memory() -> None:
+    whole, share = PodRes(1000, 1000, 1, ""), PodRes(1000, 600, 1, "")
+    # Half the whole-GPU pods ask 2 GiB, half 8 GiB; every share asks 1 GiB.
+    meter = FragMeter([(whole, 0.5), (share, 0.5)], memory=[[8192, 2048], [1024]])
+    assert meter.frag("T4", 10_000, (1000, 500), 16_384) == pytest.approx(500)  # every pod fits: as without memory
+    # 4 GiB left: the 8 GiB half of the whole-GPU pods finds all 1,500 idle milli unusable, the rest as before.
+    assert meter.frag("T4", 10_000, (1000, 500), 4096) == pytest.approx(0.25 * 1500 + 0.25 * 500 + 0.5 * 500)
+    assert meter.frag("T4", 10_000, (1000, 500), 512) == pytest.approx(1500)  # no pod fits
+    assert meter.frag("T4", 10_000, (1000, 500)) == pytest.approx(500)  # no memory left given: not read
+    blind = FragMeter([(whole, 0.5), (share, 0.5)])
+    assert blind.frag("T4", 10_000, (1000, 500), 512) == pytest.approx(500)  # the reference's measure
+
+
+@pytest.mark.parametrize(
+    ("memory", "message"),
+    [([[1024]], "1 lists of asks for 2 typical shapes"), ([[1024], []], "a typical shape has no memory asks")],
+)
+def test_a_meter_refuses_memory_that_does_not_match_its_typical_shapes(memory: list[list[int]], message: str) -> None:
+    with pytest.raises(ValueError, match=message):
+        FragMeter([(PodRes(1000, 1000, 1, ""), 0.5), (PodRes(1000, 600, 1, ""), 0.5)], memory=memory)
+
+
+def test_memory_asks_follow_the_typical_shapes_and_leave_out_the_rest() -> None:
+    a, b, c = PodRes(1000, 1000, 1, ""), PodRes(2000, 500, 1, ""), PodRes(4000, 0, 0, "")
+    got = memory_asks([(a, 0.9), (b, 0.1)], [(a, 10), (c, 99), (b, 30), (a, 20)])
+    assert got == [[10, 20], [30]]
+
+
+def test_oneplus_keeps_memory_for_the_gpus_it_leaves(tmp_path: Path) -> None:
+    # Two 2-GPU nodes alike but for memory: n0 has 6 GiB, n1 12 GiB; every pod asks one GPU and 5 GiB. On n0 the
+    # pod would leave 1 GiB, and n0's other GPU could host no pod of the mix (+1,000 milli of fragmentation, 26
+    # points); on n1 it leaves 7 GiB (no growth, 50 points). The reference's measure does not read memory: the
+    # nodes tie and the node order takes n0.
+    nodes = load_nodes(write(tmp_path, "n.csv", NODES, ["n0,32000,6144,2,T4", "n1,32000,12288,2,T4"]))
+    pod = Pod("w", PodRes(1000, 1000, 1, ""), 5120)
+    spec = fgd_live.pod_spec(pod)
+    live = fgd_live.OpenbState(nodes, fgd_live.live_meter([pod]))
+    got = place_gang(live.state, spec, seed=0, fgd=live.meter).allocation
+    assert got is not None and got.nodes == ["n1"]
+    blind = fgd_live.OpenbState(nodes, FragMeter([(pod.res, 1.0)]))
+    got = place_gang(blind.state, spec, seed=0, fgd=blind.meter).allocation
+    assert got is not None and got.nodes == ["n0"]
 
 
 def test_inflation_stops_just_below_the_demand() -> None:

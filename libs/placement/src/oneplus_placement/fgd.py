@@ -9,8 +9,9 @@ placement policy (`fitters.FgdWholeGpuFitter`, `fitters.FgdShareFitter`) read th
 
 from __future__ import annotations
 
+import bisect
 import math
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Hashable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Literal, Protocol, TypeVar
 
@@ -76,6 +77,19 @@ def typical_shapes(shapes: Iterable[S], popularity: float = 95.0) -> list[tuple[
     return [(shape, n / cum) for shape, n in chosen]
 
 
+K = TypeVar("K", bound=Hashable)
+
+
+def memory_asks(typical: Sequence[tuple[K, float]], asks: Iterable[tuple[K, int]]) -> list[list[int]]:
+    """For each typical shape, the memory (MiB) its jobs ask, from (shape, memory) of every job of the mix."""
+    by_shape: Mapping[K, list[int]] = {shape: [] for shape, _ in typical}
+    for shape, mem in asks:
+        got = by_shape.get(shape)
+        if got is not None:
+            got.append(mem)
+    return [by_shape[shape] for shape, _ in typical]
+
+
 def accessible(model: str, wanted: str) -> bool:
     return not wanted or (bool(model) and model in wanted.split("|"))
 
@@ -92,24 +106,62 @@ def hosts(left: Sequence[int], shape: Shape) -> bool:
 class FragMeter:
     """Expected milli-GPUs a node wastes for the typical mix (the reference's NodeGpuShareFragAmount).
 
-    `multi_rank`: the mix holds gangs of several ranks, which need whole leaves (FGD then keeps leaf fill)."""
+    `multi_rank`: the mix holds gangs of several ranks, which need whole leaves (FGD then keeps leaf fill).
+    `memory`: for each typical shape, in the mix's order, the memory (MiB) its jobs ask. Given it, the measure reads
+    the node's memory left as FGD reads its CPU left: a job that memory cannot hold finds every idle GPU of the node
+    unusable. Without it (the reference's measure) memory is not read."""
 
-    def __init__(self, typical: Sequence[tuple[Shape, float]], multi_rank: bool = False) -> None:
+    def __init__(
+        self,
+        typical: Sequence[tuple[Shape, float]],
+        multi_rank: bool = False,
+        memory: Sequence[Sequence[int]] | None = None,
+    ) -> None:
         self.typical = list(typical)
         self.multi_rank = multi_rank
         self._cache: dict[tuple[str, int, GpuState], float] = {}
+        self.memory: list[list[int]] | None = None
+        if memory is not None:
+            if len(memory) != len(self.typical):
+                raise ValueError(f"memory: {len(memory)} lists of asks for {len(self.typical)} typical shapes")
+            if any(not asks for asks in memory):
+                raise ValueError("memory: a typical shape has no memory asks")
+            self.memory = [sorted(asks) for asks in memory]
+        # Every memory left between two consecutive asks holds the same jobs, so one entry serves them all.
+        self._cuts = sorted({m for asks in self.memory or () for m in asks})
+        self._mem_cache: dict[tuple[str, int, GpuState, int], float] = {}
 
-    def frag(self, model: str, cpu_left: int, left: GpuState) -> float:
-        key = (model, cpu_left, left)
-        v = self._cache.get(key)
+    def frag(self, model: str, cpu_left: int, left: GpuState, mem_left: int | None = None) -> float:
+        """The node's expected fragmentation; `mem_left` (MiB) is read only by a meter given `memory`."""
+        if self.memory is None or mem_left is None:
+            key = (model, cpu_left, left)
+            v = self._cache.get(key)
+            if v is None:
+                v = self._cache[key] = self._compute(model, cpu_left, left)
+            return v
+        mkey = (model, cpu_left, left, bisect.bisect_right(self._cuts, mem_left))
+        v = self._mem_cache.get(mkey)
         if v is None:
-            v = self._cache[key] = self._compute(model, cpu_left, left)
+            v = self._mem_cache[mkey] = self._compute_with_memory(model, cpu_left, left, mem_left, self.memory)
         return v
 
     def _compute(self, model: str, cpu_left: int, left: GpuState) -> float:
         out = 0.0
         for _case, amount in self.terms(model, cpu_left, left):
             out += amount
+        return out
+
+    def _compute_with_memory(
+        self, model: str, cpu_left: int, left: GpuState, mem_left: int, memory: Sequence[Sequence[int]]
+    ) -> float:
+        """Each typical job's term as FGD has it for the share of its jobs that fit the memory left; for the rest,
+        every idle GPU."""
+        idle = sum(left)
+        out = 0.0
+        terms = zip(self.terms(model, cpu_left, left), self.typical, memory, strict=True)  # one term a typical shape
+        for (_case, amount), (_shape, freq), asks in terms:
+            fit = bisect.bisect_right(asks, mem_left) / len(asks)
+            out += fit * amount + (1.0 - fit) * freq * idle
         return out
 
     def terms(self, model: str, cpu_left: int, left: GpuState) -> Iterator[tuple[FragCase, float]]:

@@ -287,13 +287,16 @@ def fgd_inputs(snap: Holdings, i: int) -> tuple[object, ...]:
 
 
 class FgdState:
-    """Node `i` as the FGD meter sees it, and how much a placement there grows its fragmentation."""
+    """Node `i` as the FGD meter sees it, and how much placing units of the request there grows its fragmentation."""
 
     def __init__(self, fitter: Fitter, meter: FragMeter, i: int) -> None:
         slot = fitter.layout.slots[i]
         self.meter = meter
         self.model = slot.gpu_model
         self.cpu_left = round((slot.cpus - fitter.snap.cpu_used[i]) * 1000)  # milli-CPUs: 91.2 is 91200, not 91199
+        self.mem_left = fitter.snap.mem_free(i)
+        self.unit_cpus = fitter.req.unit_cpus
+        self.unit_memory_mb = fitter.req.unit_memory_mb
         self.left = gpu_left(fitter.snap, i)
 
     @property
@@ -301,14 +304,18 @@ class FgdState:
         """1.0 when every GPU of the node is whole and free (FGD keeps such nodes for last), else 0.0."""
         return 1.0 if untouched(self.left) else 0.0
 
-    def growth(self, left_after: Sequence[int], cpus: float) -> float:
-        before = self.meter.frag(self.model, self.cpu_left, tuple(sorted(self.left, reverse=True)))
-        now = self.meter.frag(self.model, self.cpu_left - round(cpus * 1000), tuple(sorted(left_after, reverse=True)))
-        return now - before
+    def growth(self, left_after: Sequence[int], units: int) -> float:
+        """How much `units` units of the request, leaving the GPUs at `left_after`, grow the node's fragmentation."""
+        meter, model = self.meter, self.model
+        before = meter.frag(model, self.cpu_left, tuple(sorted(self.left, reverse=True)), self.mem_left)
+        cpu_after = self.cpu_left - round(units * self.unit_cpus * 1000)
+        mem_after = self.mem_left - units * self.unit_memory_mb
+        return meter.frag(model, cpu_after, tuple(sorted(left_after, reverse=True)), mem_after) - before
 
-    def score(self, left_after: Sequence[int], cpus: float) -> float:
-        """The FGD score of leaving the node at `left_after` (whole points, higher is better), as a sort key."""
-        return -float(gradient_score(-self.growth(left_after, cpus)))
+    def score(self, left_after: Sequence[int], units: int) -> float:
+        """The FGD score of placing `units` units, leaving the GPUs at `left_after` (whole points, higher is better),
+        as a sort key."""
+        return -float(gradient_score(-self.growth(left_after, units)))
 
 
 class FgdFitter(Fitter):
@@ -337,7 +344,7 @@ class FgdWholeGpuFitter(FgdFitter, WholeGpuFitter):
         n = units * self.req.unit_gpus
         left_after = after(tuple(sorted(state.left, reverse=True)), WorkloadShape(0, FULL_SHARE, n))[0]
         ideal, _ = self.layout.slots[i].shape.fit(self.snap.free[i], n, self.req.group)
-        return (*self.board_key(i, units), state.score(left_after, units * self.req.unit_cpus), state.untouched, ideal)
+        return (*self.board_key(i, units), state.score(left_after, units), state.untouched, ideal)
 
 
 class FgdShareFitter(FgdFitter, ShareFitter):
@@ -356,7 +363,7 @@ class FgdShareFitter(FgdFitter, ShareFitter):
         """The GPU position of each of `units` shares, each where the score (from the node as it was) is best then;
         the score of the whole placement as a sort key; and the node's state before it."""
         state = FgdState(self, self.meter, i)
-        left, milli, cpus = list(state.left), self.req.milli, self.req.unit_cpus
+        left, milli = list(state.left), self.req.milli
         chosen: list[int] = []
         for _ in range(units):
             best: tuple[tuple[float, ...], int] | None = None
@@ -365,14 +372,14 @@ class FgdShareFitter(FgdFitter, ShareFitter):
                     continue
                 trial = list(left)
                 trial[p] -= milli
-                key = (state.score(trial, cpus * (len(chosen) + 1)), *self.gpu_order(x, p))
+                key = (state.score(trial, len(chosen) + 1), *self.gpu_order(x, p))
                 if best is None or key < best[0]:
                     best = (key, p)
             if best is None:
                 break
             chosen.append(best[1])
             left[best[1]] -= milli
-        return chosen, state.score(left, cpus * len(chosen)), state
+        return chosen, state.score(left, len(chosen)), state
 
     def fit_part(self, i: int, units: int) -> tuple[float, ...]:
         _, score, state = self._positions(i, units)

@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from oneplus_contracts import Allocation, Domain, JobSpec, RankPlacement
 from oneplus_placement.capacity import CapacityIndexes
 from oneplus_placement.diagnosis import Explanation, static_reason
-from oneplus_placement.fgd import FragMeter, WorkloadShape, typical_shapes
+from oneplus_placement.fgd import FragMeter, WorkloadShape, memory_asks, typical_shapes
 from oneplus_placement.greedy import PlacementResult, place_gang
 from oneplus_placement.request import GangRequest, InvalidRequest
 from oneplus_placement.snapshot import FULL_SHARE, ClusterSnapshot, ClusterState, Layout
@@ -25,17 +25,18 @@ DomainKey = tuple[Domain, int]  # ("node", node index) / ("leaf", leaf index) / 
 
 def workload_meter(specs: Iterable[JobSpec]) -> FragMeter:
     """FGD's workload mix from the jobs a cycle sees (pending and running): one rank's shape per job, the shapes
-    that cover 95% of them (the paper's typical pods), and whether any job is a gang of several ranks. GPU models are
-    not part of a shape here."""
-    shapes = []
+    that cover 95% of them (the paper's typical pods), the memory each shape's jobs ask a rank, and whether any job
+    is a gang of several ranks. GPU models are not part of a shape here."""
+    asks: list[tuple[WorkloadShape, int]] = []
     multi_rank = False
     for spec in specs:
         res = spec.resources
         whole = res.whole_gpus
         milli = res.gpu_milli or (FULL_SHARE if whole else 0)
-        shapes.append(WorkloadShape(int(res.cpus * 1000), milli, whole or (1 if milli else 0)))
+        asks.append((WorkloadShape(int(res.cpus * 1000), milli, whole or (1 if milli else 0)), res.memory_mb))
         multi_rank = multi_rank or spec.ranks > 1
-    return FragMeter(typical_shapes(shapes), multi_rank=multi_rank)
+    typical = typical_shapes(shape for shape, _ in asks)
+    return FragMeter(typical, multi_rank=multi_rank, memory=memory_asks(typical, asks))
 
 
 def working_copy(state: ClusterState | ClusterSnapshot) -> ClusterState:

@@ -2,7 +2,8 @@
 `placement: fgd` places a job.
 
 Each pod with GPUs becomes a one-rank `JobSpec` (whole GPUs, or a share of one) and goes through
-`oneplus_placement.greedy.place_gang` with the protocol's FGD meter, on placement's own `ClusterState` of the openb
+`oneplus_placement.greedy.place_gang` with the live meter (`live_meter`: FGD's typical pods, and the memory they
+ask, which the live measure reads and the reference's does not), on placement's own `ClusterState` of the openb
 nodes (each one PCIe domain, 32 per leaf, as `oneplus sim run` loads them): the fitters, tie-breaks and GPU choice
 are the live solver's (`fitters.FgdWholeGpuFitter`, `fitters.FgdShareFitter`). The protocol keeps what the platform
 does not schedule: CPU-only pods, placed by FGD's score with the same tie-break (an untouched node last, then the
@@ -16,7 +17,7 @@ from collections.abc import Callable, Sequence
 
 from oneplus_contracts import Allocation, JobSpec, RankPlacement
 from oneplus_placement.capacity import CapacityIndexes
-from oneplus_placement.fgd import FragMeter, gradient_score, untouched
+from oneplus_placement.fgd import FragMeter, gradient_score, memory_asks, untouched
 from oneplus_placement.fitters import gpu_left, tie_break
 from oneplus_placement.greedy import place_gang
 from oneplus_placement.snapshot import ClusterState
@@ -53,7 +54,7 @@ class OpenbState:
 
     def _read(self, i: int) -> None:
         self.left[i] = tuple(sorted(gpu_left(self.state, i), reverse=True))
-        frag = self.meter.frag(self.models[i], self.cpu_left(i), self.left[i])
+        frag = self.meter.frag(self.models[i], self.cpu_left(i), self.left[i], self.state.mem_free(i))
         self.total_frag += frag - self.frag[i]
         self.frag[i] = frag
 
@@ -68,12 +69,23 @@ class OpenbState:
         return touched
 
 
+def live_meter(pods: Sequence[Pod]) -> FragMeter:
+    """The live policy's measure of the pod list's mix: FGD's typical pods, and the memory each shape's pods ask
+    (as a queue's `workload_meter` reads its jobs' memory)."""
+    typical = typical_pods(pods)
+    return FragMeter(typical, memory=memory_asks(typical, ((p.res, spec_memory(p)) for p in pods)))
+
+
+def spec_memory(pod: Pod) -> int:
+    """The memory (MiB) a pod asks as the platform's job: a pod may ask 0 MiB; the contract's least is 1."""
+    return max(1, pod.memory)
+
+
 def pod_spec(pod: Pod) -> JobSpec:
     """A pod with GPUs as the platform's job: one rank of whole GPUs, or of a share of one GPU."""
     res = pod.res
     gpus: float = res.n_gpu if res.milli >= MILLI else res.milli / MILLI
-    # A pod may ask 0 MiB; the contract's least is 1.
-    resources: dict[str, object] = {"gpus": gpus, "cpus": res.cpu / 1000, "memory_mb": max(1, pod.memory)}
+    resources: dict[str, object] = {"gpus": gpus, "cpus": res.cpu / 1000, "memory_mb": spec_memory(pod)}
     if res.models:
         resources["gpu_models"] = res.models.split("|")
     return JobSpec.model_validate({"name": "pod", "resources": resources})
@@ -85,11 +97,11 @@ def place_cpu_pod(cluster: OpenbState, pod: Pod, seed: int) -> int | None:
     best: tuple[int, bool, int] | None = None
     found = None
     for i in range(len(cluster.left)):
-        cpu = cluster.cpu_left(i)
-        if cpu < res.cpu or state.mem_free(i) < pod.memory or not state.schedulable[i]:
+        cpu, mem = cluster.cpu_left(i), state.mem_free(i)
+        if cpu < res.cpu or mem < pod.memory or not state.schedulable[i]:
             continue
         left = cluster.left[i]
-        drop = cluster.frag[i] - meter.frag(cluster.models[i], cpu - res.cpu, left)
+        drop = cluster.frag[i] - meter.frag(cluster.models[i], cpu - res.cpu, left, mem - pod.memory)
         key = (-gradient_score(drop), untouched(left), tie_break(i, seed))
         if best is None or key < best:
             best, found = key, i
@@ -116,7 +128,7 @@ def run_live(
     else:
         arrivals, tie_seed = work.arrivals, 0
         nodes = [nodes[i] for i in sorted(range(len(nodes)), key=lambda i: work.node_rank[i])]
-    meter = FragMeter(typical_pods(pods))
+    meter = live_meter(pods)
     cluster = OpenbState(nodes, meter)
     indexes = CapacityIndexes()
     specs: dict[tuple[PodRes, int], JobSpec] = {}
