@@ -105,6 +105,17 @@ def test_oneplus_keeps_memory_for_the_gpus_it_leaves(tmp_path: Path) -> None:
     assert got is not None and got.nodes == ["n0"]
 
 
+def test_oneplus_tells_apart_nodes_that_differ_only_in_memory_left(tmp_path: Path) -> None:
+    # Both nodes can take two such pods (memory 11 GiB and 16 GiB, 5 GiB a pod), so they are alike to capacity; half
+    # of the mix's pods ask 8 GiB. After a 5 GiB pod n0 keeps 6 GiB, and its other GPU is lost to the 8 GiB half
+    # (+500 milli, 37 points); n1 keeps 11 GiB (no growth, 50 points).
+    nodes = load_nodes(write(tmp_path, "n.csv", NODES, ["n0,32000,11264,2,T4", "n1,32000,16384,2,T4"]))
+    small, big = Pod("s", PodRes(1000, 1000, 1, ""), 5120), Pod("b", PodRes(1000, 1000, 1, ""), 8192)
+    live = fgd_live.OpenbState(nodes, fgd_live.live_meter([small, big]))
+    got = place_gang(live.state, fgd_live.pod_spec(small), seed=0, fgd=live.meter).allocation
+    assert got is not None and got.nodes == ["n1"]
+
+
 def test_inflation_stops_just_below_the_demand() -> None:
     pods = [Pod(f"p{i}", PodRes(1000, 300 + 10 * i, 1, ""), 1) for i in range(20)]
     capacity = 10 * 1000

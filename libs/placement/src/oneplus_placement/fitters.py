@@ -279,11 +279,13 @@ def gpu_left(snap: Holdings, i: int) -> list[int]:
     return out
 
 
-def fgd_inputs(snap: Holdings, i: int) -> tuple[object, ...]:
-    """What the FGD meter reads of node `i` beyond its GPUs: its GPU model and the CPUs left. Two nodes of one board
-    shape may differ in both, so FGD's class of equal nodes must name them."""
+def fgd_inputs(snap: Holdings, i: int, memory: bool = False) -> tuple[object, ...]:
+    """What the FGD meter reads of node `i` beyond its GPUs: its GPU model, the CPUs left and, for a meter that reads
+    memory, the memory left. Two nodes of one board shape may differ in each, so FGD's class of equal nodes must name
+    them."""
     slot = snap.layout.slots[i]
-    return (slot.gpu_model, slot.cpus - snap.cpu_used[i])
+    cpus = slot.cpus - snap.cpu_used[i]
+    return (slot.gpu_model, cpus, snap.mem_free(i)) if memory else (slot.gpu_model, cpus)
 
 
 class FgdState:
@@ -337,7 +339,8 @@ class FgdWholeGpuFitter(FgdFitter, WholeGpuFitter):
 
     def class_key(self, i: int) -> tuple[object, ...]:
         snap = self.snap
-        return (*super().class_key(i), snap.shares[i], snap.blocked[i], *fgd_inputs(snap, i))
+        memory = self.meter.memory is not None
+        return (*super().class_key(i), snap.shares[i], snap.blocked[i], *fgd_inputs(snap, i, memory))
 
     def fit_part(self, i: int, units: int) -> tuple[float, ...]:
         state = FgdState(self, self.meter, i)
@@ -352,7 +355,7 @@ class FgdShareFitter(FgdFitter, ShareFitter):
     order; on the node, each share on the GPU with the best score (the lowest position among equals)."""
 
     def class_key(self, i: int) -> tuple[object, ...]:
-        return (*super().class_key(i), *fgd_inputs(self.snap, i))
+        return (*super().class_key(i), *fgd_inputs(self.snap, i, self.meter.memory is not None))
 
     def gpu_order(self, left: int, p: int) -> tuple[int, ...]:
         """Among GPUs of equal score: the lowest position (`left`, the milli-GPUs free on it, is for variants that
