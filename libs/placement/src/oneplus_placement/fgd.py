@@ -2,9 +2,10 @@
 
 A node's fragmentation for a workload mix is the GPU capacity (milli-GPUs) the typical jobs of the mix could not
 use there, weighted by how common each is: all of its idle capacity for a job it cannot host (model, whole GPUs,
-CPU), else the GPUs too small for the job's share. FGD places a job where this grows least, scored as its
-kube-scheduler plugin scores (`gradient_score`). The simulator's FGD protocol (`oneplus_sim.fgd`) and the live
-placement policy (`fitters.FgdWholeGpuFitter`, `fitters.FgdShareFitter`) read the same meter and score.
+CPU, and memory for a meter given the mix's memory), else the GPUs too small for the job's share. FGD places a job
+where this grows least, scored as its kube-scheduler plugin scores (`gradient_score`). The simulator's FGD protocol
+(`oneplus_sim.fgd`) and the live placement policy (`fitters.FgdWholeGpuFitter`, `fitters.FgdShareFitter`) read the
+same meter and score; the live policy's meter reads memory, the reference's (the `fgd` baseline) does not.
 """
 
 from __future__ import annotations
