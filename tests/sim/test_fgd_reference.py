@@ -12,6 +12,7 @@ from typing import Any
 
 import pytest
 from oneplus_placement.fgd import FragMeter, gradient_score
+from oneplus_sim import fgd_live
 from oneplus_sim.fgd import (
     FgdInputError,
     FgdScorer,
@@ -102,11 +103,10 @@ def test_a_replay_takes_the_files_pods_in_order_with_tuned_copies_named_as_the_r
     assert work.node_rank == (1, 0)
 
 
-@pytest.mark.parametrize("policy", ["fgd", "oneplus"])
-def test_ties_go_to_the_node_the_reference_names_first(tmp_path: Path, policy: str) -> None:
-    # Nodes a and b differ only in memory, which no score reads: a one-GPU pod ties on them and goes to the node
-    # the file ranks first (the live policy is given the cluster in that order). A two-GPU pod asking for 4 GiB, which
-    # only a has, then needs a untouched: it fails when the first pod went to a.
+def test_ties_go_to_the_node_the_reference_names_first(tmp_path: Path) -> None:
+    # Nodes a and b differ only in memory, which FGD's score does not read: a one-GPU pod ties on them and goes to
+    # the node the file ranks first. A two-GPU pod asking for 4 GiB, which only a has, then needs a untouched: it
+    # fails when the first pod went to a.
     nodes_path, pods_path = tmp_path / "n.csv", tmp_path / "p.csv"
     nodes_path.write_text(NODES + "a,32000,65536,2,T4\nb,32000,2048,2,T4\n")
     pods_path.write_text(PODS + "p0,1000,1024,1,1000\np1,1000,4096,2,1000\n")
@@ -115,7 +115,36 @@ def test_ties_go_to_the_node_the_reference_names_first(tmp_path: Path, policy: s
         path = arrivals_file(tmp_path, nodes_path, pods_path, [{"seed": 1, "arrivals": [0, 1], "originals": 2,
                                                                  "node_rank": ranks}])  # fmt: skip
         work = load_reference_workloads(path, nodes_path, pods_path, nodes, pods, 1.3)[1]
-        assert run_fgd(nodes, pods, policy, 1, work=work).failed == failed, ranks
+        assert run_fgd(nodes, pods, "fgd", 1, work=work).failed == failed, ranks
+        # The live measure reads memory: b, with too little for the two-GPU pod, takes the one-GPU pod in either
+        # order, and a stays whole for the pod only it can host.
+        assert run_fgd(nodes, pods, "oneplus", 1, work=work).failed == 0, ranks
+
+
+def test_the_live_policy_breaks_ties_by_the_node_order_the_reference_names(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Two nodes alike in everything: a one-GPU pod ties on them and goes to the node the file ranks first.
+    nodes_path, pods_path = tmp_path / "n.csv", tmp_path / "p.csv"
+    nodes_path.write_text(NODES + "a,32000,65536,2,T4\nb,32000,65536,2,T4\n")
+    pods_path.write_text(PODS + "p0,1000,1024,1,1000\n")
+    nodes, pods = load_nodes(nodes_path), load_pods(pods_path)
+    placed: list[str] = []
+    live = fgd_live.place_gang
+
+    def recorded(*args: Any, **kwargs: Any) -> Any:
+        got = live(*args, **kwargs)
+        placed.extend(got.allocation.nodes if got.allocation else [])
+        return got
+
+    monkeypatch.setattr(fgd_live, "place_gang", recorded)
+    for ranks, first in (([0, 1], "a"), ([1, 0], "b")):
+        path = arrivals_file(tmp_path, nodes_path, pods_path, [{"seed": 1, "arrivals": [0], "originals": 1,
+                                                                 "node_rank": ranks}])  # fmt: skip
+        work = load_reference_workloads(path, nodes_path, pods_path, nodes, pods, 1.3)[1]
+        placed.clear()
+        assert run_fgd(nodes, pods, "oneplus", 1, work=work).failed == 0
+        assert placed == [first], ranks
 
 
 @pytest.mark.parametrize(
