@@ -10,6 +10,7 @@ import math
 from abc import ABC, abstractmethod
 from collections.abc import Sequence
 from dataclasses import dataclass
+from functools import cached_property
 
 from .bandwidth import board_shortfall, fabric_gbps
 from .fgd import FragMeter, WorkloadShape, after, gradient_score, untouched
@@ -306,13 +307,16 @@ class FgdState:
         """1.0 when every GPU of the node is whole and free (FGD keeps such nodes for last), else 0.0."""
         return 1.0 if untouched(self.left) else 0.0
 
+    @cached_property
+    def before(self) -> float:
+        """The node's fragmentation as it is: the same for every placement tried on it."""
+        return self.meter.frag(self.model, self.cpu_left, tuple(sorted(self.left, reverse=True)), self.mem_left)
+
     def growth(self, left_after: Sequence[int], units: int) -> float:
         """How much `units` units of the request, leaving the GPUs at `left_after`, grow the node's fragmentation."""
-        meter, model = self.meter, self.model
-        before = meter.frag(model, self.cpu_left, tuple(sorted(self.left, reverse=True)), self.mem_left)
         cpu_after = self.cpu_left - round(units * self.unit_cpus * 1000)
         mem_after = self.mem_left - units * self.unit_memory_mb
-        return meter.frag(model, cpu_after, tuple(sorted(left_after, reverse=True)), mem_after) - before
+        return self.meter.frag(self.model, cpu_after, tuple(sorted(left_after, reverse=True)), mem_after) - self.before
 
     def score(self, left_after: Sequence[int], units: int) -> float:
         """The FGD score of placing `units` units, leaving the GPUs at `left_after` (whole points, higher is better),
@@ -330,6 +334,10 @@ class FgdFitter(Fitter):
         # order (openb: 0.7 points fewer GPUs placed; docs/placement.md).
         self.packs_leaves = meter.multi_rank
 
+    def meter_inputs(self, i: int) -> tuple[object, ...]:
+        """What this fitter's meter reads of node `i` beyond its GPUs (`fgd_inputs`)."""
+        return fgd_inputs(self.snap, i, memory=self.meter.memory is not None)
+
 
 class FgdWholeGpuFitter(FgdFitter, WholeGpuFitter):
     """FGD for whole GPUs: among the board kinds at par for the gang, the node with the best FGD score (its expected
@@ -339,8 +347,7 @@ class FgdWholeGpuFitter(FgdFitter, WholeGpuFitter):
 
     def class_key(self, i: int) -> tuple[object, ...]:
         snap = self.snap
-        memory = self.meter.memory is not None
-        return (*super().class_key(i), snap.shares[i], snap.blocked[i], *fgd_inputs(snap, i, memory))
+        return (*super().class_key(i), snap.shares[i], snap.blocked[i], *self.meter_inputs(i))
 
     def fit_part(self, i: int, units: int) -> tuple[float, ...]:
         state = FgdState(self, self.meter, i)
@@ -355,7 +362,7 @@ class FgdShareFitter(FgdFitter, ShareFitter):
     order; on the node, each share on the GPU with the best score (the lowest position among equals)."""
 
     def class_key(self, i: int) -> tuple[object, ...]:
-        return (*super().class_key(i), *fgd_inputs(self.snap, i, self.meter.memory is not None))
+        return (*super().class_key(i), *self.meter_inputs(i))
 
     def gpu_order(self, left: int, p: int) -> tuple[int, ...]:
         """Among GPUs of equal score: the lowest position (`left`, the milli-GPUs free on it, is for variants that
