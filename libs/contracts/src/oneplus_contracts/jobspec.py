@@ -45,7 +45,9 @@ class RankResources(Strict):
         default=None, description="MiB the rank may use at most (a limit); null: no cap"
     )
     gpu_models: list[str] | None = Field(
-        default=None, description="Allowed GPU models (substring match on the device name), e.g. ['H100']"
+        default=None,
+        description="Allowed GPU models (substring match on the device name), e.g. ['H100']; a gang of several nodes "
+        "keeps to one GPU model unless this lists several (or its queue sets mix_gpu_models)",
     )
 
     @field_validator("gpus")
@@ -72,7 +74,8 @@ class TopologyConstraint(Strict):
 
     `domain` keeps all ranks inside one node/leaf/spine (`required` refuses to place otherwise,
     `preferred` only scores). `group_gpus` asks that each consecutive group of K GPUs (a
-    tensor-parallel group) sits inside one NVLink domain. `max_leaves` is Slurm's --switches.
+    tensor-parallel group) sits inside one NVLink domain. `max_leaves` is Slurm's --switches. `nodes` is Slurm's
+    --nodes: exactly that many distinct nodes, the ranks spread evenly over them (ranks / nodes on each).
     """
 
     domain: Domain | None = None
@@ -80,6 +83,9 @@ class TopologyConstraint(Strict):
     group_gpus: Annotated[int, Field(gt=0)] | None = None
     max_leaves: Annotated[int, Field(gt=0)] | None = None
     exclusive: bool = False
+    nodes: Annotated[int, Field(gt=0, le=4096)] | None = Field(
+        default=None, description="Exactly this many distinct nodes, ranks / nodes ranks on each (Slurm --nodes)"
+    )
 
 
 class CheckpointPolicy(Strict):
@@ -219,6 +225,13 @@ class JobSpec(Strict):
             per_rank = int(self.resources.gpus)
             if g % per_rank and per_rank % g:
                 raise ValueError(f"group_gpus={g} must divide or be a multiple of gpus per rank ({per_rank})")
+        nodes = self.topology.nodes
+        if nodes is not None and nodes > self.ranks:
+            raise ValueError(f"topology.nodes={nodes} is more nodes than ranks ({self.ranks}): each node needs a rank")
+        if nodes is not None and self.ranks % nodes:
+            raise ValueError(
+                f"topology.nodes={nodes} does not divide ranks={self.ranks}: ranks spread evenly over nodes"
+            )
         if self.launcher is not None and self.framework != "mpijob":
             raise ValueError("a launcher is an MPIJob's (framework mpijob)")
         if self.slurm is not None and self.framework != "sbatch":

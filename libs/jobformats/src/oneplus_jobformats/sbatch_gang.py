@@ -77,10 +77,12 @@ def _node_count(job: SbatchJob) -> int | None:
         raise job.fail(opt, "expected a node count or min-max, e.g. 4 or 2-4")
     low = int(m.group(1))
     high = int(m.group(2)) if m.group(2) else low
-    if low < 1 or high < low:
-        raise job.fail(opt, "the node count must be at least 1 and min <= max")
+    if low < 1:
+        raise job.fail(opt, "the node count must be at least 1")
+    if high < low:
+        raise job.fail(opt, f"the minimum ({low}) is above the maximum ({high}); use min-max, e.g. {high}-{low}")
     if high != low:
-        job.warn(opt, f"a gang has a fixed size; using the minimum, {low} nodes")
+        job.warn(opt, f"a gang has a fixed size; using the minimum, exactly {low} nodes")
     return low
 
 
@@ -91,6 +93,11 @@ def gang_fields(job: SbatchJob, fields: dict[str, Any]) -> None:
     per_node = job.count("ntasks-per-node")
     nodes = nodes_given or (-(-ntasks // per_node) if ntasks and per_node else 1)
     tasks = ntasks or (nodes * per_node if per_node else nodes)
+    if ntasks and nodes_given and ntasks < nodes_given:
+        raise job.fail(
+            job.options["nodes"],
+            f"{nodes_given} nodes are more than the {ntasks} tasks (--ntasks): each node needs a task",
+        )
     if per_node and ntasks and ntasks > nodes * per_node:
         raise job.fail(job.options["ntasks"], f"{ntasks} tasks do not fit {nodes} node(s) x {per_node} per node")
     per_gpu = job.count("ntasks-per-gpu")
@@ -151,6 +158,15 @@ def gang_fields(job: SbatchJob, fields: dict[str, Any]) -> None:
         slurm["cpus_per_task"] = cpus_per_task
     if nodes_given == 1 and ranks > 1:
         fields["topology"] = {"domain": "node", "mode": "required"}
+    if nodes_given or per_node:
+        # sbatch(1): --nodes (or the nodes --ntasks-per-node lays the tasks on) are that many distinct nodes.
+        if ranks % nodes == 0:
+            fields.setdefault("topology", {})["nodes"] = nodes
+        else:
+            opt = job.options.get("nodes") or job.options["ntasks-per-node"]
+            job.warn(
+                opt, f"{ranks} tasks do not spread evenly over {nodes} nodes; they are placed without a node count"
+            )
     if whole_node:
         fields.setdefault("topology", {})["exclusive"] = True
 

@@ -34,6 +34,7 @@ def dry_run_summary(spec: JobSpec, warnings: list[str], *, kind: str | None = No
         "priority_class": spec.priority_class,
         "preemptible": spec.preemptible,
         "exclusive": spec.topology.exclusive,
+        "nodes": spec.topology.nodes,
         "domain": spec.topology.domain,
         "gpu_models": spec.resources.gpu_models,
         "image": spec.image,

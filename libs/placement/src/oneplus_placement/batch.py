@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from oneplus_contracts import Allocation, JobSpec
 
@@ -37,6 +37,7 @@ class PendingGang:
     job_id: str
     spec: JobSpec
     priority: int | None = None
+    mix_gpu_models: bool = False  # its queue lets a gang span GPU models (else one model, unless it lists several)
 
     @property
     def effective_priority(self) -> int:
@@ -215,6 +216,8 @@ def _prepare(snapshot: Holdings, jobs: Sequence[PendingGang]) -> tuple[list[_Job
         except InvalidRequest as exc:
             invalid[g.job_id] = PlacementResult(None, Explanation("request", "spec", g.spec.total_gpus, str(exc)))
             continue
+        if g.mix_gpu_models:
+            req = replace(req, one_kind=False)
         weight = 10 + (round(90 * (g.effective_priority - lo) / (hi - lo)) if hi > lo else 0)
         ideal = 0.0 if req.shared else ideal_ring_gbps(snapshot, req.ranks * req.gpus_per_rank, req.gpus_per_rank)
         order.append(_Job(g, req, weight, round(req.total_gpus * 1000), ideal))

@@ -6,7 +6,7 @@ changed, so a batch or a simulator pays O(nodes) once per request shape, not onc
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 
 from .fitters import Fitter
 from .request import GangRequest
@@ -23,6 +23,16 @@ class CapacityIndex:
         self._key_of: dict[int, ClassKey] = {}
         self._leaf_of = [s.leaf for s in fitter.layout.slots]
         self._place(fitter, fitter.candidates())
+
+    def subset(self, keep: Callable[[int], bool]) -> CapacityIndex:
+        """The same capacities on the nodes `keep` accepts (a request kept to one GPU model): no node recomputed."""
+        sub = CapacityIndex.__new__(CapacityIndex)
+        sub.caps, sub.leaf_caps, sub.classes, sub._key_of = {}, [0] * len(self.leaf_caps), {}, {}
+        sub._leaf_of = self._leaf_of
+        for i, c in self.caps.items():
+            if keep(i):
+                sub._add(i, c, self._key_of[i])
+        return sub
 
     def _place(self, fitter: Fitter, nodes: Iterable[int]) -> None:
         # Capacity depends on the node's class, CPU and memory left (and idleness for exclusive gangs): nodes

@@ -119,6 +119,10 @@ def diagnose(snap: Holdings, req: GangRequest, search: DomainSearch) -> Explanat
                 best_usable_gpus=got * max(req.unit_gpus, 1),
                 message=f"needs {what}{qual} across at most {limit} leaves; the best {limit} have {_amount(req, got)}",
             )
+    if search.kind_searches():
+        kind = _kind_reason(snap, req, search, level, f"needs {what}{qual} of one GPU model {where}")
+        if kind is not None:
+            return kind
     message = f"needs {what}{qual} {where}; "
     if name is None:
         message += "no node has room"
@@ -144,6 +148,36 @@ def diagnose(snap: Holdings, req: GangRequest, search: DomainSearch) -> Explanat
         best_free_gpus=float(raw),
         best_usable_gpus=float(usable * (req.unit_gpus or req.milli / 1000)),
         details={"units_needed": float(need), "units_best": float(usable)},
+    )
+
+
+MIX_HINT = "a gang keeps to one GPU model unless its gpu_models lists several or its queue sets mix_gpu_models"
+
+
+def _kind_reason(snap: Holdings, req: GangRequest, search: DomainSearch, level: str, needs: str) -> Explanation | None:
+    """Why a gang that must keep to one GPU model waits when nodes of several models would hold it together; None
+    when even mixing them would not (the usual reasons then apply)."""
+    if not any(search.mixed_plans(lvl, limit=1) for lvl in req.levels()):
+        return None
+    kinds = search.kind_searches()
+    usable = {k.req.kind: _best_domain(snap, k, level)[1] for k in kinds}
+    told = ", ".join(f"{kind} {_amount(req, units)}" for kind, units in usable.items())
+    best = max(usable, key=lambda kind: usable[kind])
+    ceilings = {k.req.kind: _static_ceiling(snap, k.req, level) for k in kinds}
+    message = f"{needs}; waits for one GPU model: {told}; {MIX_HINT}"
+    constraint = "gpu_kind"
+    if max(ceilings.values()) < req.units:
+        message = f"{needs}; no GPU model has enough nodes even when idle ({told}); {MIX_HINT}"
+        constraint = "cluster_size"
+    return Explanation(
+        level=level,
+        constraint=constraint,
+        needed_gpus=req.total_gpus,
+        message=message,
+        best_candidate=best,
+        best_free_gpus=float(usable[best] * max(req.unit_gpus, 1)),
+        best_usable_gpus=float(usable[best] * (req.unit_gpus or req.milli / 1000)),
+        details={"units_needed": float(req.units), "units_best": float(usable[best])},
     )
 
 
@@ -178,6 +212,9 @@ def _static_ceiling(snap: Holdings, req: GangRequest, level: str) -> int:
         "ceiling",
         level,
         req.models,
+        req.kind,
+        req.spread,
+        req.ranks_per_unit,
         req.features,
         req.unit_gpus,
         req.group,
@@ -194,10 +231,11 @@ def _static_ceiling(snap: Holdings, req: GangRequest, level: str) -> int:
         if not eligible[s.index]:
             continue
         if req.shared:
-            gpu = s.shape.n * (1000 // req.milli)
+            gpu = s.shape.n * (1000 // req.milli) // req.ranks_per_unit
         else:
             gpu = s.shape.capacity(s.shape.full, req.unit_gpus, req.group)
-        per_node[s.index] = min(gpu, int(s.cpus // req.unit_cpus), s.memory_mb // req.unit_memory_mb)
+        units = min(gpu, int(s.cpus // req.unit_cpus), s.memory_mb // req.unit_memory_mb)
+        per_node[s.index] = min(units, 1) if req.spread else units
     groups: Sequence[Sequence[int]]
     if level == "node":
         groups = [[i] for i in range(len(per_node))]

@@ -6,10 +6,11 @@ A fitter answers three questions per node — how many units fit now, how good a
 
 from __future__ import annotations
 
+import copy
 import math
 from abc import ABC, abstractmethod
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import cached_property
 
 from .bandwidth import board_shortfall, fabric_gbps
@@ -43,6 +44,7 @@ def static_eligible(layout: Layout, req: GangRequest) -> tuple[bool, ...]:
     key = (
         "eligible",
         req.models,
+        req.kind,
         req.features,
         req.unit_gpus,
         req.group,
@@ -57,8 +59,22 @@ def static_eligible(layout: Layout, req: GangRequest) -> tuple[bool, ...]:
     return got  # type: ignore[return-value]
 
 
+def eligible_kinds(layout: Layout, req: GangRequest) -> tuple[str, ...]:
+    """The GPU models (exact names) of the nodes that could host one unit of the request, sorted."""
+    key = ("kinds", req.models, req.kind, req.features, req.unit_gpus, req.group, req.shared, req.unit_cpus,
+           req.unit_memory_mb)  # fmt: skip
+    got = layout.cache.get(key)
+    if got is None:
+        eligible = static_eligible(layout, req)
+        got = tuple(sorted({s.gpu_model for s in layout.slots if eligible[s.index]}))
+        layout.cache[key] = got
+    return got  # type: ignore[return-value]
+
+
 def _could_host(slot: NodeSlot, req: GangRequest) -> bool:
     if not slot.matches_model(req.models) or not slot.matches_features(req.features):
+        return False
+    if req.kind is not None and slot.gpu_model != req.kind:
         return False
     if slot.cpus + 1e-9 < req.unit_cpus or slot.memory_mb < req.unit_memory_mb:
         return False
@@ -80,6 +96,17 @@ class Fitter(ABC):
     @property
     def leaf_free(self) -> list[int]:
         return self.snap.leaf_free
+
+    def of_kind(self, kind: str) -> Fitter:
+        """This fitter with the request kept to nodes of one GPU model: only which nodes are eligible changes."""
+        other = copy.copy(self)
+        other.req = replace(self.req, kind=kind)
+        other.eligible = static_eligible(self.layout, other.req)
+        return other
+
+    def spread_cap(self, units: int) -> int:
+        """A gang spread over distinct nodes (Slurm --nodes) takes one unit per node."""
+        return min(units, 1) if self.req.spread else units
 
     def resource_cap(self, i: int) -> int:
         """Units the node's free CPU and memory allow."""
@@ -135,7 +162,7 @@ class WholeGpuFitter(Fitter):
         if req.exclusive and not snap.idle(i):
             return 0
         c = self.layout.slots[i].shape.capacity(snap.free[i], req.unit_gpus, req.group)
-        return min(c, self.resource_cap(i)) if c else 0
+        return self.spread_cap(min(c, self.resource_cap(i))) if c else 0
 
     def union(self, i: int, units: int, rails: frozenset[int] | None = None) -> int:
         shape = self.layout.slots[i].shape
@@ -224,8 +251,8 @@ class ShareFitter(Fitter):
         if self.req.exclusive and not self.snap.idle(i):
             return 0
         shared, fresh = self._rooms(i)
-        gpu_cap = sum(r for _, r in shared) + fresh * (FULL_SHARE // self.req.milli)
-        return min(gpu_cap, self.resource_cap(i)) if gpu_cap else 0
+        gpu_cap = (sum(r for _, r in shared) + fresh * (FULL_SHARE // self.req.milli)) // self.req.ranks_per_unit
+        return self.spread_cap(min(gpu_cap, self.resource_cap(i))) if gpu_cap else 0
 
     def class_key(self, i: int) -> tuple[object, ...]:
         snap = self.snap
@@ -235,7 +262,8 @@ class ShareFitter(Fitter):
         """Fewest whole GPUs newly opened for shares, then the node with the fewest free whole GPUs."""
         shared, _ = self._rooms(i)
         in_shared = sum(r for _, r in shared)
-        fresh = math.ceil(max(0, units - in_shared) / (FULL_SHARE // self.req.milli))
+        ranks = units * self.req.ranks_per_unit
+        fresh = math.ceil(max(0, ranks - in_shared) / (FULL_SHARE // self.req.milli))
         return (float(fresh), float(self.snap.free_count[i]))
 
     def pick(self, i: int, units: int, rails: frozenset[int] | None) -> list[RankPick]:
@@ -245,7 +273,7 @@ class ShareFitter(Fitter):
         slots: list[tuple[int, int]] = list(shared)
         free = self.snap.free[i]
         out: list[RankPick] = []
-        while len(out) < units:
+        while len(out) < units * self.req.ranks_per_unit:
             if not slots:
                 p_mask = shape.top(free, 1)[0]
                 free &= ~p_mask
@@ -375,7 +403,7 @@ class FgdShareFitter(FgdFitter, ShareFitter):
         state = FgdState(self, self.meter, i)
         left, milli = list(state.left), self.req.milli
         chosen: list[int] = []
-        for _ in range(units):
+        for _ in range(units * self.req.ranks_per_unit):
             best: tuple[tuple[float, ...], int] | None = None
             for p, x in enumerate(left):
                 if x < milli:

@@ -37,6 +37,7 @@ def place_gang(
     keep_strong_boards: bool = True,
     fgd: FragMeter | None = None,
     indexes: CapacityIndexes | None = None,
+    mix_gpu_models: bool = False,
 ) -> PlacementResult:
     """Place every rank of `spec` or none; never changes `snapshot`.
 
@@ -45,6 +46,8 @@ def place_gang(
     alone, as every other gang among the board kinds at par for it) and `fgd` (the FGD policy, measuring
     fragmentation for that workload mix; None: best fit). `indexes`: capacities the caller keeps current across
     decisions on this same `snapshot` (it tells them which nodes it changed); None: computed here.
+    `mix_gpu_models`: the job's queue lets a gang span nodes of several GPU models (else it keeps to one, unless its
+    own gpu_models lists several).
     """
     try:
         req = GangRequest.of(spec)
@@ -52,6 +55,8 @@ def place_gang(
         return PlacementResult(None, Explanation("request", "spec", spec.total_gpus, str(exc)))
     if not keep_strong_boards:
         req = replace(req, keep_strong_boards=False)
+    if mix_gpu_models:
+        req = replace(req, one_kind=False)
     return place_request(snapshot, req, seed=seed, fgd=fgd, indexes=indexes)
 
 

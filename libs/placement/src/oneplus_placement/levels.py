@@ -8,12 +8,12 @@ from __future__ import annotations
 
 import heapq
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from oneplus_contracts import Domain
 
 from .capacity import CapacityIndex
-from .fitters import Fitter, tie_break
+from .fitters import Fitter, eligible_kinds, tie_break
 from .request import GangRequest
 
 Piece = tuple[int, int]  # (node index, units placed there)
@@ -42,6 +42,20 @@ class DomainSearch:
         self.index = CapacityIndex(fitter) if index is None else index
         self.caps = self.index.caps
         self._spine_caps: list[int] | None = None
+        self._kinds: list[DomainSearch] | None = None
+
+    def kind_searches(self) -> list[DomainSearch]:
+        """One search per GPU model when the gang must keep to one model and nodes of several could host it; else
+        [] (a cluster of one model pays nothing). Each reads this search's capacities on its model's nodes."""
+        if self._kinds is None:
+            self._kinds = []
+            kinds = eligible_kinds(self.layout, self.req) if self.req.must_choose_kind else ()
+            if len(kinds) > 1:
+                slots = self.layout.slots
+                for kind in kinds:
+                    sub = self.index.subset(lambda i, k=kind: slots[i].gpu_model == k)  # type: ignore[misc]
+                    self._kinds.append(DomainSearch(self.fitter.of_kind(kind), replace(self.req, kind=kind), sub))
+        return self._kinds
 
     @property
     def leaf_caps(self) -> list[int]:
@@ -57,7 +71,24 @@ class DomainSearch:
         return self._spine_caps
 
     def plans(self, level: Domain, limit: int | None = None) -> list[Plan]:
-        """Every domain of `level` that can hold the gang, best first (at most `limit`)."""
+        """Every domain of `level` that can hold the gang, best first (at most `limit`); a gang that must keep to one
+        GPU model gets the best plans of each model's nodes (one node is always one model)."""
+        kinds = self.kind_searches() if level != "node" else []
+        if not kinds:
+            return self.mixed_plans(level, limit)
+        ranked = [(k._kind_key(p), p) for k in kinds for p in k.mixed_plans(level, limit)]
+        ranked.sort(key=lambda t: t[0])
+        return [p for _, p in ranked[:limit]]
+
+    def _kind_key(self, plan: Plan) -> tuple[float, ...]:
+        """Plans of different models compared: fewest leaves and nodes, then the board kinds (the weakest node of the
+        ring bounds it: `Fitter.board_key`), then the fill of the domain."""
+        key = self._plan_key(plan)
+        board = max(self.fitter.board_key(i, units) for i, units in plan.pieces)
+        return (*key[:2], *board, *key[2:])
+
+    def mixed_plans(self, level: Domain, limit: int | None = None) -> list[Plan]:
+        """Every domain of `level` that can hold the gang, whatever GPU models its nodes have, best first."""
         need = self.req.units
         if level == "node":
             return [Plan(((i, need),), "node") for i in self._best_nodes(need, limit)]

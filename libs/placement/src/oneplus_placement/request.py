@@ -10,6 +10,17 @@ from oneplus_contracts.features import FeatureConstraint, parse_constraint
 DOMAINS: tuple[Domain, ...] = ("node", "leaf", "spine", "cluster")
 
 
+def _allows_mixing(spec: JobSpec) -> bool:
+    """The job itself names alternatives per node: several GPU models, or a plain OR of features (Slurm `a|b`; the
+    matching OR `[a|b]` keeps one)."""
+    if spec.resources.gpu_models and len(spec.resources.gpu_models) > 1:
+        return True
+    if spec.constraint:
+        features = parse_constraint(spec.constraint)
+        return not features.matching and len(features.any_of) > 1
+    return False
+
+
 class InvalidRequest(ValueError):
     """The spec cannot be placed on any cluster as written (e.g. ranks that do not fill whole TP groups)."""
 
@@ -37,6 +48,12 @@ class GangRequest:
     features: FeatureConstraint | None = None  # Slurm --constraint: the node features every node must satisfy
     # A gang that gains nothing from a fast board (one GPU, or a ring the network bounds) takes the weakest kind.
     keep_strong_boards: bool = True
+    # Slurm --nodes: each unit (ranks / nodes ranks) on a node of its own, so the gang takes exactly `units` nodes.
+    spread: bool = False
+    # One GPU model (a node's exact model name) for every node of the gang; None: not chosen yet.
+    kind: str | None = None
+    # A synchronous gang runs at its slowest rank: its nodes share one GPU model unless the job or queue allows mixing.
+    one_kind: bool = True
 
     @classmethod
     def of(cls, spec: JobSpec) -> GangRequest:
@@ -51,6 +68,15 @@ class GangRequest:
                     f"group_gpus={group} spans {per_unit} ranks of {k} GPUs, but {spec.ranks} ranks do not make "
                     f"whole groups; use a multiple of {per_unit} ranks"
                 )
+        nodes = spec.topology.nodes
+        if nodes is not None:
+            per_node = spec.ranks // nodes
+            if per_node % per_unit:
+                raise InvalidRequest(
+                    f"topology.nodes={nodes} puts {per_node} ranks on each node, which do not make whole "
+                    f"tensor-parallel groups of {per_unit} ranks"
+                )
+            per_unit = per_node
         return cls(
             ranks=spec.ranks,
             gpus_per_rank=k,
@@ -65,6 +91,8 @@ class GangRequest:
             max_leaves=spec.topology.max_leaves,
             exclusive=spec.topology.exclusive,
             features=parse_constraint(spec.constraint) if spec.constraint else None,
+            spread=nodes is not None,
+            one_kind=not _allows_mixing(spec),
         )
 
     @property
@@ -96,6 +124,7 @@ class GangRequest:
         """Requests with equal keys see the same per-node capacity (a batch shares the work between them)."""
         return (
             self.models,
+            self.kind,
             self.features,
             self.unit_gpus,
             self.group,
@@ -103,7 +132,13 @@ class GangRequest:
             self.unit_cpus,
             self.unit_memory_mb,
             self.exclusive,
+            self.spread,
         )
+
+    @property
+    def must_choose_kind(self) -> bool:
+        """Whether the gang must keep to one GPU model but has not been given one yet (it may span nodes)."""
+        return self.one_kind and self.kind is None and self.units > 1
 
     def levels(self) -> tuple[Domain, ...]:
         """The domains to try, tightest first; a required domain is the widest allowed."""
@@ -118,4 +153,6 @@ class GangRequest:
             what = f"{self.gpus_per_rank} GPU{'s' if self.gpus_per_rank > 1 else ''}"
         else:
             what = f"{self.ranks * self.gpus_per_rank} GPUs ({self.ranks} ranks x {self.gpus_per_rank})"
+        if self.spread and self.units > 1:
+            what += f" on {self.units} distinct nodes"
         return what

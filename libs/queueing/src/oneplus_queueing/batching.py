@@ -68,7 +68,8 @@ def plan_batches(
         ][: policy.window]
         if len(window) < 2:
             continue
-        gangs = [PendingGang(job.job_id, job.job.spec, job.priority) for job in window]
+        mix = queue in config.mixing_queues
+        gangs = [PendingGang(job.job_id, job.job.spec, job.priority, mix_gpu_models=mix) for job in window]
         result = place_batch(state, gangs, time_limit_s=policy.time_limit_s, seed=seed, contested_only=True)
         if result.placed_gpus <= result.greedy_placed_gpus:  # greedy's answer is what the cycle gives anyway
             continue

@@ -13,6 +13,7 @@ from oneplus_contracts import Allocation, Domain, JobSpec, RankPlacement
 from oneplus_placement.capacity import CapacityIndexes
 from oneplus_placement.diagnosis import Explanation, static_reason
 from oneplus_placement.fgd import FragMeter, WorkloadShape, memory_asks, typical_shapes
+from oneplus_placement.fitters import static_eligible
 from oneplus_placement.greedy import PlacementResult, place_gang
 from oneplus_placement.request import GangRequest, InvalidRequest
 from oneplus_placement.snapshot import FULL_SHARE, ClusterSnapshot, ClusterState, Layout
@@ -56,6 +57,7 @@ class Capacity:
     keep_strong_boards: bool = True  # the queue config's boards.keep_strong_boards
     fgd: FragMeter | None = None  # the workload mix FGD measures fragmentation by
     fgd_queues: frozenset[str] = frozenset()  # queues whose `placement` is `fgd`
+    mixing_queues: frozenset[str] = frozenset()  # queues whose gangs may span GPU models (`mix_gpu_models`)
     # Per-node capacities kept current across this state's trials: every change to `state` goes through here.
     indexes: CapacityIndexes = field(default_factory=CapacityIndexes, repr=False)
 
@@ -75,6 +77,7 @@ class Capacity:
             keep_strong_boards=self.keep_strong_boards,
             fgd=fgd,
             indexes=self.indexes,
+            mix_gpu_models=spec.queue in self.mixing_queues,
         )
 
     @classmethod
@@ -90,12 +93,13 @@ class Capacity:
             keep_strong_boards=config.boards.keep_strong_boards,
             fgd=workload_meter(jobs) if fgd_queues else None,
             fgd_queues=fgd_queues,
+            mixing_queues=config.mixing_queues,
         )
 
     def derived(self, state: ClusterState) -> Capacity:
         """Another working state placed by the same policies (backfill's and the victim search's trial states)."""
         return Capacity(state, self.stats, keep_strong_boards=self.keep_strong_boards, fgd=self.fgd,
-                        fgd_queues=self.fgd_queues)  # fmt: skip
+                        fgd_queues=self.fgd_queues, mixing_queues=self.mixing_queues)  # fmt: skip
 
     def static_reason(self, spec: JobSpec) -> Explanation | None:
         """Why no node of the cluster could ever host the job (its model, size or features), or None."""
@@ -137,6 +141,18 @@ class Capacity:
 
     def free_gpus(self) -> int:
         return self.state.total_free_gpus()
+
+    def free_gpus_for(self, spec: JobSpec) -> int:
+        """Free whole GPUs on the nodes the job may use (its GPU models, --constraint, rank size), not every kind's."""
+        if not spec.resources.gpu_models and not spec.constraint:
+            return self.free_gpus()
+        try:
+            req = GangRequest.of(spec)
+        except InvalidRequest:
+            return self.free_gpus()
+        eligible = static_eligible(self.layout, req)
+        free = self.state.free_count
+        return sum(free[i] for i in range(len(free)) if eligible[i])
 
     def node_index(self, node: str) -> int:
         return self.layout.index(node)

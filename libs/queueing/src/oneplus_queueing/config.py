@@ -64,6 +64,11 @@ class QueueSpec(_Model):
         "hold back later ones of the queue) or strict-fifo (by priority, then submission; the first that waits "
         "holds back the rest of the queue); Kueue's queueing strategies",
     )
+    mix_gpu_models: bool = Field(
+        default=False,
+        description="Whether a gang of its jobs may span nodes of several GPU models; false: one model per gang "
+        "(Kueue's one flavor per pod set), unless the job's gpu_models lists several",
+    )
 
     @model_validator(mode="after")
     def _valid_name(self) -> QueueSpec:
@@ -259,6 +264,12 @@ class QueueConfig(_Model):
     def leaf_queues(self) -> list[str]:
         children = self.tree.children
         return [q.name for q in self.queues if not children.get(q.name)]
+
+    @cached_property
+    def mixing_queues(self) -> frozenset[str]:
+        """Queues whose gangs may span GPU models: `mix_gpu_models` set on the queue or on an ancestor."""
+        mixing = {q.name for q in self.queues if q.mix_gpu_models}
+        return frozenset(q.name for q in self.queues if mixing.intersection(self.path(q.name)))
 
     def path(self, name: str) -> tuple[str, ...]:
         """Queue names from the organisation down to `name`."""

@@ -30,7 +30,7 @@ from .boards import BoardClaim, weigh_boards
 from .capacity import Capacity, whole_gpus, working_copy
 from .config import QueueConfig
 from .dependencies import check_dependencies, singleton_key
-from .explain import classify_failure, fmt_ts, shape_key
+from .explain import classify_failure, count_message, fmt_ts, shape_key
 from .fairshare import UsageHistory, fairshare_factors
 from .model import CycleCarry, CycleDecision, CycleStats, PendingJob, PendingReason, ReasonCode, Reservation, RunningJob
 from .ordering import RankedJob, keep_protected_first, rank_pending
@@ -235,7 +235,7 @@ class _Cycle:
         """The job's allocation and whether it took reserved GPUs, or None with the reason recorded."""
         spec = job.job.spec
         use_block = self.may_use_block(job)
-        key = (*shape_key(spec), use_block)
+        key = (*shape_key(spec), use_block, spec.queue in self.capacity.mixing_queues)
         seen = self.failed.get(key)
         if seen is not None and seen[0] == self.capacity.version:
             self.capacity.stats.skipped_by_memo += 1
@@ -247,11 +247,11 @@ class _Cycle:
                 self.fail(job, key, "BadConstraints", never.message)
                 return None
         held = _gpu_count(self.hold)
-        free = self.capacity.free_gpus()
+        free = self.capacity.free_gpus_for(spec)  # only the GPUs it may use (its models, --constraint)
         need = whole_gpus(spec)
         if need > free + held:
             self.capacity.stats.skipped_by_count += 1
-            self.fail(job, key, "Resources", f"needs {need} GPUs; {free + (held if use_block else 0)} are free")
+            self.fail(job, key, "Resources", count_message(spec, free + (held if use_block else 0)))
             return None
         # Outside the reserved block first: a backfill that fits elsewhere leaves the block alone.
         result = self.place(spec, job.job_id, release_hold=False) if need <= free else None

@@ -11,14 +11,32 @@ from .capacity import whole_gpus
 from .model import ReasonCode
 
 # Placement's blocking constraints that are about where GPUs sit rather than how many there are.
-_TOPOLOGY = frozenset({"domain", "domain_size", "max_leaves", "nvlink_domain", "rank_size"})
+_TOPOLOGY = frozenset({"domain", "domain_size", "max_leaves", "nvlink_domain", "rank_size", "gpu_kind"})
+
+
+def where_usable(spec: JobSpec) -> str:
+    """Which GPUs a job may use, as a phrase after "GPUs" ("" when any)."""
+    parts = []
+    if spec.resources.gpu_models:
+        parts.append(f"on {' or '.join(spec.resources.gpu_models)}")
+    if spec.constraint:
+        parts.append(f"on nodes with {spec.constraint}")
+    return (" " + " ".join(parts)) if parts else ""
+
+
+def count_message(spec: JobSpec, free_gpus: int) -> str:
+    """`needs N GPUs; F are free`, F counted among the GPUs the job may use."""
+    need = whole_gpus(spec)
+    where = where_usable(spec)
+    return f"needs {need} GPUs{where}; {free_gpus} {'of those ' if where else ''}are free"
 
 
 def classify_failure(spec: JobSpec, explanation: Explanation | None, free_gpus: int) -> tuple[ReasonCode, str]:
-    """`Topology` when enough GPUs are free but not in a shape or domain the gang can use, else `Resources`."""
+    """`Topology` when enough GPUs are free but not in a shape or domain the gang can use, else `Resources`.
+    `free_gpus`: free among the GPUs the job may use (`Capacity.free_gpus_for`)."""
     need = whole_gpus(spec)
     if explanation is None:
-        return "Resources", f"needs {need} GPUs; {free_gpus} are free"
+        return "Resources", count_message(spec, free_gpus)
     if explanation.constraint == "constraint":
         return "BadConstraints", explanation.message
     if explanation.constraint in _TOPOLOGY:
@@ -43,6 +61,7 @@ def shape_key(spec: JobSpec) -> tuple[object, ...]:
         topo.group_gpus,
         topo.max_leaves,
         topo.exclusive,
+        topo.nodes,
         spec.constraint,
     )
 
