@@ -22,8 +22,11 @@ def pending_order(pending: Sequence[JobRecord]) -> list[JobRecord]:
     return sorted(pending, key=lambda r: (-r.spec.priority, r.submitted_ts, r.job_id))
 
 
-def explain_job(state: ClusterState, rec: JobRecord, jobs: Sequence[JobRecord]) -> dict[str, Any]:
-    """Why `rec` is pending on `state`: the blocking constraint and level, who is ahead, whose preemption makes room."""
+def explain_job(
+    state: ClusterState, rec: JobRecord, jobs: Sequence[JobRecord], *, mix_gpu_models: bool = False
+) -> dict[str, Any]:
+    """Why `rec` is pending on `state`: the blocking constraint and level, who is ahead, whose preemption makes room
+    (`mix_gpu_models`: its queue lets a gang span GPU models)."""
     ahead = [
         j.job_id
         for j in pending_order([j for j in jobs if j.state == "ACCEPTED"])
@@ -34,7 +37,34 @@ def explain_job(state: ClusterState, rec: JobRecord, jobs: Sequence[JobRecord]) 
         for j in jobs
         if j.state in ACTIVE_STATES and j.allocation is not None and j.spec.preemptible
     ]
-    return explain_pending(state, rec.spec, ahead=ahead, preemptible=preemptible).to_dict()
+    why = explain_pending(state, rec.spec, ahead=ahead, preemptible=preemptible, mix_gpu_models=mix_gpu_models)
+    return why.to_dict()
+
+
+# Clauses that say where a gang stops fitting; the cycle's reason already has its own.
+_PLACEMENT_DETAIL = ("best ", "the best ", "the cluster has ", "no node has room")
+
+
+def merge_reason(code: str, reason: str, explained: str) -> str:
+    """The cycle's reason (`code: reason`) followed by what the explanation adds, each clause once: a clause of the
+    explanation already in the reason is not repeated, nor its own `needs ...` (and where-it-stops) clauses when the
+    reason already says what the job needs."""
+    have = reason.split("; ")
+    says_needs = any(c.startswith("needs ") for c in have)
+    out = list(have)
+    after_needs = False
+    for clause in explained.split("; "):
+        if clause in out:
+            after_needs = False
+            continue
+        if says_needs and clause.startswith("needs "):
+            after_needs = True
+            continue
+        if after_needs and clause.startswith(_PLACEMENT_DETAIL):
+            continue
+        after_needs = False
+        out.append(clause)
+    return f"{code}: " + "; ".join(out)
 
 
 QUEUES_KEY = "config"

@@ -9,6 +9,7 @@ from typing import Protocol
 from oneplus_contracts import Allocation, JobSpec
 
 from .diagnosis import Explanation
+from .fitters import static_eligible
 from .greedy import place_request
 from .layout import AllocationConflict
 from .request import GangRequest, InvalidRequest
@@ -29,17 +30,20 @@ def explain_pending(
     ahead: Sequence[str | _HasJobId] = (),
     preemptible: Sequence[Preemptible] = (),
     seed: int = 0,
+    mix_gpu_models: bool = False,
 ) -> Explanation:
     """Which constraint blocks at which level; the jobs queued ahead; the cheapest preemption that makes room.
 
     Only preemptible jobs of lower priority than `spec` are considered, lowest priority (then fewest GPUs) first;
-    one victim is preferred to several.
+    one victim is preferred to several. `mix_gpu_models`: the job's queue lets a gang span GPU models.
     """
     ahead_ids = tuple(a if isinstance(a, str) else a.job_id for a in ahead)
     try:
         req = GangRequest.of(spec)
     except InvalidRequest as exc:
         return Explanation("request", "spec", spec.total_gpus, str(exc))
+    if mix_gpu_models:
+        req = replace(req, one_kind=False)
     result = place_request(snapshot, req, seed=seed)
     queue = _ahead_phrase(ahead_ids)
     if result.allocation is not None:
@@ -82,30 +86,51 @@ def _ahead_phrase(ahead: tuple[str, ...]) -> str:
 def _victims(
     snapshot: Holdings, req: GangRequest, priority: int, preemptible: Sequence[Preemptible], seed: int
 ) -> tuple[str, ...]:
-    """One victim if any suffices (lowest priority, smallest first); else the shortest such prefix of all of them."""
+    """One victim if any suffices (lowest priority, smallest first); else the fewest of them that make room.
+
+    Only jobs holding GPUs the gang may use (its models, --constraint, rank size) are candidates, and every set is
+    checked by placement, as the preemption service checks its victims: a job whose nodes the placement that its
+    eviction allows does not touch is spared, so the answer never names a job on GPUs of another kind."""
+    eligible = static_eligible(snapshot.layout, req)
+    by_name = snapshot.layout.by_name
     pool = sorted(
-        (p for p in preemptible if p[2] < priority),
+        (p for p in preemptible if p[2] < priority and any(eligible[by_name[n]] for n in p[1].nodes if n in by_name)),
         key=lambda p: (p[2], _gpus(p[1]), p[0]),
     )
     for job_id, alloc, _ in pool:
-        if _fits_without(snapshot, req, [alloc], seed):
+        if _placed_without(snapshot, req, [alloc], seed) is not None:
             return (job_id,)
-    taken: list[Allocation] = []
-    for n, (_, alloc, _) in enumerate(pool):
-        taken.append(alloc)
-        if n > 0 and _fits_without(snapshot, req, taken, seed):
-            return tuple(p[0] for p in pool[: n + 1])
+    for n in range(2, len(pool) + 1):
+        got = _placed_without(snapshot, req, [a for _, a, _ in pool[:n]], seed)
+        if got is not None:
+            return _fewest(snapshot, req, pool[:n], got, seed)
     return ()
 
 
-def _fits_without(snapshot: Holdings, req: GangRequest, allocs: list[Allocation], seed: int) -> bool:
+def _fewest(
+    snapshot: Holdings, req: GangRequest, chosen: Sequence[Preemptible], placed: Allocation, seed: int
+) -> tuple[str, ...]:
+    """Spare the victims the placement does not touch, then each one (most costly first) it can do without."""
+    nodes = set(placed.nodes)
+    kept = [p for p in chosen if nodes.intersection(p[1].nodes)]
+    if _placed_without(snapshot, req, [a for _, a, _ in kept], seed) is None:
+        kept = list(chosen)
+    for victim in sorted(kept, key=lambda p: (-p[2], -_gpus(p[1]), p[0])):
+        rest = [p for p in kept if p is not victim]
+        if rest and _placed_without(snapshot, req, [a for _, a, _ in rest], seed) is not None:
+            kept = rest
+    return tuple(p[0] for p in chosen if p in kept)
+
+
+def _placed_without(snapshot: Holdings, req: GangRequest, allocs: list[Allocation], seed: int) -> Allocation | None:
+    """Where the gang goes once `allocs` are released, or None."""
     state = snapshot.mutable_copy()
     try:
         for a in allocs:
             state.release(a)
     except AllocationConflict:
-        return False
-    return place_request(state, req, seed=seed).placed
+        return None
+    return place_request(state, req, seed=seed).allocation
 
 
 def _gpus(alloc: Allocation) -> float:

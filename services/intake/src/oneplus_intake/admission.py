@@ -60,8 +60,11 @@ class EmptyCluster:
         self._state: ClusterState | None = None
         self._verdicts: dict[str, str | None] = {}
 
-    def never_fits(self, spec: JobSpec, live: Sequence[NodeRecord] | ClusterFacts) -> str | None:
-        """Why `spec` could not be placed even on the empty cluster, or None when it could."""
+    def never_fits(
+        self, spec: JobSpec, live: Sequence[NodeRecord] | ClusterFacts, *, mix_gpu_models: bool = False
+    ) -> str | None:
+        """Why `spec` could not be placed even on the empty cluster, or None when it could (`mix_gpu_models`: its
+        queue lets a gang span GPU models)."""
         facts = live if isinstance(live, ClusterFacts) else ClusterFacts.of(live)
         key = facts.shape
         live = facts.live
@@ -80,10 +83,10 @@ class EmptyCluster:
             ]
             self._state = ClusterSnapshot.from_records("empty", healthy).thaw()
             self._key, self._verdicts = key, {}
-        shape = spec.model_dump_json(include={"ranks", "resources", "topology", "constraint"})
+        shape = spec.model_dump_json(include={"ranks", "resources", "topology", "constraint"}) + str(mix_gpu_models)
         if shape not in self._verdicts:
             assert self._state is not None
-            why = explain_pending(self._state.mutable_copy(), spec)
+            why = explain_pending(self._state.mutable_copy(), spec, mix_gpu_models=mix_gpu_models)
             verdict = None if why.constraint in ("none", "queue") else why.message
             if len(self._verdicts) >= VERDICTS_KEPT:
                 self._verdicts.clear()
@@ -123,7 +126,7 @@ def admit(
         if not any(m.lower() in name.lower() for m in models for name in names):
             raise Inadmissible(f"no node has a GPU model matching {models}; the cluster has {sorted(names)}")
     if empty is not None:
-        why = empty.never_fits(spec, facts)
+        why = empty.never_fits(spec, facts, mix_gpu_models=spec.queue in queues.mixing_queues)
         if why is not None:
             # What `jobs explain` would say of it on an idle cluster: waiting could never help.
             raise Inadmissible(f"can never run on this cluster, even with every GPU free: {why}")

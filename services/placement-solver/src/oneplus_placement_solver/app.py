@@ -31,7 +31,7 @@ from nats.js.api import PubAck
 from oneplus_bus.acks import wait_acks
 from oneplus_bus.archive import JobArchive
 from oneplus_bus.audit import ReservationAuditLog, last_audit_ts
-from oneplus_bus.clusterview import QUEUES_KEY, explain_job
+from oneplus_bus.clusterview import QUEUES_KEY, explain_job, merge_reason
 from oneplus_bus.heap import trim_heap
 from oneplus_bus.informer import StreamTail, kv_list_and_watch
 from oneplus_bus.lease import Lease, ReplicaSet
@@ -1134,13 +1134,12 @@ class Solver:
             "job_id": job_id,
             "state": rec.state,
             "pending": True,
-            **explain_job(self.capacity.copy(), rec, jobs),
+            **explain_job(self.capacity.copy(), rec, jobs, mix_gpu_models=rec.spec.queue in self.config.mixing_queues),
         }
         why = (await self.reasons_for([job_id]))[0].get(job_id)
         if why is not None:
             out["reason"] = why.code
-            msg = out["message"]
-            out["message"] = f"{why.code}: {why.message}" + ("" if why.message in msg else f"; {msg}")
+            out["message"] = merge_reason(why.code, why.message, out["message"])
         return out
 
     async def queue_list(self, payload: dict[str, Any], headers: dict[str, str]) -> dict[str, Any]:
