@@ -71,7 +71,9 @@ def prepare_jobs(spec: ReplaySpec, cluster: SimCluster) -> tuple[list[SimJob], d
 
 
 def _can_ever_fit(cluster: SimCluster, job: SimJob) -> bool:
-    ok = 0
+    """Enough nodes that could host a rank, of one GPU model unless the job lists several (placement keeps a gang
+    to one model, so a larger gang would wait for ever)."""
+    by_model: dict[str, int] = {}
     for n in cluster.nodes:
         k = n.kind
         if job.gpu_models and k.gpu_model not in job.gpu_models:
@@ -79,8 +81,10 @@ def _can_ever_fit(cluster: SimCluster, job: SimJob) -> bool:
         if k.cpus < job.cpus or k.memory_mb < job.memory_mb:
             continue
         if k.n_gpus >= (1 if job.gpu_milli else job.gpus_per_rank):
-            ok += 1
-    return ok >= job.ranks
+            by_model[k.gpu_model] = by_model.get(k.gpu_model, 0) + 1
+    if job.gpu_models and len(job.gpu_models) > 1:
+        return sum(by_model.values()) >= job.ranks
+    return max(by_model.values(), default=0) >= job.ranks
 
 
 def run_replay(spec: ReplaySpec, on_progress: Callable[[str, int, int], None] | None = None) -> Replay:
