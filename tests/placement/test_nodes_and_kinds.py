@@ -17,15 +17,18 @@ from pydantic import ValidationError
 A100 = "dgx_a100_8gpu_nv12_12nic"
 
 
-def demo() -> ClusterSnapshot:
+DEMO = (
+    ("h100-0", HGX_H100, "leaf-0"),
+    ("h100-1", HGX_H100, "leaf-0"),
+    ("a100-0", A100, "leaf-1"),
+    ("l40s-0", L40S, "leaf-1"),
+)
+
+
+def demo(order: tuple[tuple[str, str, str], ...] = DEMO) -> ClusterSnapshot:
     """h100-0, h100-1 (leaf-0), a100-0, l40s-0 (leaf-1), as `oneplus dev up` starts them."""
     nodes = []
-    for name, preset, leaf in (
-        ("h100-0", HGX_H100, "leaf-0"),
-        ("h100-1", HGX_H100, "leaf-0"),
-        ("a100-0", A100, "leaf-1"),
-        ("l40s-0", L40S, "leaf-1"),
-    ):
+    for name, preset, leaf in order:
         nodes.append(board(preset).model_copy(update={"node": name, "leaf": leaf, "spine": "spine-0"}))
     cluster = Cluster(name="demo", fabric=Fabric(nodes_per_leaf=2, leaves_per_spine=2), nodes=nodes)  # type: ignore[arg-type]
     return ClusterSnapshot.from_cluster(cluster)
@@ -169,3 +172,13 @@ def test_batch_placement_keeps_one_model_per_gang() -> None:
     snap = held(demo(), job("busy", resources={"gpus": 8, "gpu_models": ["H100"]}))
     result = place_batch(snap, [PendingGang("g", job("g", ranks=2, resources={"gpus": 8}))], time_limit_s=0.5)
     assert result.decisions["g"].allocation is None
+
+
+def test_the_best_domain_named_is_one_with_gpus_of_the_model_asked() -> None:
+    """Both H100 boards busy: the leaf named is leaf-0 (the H100s), not leaf-1 where no H100 is (listed first here, as
+    the live registry's node order may put it)."""
+    snap = held(demo(DEMO[2:] + DEMO[:2]), job("busy", ranks=2, resources={"gpus": 8, "gpu_models": ["H100"]}))
+    spec = job(ranks=2, resources={"gpus": 8, "gpu_models": ["H100"]}, topology={"domain": "leaf", "mode": "required"})
+    got = place_gang(snap, spec)
+    assert got.explanation is not None
+    assert got.explanation.best_candidate == "leaf-0", got.explanation.message

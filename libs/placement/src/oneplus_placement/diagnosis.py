@@ -200,7 +200,8 @@ def _best_domain(snap: Holdings, search: DomainSearch, level: str) -> tuple[str 
     else:
         raw = sum(fc[i] for i in range(len(fc)) if eligible[i])
         return layout.name, sum(search.leaf_caps), raw
-    best = max(range(len(caps)), key=lambda g: (caps[g], -g))
+    # Among domains with no room, one with nodes the gang may use (its models), not a leaf of another kind.
+    best = max(range(len(caps)), key=lambda g: (caps[g], any(eligible[i] for i in groups[g]), -g))
     raw = sum(fc[i] for i in groups[best] if eligible[i])
     return names[best], caps[best], raw
 
