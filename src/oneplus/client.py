@@ -153,10 +153,11 @@ def _import_nats(url: str) -> None:
 
 
 class OnePlusClient:
-    def __init__(self, nc: Client, team: str | None = None, timeout: float = 5.0) -> None:
+    def __init__(self, nc: Client, team: str | None = None, timeout: float = 5.0, *, where: str = "") -> None:
         self.nc = nc
         self.team = team
         self.timeout = timeout
+        self.where = where  # "nats://... (from NATS_URL)": named in the errors that say nobody answers
 
     @classmethod
     @asynccontextmanager
@@ -165,7 +166,10 @@ class OnePlusClient:
     ) -> AsyncIterator[OnePlusClient]:
         import nats
 
-        url = nats_url or os.environ.get("NATS_URL", "nats://127.0.0.1:4222")
+        from .devstate import locate_nats
+
+        target = locate_nats(nats_url)
+        url = target.url
         errors: list[Exception] = []
 
         async def keep(exc: Exception) -> None:
@@ -184,9 +188,11 @@ class OnePlusClient:
         except Exception as exc:
             cause = errors[-1] if errors else exc
             why = str(cause) or type(cause).__name__
-            raise PlatformError(f"cannot reach NATS at {url}: {why}; is the platform up (`oneplus dev up`)?") from None
+            raise PlatformError(
+                f"cannot reach NATS at {target.describe()}: {why}; is the platform up (`oneplus dev up`)?"
+            ) from None
         try:
-            yield cls(nc, team=team or os.environ.get("ONEPLUS_TEAM"), timeout=timeout)
+            yield cls(nc, team=team or os.environ.get("ONEPLUS_TEAM"), timeout=timeout, where=target.describe())
         finally:
             await nc.close()
 
@@ -201,7 +207,8 @@ class OnePlusClient:
         try:
             msg = await self.nc.request(subject, body, timeout=self.timeout, headers=hdrs)
         except NoRespondersError as exc:
-            raise PlatformError(f"no service answers on {subject}; is the platform up?") from exc
+            at = f" at {self.where}" if self.where else ""
+            raise PlatformError(f"no service answers on {subject}{at}; is the platform up?") from exc
         except NatsTimeout as exc:
             raise PlatformError(f"no answer on {subject} within {self.timeout:g}s") from exc
         return bytes(msg.data)
@@ -378,7 +385,9 @@ class OnePlusClient:
 def run_with_client(nats_url: str | None, team: str | None, fn: Callable[[OnePlusClient], Awaitable[T]]) -> T:
     """Connect, run `fn` with the client, close: the one synchronous entry every CLI command goes through."""
 
-    _import_nats(nats_url or os.environ.get("NATS_URL", ""))
+    from .devstate import locate_nats
+
+    _import_nats(locate_nats(nats_url).url)
 
     async def go() -> T:
         async with OnePlusClient.connect(nats_url, team=team) as c:

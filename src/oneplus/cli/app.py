@@ -88,12 +88,21 @@ def submit(
     msg_id: Annotated[
         str | None, typer.Option("--id", help="Submission id: a retry with the same id is not a second job")
     ] = None,
+    simulate_s: Annotated[
+        str | None,
+        typer.Option(
+            "--simulate-s",
+            help="On the simulated runtime (`oneplus dev up`), hold the GPUs this many seconds; wins over the "
+            "document's simulate.duration_s, #ONEPLUS --simulate-s or oneplus.io/simulate-s annotation",
+        ),
+    ] = None,
     nats: NatsOpt = None,
     team: TeamOpt = None,
 ) -> None:
     """Submit a job from a file."""
     from oneplus_jobformats.errors import JobFormatError
     from oneplus_jobformats.load import load_job_document
+    from oneplus_jobformats.simulate import parse_simulate_s, with_simulated_duration
     from oneplus_jobformats.summary import dry_run_summary
     from oneplus_jobformats.text import decode_document
 
@@ -103,6 +112,8 @@ def submit(
         raise fail(f"cannot read {file}: {exc.strerror}") from exc
     try:
         tr = load_job_document(decode_document(data, filename=str(file)), filename=str(file))
+        if simulate_s is not None:
+            tr.spec = with_simulated_duration(tr.spec, parse_simulate_s(simulate_s, source="--simulate-s"))
     except JobFormatError as exc:
         raise fail(str(exc)) from exc
     spec = with_submitter(tr.spec)  # the submitter, unless the document names a user: as sbatch does
@@ -499,14 +510,16 @@ def dev_up(
         if not stopping:
             urls = platform.urls()
             size = f"{want} simulated nodes ({gpus} GPUs)" if fleet is not None else f"{platform.node_count} nodes"
-            console.print(f"ready after {took:.1f}s: {size}", highlight=False)
+            console.print(f"ready after {took:.1f}s: {size}, runtime {runtime}", highlight=False)
+            console.print(runtime_note(runtime), highlight=False, soft_wrap=True)
             for name, url in urls.items():
                 console.print(f"  {name:<28} {url}", highlight=False, soft_wrap=True)
             console.print(f"  {'logs':<28} {platform.logdir}", highlight=False, soft_wrap=True)
             console.print(
                 f"NATS_URL={nats_url}\nREDIS_URL={redis_url}\n"
-                "export those two variables in another shell to use the CLI; `oneplus dev status` shows this "
-                "again, `oneplus dev down` or Ctrl-C stops everything",
+                "the CLI in another shell finds this stack by itself (its state file, while NATS_URL is unset); "
+                "export those two variables for other tools; `oneplus dev status` shows this again, "
+                "`oneplus dev down` or Ctrl-C stops everything",
                 highlight=False,
                 soft_wrap=True,
             )
@@ -514,7 +527,10 @@ def dev_up(
             if servers is not None:
                 procs |= {"nats-server": servers.nats_proc.pid if servers.nats_proc else 0}
                 procs |= {"redis-server": servers.redis_proc.pid if servers.redis_proc else 0}
-            _write_state(state, {"pid": os.getpid(), "urls": urls, "logdir": str(platform.logdir), "procs": procs})
+            _write_state(
+                state,
+                {"pid": os.getpid(), "urls": urls, "logdir": str(platform.logdir), "procs": procs, "runtime": runtime},
+            )
         while not stopping:
             dead = platform.dead()
             if dead:
@@ -529,6 +545,18 @@ def dev_up(
         if servers is not None:
             servers.stop()
         console.print("stopped")
+
+
+def runtime_note(runtime: str) -> str:
+    """What `dev up` says about how jobs run: on the simulated runtime no command runs at all."""
+    if runtime == "simulated":
+        return (
+            "jobs are simulated: no process runs; each job holds its GPUs for its `simulate.duration_s` (1 s when it "
+            "gives none) and exits 0 unless `simulate.exit_code` says otherwise; set it with `oneplus submit "
+            "--simulate-s`, `#ONEPLUS simulate-s=` in an sbatch script or the `oneplus.io/simulate-s` annotation "
+            "(docs/executor.md); `--runtime docker` runs real containers"
+        )
+    return f"jobs run as containers through the {runtime} runtime (docs/executor.md)"
 
 
 def _write_state(path: Path, doc: dict[str, Any]) -> None:
@@ -585,7 +613,8 @@ def dev_status(as_json: JsonOpt = False) -> None:
         dump({"running": running, "ok": ok, "pid": pid, "state_file": str(path), **doc, "up": checks})
     else:
         state = "running" if running else "not running (stale state file)"
-        console.print(f"oneplus dev up: pid {pid}, {state}; logs {doc.get('logdir')}", highlight=False)
+        rt = f"runtime {doc['runtime']}; " if doc.get("runtime") else ""
+        console.print(f"oneplus dev up: pid {pid}, {state}; {rt}logs {doc.get('logdir')}", highlight=False)
         for name, url in (doc.get("urls") or {}).items():
             mark = "up" if checks.get(name) else "DOWN"
             console.print(f"  {mark:<5}{name:<28} {url}", highlight=False, soft_wrap=True)

@@ -64,12 +64,20 @@ def sbatch(
             help="The site's QOS -> priority class, partition -> queue, account -> team (YAML)",
         ),
     ] = None,
+    simulate_s: Annotated[
+        str | None,
+        typer.Option(
+            "--simulate-s",
+            help="On the simulated runtime, hold the GPUs this many seconds (else the script's #ONEPLUS --simulate-s)",
+        ),
+    ] = None,
 ) -> None:
     """Submit a batch script: oneplus sbatch OPTIONS... SCRIPT ARGS... (any sbatch option; they override the
     script's #SBATCH directives). Without SCRIPT the script is read from standard input."""
     from oneplus_jobformats.errors import JobFormatError
     from oneplus_jobformats.sbatch import parse_sbatch
     from oneplus_jobformats.sbatch_options import split_command_line
+    from oneplus_jobformats.simulate import parse_simulate_s, sbatch_simulate_s, with_simulated_duration
     from oneplus_jobformats.summary import dry_run_summary
 
     from ..client import with_submitter
@@ -87,6 +95,11 @@ def sbatch(
     script, filename = _read_script(script_path, options)
     try:
         tr = parse_sbatch(script, options, filename=filename, script_args=script_args, site=site)
+        seconds = sbatch_simulate_s(script, filename=filename)
+        if simulate_s is not None:
+            seconds = parse_simulate_s(simulate_s, source="--simulate-s")
+        if seconds is not None:
+            tr.spec = with_simulated_duration(tr.spec, seconds)
     except JobFormatError as exc:
         raise _fail("sbatch", str(exc), 2) from exc
     spec = with_submitter(tr.spec)  # like Slurm, the job belongs to whoever submits it (as `oneplus submit`)
