@@ -407,7 +407,7 @@ def nodes_show(ctx: typer.Context, node: str, nats: NatsOpt = None, as_json: Jso
     if as_json:
         dump(match[0].model_dump(mode="json"))
         return
-    console.print(topology.render_link_matrix(match[0].topology))
+    topology.print_link_matrix(console, match[0].topology)
 
 
 def _node_op(ctx: typer.Context, subject: str, node: str, nats: str | None, as_json: bool, **extra: Any) -> None:

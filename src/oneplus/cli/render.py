@@ -97,6 +97,30 @@ class Columns:
             console.print(self.plain(), markup=False, highlight=False, soft_wrap=True, crop=False)
 
 
+def print_whole(console: Console, renderable: Any) -> None:
+    """Print a rich renderable (a table) with no line cut: as it is when the terminal is wide enough, else (piped,
+    redirected, or a narrow terminal) at its natural width, however long its lines, as `Columns` does."""
+    from rich.measure import Measurement
+
+    natural = Measurement.get(console, console.options.update(max_width=100_000), renderable).maximum
+    if console.is_terminal and natural <= console.width:
+        console.print(renderable)
+        return
+    wide = Console(
+        file=console.file,
+        width=max(natural, console.width),
+        force_terminal=console.is_terminal,
+        no_color=console.no_color,
+        color_system=console.color_system if console.color_system else None,  # type: ignore[arg-type]
+    )
+    wide.print(renderable, crop=False)
+
+
+def print_lines(console: Console, text: str) -> None:
+    """Plain text lines (a caption, notes) never folded nor cut: a long line stays one line for grep."""
+    console.print(text, markup=False, highlight=False, soft_wrap=True, crop=False)
+
+
 def _escape(text: str) -> str:
     from rich.markup import escape
 
