@@ -196,7 +196,11 @@ def jobs_list(
     as_json: JsonOpt = False,
     state: Annotated[
         str | None,
-        typer.Option("--state", "-s", help="Only these states, comma-separated: names or Slurm codes (FAILED,R,PD)"),
+        typer.Option(
+            "--state",
+            "-s",
+            help="Only these states, comma-separated: names, Slurm codes, Slurm/Kubernetes names (FAILED,R,PENDING)",
+        ),
     ] = None,
     since: Annotated[
         str | None,

@@ -150,7 +150,9 @@ def squeue(
     ctx: typer.Context,
     user: Annotated[str | None, typer.Option("-u", "--user", help="Only this user's jobs")] = None,
     partition: Annotated[str | None, typer.Option("-p", "--partition", help="Only this queue")] = None,
-    states: Annotated[str | None, typer.Option("-t", "--states", help="all, or a comma list of codes (PD,R)")] = None,
+    states: Annotated[
+        str | None, typer.Option("-t", "--states", help="all, or a comma list of codes or names (PD,R,PENDING)")
+    ] = None,
     jobs: Annotated[str | None, typer.Option("-j", "--jobs", help="Comma list of job ids")] = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print the job records as JSON")] = False,
     nats: NatsOpt = None,
@@ -158,7 +160,7 @@ def squeue(
 ) -> None:
     """Jobs in Slurm's default squeue columns: JOBID PARTITION NAME USER ST TIME NODES NODELIST(REASON)."""
     from oneplus_contracts.jobindex import HOLDING_STATES
-    from oneplus_contracts.slurm import STATE_CODES
+    from oneplus_contracts.slurm import STATE_ALIASES, STATE_CODES
 
     from ..client import PlatformError
 
@@ -178,6 +180,8 @@ def squeue(
 
     records, reasons = _call("squeue", nats, team, fetch)
     wanted = {s.strip().upper() for s in states.split(",")} if states and states.lower() != "all" else None
+    if wanted is not None:  # Slurm's long names (PENDING, COMPLETED...) as the states they stand for
+        wanted |= {state for name in wanted for state in STATE_ALIASES.get(name, ())}
     ids = set(jobs.split(",")) if jobs else None
     shown = [
         r
