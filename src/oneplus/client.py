@@ -54,6 +54,7 @@ def _load_subjects() -> ModuleType:
 subjects = _load_subjects()
 
 TEAM_HEADER = "Oneplus-Team"
+QUEUES_CONFIG_KEY = "config"  # oneplus_bus.clusterview.QUEUES_KEY (a test checks they agree)
 JOB_PAGE_MAX = 1000  # the most jobs the intake puts in one page of `oneplus.ops.job.list`
 
 
@@ -376,6 +377,32 @@ class OnePlusClient:
             cursor = page.get("next")
             if not cursor:
                 return out
+
+    async def _queues_bucket(self) -> Any:
+        from nats.js.errors import BucketNotFoundError
+
+        try:
+            return await self.nc.jetstream().key_value(subjects.QUEUES_KV)
+        except BucketNotFoundError:
+            raise PlatformError(
+                f"no `{subjects.QUEUES_KV}` bucket at {self.where or 'this NATS'}: the platform has not started here"
+            ) from None
+
+    async def queue_config_text(self) -> str | None:
+        """The queue config stored in the `queues` bucket (YAML); None when none is (the services then use their
+        ONEPLUS_QUEUES_FILE or the default `default` queue)."""
+        from nats.js.errors import KeyNotFoundError
+
+        try:
+            entry = await (await self._queues_bucket()).get(QUEUES_CONFIG_KEY)
+        except KeyNotFoundError:
+            return None
+        return entry.value.decode() if entry.value else None
+
+    async def put_queue_config(self, yaml_text: str) -> None:
+        """Store a queue config (checked by the caller: `oneplus_queueing.queuefile.load_queue_file`); the intake,
+        the solver and the preemption service follow the bucket."""
+        await (await self._queues_bucket()).put(QUEUES_CONFIG_KEY, yaml_text.encode())
 
     async def node_op(self, subject: str, node: str, **extra: Any) -> dict[str, Any]:
         result: dict[str, Any] = await self.ops(subject, {"node": node, **extra})

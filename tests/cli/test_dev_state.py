@@ -142,3 +142,15 @@ def test_no_responders_names_the_server_and_its_source():
         "no service answers on oneplus.ops.queue.list at nats://127.0.0.1:4222 (from the default: NATS_URL is unset); "
         "is the platform up?"
     )
+
+
+def test_dev_up_with_a_bad_queue_file_starts_nothing_and_says_why(state_home: Path, tmp_path: Path):
+    bad = tmp_path / "q.yaml"
+    bad.write_text("queues: [{name: a, guarantee: 3}]\n")
+    result = CliRunner().invoke(app, ["dev", "up", "--queues", str(bad)])
+    assert result.exit_code == 2
+    assert (
+        result.stderr.strip()
+        == f"error: {bad}: invalid queue config: queues.0.guarantee: Extra inputs are not permitted"
+    )
+    assert not dev_state_path().exists()

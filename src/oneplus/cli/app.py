@@ -20,7 +20,7 @@ from rich.console import Console
 from rich.markup import escape
 
 from ..client import PlatformError, run_with_client, subjects, with_submitter
-from . import place, sim, slurm, topology
+from . import place, queues, sim, slurm, topology
 from .render import Columns, error_console, jobs_columns, nodes_columns, pending_reason, reason_cell
 
 if TYPE_CHECKING:
@@ -35,6 +35,7 @@ dev_app = typer.Typer(help="The embedded development stack: up, status, down.", 
 app.add_typer(jobs_app, name="jobs")
 app.add_typer(nodes_app, name="nodes")
 app.add_typer(dev_app, name="dev")
+app.add_typer(queues.app, name="queues")
 app.add_typer(topology.app, name="topology", help="Read and show node topologies.")
 app.add_typer(sim.app, name="sim", help="Replay traces on a modelled cluster.")
 if hasattr(place, "place"):
@@ -150,43 +151,6 @@ def queue(nats: NatsOpt = None, team: TeamOpt = None, as_json: JsonOpt = False) 
         where = reason_cell(r) if r.get("st") in ("PD", "RQ") else str(r.get("where", ""))
         t.add_row(*(str(r.get(k, "")) for k in ("job_id", "queue", "name", "user", "st", "time", "gpus")), where)
     t.print(console)
-
-
-@app.command()
-def queues(nats: NatsOpt = None, as_json: JsonOpt = False) -> None:
-    """Per queue: guarantee, borrow limit, GPUs used and borrowed, pending, fair-share factor, placement policy and
-    queueing strategy."""
-    rows = call(nats, None, lambda c: c.ops(f"{subjects.PREFIX}.ops.queues.list", {}))
-    if as_json:
-        dump(rows)
-        return
-    t = Columns(
-        "queues",
-        ("QUEUE", "GUARANTEE", "LIMIT", "USED", "BORROWED", "PENDING", "FAIR-SHARE", "PLACEMENT", "QUEUEING"),
-    )
-    cols = (
-        "queue",
-        "guarantee_gpus",
-        "limit_gpus",
-        "used_gpus",
-        "borrowed_gpus",
-        "pending_gpus",
-        "fairshare",
-        "placement",
-        "queueing",
-    )
-    for r in rows:
-        name = "  " * int(r.get("depth", 0)) + str(r["queue"])
-        t.add_row(name, *(_fmt(r.get(c)) for c in cols[1:]))
-    t.print(console)
-
-
-def _fmt(v: Any) -> str:
-    if v is None:
-        return "-"
-    if isinstance(v, float):
-        return f"{v:.3g}"
-    return str(v)
 
 
 @jobs_app.command("list")
@@ -459,6 +423,14 @@ def dev_up(
             "--solver-replicas", min=1, max=8, help="Placement-solver replicas, active-active (docs/architecture.md)"
         ),
     ] = 1,
+    queues_file: Annotated[
+        Path | None,
+        typer.Option(
+            "--queues",
+            help="A queue file (OnePlus queue config or Kueue ClusterQueue/LocalQueue/... YAML), applied once the "
+            "stack is up, as `oneplus queues apply -f` does",
+        ),
+    ] = None,
 ) -> None:
     """Start the embedded stack (NATS, Redis, five services, four simulated nodes) until Ctrl-C.
 
@@ -484,6 +456,7 @@ def dev_up(
             want, gpus = fleet.size()
         except (ValueError, KeyError, OSError) as exc:
             raise fail(str(exc)) from None
+    queue_file = queues.read_queue_file(queues_file) if queues_file is not None else None  # bad: nothing starts
     import signal
 
     nats_url, redis_url = urls_from_env()
@@ -511,11 +484,23 @@ def dev_up(
             stopping = True
         finally:
             waiting = False
+        if not stopping and queue_file is not None:
+            try:
+                queues.apply_queue_file(nats_url, queue_file)
+            except typer.Exit:
+                stopping = True  # the error is printed: the stack stops rather than run with other queues
         if not stopping:
             urls = platform.urls()
             size = f"{want} simulated nodes ({gpus} GPUs)" if fleet is not None else f"{platform.node_count} nodes"
             console.print(f"ready after {took:.1f}s: {size}, runtime {runtime}", highlight=False)
             console.print(runtime_note(runtime), highlight=False, soft_wrap=True)
+            if queue_file is not None:
+                console.print(
+                    f"queues from {queues_file}: {', '.join(q.name for q in queue_file.config.queues)} "
+                    f"(jobs go to {', '.join(queue_file.config.leaf_queues())}); `oneplus queues` shows them",
+                    highlight=False,
+                    soft_wrap=True,
+                )
             for name, url in urls.items():
                 console.print(f"  {name:<28} {url}", highlight=False, soft_wrap=True)
             console.print(f"  {'logs':<28} {platform.logdir}", highlight=False, soft_wrap=True)
@@ -557,7 +542,7 @@ def runtime_note(runtime: str) -> str:
         return (
             "jobs are simulated: no process runs; each job holds its GPUs for its `simulate.duration_s` (1 s when it "
             "gives none) and exits 0 unless `simulate.exit_code` says otherwise; set it with `oneplus submit "
-            "--simulate-s`, `#ONEPLUS simulate-s=` in an sbatch script or the `oneplus.io/simulate-s` annotation "
+            "--simulate-s`, `#ONEPLUS --simulate-s=N` in an sbatch script or the `oneplus.io/simulate-s` annotation "
             "(docs/executor.md); `--runtime docker` runs real containers"
         )
     return f"jobs run as containers through the {runtime} runtime (docs/executor.md)"

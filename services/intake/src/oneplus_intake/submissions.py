@@ -180,7 +180,9 @@ class Intake:
         except TenancyError as exc:
             return await self.reject(job_id, str(exc), source, caller.team, exc.code)
         try:
-            admit(spec, await self.queue_config(), await self.cluster_facts(), self.empty_cluster)
+            config = await self.queue_config()
+            spec = config.with_queue_models(spec)  # a queue's flavors (GPU models), as Kueue assigns them
+            admit(spec, config, await self.cluster_facts(), self.empty_cluster)
             await refuse_dependency_cycle(job_id, spec, self.dependencies_of)
         except (Inadmissible, QueueConfigError, ValidationError) as exc:
             return await self.reject(job_id, str(exc), source, spec.team, CANNOT_RUN)
