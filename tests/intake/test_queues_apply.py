@@ -42,7 +42,10 @@ spec:
 async def intake(servers, tmp_path_factory) -> AsyncIterator[IntakeProcess]:  # type: ignore[no-untyped-def]
     await fresh_bus(servers.nats_url)
     proc = await IntakeProcess(
-        servers.nats_url, Path(tmp_path_factory.mktemp("intake-queues")), redis_url=servers.redis_url
+        servers.nats_url,
+        Path(tmp_path_factory.mktemp("intake-queues")),
+        env={"ONEPLUS_METRICS_PORT": "0"},
+        redis_url=servers.redis_url,
     ).start()
     try:
         yield proc
@@ -117,3 +120,34 @@ async def test_a_bad_queue_file_is_one_line_per_problem_and_stores_nothing(
 
 def test_the_cli_and_the_services_use_the_same_bucket_key() -> None:
     assert client_module.QUEUES_CONFIG_KEY == QUEUES_KEY
+
+
+async def test_the_intake_counts_submissions_http_requests_and_jobs_by_state_and_queue(intake: IntakeProcess) -> None:
+    """What a Prometheus user looks for: submissions accepted/refused by reason and source, HTTP requests by route
+    and code, jobs by state and queue (after the tests above: refusals for an unknown queue, then acceptances)."""
+    import re
+    import urllib.request
+
+    from prometheus_client.parser import text_string_to_metric_families
+
+    assert (await asyncio.to_thread(intake.get, "/healthz"))[0] == 200
+    assert (await asyncio.to_thread(intake.get, "/v1/jobs/j-nope"))[0] == 404
+    url = re.search(r"metrics on (http://\S+/metrics)", intake.logs())
+    assert url, intake.logs()[-2000:]
+    text = await asyncio.to_thread(lambda: urllib.request.urlopen(url.group(1), timeout=10).read().decode())
+    samples = {
+        (s.name, tuple(sorted(s.labels.items()))): s.value
+        for family in text_string_to_metric_families(text)
+        for s in family.samples
+    }
+
+    def value(name: str, **labels: str) -> float:
+        return samples.get((name, tuple(sorted(labels.items()))), 0.0)
+
+    refused = value("oneplus_submissions_total", outcome="refused", reason="unknown_queue", source="cli")
+    assert refused >= 1
+    assert value("oneplus_submissions_total", outcome="accepted", reason="none", source="cli") >= 2
+    assert value("oneplus_http_requests_total", route="/healthz", method="GET", code="200") >= 1
+    assert value("oneplus_http_requests_total", route="/v1/jobs/{job_id}", method="GET", code="404") == 1
+    by_queue = {dict(k[1]).get("queue") for k in samples if k[0] == "oneplus_jobs"}
+    assert {"user-queue", "b-queue"} <= by_queue, by_queue

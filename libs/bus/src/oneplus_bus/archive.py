@@ -93,6 +93,7 @@ class JobRow:
     team: str | None
     ended_ts: float | None  # finished_ts (else updated_ts) of a finished job; None while it is live
     data: bytes
+    queue: str | None = None  # for the intake's jobs-by-state-and-queue gauge
 
     @classmethod
     def of(cls, data: bytes) -> JobRow:
@@ -111,6 +112,7 @@ class JobRow:
             team=spec.get("team"),
             ended_ts=float(ended) if ended is not None else None,
             data=data,
+            queue=spec.get("queue"),
         )
 
     def matches(
