@@ -82,3 +82,31 @@ def test_apply_dry_run_prints_the_config_and_stores_nothing(fake: Fake) -> None:
     assert doc["leaf_queues"] == ["a-queue", "b-queue", "default"]
     missing = run("queues", "apply", "-f", "/nonexistent.yaml")
     assert missing.exit_code == 2 and "cannot read /nonexistent.yaml" in missing.stderr
+
+
+def test_a_shared_gpu_is_counted_once_as_the_dashboard_counts_it_and_has_no_ring() -> None:
+    """4 whole GPUs held and one GPU half held on an 8-GPU node: 3 free (the shared GPU is not free for a whole-GPU
+    job), 1 shared; the CLI said 4/8 while the dashboard said 3. A share's placement says so, not "ring 0 GB/s"."""
+    from oneplus_contracts import Allocation, GpuInfo, JobRecord, JobSpec, NodeRecord, NodeTopology, RankPlacement
+
+    from oneplus.cli.app import ring_words
+    from oneplus.cli.render import gpu_counts, gpu_holds
+
+    node = NodeRecord(topology=NodeTopology(node="n", gpu_model="L40S", gpus=[GpuInfo(index=i) for i in range(8)]))
+
+    def job(job_id: str, gpus: list[int], milli: int = 0) -> JobRecord:
+        spec = JobSpec.model_validate({"name": job_id, "resources": {"gpus": milli / 1000 if milli else len(gpus)}})
+        alloc = Allocation(ranks=[RankPlacement(rank=0, node="n", gpus=gpus, gpu_milli=milli)])
+        return JobRecord(job_id=job_id, spec=spec, state="RUNNING", submitted_ts=0, updated_ts=0, allocation=alloc)
+
+    holds = gpu_holds([job("whole", [0, 1, 2, 3]), job("half", [4], 500)])
+    counts = gpu_counts(node, holds["n"])
+    assert (counts.total, counts.held, counts.free, counts.shared) == (8, 5, 3, 1)
+    assert counts.cell() == "3/8 (1 shared)"
+    cordoned = node.model_copy(update={"cordoned": True})
+    assert gpu_counts(cordoned, holds["n"]).free == 0  # not schedulable: nothing free, as on the dashboard
+    half = job("half", [4], 500).allocation
+    assert half is not None
+    assert ring_words(half.model_dump(mode="json")) == "a share of one GPU (50%), no ring"
+    assert ring_words({"ring_gbps": 0, "ranks": [{"gpus": [0]}]}) == "one GPU, no ring"
+    assert ring_words({"ring_gbps": 300.0}) == "ring 300 GB/s"

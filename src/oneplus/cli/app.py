@@ -21,7 +21,16 @@ from rich.markup import escape
 
 from ..client import PlatformError, run_with_client, subjects, with_submitter
 from . import place, queues, sim, slurm, topology
-from .render import Columns, error_console, jobs_columns, nodes_columns, pending_reason, reason_cell
+from .render import (
+    Columns,
+    error_console,
+    gpu_counts,
+    gpu_holds,
+    jobs_columns,
+    nodes_columns,
+    pending_reason,
+    reason_cell,
+)
 
 if TYPE_CHECKING:
     from oneplus_contracts import JobRecord
@@ -259,9 +268,7 @@ def jobs_show(job_id: str, nats: NatsOpt = None, team: TeamOpt = None, as_json: 
                 highlight=False,
             )
         console.print(
-            f"  domain {alloc.get('domain')}, ring {float(alloc.get('ring_gbps') or 0):g} GB/s, "
-            f"solver {alloc.get('solver')}",
-            highlight=False,
+            f"  domain {alloc.get('domain')}, {ring_words(alloc)}, solver {alloc.get('solver')}", highlight=False
         )
     if why and why.get("pending"):
         word = pending_reason(why.get("reason"), why.get("message"))
@@ -270,6 +277,18 @@ def jobs_show(job_id: str, nats: NatsOpt = None, team: TeamOpt = None, as_json: 
         console.print(f"  reason: {escape(detail)}", highlight=False, soft_wrap=True)
     elif rec.get("reason"):
         console.print(f"  reason: {escape(str(rec['reason']))}", highlight=False, soft_wrap=True)
+
+
+def ring_words(alloc: dict[str, Any]) -> str:
+    """The ring's bandwidth; a job on one GPU or a share of one has no ring (not "ring 0 GB/s")."""
+    ring = float(alloc.get("ring_gbps") or 0)
+    if ring > 0:
+        return f"ring {ring:g} GB/s"
+    ranks = alloc.get("ranks") or []
+    milli = next((r.get("gpu_milli") for r in ranks if r.get("gpu_milli")), None)
+    if milli:
+        return f"a share of one GPU ({milli / 10:g}%), no ring"
+    return "one GPU, no ring"
 
 
 @jobs_app.command("explain")
@@ -347,15 +366,15 @@ def nodes(ctx: typer.Context, nats: NatsOpt = None, as_json: JsonOpt = False) ->
         return await c.nodes(), await c.list_jobs(state=sorted(HOLDING_STATES))
 
     node_list, jobs = call(nats, None, go)
-    used: dict[str, int] = {}
-    for j in jobs:
-        if j.allocation is not None and not j.terminal:
-            for r in j.allocation.ranks:
-                used[r.node] = used.get(r.node, 0) + (len(r.gpus) if not r.gpu_milli else 0)
+    held = gpu_holds(jobs)
     if as_json:
-        dump([{**n.model_dump(mode="json"), "gpus_used": used.get(n.topology.node, 0)} for n in node_list])
+        rows = []
+        for n in node_list:
+            count = gpu_counts(n, held.get(n.topology.node, {}))
+            rows.append({**n.model_dump(mode="json"), "gpus_used": count.held, **count.as_dict()})
+        dump(rows)
     else:
-        nodes_columns(node_list, used).print(console)
+        nodes_columns(node_list, held).print(console)
 
 
 def _parent(ctx: typer.Context, as_json: bool, nats: str | None) -> tuple[bool, str | None]:
