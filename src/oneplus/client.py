@@ -54,6 +54,7 @@ def _load_subjects() -> ModuleType:
 subjects = _load_subjects()
 
 TEAM_HEADER = "Oneplus-Team"
+QUEUES_CONFIG_KEY = "config"  # oneplus_bus.clusterview.QUEUES_KEY (a test checks they agree)
 JOB_PAGE_MAX = 1000  # the most jobs the intake puts in one page of `oneplus.ops.job.list`
 
 
@@ -153,10 +154,11 @@ def _import_nats(url: str) -> None:
 
 
 class OnePlusClient:
-    def __init__(self, nc: Client, team: str | None = None, timeout: float = 5.0) -> None:
+    def __init__(self, nc: Client, team: str | None = None, timeout: float = 5.0, *, where: str = "") -> None:
         self.nc = nc
         self.team = team
         self.timeout = timeout
+        self.where = where  # "nats://... (from NATS_URL)": named in the errors that say nobody answers
 
     @classmethod
     @asynccontextmanager
@@ -165,7 +167,10 @@ class OnePlusClient:
     ) -> AsyncIterator[OnePlusClient]:
         import nats
 
-        url = nats_url or os.environ.get("NATS_URL", "nats://127.0.0.1:4222")
+        from .devstate import locate_nats
+
+        target = locate_nats(nats_url)
+        url = target.url
         errors: list[Exception] = []
 
         async def keep(exc: Exception) -> None:
@@ -184,9 +189,11 @@ class OnePlusClient:
         except Exception as exc:
             cause = errors[-1] if errors else exc
             why = str(cause) or type(cause).__name__
-            raise PlatformError(f"cannot reach NATS at {url}: {why}; is the platform up (`oneplus dev up`)?") from None
+            raise PlatformError(
+                f"cannot reach NATS at {target.describe()}: {why}; is the platform up (`oneplus dev up`)?"
+            ) from None
         try:
-            yield cls(nc, team=team or os.environ.get("ONEPLUS_TEAM"), timeout=timeout)
+            yield cls(nc, team=team or os.environ.get("ONEPLUS_TEAM"), timeout=timeout, where=target.describe())
         finally:
             await nc.close()
 
@@ -201,7 +208,8 @@ class OnePlusClient:
         try:
             msg = await self.nc.request(subject, body, timeout=self.timeout, headers=hdrs)
         except NoRespondersError as exc:
-            raise PlatformError(f"no service answers on {subject}; is the platform up?") from exc
+            at = f" at {self.where}" if self.where else ""
+            raise PlatformError(f"no service answers on {subject}{at}; is the platform up?") from exc
         except NatsTimeout as exc:
             raise PlatformError(f"no answer on {subject} within {self.timeout:g}s") from exc
         return bytes(msg.data)
@@ -370,6 +378,32 @@ class OnePlusClient:
             if not cursor:
                 return out
 
+    async def _queues_bucket(self) -> Any:
+        from nats.js.errors import BucketNotFoundError
+
+        try:
+            return await self.nc.jetstream().key_value(subjects.QUEUES_KV)
+        except BucketNotFoundError:
+            raise PlatformError(
+                f"no `{subjects.QUEUES_KV}` bucket at {self.where or 'this NATS'}: the platform has not started here"
+            ) from None
+
+    async def queue_config_text(self) -> str | None:
+        """The queue config stored in the `queues` bucket (YAML); None when none is (the services then use their
+        ONEPLUS_QUEUES_FILE or the default `default` queue)."""
+        from nats.js.errors import KeyNotFoundError
+
+        try:
+            entry = await (await self._queues_bucket()).get(QUEUES_CONFIG_KEY)
+        except KeyNotFoundError:
+            return None
+        return entry.value.decode() if entry.value else None
+
+    async def put_queue_config(self, yaml_text: str) -> None:
+        """Store a queue config (checked by the caller: `oneplus_queueing.queuefile.load_queue_file`); the intake,
+        the solver and the preemption service follow the bucket."""
+        await (await self._queues_bucket()).put(QUEUES_CONFIG_KEY, yaml_text.encode())
+
     async def node_op(self, subject: str, node: str, **extra: Any) -> dict[str, Any]:
         result: dict[str, Any] = await self.ops(subject, {"node": node, **extra})
         return result
@@ -378,7 +412,9 @@ class OnePlusClient:
 def run_with_client(nats_url: str | None, team: str | None, fn: Callable[[OnePlusClient], Awaitable[T]]) -> T:
     """Connect, run `fn` with the client, close: the one synchronous entry every CLI command goes through."""
 
-    _import_nats(nats_url or os.environ.get("NATS_URL", ""))
+    from .devstate import locate_nats
+
+    _import_nats(locate_nats(nats_url).url)
 
     async def go() -> T:
         async with OnePlusClient.connect(nats_url, team=team) as c:

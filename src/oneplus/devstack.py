@@ -24,6 +24,10 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 
+# In `oneplus.devstate` (standard library only: every CLI command reads it), named here as before.
+from .devstate import dev_state_path as dev_state_path
+from .devstate import pid_alive as pid_alive
+
 _PR_SET_PDEATHSIG = 1
 
 
@@ -605,33 +609,6 @@ class Platform:
     def logs(self, name: str) -> str:
         path = self.logdir / f"{name}.log"
         return path.read_text(errors="replace") if path.exists() else ""
-
-
-def dev_state_path() -> Path:
-    """Where a running `oneplus dev up` describes itself: $ONEPLUS_STATE_HOME/dev.json, else
-    $XDG_STATE_HOME/oneplus/dev.json, else ~/.local/state/oneplus/dev.json."""
-    home = os.environ.get("ONEPLUS_STATE_HOME")
-    if home:
-        return Path(home) / "dev.json"
-    xdg = os.environ.get("XDG_STATE_HOME") or str(Path.home() / ".local" / "state")
-    return Path(xdg) / "oneplus" / "dev.json"
-
-
-def pid_alive(pid: int) -> bool:
-    """The process runs (a zombie, exited but not yet reaped, does not)."""
-    if pid <= 0:
-        return False
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return True
-    return stat.rpartition(")")[2].split()[:1] != ["Z"]
 
 
 def port_open(url: str, timeout: float = 1.0) -> bool:

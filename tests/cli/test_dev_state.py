@@ -86,3 +86,71 @@ def test_platform_urls_name_every_service(monkeypatch: pytest.MonkeyPatch):
     off = Platform("nats://x:1", "redis://x:2", extra_env={"ONEPLUS_HTTP_PORT": "off"}, metrics=False)
     assert "ONEPLUS_METRICS_PORT" not in off.process_env("intake") or off.metrics_ports == {}
     assert "http" not in off.urls()
+
+
+def test_the_cli_finds_a_running_dev_up_and_names_where_its_url_came_from(state_home: Path):
+    """Without NATS_URL the CLI connects to the running `dev up` (its state file), and a connection error names the
+    URL tried and its source; NATS_URL, when set, wins."""
+    from oneplus.devstate import DEFAULT_NATS_URL, locate_nats
+
+    closed = socket.socket()
+    closed.bind(("127.0.0.1", 0))
+    port = closed.getsockname()[1]
+    closed.close()  # nothing listens there: the connection is refused at once
+    proc = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        url = f"nats://127.0.0.1:{port}"
+        dev_state_path().write_text(json.dumps({"pid": proc.pid, "urls": {"nats": url}}))
+        env = {"ONEPLUS_STATE_HOME": str(state_home)}
+        target = locate_nats(None, env)
+        assert target.url == url and f"pid {proc.pid}" in target.source and "dev up" in target.source
+        result = CliRunner().invoke(app, ["queue"], env={"NATS_URL": None})
+        assert result.exit_code == 2
+        line = result.stderr.strip()
+        assert len(line.splitlines()) == 1
+        assert f"cannot reach NATS at {url} (from the running `oneplus dev up` (pid {proc.pid}" in line
+        assert locate_nats(None, {**env, "NATS_URL": "nats://10.0.0.1:4222"}).source == "NATS_URL"
+        assert locate_nats("nats://h:1", {**env, "NATS_URL": "nats://h:1"}).source == "NATS_URL"
+        assert locate_nats("nats://h:2", {**env, "NATS_URL": "nats://h:1"}).source == "--nats"
+        result = CliRunner().invoke(app, ["queue", "--nats", url], env={"NATS_URL": None})
+        assert f"cannot reach NATS at {url} (from --nats)" in result.stderr
+    finally:
+        proc.kill()
+        proc.wait()
+    stale = locate_nats(None, {"ONEPLUS_STATE_HOME": str(state_home)})
+    assert stale.url == DEFAULT_NATS_URL
+    assert "NATS_URL is unset and no `oneplus dev up` runs (a stale" in stale.source
+    dev_state_path().unlink()
+    assert f"(no {dev_state_path()})" in locate_nats(None, {"ONEPLUS_STATE_HOME": str(state_home)}).source
+
+
+def test_no_responders_names_the_server_and_its_source():
+    import asyncio
+
+    from nats.errors import NoRespondersError
+
+    from oneplus.client import OnePlusClient, PlatformError
+
+    class NoOne:
+        async def request(self, *_: object, **__: object) -> None:
+            raise NoRespondersError
+
+    c = OnePlusClient(NoOne(), where="nats://127.0.0.1:4222 (from the default: NATS_URL is unset)")  # type: ignore[arg-type]
+    with pytest.raises(PlatformError) as exc:
+        asyncio.run(c.ops("oneplus.ops.queue.list", {}))
+    assert str(exc.value) == (
+        "no service answers on oneplus.ops.queue.list at nats://127.0.0.1:4222 (from the default: NATS_URL is unset); "
+        "is the platform up?"
+    )
+
+
+def test_dev_up_with_a_bad_queue_file_starts_nothing_and_says_why(state_home: Path, tmp_path: Path):
+    bad = tmp_path / "q.yaml"
+    bad.write_text("queues: [{name: a, guarantee: 3}]\n")
+    result = CliRunner().invoke(app, ["dev", "up", "--queues", str(bad)])
+    assert result.exit_code == 2
+    assert (
+        result.stderr.strip()
+        == f"error: {bad}: invalid queue config: queues.0.guarantee: Extra inputs are not permitted"
+    )
+    assert not dev_state_path().exists()

@@ -1,5 +1,6 @@
 """The dashboard (/ui/) in headless Chromium against a running platform: the cluster tree with holders coloured and
-fragmentation shown, the queue with a pending job's reason and explain, a job's page, and a live update.
+fragmentation shown, the queue with a pending job's reason and explain, a job's page, and a live update; a pending
+job's page (reason, explanation, waiting time), a 0.5-GPU share drawn as a share.
 
 Screenshots go to $ONEPLUS_TEST_ARTIFACTS/dashboard/ (default tests/artifacts/dashboard/). Debian's `chromium` is
 driven by Playwright's Python package (no `playwright install`); without a chromium binary the test is skipped.
@@ -57,7 +58,7 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def spec(name: str, gpus: int, model: str) -> JobSpec:
+def spec(name: str, gpus: float, model: str) -> JobSpec:
     return JobSpec(
         name=name,
         team="vision",
@@ -179,6 +180,16 @@ async def test_dashboard_shows_cluster_queue_job_and_live_updates(servers: Serve
             assert await page.evaluate("() => window.__loaded") == marker, "the page was reloaded"
             assert await page.locator(f'.gpu.held[data-job="{late}"]').count() == 4
             assert await page.get_attribute('.domain[data-domain="a100-0/nv0"]', "data-state") == "fragmented"
+            # --- a 0.5-GPU share: drawn as half a tile, counted as shared --------------------------------------
+            reply = await c.submit(spec("share-e", 0.5, "A100"), msg_id="dash-share-e")
+            assert reply.ok, reply.error
+            share = str(reply.job_id)
+            tile = page.locator(f'#cluster-leaves .gpu.shared[data-job="{share}"]')
+            await tile.wait_for(timeout=30_000)
+            assert await tile.get_attribute("data-held-milli") == "500"
+            fill = await tile.evaluate("e => getComputedStyle(e).backgroundImage")
+            assert "linear-gradient" in fill and "50%" in fill, fill
+            assert "1 shared" in await page.inner_text('.node[data-node="a100-0"] .node-foot')
             await page.screenshot(path=str(shots / "cluster-live.png"), full_page=True)
 
             # --- the queue: the pending job, its reason, its explain ------------------------------------------
@@ -192,9 +203,33 @@ async def test_dashboard_shows_cluster_queue_job_and_live_updates(servers: Serve
             text = await explain.inner_text()
             assert "message" in text and "needs GPUs" in text and "8" in text, text
             assert await page.locator(f'#holding tr[data-job="{ids["train-a"]}"]').count() == 1
+            # Its waiting time counts from its submission (it stayed 0:00).
+            await page.wait_for_function(
+                f"""() => {{ const td = document.querySelector('#pending tr[data-job="{pending}"] td:nth-child(6)');
+                          return td && /^[0-9]+:[0-9]{{2}}/.test(td.textContent) && td.textContent !== "0:00"; }}""",
+                timeout=15_000,
+            )
             await page.screenshot(path=str(shots / "queue.png"), full_page=True)
 
+            # --- the pending job's page: its reason, its explanation, how long it has waited ---------------------
+            await page.click(f'#pending a[data-job="{pending}"]')
+            box = page.locator(f'#job-placement .pending[data-job="{pending}"]')
+            await box.wait_for(timeout=15_000)
+            assert await box.locator(".pending-reason").get_attribute("data-reason") == row["reason"]
+            text = await box.inner_text()
+            assert "waiting" in text and "since submission" in text and "not placed" not in text, text
+            facts = await box.locator(".explain dl").inner_text()
+            assert "needs GPUs" in facts and "message" in facts, facts
+            await page.screenshot(path=str(shots / "job-pending.png"), full_page=True)
+
+            # --- the share's page: a share of one GPU, no "ring 0 GB/s" ----------------------------------------
+            await page.goto(f"http://127.0.0.1:{port}/ui/#/job/{share}")
+            await page.wait_for_selector('#job-placement tr[data-rank="0"]', timeout=15_000)
+            placement = await page.inner_text("#job-placement")
+            assert "a share of one GPU (50%), no ring" in placement and "ring 0" not in placement, placement
+
             # --- a job's page: placement, timeline, events in order --------------------------------------------
+            await page.click('nav a[data-nav="queue"]')
             await page.click(f'#holding a[data-job="{ids["train-a"]}"]')
             await page.wait_for_selector('#job-events tr[data-type="running"]', timeout=15_000)
             head = await page.inner_text("#job-head")

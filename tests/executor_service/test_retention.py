@@ -77,7 +77,7 @@ async def test_an_ended_simulated_job_keeps_its_logs_and_exit_and_still_answers(
     assert first.exit_code == 0
     assert await rt.list_running() == []
     assert await rt.wait("j-1") == first, "asked again after the end, the same exit"
-    assert await rt.logs("j-1", None, False) == ["[rank 0] started on n1 gpus=[0, 1]", "[rank 0] exited 0"]
+    assert (await rt.logs("j-1", None, False))[1:] == ["[rank 0] started on n1 gpus=[0, 1]", "[rank 0] exited 0"]
     assert await rt.logs("j-1", 0, False) == await rt.logs("j-1", None, False)
     assert await rt.checkpoint_acknowledged("j-1") is None
     await rt.signal("j-1", "SIGUSR1")  # no rank left: nothing happens
@@ -120,3 +120,17 @@ async def test_ended_simulated_jobs_take_a_fraction_of_the_memory_of_running_one
 
     running, ended = await kept(60.0), await kept(0.0)
     assert ended <= 0.3 * running, (running, ended)
+
+
+async def test_a_simulated_job_says_so_in_its_logs_and_its_exit() -> None:
+    """The dev stack's runtime runs no process: its logs and exit reason say so, naming the command not run."""
+    rt = SimulatedRuntime()
+    cmd = launch_cmd(duration_s=0.05)
+    cmd = cmd.model_copy(update={"spec": cmd.spec.model_copy(update={"command": ["torchrun", "train.py"]})})
+    await rt.launch(cmd, {0: {"RANK": "0"}})
+    end = await rt.wait("j-1")
+    assert end.exit_code == 0 and end.reason == "simulated: exited 0 after 0.05 s (no process ran)"
+    assert (await rt.logs("j-1", None, False))[0] == (
+        "[simulated] runtime simulated: `torchrun train.py` is not run; the ranks hold their GPUs 0.05 s "
+        "(simulate.duration_s) and exit 0"
+    )

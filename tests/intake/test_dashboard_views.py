@@ -20,7 +20,16 @@ from oneplus_contracts import (
 from oneplus_contracts.topology import GpuInfo
 from oneplus_intake.dashboard import STATIC_DIR, Dashboard, DashboardError, DashboardSource
 from oneplus_intake.dashboard.source import TtlCache
-from oneplus_intake.dashboard.views import cluster_view, colour_of, job_view, queue_view
+from oneplus_intake.dashboard.views import (
+    HUES,
+    _slot_of,
+    cluster_view,
+    colour_of,
+    job_colours,
+    job_view,
+    pending_view,
+    queue_view,
+)
 from oneplus_topology import degrade, load_preset
 
 NOW = 1_700_000_000.0
@@ -206,6 +215,69 @@ def test_job_view_placement_timeline_and_events_in_order() -> None:
     assert v["events"][2]["summary"].startswith("on leaf h100-0:0,1; token 7")
     assert "warnings: w1" in v["events"][1]["summary"]
     assert v["events"][3]["after_s"] == 1.0
+
+
+def _hue(colour: str) -> int:
+    return int(colour.removeprefix("hsl(").split(",")[0])
+
+
+def test_jobs_on_one_node_get_distinct_colours_even_when_their_ids_hash_alike() -> None:
+    """Two jobs whose ids give the same hue (a hash alone drew them nearly alike) are coloured at least 45 degrees
+    apart when they share a node; a job alone keeps its own colour; the queue and job pages use the same colours."""
+    first = "j-000000000000"
+    twin = next(f"j-{i:012d}" for i in range(1, 10_000) if _slot_of(f"j-{i:012d}") == _slot_of(first))
+    assert colour_of(first) == colour_of(twin)
+    a = job(first, "RUNNING", {"h100-0": [0, 1]}, placed_ts=NOW - 30)
+    b = job(twin, "RUNNING", {"h100-0": [2, 3]}, placed_ts=NOW - 20)
+    c = job("j-elsewhere", "RUNNING", {"h100-1": [0]}, placed_ts=NOW - 10)
+    colours = job_colours([b, c, a])
+    assert colours[first] == colour_of(first), "the older job keeps its own colour"
+    apart = abs(_hue(colours[first]) - _hue(colours[twin])) % 360
+    assert min(apart, 360 - apart) >= 45
+    assert colours["j-elsewhere"] == colour_of("j-elsewhere")
+    view = cluster_view([node("h100_sxm_8gpu_nvswitch_nv18", "h100-0", "leaf-0")], [a, b], NOW)
+    assert view["jobs"][twin]["colour"] == colours[twin]
+    rows = [{"job_id": twin, "st": "R"}]
+    assert queue_view(rows, NOW, colours)["holding"][0]["colour"] == colours[twin]
+    assert job_view(b, [], NOW, colour=colours[twin])["colour"] == colours[twin]
+    # Eight jobs on one 8-GPU node: every pair at least 22.5 degrees apart (16 hues).
+    many = [job(f"j-m{i}", "RUNNING", {"h100-0": [i]}, placed_ts=NOW - i) for i in range(8)]
+    hues = sorted(_hue(v) for v in job_colours(many).values())
+    assert len(set(hues)) == 8 and HUES == 16
+
+
+def test_a_gpu_share_is_drawn_as_a_share_and_counted_once() -> None:
+    """A 0.5-GPU job holds half of its GPU: the GPU says how much is held, and is counted held and shared, not free
+    (the CLI's `nodes` counts it the same way)."""
+    n = node("l40s_8gpu_pcie_node_sys", "l40s-0", "leaf-1")
+    view = cluster_view([n], [job("j-half", "RUNNING", {"l40s-0": [3]}, milli=500)], NOW)
+    pcie = domain(view, "l40s-0/pcie")
+    gpu = pcie["gpus"][3]
+    assert (gpu["state"], gpu["held_milli"]) == ("held", 500)
+    assert (pcie["free"], pcie["held"], pcie["shared"]) == (7, 1, 1)
+    whole = cluster_view([n], [job("j-w", "RUNNING", {"l40s-0": [3]})], NOW)
+    assert domain(whole, "l40s-0/pcie")["shared"] == 0
+    assert domain(whole, "l40s-0/pcie")["gpus"][3]["held_milli"] == 1000
+    js = (STATIC_DIR / "dashboard.js").read_text()
+    assert "linear-gradient(to top" in js and "no ring" in js  # drawn as a share; no "ring 0 GB/s"
+
+
+def test_a_pending_jobs_page_says_why_it_waits_and_since_when() -> None:
+    rec = job("j-wait", "ACCEPTED", None)
+    explain = {
+        "pending": True,
+        "reason": "Resources",
+        "message": "Resources: needs 16 GPUs; 3 are free",
+        "level": "cluster",
+    }
+    v = job_view(rec, [], NOW, explain=explain)
+    assert v["pending"]["reason"] == "Resources"
+    assert v["pending"]["message"] == "Resources: needs 16 GPUs; 3 are free"
+    assert v["pending"]["waiting_s"] == 60.0  # since submission
+    assert v["pending"]["explain"]["level"] == "cluster"
+    away = pending_view(rec, {"error": "oneplus.ops.job.explain: no responders"}, NOW)
+    assert away is not None and away["error"] and away["explain"] is None
+    assert job_view(job("j-run", "RUNNING", {"h100-0": [0]}), [], NOW)["pending"] is None
 
 
 async def test_cache_shares_one_fetch_among_concurrent_readers_and_expires() -> None:

@@ -168,6 +168,10 @@ def test_states_and_since_are_parsed_or_refused_by_name() -> None:
     assert parse_states("running, FAILED") == {"RUNNING", "FAILED"}
     assert parse_states(["PD", "CD"]) == {"SUBMITTED", "ACCEPTED", "SUCCEEDED"}
     assert parse_states(None) is None and parse_states("all") is None
+    # Slurm's and Kubernetes' names, as users type them: `jobs list --state PENDING` is what `squeue` calls PD.
+    assert parse_states("PENDING") == parse_states("PD") == {"SUBMITTED", "ACCEPTED"}
+    assert parse_states("Pending,Succeeded,completed") == {"SUBMITTED", "ACCEPTED", "SUCCEEDED"}
+    assert parse_states("preempted") == {"PREEMPTING", "CHECKPOINTED"}
     with pytest.raises(ValueError, match="'DONE' is not a job state"):
         parse_states("RUNNING,DONE")
     with pytest.raises(ValueError, match="comma-separated"):

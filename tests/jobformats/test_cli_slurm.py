@@ -141,6 +141,9 @@ def test_squeue_scancel_sinfo_through_the_client(fake: FakeClient):
     assert "RUNNING" in fake.listed[0]["state"] and "SUCCEEDED" not in fake.listed[0]["state"]
     run("squeue", "-t", "all")
     assert fake.listed[-1]["state"] is None
+    for pending in ("PD", "PENDING", "pending"):  # Slurm's code and its long name
+        assert "j-0001" in run("squeue", "-t", pending).stdout
+    assert "j-0001" not in run("squeue", "-t", "RUNNING").stdout
     result = run("scancel", "j-0001", "nope")
     assert result.exit_code == 1
     assert fake.cancelled == ["j-0001"]

@@ -69,8 +69,8 @@ def test_queue_rows_list_running_then_pending_in_serving_order_with_reasons() ->
     assert [r.cells() for r in rows] == [
         ("j-run", "red", "j-run", "ada", "R", "1:00:00", "12", "node-[00-01,03]"),
         ("j-ckpt", "blue", "j-ckpt", "ada", "SI", "11:40", "2", "node-02"),
-        ("j-wait1", "blue", "j-wait1", "ada", "PD", "0:00", "2", "(Resources)"),
-        ("j-wait2", "red", "j-wait2", "ada", "PD", "0:00", "8", "(QuotaExceeded)"),
+        ("j-wait1", "blue", "j-wait1", "ada", "PD", "1:01:31", "2", "(Resources)"),  # waited since submission
+        ("j-wait2", "red", "j-wait2", "ada", "PD", "1:01:35", "8", "(QuotaExceeded)"),
     ]
     assert rows[2].to_dict()["message"] == "needs 2 GPUs; 0 are free"
 

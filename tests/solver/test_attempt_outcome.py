@@ -32,6 +32,15 @@ def test_all_nodes_exit_zero_is_success() -> None:
     assert (out.action, out.state) == ("finish", "SUCCEEDED")
 
 
+def test_a_simulated_success_says_it_was_simulated() -> None:
+    """On the simulated runtime nothing ran: the record says so instead of "all ranks exited 0"."""
+    real = attempt_outcome(rec(done={"a": 0, "b": 0}, node_reasons={"a": "all 1 local rank(s) exited 0"}))
+    assert real.reason == "all ranks exited 0"
+    why = "simulated: exited 0 after 1 s (no process ran)"
+    out = attempt_outcome(rec(done={"a": 0, "b": 0}, node_reasons={"a": why, "b": why}))
+    assert (out.state, out.reason) == ("SUCCEEDED", "simulated: all ranks exited 0 (runtime simulated: no process ran)")
+
+
 def test_one_failed_node_stops_the_others_then_fails_the_job_with_its_code() -> None:
     out = attempt_outcome(rec(done={"a": 3}))
     assert out.action == "stop_others" and out.stop_nodes == ("b",) and "code 3" in out.reason

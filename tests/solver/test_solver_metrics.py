@@ -97,6 +97,14 @@ async def test_metrics_after_a_cycle(nc: Client, servers: Servers, cluster_name:
         assert solver.metrics.tightest_level(solver.capacity.state().layout, 2, 16) == "cluster"
 
 
+def test_the_pending_gauges_priority_label_is_a_bounded_band() -> None:
+    from oneplus_placement_solver.metrics import priority_band
+
+    bands = {priority_band(p) for p in (-5, 0, 1, 5, 99, 100, 999, 1000, 9999, 10000, 10**6)}
+    assert bands == {"<0", "0", "1-99", "100-999", "1000-9999", "10000+"}
+    assert (priority_band(5), priority_band(100), priority_band(10**6)) == ("1-99", "100-999", "10000+")
+
+
 async def test_refused_commits_are_counted(nc: Client, servers: Servers, cluster_name: str) -> None:
     async with solver_with_nodes(nc, servers, cluster_name, 1) as solver:
         await solver.owner.commit(JobAccepted(event_id="acc-a", job_id="a", spec=spec("a", 4)))

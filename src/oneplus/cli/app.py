@@ -20,8 +20,17 @@ from rich.console import Console
 from rich.markup import escape
 
 from ..client import PlatformError, run_with_client, subjects, with_submitter
-from . import place, sim, slurm, topology
-from .render import Columns, error_console, jobs_columns, nodes_columns, pending_reason, reason_cell
+from . import place, queues, sim, slurm, topology
+from .render import (
+    Columns,
+    error_console,
+    gpu_counts,
+    gpu_holds,
+    jobs_columns,
+    nodes_columns,
+    pending_reason,
+    reason_cell,
+)
 
 if TYPE_CHECKING:
     from oneplus_contracts import JobRecord
@@ -35,6 +44,7 @@ dev_app = typer.Typer(help="The embedded development stack: up, status, down.", 
 app.add_typer(jobs_app, name="jobs")
 app.add_typer(nodes_app, name="nodes")
 app.add_typer(dev_app, name="dev")
+app.add_typer(queues.app, name="queues")
 app.add_typer(topology.app, name="topology", help="Read and show node topologies.")
 app.add_typer(sim.app, name="sim", help="Replay traces on a modelled cluster.")
 if hasattr(place, "place"):
@@ -88,12 +98,21 @@ def submit(
     msg_id: Annotated[
         str | None, typer.Option("--id", help="Submission id: a retry with the same id is not a second job")
     ] = None,
+    simulate_s: Annotated[
+        str | None,
+        typer.Option(
+            "--simulate-s",
+            help="On the simulated runtime (`oneplus dev up`), hold the GPUs this many seconds; wins over the "
+            "document's simulate.duration_s, #ONEPLUS --simulate-s or oneplus.io/simulate-s annotation",
+        ),
+    ] = None,
     nats: NatsOpt = None,
     team: TeamOpt = None,
 ) -> None:
     """Submit a job from a file."""
     from oneplus_jobformats.errors import JobFormatError
     from oneplus_jobformats.load import load_job_document
+    from oneplus_jobformats.simulate import parse_simulate_s, with_simulated_duration
     from oneplus_jobformats.summary import dry_run_summary
     from oneplus_jobformats.text import decode_document
 
@@ -103,6 +122,8 @@ def submit(
         raise fail(f"cannot read {file}: {exc.strerror}") from exc
     try:
         tr = load_job_document(decode_document(data, filename=str(file)), filename=str(file))
+        if simulate_s is not None:
+            tr.spec = with_simulated_duration(tr.spec, parse_simulate_s(simulate_s, source="--simulate-s"))
     except JobFormatError as exc:
         raise fail(str(exc)) from exc
     spec = with_submitter(tr.spec)  # the submitter, unless the document names a user: as sbatch does
@@ -141,43 +162,6 @@ def queue(nats: NatsOpt = None, team: TeamOpt = None, as_json: JsonOpt = False) 
     t.print(console)
 
 
-@app.command()
-def queues(nats: NatsOpt = None, as_json: JsonOpt = False) -> None:
-    """Per queue: guarantee, borrow limit, GPUs used and borrowed, pending, fair-share factor, placement policy and
-    queueing strategy."""
-    rows = call(nats, None, lambda c: c.ops(f"{subjects.PREFIX}.ops.queues.list", {}))
-    if as_json:
-        dump(rows)
-        return
-    t = Columns(
-        "queues",
-        ("QUEUE", "GUARANTEE", "LIMIT", "USED", "BORROWED", "PENDING", "FAIR-SHARE", "PLACEMENT", "QUEUEING"),
-    )
-    cols = (
-        "queue",
-        "guarantee_gpus",
-        "limit_gpus",
-        "used_gpus",
-        "borrowed_gpus",
-        "pending_gpus",
-        "fairshare",
-        "placement",
-        "queueing",
-    )
-    for r in rows:
-        name = "  " * int(r.get("depth", 0)) + str(r["queue"])
-        t.add_row(name, *(_fmt(r.get(c)) for c in cols[1:]))
-    t.print(console)
-
-
-def _fmt(v: Any) -> str:
-    if v is None:
-        return "-"
-    if isinstance(v, float):
-        return f"{v:.3g}"
-    return str(v)
-
-
 @jobs_app.command("list")
 def jobs_list(
     nats: NatsOpt = None,
@@ -185,7 +169,11 @@ def jobs_list(
     as_json: JsonOpt = False,
     state: Annotated[
         str | None,
-        typer.Option("--state", "-s", help="Only these states, comma-separated: names or Slurm codes (FAILED,R,PD)"),
+        typer.Option(
+            "--state",
+            "-s",
+            help="Only these states, comma-separated: names, Slurm codes, Slurm/Kubernetes names (FAILED,R,PENDING)",
+        ),
     ] = None,
     since: Annotated[
         str | None,
@@ -280,9 +268,7 @@ def jobs_show(job_id: str, nats: NatsOpt = None, team: TeamOpt = None, as_json: 
                 highlight=False,
             )
         console.print(
-            f"  domain {alloc.get('domain')}, ring {float(alloc.get('ring_gbps') or 0):g} GB/s, "
-            f"solver {alloc.get('solver')}",
-            highlight=False,
+            f"  domain {alloc.get('domain')}, {ring_words(alloc)}, solver {alloc.get('solver')}", highlight=False
         )
     if why and why.get("pending"):
         word = pending_reason(why.get("reason"), why.get("message"))
@@ -291,6 +277,18 @@ def jobs_show(job_id: str, nats: NatsOpt = None, team: TeamOpt = None, as_json: 
         console.print(f"  reason: {escape(detail)}", highlight=False, soft_wrap=True)
     elif rec.get("reason"):
         console.print(f"  reason: {escape(str(rec['reason']))}", highlight=False, soft_wrap=True)
+
+
+def ring_words(alloc: dict[str, Any]) -> str:
+    """The ring's bandwidth; a job on one GPU or a share of one has no ring (not "ring 0 GB/s")."""
+    ring = float(alloc.get("ring_gbps") or 0)
+    if ring > 0:
+        return f"ring {ring:g} GB/s"
+    ranks = alloc.get("ranks") or []
+    milli = next((r.get("gpu_milli") for r in ranks if r.get("gpu_milli")), None)
+    if milli:
+        return f"a share of one GPU ({milli / 10:g}%), no ring"
+    return "one GPU, no ring"
 
 
 @jobs_app.command("explain")
@@ -368,15 +366,15 @@ def nodes(ctx: typer.Context, nats: NatsOpt = None, as_json: JsonOpt = False) ->
         return await c.nodes(), await c.list_jobs(state=sorted(HOLDING_STATES))
 
     node_list, jobs = call(nats, None, go)
-    used: dict[str, int] = {}
-    for j in jobs:
-        if j.allocation is not None and not j.terminal:
-            for r in j.allocation.ranks:
-                used[r.node] = used.get(r.node, 0) + (len(r.gpus) if not r.gpu_milli else 0)
+    held = gpu_holds(jobs)
     if as_json:
-        dump([{**n.model_dump(mode="json"), "gpus_used": used.get(n.topology.node, 0)} for n in node_list])
+        rows = []
+        for n in node_list:
+            count = gpu_counts(n, held.get(n.topology.node, {}))
+            rows.append({**n.model_dump(mode="json"), "gpus_used": count.held, **count.as_dict()})
+        dump(rows)
     else:
-        nodes_columns(node_list, used).print(console)
+        nodes_columns(node_list, held).print(console)
 
 
 def _parent(ctx: typer.Context, as_json: bool, nats: str | None) -> tuple[bool, str | None]:
@@ -396,7 +394,7 @@ def nodes_show(ctx: typer.Context, node: str, nats: NatsOpt = None, as_json: Jso
     if as_json:
         dump(match[0].model_dump(mode="json"))
         return
-    console.print(topology.render_link_matrix(match[0].topology))
+    topology.print_link_matrix(console, match[0].topology)
 
 
 def _node_op(ctx: typer.Context, subject: str, node: str, nats: str | None, as_json: bool, **extra: Any) -> None:
@@ -444,6 +442,14 @@ def dev_up(
             "--solver-replicas", min=1, max=8, help="Placement-solver replicas, active-active (docs/architecture.md)"
         ),
     ] = 1,
+    queues_file: Annotated[
+        Path | None,
+        typer.Option(
+            "--queues",
+            help="A queue file (OnePlus queue config or Kueue ClusterQueue/LocalQueue/... YAML), applied once the "
+            "stack is up, as `oneplus queues apply -f` does",
+        ),
+    ] = None,
 ) -> None:
     """Start the embedded stack (NATS, Redis, five services, four simulated nodes) until Ctrl-C.
 
@@ -469,6 +475,7 @@ def dev_up(
             want, gpus = fleet.size()
         except (ValueError, KeyError, OSError) as exc:
             raise fail(str(exc)) from None
+    queue_file = queues.read_queue_file(queues_file) if queues_file is not None else None  # bad: nothing starts
     import signal
 
     nats_url, redis_url = urls_from_env()
@@ -496,17 +503,31 @@ def dev_up(
             stopping = True
         finally:
             waiting = False
+        if not stopping and queue_file is not None:
+            try:
+                queues.apply_queue_file(nats_url, queue_file)
+            except typer.Exit:
+                stopping = True  # the error is printed: the stack stops rather than run with other queues
         if not stopping:
             urls = platform.urls()
             size = f"{want} simulated nodes ({gpus} GPUs)" if fleet is not None else f"{platform.node_count} nodes"
-            console.print(f"ready after {took:.1f}s: {size}", highlight=False)
+            console.print(f"ready after {took:.1f}s: {size}, runtime {runtime}", highlight=False)
+            console.print(runtime_note(runtime), highlight=False, soft_wrap=True)
+            if queue_file is not None:
+                console.print(
+                    f"queues from {queues_file}: {', '.join(q.name for q in queue_file.config.queues)} "
+                    f"(jobs go to {', '.join(queue_file.config.leaf_queues())}); `oneplus queues` shows them",
+                    highlight=False,
+                    soft_wrap=True,
+                )
             for name, url in urls.items():
                 console.print(f"  {name:<28} {url}", highlight=False, soft_wrap=True)
             console.print(f"  {'logs':<28} {platform.logdir}", highlight=False, soft_wrap=True)
             console.print(
                 f"NATS_URL={nats_url}\nREDIS_URL={redis_url}\n"
-                "export those two variables in another shell to use the CLI; `oneplus dev status` shows this "
-                "again, `oneplus dev down` or Ctrl-C stops everything",
+                "the CLI in another shell finds this stack by itself (its state file, while NATS_URL is unset); "
+                "export those two variables for other tools; `oneplus dev status` shows this again, "
+                "`oneplus dev down` or Ctrl-C stops everything",
                 highlight=False,
                 soft_wrap=True,
             )
@@ -514,7 +535,10 @@ def dev_up(
             if servers is not None:
                 procs |= {"nats-server": servers.nats_proc.pid if servers.nats_proc else 0}
                 procs |= {"redis-server": servers.redis_proc.pid if servers.redis_proc else 0}
-            _write_state(state, {"pid": os.getpid(), "urls": urls, "logdir": str(platform.logdir), "procs": procs})
+            _write_state(
+                state,
+                {"pid": os.getpid(), "urls": urls, "logdir": str(platform.logdir), "procs": procs, "runtime": runtime},
+            )
         while not stopping:
             dead = platform.dead()
             if dead:
@@ -529,6 +553,18 @@ def dev_up(
         if servers is not None:
             servers.stop()
         console.print("stopped")
+
+
+def runtime_note(runtime: str) -> str:
+    """What `dev up` says about how jobs run: on the simulated runtime no command runs at all."""
+    if runtime == "simulated":
+        return (
+            "jobs are simulated: no process runs; each job holds its GPUs for its `simulate.duration_s` (1 s when it "
+            "gives none) and exits 0 unless `simulate.exit_code` says otherwise; set it with `oneplus submit "
+            "--simulate-s`, `#ONEPLUS --simulate-s=N` in an sbatch script or the `oneplus.io/simulate-s` annotation "
+            "(docs/executor.md); `--runtime docker` runs real containers"
+        )
+    return f"jobs run as containers through the {runtime} runtime (docs/executor.md)"
 
 
 def _write_state(path: Path, doc: dict[str, Any]) -> None:
@@ -585,7 +621,8 @@ def dev_status(as_json: JsonOpt = False) -> None:
         dump({"running": running, "ok": ok, "pid": pid, "state_file": str(path), **doc, "up": checks})
     else:
         state = "running" if running else "not running (stale state file)"
-        console.print(f"oneplus dev up: pid {pid}, {state}; logs {doc.get('logdir')}", highlight=False)
+        rt = f"runtime {doc['runtime']}; " if doc.get("runtime") else ""
+        console.print(f"oneplus dev up: pid {pid}, {state}; {rt}logs {doc.get('logdir')}", highlight=False)
         for name, url in (doc.get("urls") or {}).items():
             mark = "up" if checks.get(name) else "DOWN"
             console.print(f"  {mark:<5}{name:<28} {url}", highlight=False, soft_wrap=True)

@@ -151,6 +151,8 @@ def place(
 def _render(out: dict[str, Any]) -> None:
     from rich.table import Table
 
+    from .render import print_whole
+
     if not out["placed"]:
         console.print(f"[yellow]not placed:[/] {escape(out['explanation'])}", highlight=False)
         return
@@ -160,7 +162,7 @@ def _render(out: dict[str, Any]) -> None:
     for r in out["ranks"]:
         share = f" x {r['gpu_milli'] / 1000:g}" if r.get("gpu_milli") else ""
         table.add_row(str(r["rank"]), r["node"], ",".join(map(str, r["gpus"])) + share)
-    console.print(table)
+    print_whole(console, table)
     score = out["score"]
     console.print(
         f"ring {out['ring_gbps']:g} GB/s (ideal {score.get('ideal_ring_gbps', 0):g}), solver {out['solver']}, "

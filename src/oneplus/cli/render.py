@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from rich.console import Console
@@ -97,6 +98,30 @@ class Columns:
             console.print(self.plain(), markup=False, highlight=False, soft_wrap=True, crop=False)
 
 
+def print_whole(console: Console, renderable: Any) -> None:
+    """Print a rich renderable (a table) with no line cut: as it is when the terminal is wide enough, else (piped,
+    redirected, or a narrow terminal) at its natural width, however long its lines, as `Columns` does."""
+    from rich.measure import Measurement
+
+    natural = Measurement.get(console, console.options.update(max_width=100_000), renderable).maximum
+    if console.is_terminal and natural <= console.width:
+        console.print(renderable)
+        return
+    wide = Console(
+        file=console.file,
+        width=max(natural, console.width),
+        force_terminal=console.is_terminal,
+        no_color=console.no_color,
+        color_system=console.color_system if console.color_system else None,  # type: ignore[arg-type]
+    )
+    wide.print(renderable, crop=False)
+
+
+def print_lines(console: Console, text: str) -> None:
+    """Plain text lines (a caption, notes) never folded nor cut: a long line stays one line for grep."""
+    console.print(text, markup=False, highlight=False, soft_wrap=True, crop=False)
+
+
 def _escape(text: str) -> str:
     from rich.markup import escape
 
@@ -173,14 +198,55 @@ def nodelist(rec: JobRecord) -> str:
     return ",".join(rec.allocation.nodes)
 
 
-def nodes_columns(nodes: list[NodeRecord], used: dict[str, int] | None = None) -> Columns:
+@dataclass(frozen=True)
+class GpuCounts:
+    """A node's GPUs counted as the dashboard counts them: held (by a job, whole or a share), free (healthy, held by
+    nobody, on a schedulable node), shared (held by shares that leave room: a fractional job may still go there)."""
+
+    total: int
+    held: int
+    free: int
+    shared: int
+
+    def cell(self) -> str:
+        return f"{self.free}/{self.total}" + (f" ({self.shared} shared)" if self.shared else "")
+
+    def as_dict(self) -> dict[str, int]:
+        return {"gpus_total": self.total, "gpus_held": self.held, "gpus_free": self.free, "gpus_shared": self.shared}
+
+
+def gpu_holds(jobs: Iterable[JobRecord]) -> dict[str, dict[int, int]]:
+    """node → GPU → thousandths held (1000: whole), by the jobs holding GPUs now."""
+    out: dict[str, dict[int, int]] = {}
+    for j in jobs:
+        if j.allocation is None or j.terminal:
+            continue
+        for r in j.allocation.ranks:
+            on = out.setdefault(r.node, {})
+            for g in r.gpus:
+                on[g] = on.get(g, 0) + (r.gpu_milli or 1000)
+    return out
+
+
+def gpu_counts(node: NodeRecord, holds: Mapping[int, int]) -> GpuCounts:
+    topo = node.topology
+    held = [g.index for g in topo.gpus if holds.get(g.index)]
+    shared = sum(1 for g in held if holds[g] < 1000)
+    bad = set(node.unhealthy_gpus) | {g.index for g in topo.gpus if not g.healthy}
+    free = 0
+    if node.schedulable:
+        free = sum(1 for g in topo.gpus if not holds.get(g.index) and g.index not in bad)
+    return GpuCounts(len(topo.gpus), len(held), free, shared)
+
+
+def nodes_columns(nodes: list[NodeRecord], holds: Mapping[str, Mapping[int, int]] | None = None) -> Columns:
+    """`holds`: node → GPU → thousandths held (`gpu_holds`); a GPU partly held is not free, as on the dashboard."""
     from oneplus_topology.analysis import nvlink_groups
 
     cols = Columns("nodes", ("NODE", "LEAF", "SPINE", "MODEL", "GPUS FREE/TOTAL", "NVLINK", "STATUS", "HEALTH"))
     for n in nodes:
         topo = n.topology
-        total = len(topo.gpus)
-        free = total - (used or {}).get(topo.node, 0)
+        counts = gpu_counts(n, (holds or {}).get(topo.node, {}))
         groups = nvlink_groups(topo)
         biggest = max((len(g) for g in groups), default=0)
         degraded = [g.index for g in topo.gpus if g.nvlinks_active < g.nvlinks_total]
@@ -194,7 +260,7 @@ def nodes_columns(nodes: list[NodeRecord], used: dict[str, int] | None = None) -
             topo.leaf or "-",
             topo.spine or "-",
             topo.gpu_model,
-            f"{free}/{total}",
+            counts.cell(),
             nv,
             status,
             health,
@@ -203,5 +269,5 @@ def nodes_columns(nodes: list[NodeRecord], used: dict[str, int] | None = None) -
     return cols
 
 
-def nodes_table(nodes: list[NodeRecord], used: dict[str, int] | None = None) -> Table:
-    return nodes_columns(nodes, used).rich()
+def nodes_table(nodes: list[NodeRecord], holds: Mapping[str, Mapping[int, int]] | None = None) -> Table:
+    return nodes_columns(nodes, holds).rich()

@@ -10,7 +10,7 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from .render import error_console
+from .render import error_console, print_whole
 
 # The simulator (numpy, pandas, OR-Tools, matplotlib) is imported by the commands, never by `oneplus --help`.
 if TYPE_CHECKING:
@@ -168,8 +168,7 @@ def _table(report: dict[str, Any]) -> None:
         t.add_column(k, justify="right")
     for name, figs in report["policies"].items():
         t.add_row(name, *(str(figs[k]) for k in SHOWN))
-    # Wide enough for every column even when piped (rich assumes 80): a cut figure is worse than a long line.
-    Console(width=max(console.width, 17 * (len(SHOWN) + 1))).print(t)
+    print_whole(console, t)  # every column whole even when piped (rich assumes 80): a cut figure is worse
 
 
 @app.command()
@@ -223,5 +222,5 @@ def fgd(
         idle = figs["idle_at_end_pct"]
         where = " / ".join(f"{idle.get(k, 0.0):.3f}" for k in IDLE_KINDS)
         t.add_row(name, str(figs["gpu_alloc_pct"]), str(figs["failed_pods_mean"]), where)
-    console.print(t)
+    print_whole(console, t)
     console.print(f"report: {json_out}")

@@ -64,12 +64,20 @@ def sbatch(
             help="The site's QOS -> priority class, partition -> queue, account -> team (YAML)",
         ),
     ] = None,
+    simulate_s: Annotated[
+        str | None,
+        typer.Option(
+            "--simulate-s",
+            help="On the simulated runtime, hold the GPUs this many seconds (else the script's #ONEPLUS --simulate-s)",
+        ),
+    ] = None,
 ) -> None:
     """Submit a batch script: oneplus sbatch OPTIONS... SCRIPT ARGS... (any sbatch option; they override the
     script's #SBATCH directives). Without SCRIPT the script is read from standard input."""
     from oneplus_jobformats.errors import JobFormatError
     from oneplus_jobformats.sbatch import parse_sbatch
     from oneplus_jobformats.sbatch_options import split_command_line
+    from oneplus_jobformats.simulate import parse_simulate_s, sbatch_simulate_s, with_simulated_duration
     from oneplus_jobformats.summary import dry_run_summary
 
     from ..client import with_submitter
@@ -87,6 +95,11 @@ def sbatch(
     script, filename = _read_script(script_path, options)
     try:
         tr = parse_sbatch(script, options, filename=filename, script_args=script_args, site=site)
+        seconds = sbatch_simulate_s(script, filename=filename)
+        if simulate_s is not None:
+            seconds = parse_simulate_s(simulate_s, source="--simulate-s")
+        if seconds is not None:
+            tr.spec = with_simulated_duration(tr.spec, seconds)
     except JobFormatError as exc:
         raise _fail("sbatch", str(exc), 2) from exc
     spec = with_submitter(tr.spec)  # like Slurm, the job belongs to whoever submits it (as `oneplus submit`)
@@ -137,7 +150,9 @@ def squeue(
     ctx: typer.Context,
     user: Annotated[str | None, typer.Option("-u", "--user", help="Only this user's jobs")] = None,
     partition: Annotated[str | None, typer.Option("-p", "--partition", help="Only this queue")] = None,
-    states: Annotated[str | None, typer.Option("-t", "--states", help="all, or a comma list of codes (PD,R)")] = None,
+    states: Annotated[
+        str | None, typer.Option("-t", "--states", help="all, or a comma list of codes or names (PD,R,PENDING)")
+    ] = None,
     jobs: Annotated[str | None, typer.Option("-j", "--jobs", help="Comma list of job ids")] = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print the job records as JSON")] = False,
     nats: NatsOpt = None,
@@ -145,7 +160,7 @@ def squeue(
 ) -> None:
     """Jobs in Slurm's default squeue columns: JOBID PARTITION NAME USER ST TIME NODES NODELIST(REASON)."""
     from oneplus_contracts.jobindex import HOLDING_STATES
-    from oneplus_contracts.slurm import STATE_CODES
+    from oneplus_contracts.slurm import STATE_ALIASES, STATE_CODES
 
     from ..client import PlatformError
 
@@ -165,6 +180,8 @@ def squeue(
 
     records, reasons = _call("squeue", nats, team, fetch)
     wanted = {s.strip().upper() for s in states.split(",")} if states and states.lower() != "all" else None
+    if wanted is not None:  # Slurm's long names (PENDING, COMPLETED...) as the states they stand for
+        wanted |= {state for name in wanted for state in STATE_ALIASES.get(name, ())}
     ids = set(jobs.split(",")) if jobs else None
     shown = [
         r

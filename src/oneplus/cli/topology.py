@@ -11,7 +11,7 @@ from rich import box
 from rich.console import Console
 from rich.table import Table
 
-from .render import error_console
+from .render import error_console, print_whole
 
 # oneplus_topology builds the contracts' pydantic models on import: the commands import it, `oneplus --help` not.
 if TYPE_CHECKING:
@@ -62,6 +62,17 @@ def render_link_matrix(topo: NodeTopology) -> Table:
         cells += [_cell(nic.gpu_tiers.get(g.index, "-")) for nic in topo.nics]
         table.add_row(label, *cells, "-" if g.numa_node is None else str(g.numa_node))
     return table
+
+
+def print_link_matrix(out: Console, topo: NodeTopology) -> None:
+    """The matrix, then its legend lines (NVLink groups, NUMA, PCIe switches, rails, NICs), none of them cut: piped,
+    the table is printed at its full width and each legend line stays one line (`nodes show a100-0 | cat`)."""
+    from .render import print_lines, print_whole
+
+    table = render_link_matrix(topo)
+    table.caption = None
+    print_whole(out, table)
+    print_lines(out, _caption(topo))
 
 
 def _caption(topo: NodeTopology) -> str:
@@ -132,9 +143,7 @@ def import_(
     if as_json:
         print(json.dumps(topology_json(topo), indent=2))
     else:
-        # A matrix reads only unwrapped: widen past the terminal when a node has many GPUs and NICs.
-        wide = Console(width=max(console.width, 16 + 7 * (len(topo.gpus) + len(topo.nics))))
-        wide.print(render_link_matrix(topo))
+        print_link_matrix(console, topo)  # a matrix reads only unwrapped: never cut, however many NICs
 
 
 @app.command("presets")
@@ -163,7 +172,7 @@ def presets(as_json: Annotated[bool, typer.Option("--json", help="Print JSON")] 
     for r in rows:
         source = "constructed" if r["constructed"] else "real capture"
         table.add_row(str(r["name"]), str(r["gpus"]), str(r["gpu_model"]), str(r["nvlink_groups"] or "-"), source)
-    console.print(table)
+    print_whole(console, table)
 
 
 @app.command("cluster")
@@ -199,4 +208,4 @@ def cluster(
         models = sorted({n.gpu_model for n in nodes})
         names = f"{nodes[0].node} .. {nodes[-1].node}" if len(nodes) > 2 else ", ".join(n.node for n in nodes)
         table.add_row(nodes[0].spine or "-", leaf, f"{len(nodes)}: {names}", ", ".join(models))
-    console.print(table)
+    print_whole(console, table)

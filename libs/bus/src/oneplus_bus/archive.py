@@ -93,6 +93,7 @@ class JobRow:
     team: str | None
     ended_ts: float | None  # finished_ts (else updated_ts) of a finished job; None while it is live
     data: bytes
+    queue: str | None = None  # for the intake's jobs-by-state-and-queue gauge
 
     @classmethod
     def of(cls, data: bytes) -> JobRow:
@@ -111,6 +112,7 @@ class JobRow:
             team=spec.get("team"),
             ended_ts=float(ended) if ended is not None else None,
             data=data,
+            queue=spec.get("queue"),
         )
 
     def matches(
@@ -135,9 +137,10 @@ class JobRow:
 
 
 def parse_states(raw: object) -> set[str] | None:
-    """`RUNNING,FAILED`, a list of names, or Slurm's codes (`R`, `PD`, `CD`...): a set of JobState names; None for
-    every state. Raises ValueError naming the value that is not a state."""
-    from oneplus_contracts.slurm import STATE_CODES
+    """`RUNNING,FAILED`, a list of names, Slurm's codes (`R`, `PD`, `CD`...) or Slurm's and Kubernetes' state names
+    (`PENDING`, `COMPLETED`, `Succeeded`...; `STATE_ALIASES`), in any case: a set of JobState names; None for every
+    state. Raises ValueError naming the value that is not a state."""
+    from oneplus_contracts.slurm import STATE_ALIASES, STATE_CODES
 
     if raw is None or raw == "" or raw == []:
         return None
@@ -156,9 +159,15 @@ def parse_states(raw: object) -> set[str] | None:
         if item in JOB_STATES:
             wanted.add(item)
             continue
+        if item in STATE_ALIASES:
+            wanted.update(STATE_ALIASES[item])
+            continue
         by_code = {s for s, code in STATE_CODES.items() if code == item}
         if not by_code:
-            raise ValueError(f"{item!r} is not a job state; use one of {', '.join(JOB_STATES)} (or a Slurm code)")
+            raise ValueError(
+                f"{item!r} is not a job state; use one of {', '.join(JOB_STATES)}, a Slurm code "
+                f"({', '.join(sorted(set(STATE_CODES.values())))}) or one of {', '.join(STATE_ALIASES)}"
+            )
         wanted |= by_code
     return wanted or None
 

@@ -29,6 +29,22 @@ STATE_CODES: dict[JobState, str] = {
 }
 
 
+STATE_ALIASES: dict[str, tuple[JobState, ...]] = {
+    # Slurm's long names (sacct --state, squeue --states) that are not OnePlus names already.
+    "PENDING": ("SUBMITTED", "ACCEPTED"),
+    "CONFIGURING": ("PLACED", "STARTING"),
+    "COMPLETED": ("SUCCEEDED",),
+    "PREEMPTED": ("PREEMPTING", "CHECKPOINTED"),
+    "REQUEUED": ("CHECKPOINTED",),
+    "SIGNALING": ("PREEMPTING",),
+    # Kubernetes pod phases and Kubeflow job conditions (Pending, Running, Succeeded, Failed are the same words).
+    "CREATED": ("SUBMITTED", "ACCEPTED"),
+    "SUSPENDED": ("SUBMITTED", "ACCEPTED"),  # a Kueue workload not admitted yet
+    "RESTARTING": ("CHECKPOINTED",),
+}
+"""Job states under the names Slurm and Kubernetes users type, each mapped to the OnePlus states it means."""
+
+
 def format_elapsed(seconds: float | None, *, unlimited: str = "UNLIMITED") -> str:
     """squeue's TIME: `M:SS`, `H:MM:SS` or `D-HH:MM:SS`; `unlimited` for no limit."""
     if seconds is None:

@@ -15,6 +15,7 @@ from .fields import FieldReader, child
 from .gang import ReplicaGroup, gang_fields
 from .pods import PodShape, read_command, read_env, read_pod_template, read_resources
 from .priorities import priority_of
+from .simulate import SIMULATE_ANNOTATION, parse_simulate_s
 from .site import SiteMapError, apply_default_share, site_from_env
 
 QUEUE_LABEL = "kueue.x-k8s.io/queue-name"
@@ -53,6 +54,16 @@ def _metadata(r: FieldReader, doc: dict[str, Any], fields: dict[str, Any], origi
     pclass = labels.get(PRIORITY_LABEL)
     if pclass is not None:
         _set_priority(r, str(pclass), child("metadata.labels", PRIORITY_LABEL), fields, origin)
+    annotations = r.mapping(meta, "annotations", "metadata")
+    if SIMULATE_ANNOTATION in annotations:
+        path = child(child("metadata", "annotations"), SIMULATE_ANNOTATION)
+        try:
+            seconds = parse_simulate_s(annotations[SIMULATE_ANNOTATION], source=SIMULATE_ANNOTATION)
+        except JobFormatError as exc:
+            raise r.error(path, exc.problem) from None
+        r.use(path)
+        fields["simulate"] = {"duration_s": seconds}
+        origin["simulate"] = path
 
 
 def _set_priority(r: FieldReader, name: str, path: str, fields: dict[str, Any], origin: dict[str, str]) -> None:

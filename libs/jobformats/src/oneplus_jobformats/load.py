@@ -11,6 +11,7 @@ from .errors import JobFormatError, Translation
 from .kubeflow import RUNTIME_KINDS, RuntimeDefaults, read_runtime, translate_manifest, translate_trainjob
 from .native import translate_native
 from .sbatch import parse_sbatch
+from .simulate import sbatch_simulate_s, with_simulated_duration
 from .text import LoneSurrogate, loads_unicode
 
 MAX_DOCUMENT_BYTES = 1024 * 1024
@@ -29,7 +30,11 @@ def load_job_document(text: str, *, filename: str = "<stdin>", submit_dir: str |
         raise JobFormatError(f"document is larger than {MAX_DOCUMENT_BYTES} bytes", filename=filename)
     stripped = text.lstrip("\ufeff")
     if looks_like_sbatch(stripped):
-        return parse_sbatch(stripped, filename=filename, submit_dir=submit_dir)
+        tr = parse_sbatch(stripped, filename=filename, submit_dir=submit_dir)
+        seconds = sbatch_simulate_s(stripped, filename=filename)
+        if seconds is not None:
+            tr.spec = with_simulated_duration(tr.spec, seconds)
+        return tr
     if stripped.lstrip().startswith("#SBATCH"):
         # Slurm's own words for this mistake.
         raise JobFormatError(

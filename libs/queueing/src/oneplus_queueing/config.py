@@ -70,6 +70,12 @@ class QueueSpec(_Model):
         "(Kueue's one flavor per pod set), unless the job's gpu_models lists several",
     )
 
+    gpu_models: list[str] | None = Field(
+        default=None,
+        description="GPU models its jobs run on (Kueue's flavors): a job naming no models gets these (a team queue "
+        "without its own takes its parent's); a job naming others is refused; null: any model",
+    )
+
     @model_validator(mode="after")
     def _valid_name(self) -> QueueSpec:
         if not _NAME_RE.match(self.name):
@@ -288,6 +294,32 @@ class QueueConfig(_Model):
                 f"{', '.join(sorted(self.children(spec.queue)))}"
             )
         self._priority_class(spec)
+
+    def queue_models(self, name: str) -> list[str] | None:
+        """The GPU models a queue's jobs run on: its own `gpu_models`, else the nearest ancestor's; None: any."""
+        by_name = self.tree.by_name
+        for q in reversed(self.path(name)):
+            models = by_name[q].gpu_models
+            if models:
+                return list(models)
+        return None
+
+    def with_queue_models(self, spec: JobSpec) -> JobSpec:
+        """`spec` restricted to its queue's GPU models (a job naming none gets them); `QueueConfigError` when the job
+        names models its queue does not run on. Intake applies it before admission."""
+        allowed = self.queue_models(spec.queue)
+        if not allowed:
+            return spec
+        asked = spec.resources.gpu_models
+        if not asked:
+            resources = spec.resources.model_copy(update={"gpu_models": allowed})
+            return spec.model_copy(update={"resources": resources})
+        outside = [m for m in asked if not any(a.lower() in m.lower() or m.lower() in a.lower() for a in allowed)]
+        if outside:
+            raise QueueConfigError(
+                f"queue {spec.queue!r} runs on GPU models {allowed}; the job asks for {outside} outside them"
+            )
+        return spec
 
     def _priority_class(self, spec: JobSpec) -> PriorityClass | None:
         name = spec.priority_class or self.default_priority_class

@@ -52,7 +52,7 @@ class QueueRow:
     name: str
     user: str
     state: str  # squeue's two-letter code
-    time_s: float  # time running; 0 while pending, as squeue shows
+    time_s: float  # time running; while pending, time waited since submission (squeue's 0:00 says nothing)
     gpus: float
     nodes: tuple[str, ...]
     reason: str | None  # pending only: Priority, Resources, Topology, QuotaExceeded, Preempting, InvalidQueue
@@ -101,7 +101,7 @@ def queue_rows(
                 spec.name,
                 spec.user,
                 st,
-                0.0,
+                max(0.0, now - rec.submitted_ts),
                 spec.total_gpus,
                 (),
                 why.code if why else None,

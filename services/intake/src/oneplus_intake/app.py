@@ -24,6 +24,7 @@ from . import joblist
 from .deliveries import NatsDeliveryLedger
 from .hotview import HotView
 from .http_api import JobsApi
+from .metrics import IntakeMetrics
 from .settings import IntakeSettings, submit_workers
 from .submissions import Intake, job_id_for
 from .web import HttpServer, IntakeHttp
@@ -43,6 +44,12 @@ class IntakeService:
         self.intake = Intake(svc)
         self.hot: HotView | None = None  # the job list's copy of the hot view, kept from start to stop
         self.http: HttpServer | None = None
+        registry = getattr(svc, "metrics", None)
+        self.metrics = None if registry is None else IntakeMetrics(registry, self._hot_rows)
+        self.intake.metrics = self.metrics
+
+    def _hot_rows(self) -> Any:
+        return list(self.hot.rows.values()) if self.hot is not None else None
 
     @property
     def platform_accounts(self) -> frozenset[str]:
@@ -119,7 +126,9 @@ class IntakeService:
             )
             log.info("MLflow webhooks on, %d job template(s)", len(webhook.templates.templates))
         api = JobsApi(self, self.svc.nc, self.svc.tracer)
-        app = IntakeHttp(self.intake, webhook, self.svc.tracer, api=api, tokens=settings.http_tokens).app()
+        app = IntakeHttp(
+            self.intake, webhook, self.svc.tracer, api=api, tokens=settings.http_tokens, metrics=self.metrics
+        ).app()
         server = HttpServer(app, settings.http_host, settings.http_port)
         try:
             await server.start()

@@ -38,6 +38,7 @@ from pydantic import ValidationError
 
 from .admission import ClusterFacts, EmptyCluster, Inadmissible, admission_key, admit, refuse_dependency_cycle
 from .hotview import HotView
+from .metrics import IntakeMetrics, refusal_reason
 
 log = logging.getLogger("oneplus.intake")
 
@@ -74,6 +75,7 @@ class Intake:
         self.accept_wait_s = (
             float(os.environ.get("ONEPLUS_ACCEPT_WAIT_S", "2")) if accept_wait_s is None else accept_wait_s
         )
+        self.metrics: IntakeMetrics | None = None  # set by the service: submissions by outcome, reason, source
         self._nodes: dict[str, NodeRecord] | None = None
         self.empty_cluster = EmptyCluster()
         self._facts: ClusterFacts | None = None  # what admission reads of the nodes, until their shape changes
@@ -143,8 +145,15 @@ class Intake:
             rec, _ = await self.svc.ledger.get(job_id)
         return rec if rec is not None else await JobArchive(self.svc.js).get(job_id)
 
-    async def reject(self, job_id: str, reason: str, source: str, team: str | None, status: int) -> Outcome:
+    def count(self, outcome: str, source: str, reason: str = "none") -> None:
+        if self.metrics is not None:
+            self.metrics.submission(outcome, source, reason)
+
+    async def reject(
+        self, job_id: str, reason: str, source: str, team: str | None, status: int, exc: BaseException | None = None
+    ) -> Outcome:
         log.info("rejected %s: %s", job_id, reason)
+        self.count("refused", source, refusal_reason(status, exc))
         await self.svc.ledger.publish(
             JobRejected(event_id=f"rejected-{job_id}", job_id=job_id, reason=reason, source=source, team=team)
         )
@@ -174,19 +183,24 @@ class Intake:
         job_id = job_id_for(scoped)
         rec = await self.earlier(job_id)
         if rec is not None:  # a retry: answer as the first time, even if the cluster or the body changed since
+            self.count("duplicate", source)
             return Outcome(SubmitReply(ok=True, job_id=job_id, duplicate=True, warnings=rec.warnings), DUPLICATE)
         try:
             spec = bind_team(spec, caller)
         except TenancyError as exc:
             return await self.reject(job_id, str(exc), source, caller.team, exc.code)
         try:
-            admit(spec, await self.queue_config(), await self.cluster_facts(), self.empty_cluster)
+            config = await self.queue_config()
+            spec = config.with_queue_models(spec)  # a queue's flavors (GPU models), as Kueue assigns them
+            admit(spec, config, await self.cluster_facts(), self.empty_cluster)
             await refuse_dependency_cycle(job_id, spec, self.dependencies_of)
         except (Inadmissible, QueueConfigError, ValidationError) as exc:
-            return await self.reject(job_id, str(exc), source, spec.team, CANNOT_RUN)
+            return await self.reject(job_id, str(exc), source, spec.team, CANNOT_RUN, exc)
         event = JobAccepted(event_id=f"accepted-{job_id}", job_id=job_id, spec=spec, source=source, warnings=warnings)
         reported = await self.svc.ledger.report(event, traceparent=traceparent_of_current(), wait_s=self.accept_wait_s)
         if reported.duplicate:  # a retry that came before the owner recorded the first: the stream's msg id caught it
+            self.count("duplicate", source)
             return Outcome(SubmitReply(ok=True, job_id=job_id, duplicate=True, warnings=warnings), DUPLICATE)
         log.info("accepted %s (%s, team %s) from %s", job_id, spec.name, spec.team, source)
+        self.count("accepted", source)
         return Outcome(SubmitReply(ok=True, job_id=job_id, warnings=warnings), ACCEPTED)

@@ -22,6 +22,7 @@ from opentelemetry import trace
 from . import openapi
 from .auth import TokenBook, auth_middleware
 from .http_api import JobsApi, caller_headers, error_response, json_response
+from .metrics import IntakeMetrics
 from .submissions import CANNOT_RUN, UNREADABLE, WRONG_TEAM, Intake
 from .webhooks import MlflowWebhook
 
@@ -61,7 +62,9 @@ class IntakeHttp:
         api: JobsApi | None = None,
         routes: Sequence[RouteHook] = (),
         tokens: TokenBook | None = None,
+        metrics: IntakeMetrics | None = None,
     ) -> None:
+        self.metrics = metrics
         self.intake = intake
         self.webhook = webhook
         self.tracer = tracer
@@ -72,6 +75,8 @@ class IntakeHttp:
 
     def app(self) -> web.Application:
         middlewares: list[Any] = [_errors_as_json]
+        if self.metrics is not None:
+            middlewares.insert(0, self.metrics.middleware())  # outermost: counts the status the client gets
         if self.tokens:
             middlewares.append(auth_middleware(self.tokens))  # auth.py: bearer tokens on /v1/* and /ui/api/*
         app = web.Application(middlewares=middlewares, client_max_size=MAX_BODY_BYTES + 1)

@@ -34,12 +34,23 @@ _GPU_STATE_HELP = (
 )
 
 
+PRIORITY_BANDS = ((100, "1-99"), (1000, "100-999"), (10000, "1000-9999"))  # (upper bound, band) above 0
+
+
+def priority_band(priority: int) -> str:
+    """The `priority` label of the pending gauge: a band, so a job's free-form priority cannot make a new series."""
+    if priority <= 0:
+        return "0" if priority == 0 else "<0"
+    return next((band for upper, band in PRIORITY_BANDS if priority < upper), "10000+")
+
+
 class SolverMetrics:
     def __init__(self, registry: CollectorRegistry) -> None:
         self.pending = Gauge(
             "oneplus_pending_jobs",
-            "Jobs waiting to be placed after the last scheduling cycle, by queue, priority and the cycle's reason "
-            "code (Priority, Resources, Topology, QuotaExceeded, Preempting, InvalidQueue; None when it gave none)",
+            "Jobs waiting to be placed after the last scheduling cycle, by queue, priority band (0, 1-99, 100-999, "
+            "1000-9999, 10000+, <0) and the cycle's reason code (Priority, Resources, Topology, QuotaExceeded, "
+            "Preempting, InvalidQueue; None when it gave none)",
             ["queue", "priority", "reason"],
             registry=registry,
         )
@@ -118,7 +129,7 @@ class SolverMetrics:
             if rec.job_id in placed:
                 continue
             why = reasons.get(rec.job_id)
-            key: tuple[str, str, str] = (rec.spec.queue, str(rec.spec.priority), why.code if why else "None")
+            key: tuple[str, str, str] = (rec.spec.queue, priority_band(rec.spec.priority), why.code if why else "None")
             counts[key] = counts.get(key, 0) + 1
         for key in self._pending_keys - counts.keys():
             self.pending.remove(*key)

@@ -25,6 +25,8 @@ def _node_failed(rec: JobRecord, node: str, code: int) -> str:
 
 NODE_LOST = "node lost"  # how the solver words the end of ranks on a node the registry declared lost
 STOPPED = "cancelled:"  # how an executor words the end of ranks the solver (or a user) stopped
+SIMULATED = "simulated"  # how a simulated runtime's exits begin (oneplus_node_executor.runtime.simulated)
+SIMULATED_SUCCESS = "simulated: all ranks exited 0 (runtime simulated: no process ran)"
 INFRA_RETRIES = 3  # requeues after platform faults before a job fails (ONEPLUS_INFRA_RETRIES)
 
 
@@ -85,6 +87,8 @@ def attempt_outcome(rec: JobRecord, infra_retries: int = INFRA_RETRIES) -> Attem
             )
         node = next(n for n in causes if not _infra(rec, n))
         return AttemptOutcome("finish", "FAILED", _node_failed(rec, node, failed[node]), exit_code=failed[node])
+    if any(why.startswith(SIMULATED) for why in rec.node_reasons.values()):
+        return AttemptOutcome("finish", "SUCCEEDED", SIMULATED_SUCCESS, exit_code=0)
     return AttemptOutcome("finish", "SUCCEEDED", "all ranks exited 0", exit_code=0)
 
 

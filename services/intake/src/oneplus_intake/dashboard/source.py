@@ -128,9 +128,14 @@ class DashboardSource:
             seen.setdefault(rec.job_id, rec)
         return list(seen.values())
 
+    async def holders(self) -> list[JobRecord]:
+        """The jobs holding GPUs, cached a second: the cluster, the queue and a job's page colour from them alike."""
+        result: list[JobRecord] = await self.cache.get("holders", self.holding_jobs)
+        return result
+
     async def cluster(self) -> dict[str, Any]:
         async def fetch() -> dict[str, Any]:
-            nodes, jobs = await asyncio.gather(self.nodes(), self.holding_jobs())
+            nodes, jobs = await asyncio.gather(self.nodes(), self.holders())
             return views.cluster_view(nodes, jobs, time.time())
 
         result: dict[str, Any] = await self.cache.get("cluster", fetch)
@@ -138,8 +143,10 @@ class DashboardSource:
 
     async def queue(self) -> dict[str, Any]:
         async def fetch() -> dict[str, Any]:
-            rows = await self._pages(subjects.OPS_QUEUE_LIST, {"limit": QUEUE_PAGE}, "rows")
-            return views.queue_view(rows, time.time())
+            rows, jobs = await asyncio.gather(
+                self._pages(subjects.OPS_QUEUE_LIST, {"limit": QUEUE_PAGE}, "rows"), self.holders()
+            )
+            return views.queue_view(rows, time.time(), views.job_colours(jobs))
 
         result: dict[str, Any] = await self.cache.get("queue", fetch)
         return result
@@ -155,7 +162,15 @@ class DashboardSource:
     async def job(self, job_id: str) -> dict[str, Any]:
         async def fetch() -> dict[str, Any]:
             rec = JobRecord.model_validate(await self.ops(subjects.OPS_JOB_SHOW, {"job_id": job_id}))
-            return views.job_view(rec, await self.events(job_id), time.time())
+            explain: dict[str, Any] | None = None
+            if rec.state in views.PENDING_STATES:  # why it waits, on its page: the solver's `jobs explain`
+                try:
+                    explain = await self.explain(job_id)
+                except DashboardError as exc:
+                    explain = {"error": str(exc)}
+            events, holders = await asyncio.gather(self.events(job_id), self.holders())
+            colour = views.job_colours(holders).get(job_id)
+            return views.job_view(rec, events, time.time(), colour=colour, explain=explain)
 
         result: dict[str, Any] = await self.cache.get(f"job/{job_id}", fetch)
         return result

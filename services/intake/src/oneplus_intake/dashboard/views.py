@@ -23,15 +23,57 @@ NO_LEAF = "(no leaf)"
 EVENT_LIMIT = 500
 
 
+HUES = 16  # colour slots: hues 22.5 degrees apart
+SLOT_ORDER = (0, 8, 4, 12, 2, 6, 10, 14, 1, 3, 5, 7, 9, 11, 13, 15)  # from a job's own slot, the farthest first
+
+
+def _slot_of(job_id: str) -> int:
+    return int.from_bytes(hashlib.blake2s(job_id.encode(), digest_size=4).digest()[:2], "big") % HUES
+
+
+def _colour(slot: int) -> str:
+    return f"hsl({slot * 360 // HUES}, 70%, {45 if slot % 2 == 0 else 55}%)"
+
+
 def colour_of(job_id: str) -> str:
-    """A stable colour per job: the same job has the same colour on every page and in every browser."""
-    digest = hashlib.blake2s(job_id.encode(), digest_size=4).digest()
-    hue = int.from_bytes(digest[:2], "big") % 360
-    light = 42 + digest[2] % 16
-    return f"hsl({hue}, 70%, {light}%)"
+    """A job's own colour, from its id: what it is shown in when it shares no node with a job holding GPUs."""
+    return _colour(_slot_of(job_id))
 
 
-COUNTS = ("total", "free", "held", "unhealthy", "unavailable", "fragmented")
+def _apart(a: int, b: int) -> int:
+    d = abs(a - b) % HUES
+    return min(d, HUES - d)
+
+
+def job_colours(jobs: Iterable[JobRecord]) -> dict[str, str]:
+    """One colour per job holding GPUs, distinct from those of the jobs on its nodes (a hash alone gave two jobs on
+    one node nearly the same hue). Jobs are served oldest placement first, each keeping its own colour unless a job
+    already coloured on one of its nodes is within 45 degrees of it; then the farthest free slot. A job keeps its
+    colour while the older jobs beside it run, and it is the same on every page."""
+    holders = [r for r in jobs if r.state in HOLDING_STATES and r.allocation is not None]
+    holders.sort(key=lambda r: (r.placed_ts or r.submitted_ts, r.job_id))
+    slots: dict[str, int] = {}
+    on_node: dict[str, list[str]] = {}
+    for rec in holders:
+        assert rec.allocation is not None
+        nodes = rec.allocation.nodes
+        near = {slots[j] for n in nodes for j in on_node.get(n, [])}
+        own = _slot_of(rec.job_id)
+        chosen = own
+        for gap in (3, 2, 1):  # 67.5, 45, 22.5 degrees from every neighbour, the widest that can be had
+            fits = [
+                (own + step) % HUES for step in SLOT_ORDER if all(_apart((own + step) % HUES, s) >= gap for s in near)
+            ]
+            if fits:
+                chosen = fits[0]
+                break
+        slots[rec.job_id] = chosen
+        for n in nodes:
+            on_node.setdefault(n, []).append(rec.job_id)
+    return {job_id: _colour(slot) for job_id, slot in slots.items()}
+
+
+COUNTS = ("total", "free", "held", "unhealthy", "unavailable", "fragmented", "shared")
 
 
 def _counts() -> dict[str, int]:
@@ -102,6 +144,9 @@ def _domain(
             free.add(index)
         counts["total"] += 1
         counts[state] += 1
+        share = sum(int(h["milli"]) for h in holders)
+        if holders and share < 1000:
+            counts["shared"] += 1  # held, by shares that leave room (a fractional job may still go here)
         gpu_rows.append(
             {
                 "index": index,
@@ -110,6 +155,7 @@ def _domain(
                 "health_reason": why,
                 "job_id": holders[0]["job_id"] if holders else None,
                 "holders": holders,
+                "held_milli": min(1000, sum(int(h["milli"]) for h in holders)),  # how much of it is held, in 1/1000
             }
         )
     if counts["held"] and counts["free"]:
@@ -165,7 +211,8 @@ def node_view(node: NodeRecord, held: Mapping[tuple[str, int], list[dict[str, An
     }
 
 
-def job_legend(jobs: Iterable[JobRecord]) -> dict[str, dict[str, Any]]:
+def job_legend(jobs: Sequence[JobRecord], colours: Mapping[str, str] | None = None) -> dict[str, dict[str, Any]]:
+    colours = job_colours(jobs) if colours is None else colours
     return {
         rec.job_id: {
             "job_id": rec.job_id,
@@ -175,7 +222,7 @@ def job_legend(jobs: Iterable[JobRecord]) -> dict[str, dict[str, Any]]:
             "state": rec.state,
             "token": rec.token,
             "gpus": rec.spec.total_gpus,
-            "colour": colour_of(rec.job_id),
+            "colour": colours.get(rec.job_id) or colour_of(rec.job_id),
         }
         for rec in jobs
         if rec.state in HOLDING_STATES and rec.allocation is not None
@@ -214,10 +261,18 @@ def cluster_view(nodes: Iterable[NodeRecord], jobs: Sequence[JobRecord], now: fl
     }
 
 
-def queue_view(rows: Sequence[Mapping[str, Any]], now: float) -> dict[str, Any]:
-    """The solver's squeue rows split into pending (serving order, with reason) and holding jobs."""
+def queue_view(
+    rows: Sequence[Mapping[str, Any]], now: float, colours: Mapping[str, str] | None = None
+) -> dict[str, Any]:
+    """The solver's squeue rows split into pending (serving order, with reason) and holding jobs (`colours`: the
+    cluster picture's, `job_colours`). A pending row's `time` is how long it has waited since submission."""
+    colours = colours or {}
     pending = [dict(r) for r in rows if r.get("st") == "PD"]
-    holding = [dict(r) | {"colour": colour_of(str(r.get("job_id")))} for r in rows if r.get("st") != "PD"]
+    holding = [
+        dict(r) | {"colour": colours.get(str(r.get("job_id"))) or colour_of(str(r.get("job_id")))}
+        for r in rows
+        if r.get("st") != "PD"
+    ]
     return {"ts": now, "pending": pending, "holding": holding}
 
 
@@ -250,8 +305,35 @@ def timeline(rec: JobRecord) -> list[dict[str, Any]]:
     return sorted(out, key=lambda m: m["ts"])
 
 
-def job_view(rec: JobRecord, events: Sequence[Mapping[str, Any]], now: float) -> dict[str, Any]:
-    """One job: its record, where its ranks are, its milestones and its events in stream order."""
+PENDING_STATES = frozenset({"SUBMITTED", "ACCEPTED"})
+
+
+def pending_view(rec: JobRecord, explain: Mapping[str, Any] | None, now: float) -> dict[str, Any] | None:
+    """Why a pending job waits, for its page: the solver's reason code and message (`jobs explain`), the whole
+    explanation, and how long it has waited since submission; None for a job that is not pending."""
+    if rec.state not in PENDING_STATES:
+        return None
+    ex = dict(explain or {})
+    error = ex.pop("error", None)
+    return {
+        "reason": ex.get("reason"),
+        "message": ex.get("message") or rec.reason or "",
+        "waiting_s": round(max(0.0, now - rec.submitted_ts), 1),
+        "explain": ex or None,
+        "error": error,
+    }
+
+
+def job_view(
+    rec: JobRecord,
+    events: Sequence[Mapping[str, Any]],
+    now: float,
+    *,
+    colour: str | None = None,
+    explain: Mapping[str, Any] | None = None,
+) -> dict[str, Any]:
+    """One job: its record, where its ranks are, its milestones and its events in stream order; for a pending job,
+    why it waits (`explain`: the solver's answer, or {"error": ...} when it gave none)."""
     ranks = []
     if rec.allocation is not None:
         ranks = [r.model_dump(mode="json") for r in rec.allocation.ranks]
@@ -270,8 +352,9 @@ def job_view(rec: JobRecord, events: Sequence[Mapping[str, Any]], now: float) ->
     return {
         "ts": now,
         "job": rec.model_dump(mode="json"),
-        "colour": colour_of(rec.job_id),
+        "colour": colour or colour_of(rec.job_id),
         "holding": rec.state in HOLDING_STATES and rec.allocation is not None,
+        "pending": pending_view(rec, explain, now),
         "placement": {
             "domain": rec.allocation.domain if rec.allocation else None,
             "ring_gbps": rec.allocation.ring_gbps if rec.allocation else None,

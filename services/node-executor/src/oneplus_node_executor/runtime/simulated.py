@@ -17,6 +17,19 @@ from oneplus_contracts.slim import slim
 from .base import RanksExit, RunningRanks
 
 STOPPED_EXIT = 143  # 128 + SIGTERM, as a container stopped by the engine reports it
+SIMULATED = "simulated"  # how its exits begin: the solver says a job that ran here was simulated
+
+
+def simulated_note(cmd: LaunchRanks) -> str:
+    """The first log line of a simulated job: what would have run, and that nothing did."""
+    sim = cmd.spec.simulate
+    duration = max(0.0, (sim.duration_s if sim else 1.0) - cmd.resume_progress_s)
+    code = sim.exit_code if sim else 0
+    what = " ".join([*(cmd.spec.entrypoint or []), *cmd.spec.command]) or "(the image's command)"
+    return (
+        f"[{SIMULATED}] runtime simulated: `{what}` is not run; the ranks hold their GPUs {duration:g} s "
+        f"(simulate.duration_s) and exit {code}"
+    )
 
 
 @dataclass
@@ -65,6 +78,7 @@ class SimulatedRuntime:
         self._ended.pop(cmd.job_id, None)
         slim(cmd)  # kept while the ranks run: a fleet's nodes run thousands
         job = _SimJob(cmd=cmd)  # no process: the ranks' environment is not used
+        job.logs.append(simulated_note(cmd))
         job.logs.extend(f"[rank {r.rank}] started on {r.node} gpus={r.gpus}" for r in cmd.ranks)
         job.task = asyncio.create_task(self._run(job), name=f"sim:{cmd.job_id}")
         self._jobs[cmd.job_id] = job
@@ -87,9 +101,8 @@ class SimulatedRuntime:
             await asyncio.wait_for(job.stopped.wait(), timeout=duration)
         except TimeoutError:
             job.logs.extend(f"[rank {r.rank}] exited {code}" for r in job.cmd.ranks)
-            return RanksExit(
-                code, "exited" if code == 0 else f"exit code {code}", {r.rank: code for r in job.cmd.ranks}
-            )
+            why = f"{SIMULATED}: exited {code} after {duration:g} s (no process ran)"
+            return RanksExit(code, why, {r.rank: code for r in job.cmd.ranks})
         reason = job.stop_reason or "stopped"
         return RanksExit(
             STOPPED_EXIT,

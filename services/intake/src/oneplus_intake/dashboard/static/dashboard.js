@@ -74,6 +74,7 @@ function counts(c, extra) {
     h("span", { class: "c-free", title: "free GPUs" }, `${c.free} free`), " · ",
     h("span", { class: "c-held", title: "GPUs held by jobs" }, `${c.held} held`),
     c.fragmented ? [" · ", h("span", { class: "c-frag", title: "free GPUs in a domain a job uses part of" }, `${c.fragmented} fragmented`)] : null,
+    c.shared ? [" · ", h("span", { class: "c-shared", title: "held GPUs whose shares leave room for a fractional job" }, `${c.shared} shared`)] : null,
     c.unhealthy ? [" · ", h("span", { class: "c-bad" }, `${c.unhealthy} unhealthy`)] : null,
     c.unavailable ? [" · ", h("span", { class: "c-off" }, `${c.unavailable} unavailable`)] : null,
     extra || null);
@@ -92,14 +93,36 @@ function gpuTitle(node, dom, g, jobs) {
   return lines.join("\n");
 }
 
+// A GPU held by shares is filled from the bottom as far as its holders hold it, each in its job's colour: a
+// 0.5-GPU job fills half the tile, not all of it.
+function gpuFill(g, jobs) {
+  const whole = g.holders.length === 1 && (g.holders[0].milli ?? 1000) >= 1000;
+  if (!g.holders.length) return { style: null, shared: false };
+  if (whole) {
+    const job = jobs[g.holders[0].job_id];
+    return { style: job ? `background:${job.colour}` : null, shared: false };
+  }
+  let at = 0;
+  const stops = [];
+  for (const hd of g.holders) {
+    const colour = (jobs[hd.job_id] || {}).colour || "#7a8bb8";
+    const part = Math.min(100 - at, (hd.milli ?? 1000) / 10);
+    stops.push(`${colour} ${at}% ${at + part}%`);
+    at += part;
+  }
+  if (at < 100) stops.push(`var(--free) ${at}% 100%`);
+  return { style: `background:linear-gradient(to top, ${stops.join(", ")})`, shared: true };
+}
+
 function renderGpu(node, dom, g, jobs, focus) {
-  const job = g.job_id ? jobs[g.job_id] : null;
-  const colour = job ? job.colour : null;
-  const dim = focus && g.job_id !== focus;
-  const cls = ["gpu", g.state, g.health !== "ok" ? "h-" + g.health : "", dim ? "dim" : ""].join(" ");
+  const fillOf = gpuFill(g, jobs);
+  const dim = focus && !g.holders.some((hd) => hd.job_id === focus);
+  const cls = ["gpu", g.state, fillOf.shared ? "shared" : "", g.health !== "ok" ? "h-" + g.health : "",
+    dim ? "dim" : ""].join(" ");
   const el = h("span", {
     class: cls, "data-gpu": g.index, "data-state": g.state, "data-health": g.health, "data-job": g.job_id,
-    style: colour ? `background:${colour}` : null, title: gpuTitle(node, dom, g, jobs),
+    "data-held-milli": g.held_milli ?? null,
+    style: fillOf.style, title: gpuTitle(node, dom, g, jobs),
   }, String(g.index));
   if (g.job_id) el.addEventListener("click", () => { location.hash = "#/job/" + encodeURIComponent(g.job_id); });
   return el;
@@ -149,18 +172,45 @@ function renderCluster(c) {
 
 // ---- queue -----------------------------------------------------------------------------------------
 
-function renderExplain(id) {
-  const ex = state.explains.get(id);
-  if (!ex) return null;
-  if (ex.loading) return h("div", { class: "explain", "data-job": id }, "asking the solver…");
-  if (ex.error) return h("div", { class: "explain error", "data-job": id }, ex.error);
-  const r = ex.result;
+function fmtWait(s) {
+  const t = Math.max(0, Math.floor(s));
+  const hms = [Math.floor(t / 3600), Math.floor((t % 3600) / 60), t % 60];
+  return hms[0] ? `${hms[0]}:${String(hms[1]).padStart(2, "0")}:${String(hms[2]).padStart(2, "0")}`
+    : `${hms[1]}:${String(hms[2]).padStart(2, "0")}`;
+}
+
+function explainFacts(id, r) {
   const facts = [
     ["message", r.message], ["reason", r.reason], ["blocked at", r.level], ["constraint", r.constraint],
     ["needs GPUs", r.needed_gpus], ["best candidate", r.best_candidate], ["fits now", r.fits_now],
     ["jobs ahead", (r.ahead || []).join(", ")], ["preempting would fit", (r.preempt_to_fit || []).join(", ")],
   ].filter(([, v]) => v !== undefined && v !== null && v !== "");
   return h("div", { class: "explain", "data-job": id }, h("dl", {}, facts.map(([k, v]) => [h("dt", {}, k), h("dd", {}, String(v))])));
+}
+
+function renderExplain(id) {
+  const ex = state.explains.get(id);
+  if (!ex) return null;
+  if (ex.loading) return h("div", { class: "explain", "data-job": id }, "asking the solver…");
+  if (ex.error) return h("div", { class: "explain error", "data-job": id }, ex.error);
+  return explainFacts(id, ex.result);
+}
+
+// A pending job's page: why it waits (the solver's reason and message), for how long, and the whole explanation.
+function renderPending(j, pd) {
+  return h("div", { class: "pending", "data-job": j.job_id },
+    h("p", {}, h("b", {}, "pending"), ` · waiting ${fmtWait(pd.waiting_s)} since submission · reason `,
+      h("span", { class: "badge pending-reason", "data-reason": pd.reason || "None" }, pd.reason || "None")),
+    pd.message && !pd.explain ? h("p", { class: "pending-message" }, pd.message) : null,  // else it is the first fact
+    pd.explain ? explainFacts(j.job_id, pd.explain)
+      : h("p", { class: "model pending-error" }, pd.error ? `the solver did not explain: ${pd.error}` : "the solver has not decided yet"));
+}
+
+// "ring 0 GB/s" says nothing of a job on one GPU or a share of one.
+function ringWords(p) {
+  if (p.ring_gbps) return `ring ${p.ring_gbps} GB/s`;
+  const share = p.ranks.find((r) => r.gpu_milli);
+  return share ? `a share of one GPU (${share.gpu_milli / 10}%), no ring` : "one GPU, no ring";
 }
 
 async function toggleExplain(id) {
@@ -215,12 +265,12 @@ function renderJob(v) {
   fill(document.getElementById("job-placement"),
     p.ranks.length
       ? h("div", {},
-        h("p", {}, `${p.ranks.length} rank${p.ranks.length === 1 ? "" : "s"} in one ${p.domain} · ring ${p.ring_gbps} GB/s · ${p.solver}` +
+        h("p", {}, `${p.ranks.length} rank${p.ranks.length === 1 ? "" : "s"} in one ${p.domain} · ${ringWords(p)} · ${p.solver}` +
           (v.holding ? "" : " (last placement; GPUs no longer held)")),
         h("table", { class: "rows placement" }, h("thead", {}, h("tr", {}, h("th", {}, "rank"), h("th", {}, "node"), h("th", {}, "GPUs"))),
           h("tbody", {}, p.ranks.map((r) => h("tr", { "data-rank": r.rank }, h("td", {}, r.rank), h("td", {}, r.node),
             h("td", {}, r.gpus.join(", ") + (r.gpu_milli ? ` (${r.gpu_milli / 10}% each)` : "")))))))
-      : h("p", { class: "model" }, "not placed"));
+      : v.pending ? renderPending(j, v.pending) : h("p", { class: "model" }, "not placed"));
   // The nodes it runs on, from the cluster picture, with its GPUs lit and the rest dimmed.
   const map = [];
   if (state.cluster && p.nodes.length) {
