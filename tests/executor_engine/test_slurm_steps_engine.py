@@ -246,3 +246,73 @@ async def test_two_ranks_per_node_the_script_once_and_each_task_in_its_own_rank_
     ]
     assert await batch.logs(job_id, 1, follow=False) == []  # the other rank of the batch node held, ran no script
     assert [(e.exit_code, e.per_rank) for e in ends] == [(0, {0: 0, 1: 0}), (0, {2: 0, 3: 0})]
+
+
+SIGNALLED = """#!/bin/sh
+#SBATCH --nodes=2
+#SBATCH --ntasks-per-node=1
+#SBATCH --mem=64M
+trap 'echo "batch shell: USR1"' USR1
+last=$(scontrol show hostnames | tail -n 1)
+srun -N1 -w "$last" sh -c 'trap "echo task: USR1; exit 0" USR1; trap "echo TERM > /tmp/got-term; exit 0" TERM; \
+echo ready; while :; do sleep 0.1; done' &
+pid=$!
+wait $pid
+rc=$?
+while [ $rc -gt 128 ] && kill -0 $pid 2>/dev/null; do wait $pid; rc=$?; done
+echo "step exit $rc"
+"""
+
+
+async def until_logged(rt: DockerRuntime, job_id: str, line: str, timeout_s: float = 30.0) -> None:
+    deadline = asyncio.get_running_loop().time() + timeout_s
+    while line not in await rt.logs(job_id, 0, follow=False):
+        assert asyncio.get_running_loop().time() < deadline, f"{line!r} never logged"
+        await asyncio.sleep(0.2)
+
+
+async def test_the_checkpoint_signal_reaches_the_tasks_of_running_steps_and_the_batch_shell(
+    two_nodes: dict[str, DockerRuntime],
+) -> None:
+    nodes = list(two_nodes)
+    job_id = "job-" + uuid.uuid4().hex[:10]
+    cmds = [node_launch(SIGNALLED, job_id, nodes, i) for i in range(2)]
+    for cmd in cmds:
+        await two_nodes[cmd.node].launch(cmd, rank_environment(cmd, None))
+    batch = two_nodes[nodes[0]]
+    server = asyncio.create_task(
+        serve_steps_until_the_end(two_nodes, cmds[0], slurm.spool_dir(batch.slurm_spool_root, job_id, 1))
+    )
+    await until_logged(batch, job_id, "ready")  # streamed while the step runs
+    # Preemption's checkpoint signal (and --signal's) goes to every node's executor: each signals what runs there.
+    for rt in two_nodes.values():
+        await rt.signal(job_id, "SIGUSR1")
+    ends = await asyncio.wait_for(server, 60)
+    lines = await batch.logs(job_id, 0, follow=False)
+    assert {"batch shell: USR1", "task: USR1", "step exit 0"} <= set(lines), lines
+    assert [e.exit_code for e in ends] == [0, 0]
+    assert ends[0].reason.endswith("srun steps: 0 exit 0"), ends[0].reason
+
+
+async def test_cancelling_the_job_sends_sigterm_to_the_running_step_tasks_first(
+    two_nodes: dict[str, DockerRuntime],
+) -> None:
+    nodes = list(two_nodes)
+    job_id = "job-" + uuid.uuid4().hex[:10]
+    cmds = [node_launch(SIGNALLED, job_id, nodes, i) for i in range(2)]
+    for cmd in cmds:
+        await two_nodes[cmd.node].launch(cmd, rank_environment(cmd, None))
+    batch = two_nodes[nodes[0]]
+    server = asyncio.create_task(
+        serve_steps_until_the_end(two_nodes, cmds[0], slurm.spool_dir(batch.slurm_spool_root, job_id, 1))
+    )
+    await until_logged(batch, job_id, "ready")
+    task_node = two_nodes[nodes[1]]
+    await asyncio.gather(*(rt.stop(job_id, grace_s=5.0, reason="cancelled") for rt in (task_node, batch)))
+    await asyncio.wait_for(server, 60)
+    # The task's TERM trap ran (the holder around it then stopped): its file is in the container.
+    holder = (await task_node._current(job_id))[0]
+    async with task_node._engine("reading a file") as docker:
+        tar = await docker.containers.container(holder.id).get_archive("/tmp/got-term")
+    member = tar.extractfile(tar.getmembers()[0])
+    assert member is not None and member.read() == b"TERM\n"

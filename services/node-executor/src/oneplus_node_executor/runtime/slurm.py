@@ -6,16 +6,17 @@ allocation (GPUs, CPUs, memory) running `holder_command()`, a shell that waits t
 
 `srun` in the batch script is a POSIX sh shim (slurm_bin/srun), bind-mounted read-only into every container of the
 job and first on PATH. It writes its arguments into a spool directory the executor mounted into the batch container
-(no network is needed: CPU-only containers have none) and waits for the result. `StepServer`, run by the executor of
-the batch node, parses the options (`parse_srun`), lays the tasks out over the job's nodes (`plan_step`), gives each
-task its environment (`task_environment`) and has each node run its tasks inside the job's containers there through
-the engine's exec API (`run_tasks`): its own node directly, the others through a `StepTransport` (the executors'
-NATS request subjects, `subjects.slurm_step`). The worst task's exit status is srun's.
+(no network is needed: CPU-only containers have none) and prints the step's output as it comes. `StepServer`, run by
+the executor of the batch node, serves each request as its own task, so steps run side by side (`srun ... &`): it
+parses the options (`parse_srun`), lays the tasks out over the job's nodes (`plan_step`), gives the step its share of
+the allocation (slurm_shares.py: whole nodes, or one slot per task with --exact, nothing with --overlap; a step that
+does not fit waits), gives each task its environment (`task_environment`) and has each node run its tasks inside the
+job's containers there (slurm_tasks.py, the engine's exec API): its own node directly, the others through a
+`StepTransport` (the executors' NATS request subjects, `subjects.slurm_step`). The worst task's exit status is srun's.
 
-When the batch container ends, the holders are released (`release_holders`, `subjects.slurm_release` for the other
-nodes): they exit 0, so the job's outcome is the batch script's.
-
-One step runs at a time; its output is printed when its tasks have ended, task by task (not interleaved live).
+When the batch container ends, the steps still running are ended (SIGTERM, SIGKILL after `STEP_KILL_WAIT_S`) and the
+holders are released (`release_holders`, `subjects.slurm_release` for the other nodes): they exit 0, so the job's
+outcome is the batch script's. Each step's end is kept (`NodeTasks.ends`) and named in the batch node's end reason.
 """
 
 from __future__ import annotations

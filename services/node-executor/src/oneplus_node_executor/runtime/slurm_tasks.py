@@ -164,8 +164,8 @@ class NodeTasks:
 
     async def start(self, step: NodeStep) -> StepProgress:
         key = (step.job_id, step.step_id)
-        if key in self.steps:
-            return StepProgress()  # a redelivered start: it runs already
+        if key in self.steps and not self.steps[key].done:
+            return StepProgress()  # a redelivered start: it runs already (an ended one is an earlier attempt's)
         try:
             containers = sorted(await self.runtime._current(step.job_id), key=lambda c: c.identity.local_rank)
         except LookupError as e:
