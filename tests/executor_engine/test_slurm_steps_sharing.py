@@ -20,7 +20,8 @@ from test_slurm_steps_unit import FakeNodes, batch_launch
 
 def test_a_step_holds_whole_nodes_one_slot_per_task_with_exact_and_nothing_with_overlap() -> None:
     shares = Shares({"n0": 2, "n1": 2})
-    assert shares.take(0, StepClaim({"n0": 1})) == {"n0": (0, 1)}  # without --exact: all of n0
+    assert shares.take(0, StepClaim({"n0": 1})) == {"n0": (0,)}  # without --exact: all of n0 (its task in slot 0)
+    assert shares.free_on("n0") == []
     assert shares.take(1, StepClaim({"n0": 1}, exact=True)) is None  # n0 is busy: it waits
     assert shares.take(1, StepClaim({"n1": 1}, exact=True)) == {"n1": (0,)}
     assert shares.take(2, StepClaim({"n1": 1}, exact=True)) == {"n1": (1,)}  # two --exact steps share n1
@@ -28,11 +29,27 @@ def test_a_step_holds_whole_nodes_one_slot_per_task_with_exact_and_nothing_with_
     assert shares.take(3, StepClaim({"n1": 1})) is None  # a whole node waits for a node nobody uses
     assert shares.take(4, StepClaim({"n0": 2, "n1": 2}, overlap=True)) == {"n0": (0, 1), "n1": (0, 1)}
     assert 4 not in shares.held  # --overlap holds nothing
-    assert shares.nodes_that_fit(["n0", "n1"], 1, exact=True) == []
+    claim = StepClaim({"n0": 1}, exact=True)
+    assert not shares.node_fits("n0", 1, claim) and not shares.node_fits("n1", 1, claim)
     shares.release(0)
     assert shares.free_on("n0") == [0, 1]
-    assert shares.nodes_that_fit(["n0", "n1"], 1, exact=False) == ["n0"]
-    assert shares.take(3, StepClaim({"n0": 1})) == {"n0": (0, 1)}
+    assert shares.node_fits("n0", 2, StepClaim({}, exact=False))
+    assert shares.take(3, StepClaim({"n0": 1})) == {"n0": (0,)}
+
+
+def test_exact_tasks_share_a_slot_while_its_cpus_last_and_gpu_tasks_hold_its_gpus() -> None:
+    # One task of 8 CPUs and its GPU (sbatch --ntasks=1 --cpus-per-task=8 --gpus=1): Slurm runs `srun --exact -c4
+    # server &` and `srun --exact -c2 client` side by side, and a third --exact -c4 step waits.
+    shares = Shares({"n0": 1}, cpus_per_slot=8)
+    assert shares.take(0, StepClaim({"n0": 1}, exact=True, cpus_per_task=4, gpus=True)) == {"n0": (0,)}
+    assert shares.take(1, StepClaim({"n0": 1}, exact=True, cpus_per_task=2)) == {"n0": (0,)}
+    assert shares.take(2, StepClaim({"n0": 1}, exact=True, cpus_per_task=4)) is None  # 2 CPUs left
+    assert shares.take(2, StepClaim({"n0": 1}, exact=True, cpus_per_task=1, gpus=True)) is None  # the GPU is held
+    assert shares.take(2, StepClaim({"n0": 1}, exact=True, cpus_per_task=2)) == {"n0": (0,)}
+    assert shares.take(3, StepClaim({"n0": 1})) is None  # a step without --exact waits for the whole node
+    for step in (0, 1, 2):
+        shares.release(step)
+    assert shares.take(3, StepClaim({"n0": 1})) == {"n0": (0,)}
 
 
 @pytest.mark.parametrize(
@@ -219,6 +236,11 @@ async def test_a_step_asking_more_gpus_than_the_allocation_is_refused_in_one_lin
     code = await server.step(["--gpus=5", "x"], "/", {}, slurm.SpoolAnswer(spool, "9"))
     assert code == 1 and fake.steps == []
     assert chunks(spool, "9", "e") == "srun: error: --gpus=5: more GPUs than the job's allocation has (4)\n"
+    code = await server.step(["-c", "4", "--exact", "x"], "/", {}, slurm.SpoolAnswer(spool, "12"))
+    assert code == 1  # the job's tasks have 3 CPUs each (#SBATCH --cpus-per-task=3)
+    assert chunks(spool, "12", "e") == (
+        "srun: error: --cpus-per-task=4: more CPUs per task than each of the allocation's tasks has (3)\n"
+    )
     code = await server.step(["--het-group=1", "x"], "/", {}, slurm.SpoolAnswer(spool, "10"))
     assert code == 1 and "is not a heterogeneous job" in chunks(spool, "10", "e")
     assert (

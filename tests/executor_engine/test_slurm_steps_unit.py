@@ -123,6 +123,7 @@ def test_srun_options() -> None:
         (["--gres=nic:1", "x"], "--gres=nic:1: 'nic': OnePlus's srun knows gpu and none only"),
         (["--gres=gpu:a100:x", "x"], "--gres=gpu:a100:x: expected gpu.:type..:count."),
         (["--exact=1", "x"], "--exact takes no value"),
+        (["-c", "all", "x"], "--cpus-per-task='all': expected a whole number of at least 1"),
         (["-n", "0", "x"], "expected a whole number of at least 1"),
         (["-n", "two", "x"], "expected a whole number"),
         (["-n"], "-n needs a value"),

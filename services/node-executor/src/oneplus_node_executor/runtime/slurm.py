@@ -25,6 +25,7 @@ import asyncio
 import contextlib
 import json
 import logging
+import math
 import os
 import re
 import shutil
@@ -214,14 +215,15 @@ class SrunOptions:
     exact: bool = False  # --exact: only the slots its tasks need (without: whole nodes)
     overlap: bool = False  # --overlap: shares the slots of running steps, holds none
     gpus: GpuAsk = field(default_factory=GpuAsk)  # -G/--gpus, --gpus-per-task, --gpus-per-node, --gres=gpu:N
+    cpus_per_task: int | None = None  # -c: what an --exact task holds of its slot's CPUs (1 when not given)
 
 
 _VALUED = {"-n": "ntasks", "--ntasks": "ntasks", "-N": "nodes", "--nodes": "nodes"}
-_VALUED.update({"--ntasks-per-node": "ntasks-per-node"})
+_VALUED.update({"--ntasks-per-node": "ntasks-per-node", "-c": "cpus-per-task", "--cpus-per-task": "cpus-per-task"})
 # Options taking a value that OnePlus reads itself (beside the counts above).
 _READ_VALUED = {"-w", "--nodelist", "--jobid", "-m", "--distribution", "--export", "-W", "--wait"}
 # Accepted and without effect here (the step runs in the job's containers as they are).
-_IGNORED_VALUED = {"-J", "--job-name", "--mpi", "--cpu-bind", "-c", "--cpus-per-task"}
+_IGNORED_VALUED = {"-J", "--job-name", "--mpi", "--cpu-bind"}
 _IGNORED_FLAGS = {"-u", "--unbuffered", "-K", "--kill-on-bad-exit"}
 _GPU_VALUED = {"-G": "total", "--gpus": "total", "--gpus-per-task": "per_task", "--gpus-per-node": "per_node"}
 _GPU_VALUED["--gres"] = "gres"
@@ -398,6 +400,7 @@ def parse_srun(args: Sequence[str], job_id: str | None = None) -> SrunOptions:
         exact="--exact" in flags,
         overlap="--overlap" in flags,
         gpus=GpuAsk(**gpus, option=" ".join(gpu_options)),
+        cpus_per_task=counts.get("cpus-per-task"),
     )
 
 
@@ -698,7 +701,9 @@ class StepServer:
         self.job_ntasks = spec.slurm.ntasks if spec.slurm is not None else cmd.world_size
         # The solver may pack a CPU-only job on fewer nodes than --nodes asked for: their tasks still fit.
         self.capacity = max(tasks_per_node(spec), -(-self.job_ntasks // len(self.nodes)))
-        self.shares = Shares({n: self.capacity for n in self.nodes})
+        self.shares = Shares(
+            {n: self.capacity for n in self.nodes}, cpus_per_slot=max(1, math.ceil(spec.resources.cpus))
+        )
         self.gpus_per_slot = spec.resources.whole_gpus
         self.changed = asyncio.Condition()
         self.requests: dict[str, asyncio.Task[None]] = {}  # request id → its step, while it runs
@@ -908,10 +913,14 @@ class StepServer:
         """The step's tasks where it starts soonest: as asked, or (with neither -w nor every node) on the nodes free
         now first, so that `srun -N1 a &` then `srun -N1 b` run side by side on two nodes."""
         tasks = plan_step(opts, self.nodes, self.capacity, self.job_ntasks)
-        if opts.overlap or opts.nodelist is not None or self.shares.fits(_claim(opts, tasks)):
+        if opts.cpus_per_task is not None and opts.cpus_per_task > self.shares.cpus_per_slot:
+            raise SrunError(f"srun: error: --cpus-per-task={opts.cpus_per_task}: more CPUs per task than each of the "
+                            f"allocation's tasks has ({self.shares.cpus_per_slot})")  # fmt: skip
+        claim = _claim(opts, tasks)
+        if opts.overlap or opts.nodelist is not None or self.shares.fits(claim):
             return tasks
         per_node = max(Counter(t.node for t in tasks).values())
-        free = self.shares.nodes_that_fit(self.nodes, per_node, opts.exact)
+        free = [n for n in self.nodes if self.shares.node_fits(n, per_node, claim)]
         if not free:
             return tasks
         order = free + [n for n in self.nodes if n not in free]
@@ -1068,7 +1077,8 @@ def _claim(opts: SrunOptions, tasks: Sequence[StepTask]) -> StepClaim:
     counts: dict[str, int] = {}
     for t in tasks:
         counts[t.node] = counts.get(t.node, 0) + 1
-    return StepClaim(counts, exact=opts.exact, overlap=opts.overlap)
+    gpus = any(v for v in (opts.gpus.total, opts.gpus.per_task, opts.gpus.per_node, opts.gpus.gres))
+    return StepClaim(counts, opts.exact, opts.overlap, opts.cpus_per_task or 1, gpus)
 
 
 # -- over the platform: the executors' request subjects ------------------------------------------------------------

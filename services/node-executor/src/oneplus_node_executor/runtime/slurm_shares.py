@@ -5,7 +5,8 @@ task's CPUs, memory and GPUs (a rank's container: a task runs in the container o
 srun(1) says of steps running side by side:
 
 * a step without `--exact` is given every slot of each of its nodes (all their CPUs and memory);
-* with `--exact`, one slot per task (only what its tasks ask for), so `--exact` steps share a node;
+* with `--exact`, only what its tasks ask for: `-c` CPUs each (1 by default) of a slot, and the slot's GPUs when the
+  step asks for GPUs; so `--exact` steps share a node, and a slot while its CPUs last;
 * with `--overlap`, it holds nothing and runs at once, beside (and inside) the others' slots;
 * a step that does not fit beside the running ones waits until they have released enough (srun: "Job step creation
   temporarily disabled, retrying").
@@ -17,7 +18,7 @@ sees the GPUs of its slot's container, a step's GPUs are those of the slots its 
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 
@@ -87,57 +88,94 @@ class StepClaim:
     tasks_on: Mapping[str, int]  # node → the step's tasks there (its nodes, in order)
     exact: bool = False
     overlap: bool = False
+    cpus_per_task: int = 1  # -c/--cpus-per-task (what an --exact task takes of its slot)
+    gpus: bool = False  # its tasks use GPUs (--gpus...): each holds its slot's GPUs
+
+
+# One task's hold on a slot: (slot, CPUs, whether it holds the slot's GPUs).
+Hold = tuple[int, int, bool]
 
 
 @dataclass
 class Shares:
-    """The slots of the allocation the running steps hold. Not thread-safe: one step server owns it."""
+    """The parts of the allocation the running steps hold. Not thread-safe: one step server owns it.
+
+    A slot is one of the allocation's tasks on a node: `cpus_per_slot` CPUs and its container's GPUs. A step without
+    --exact holds every slot of its nodes whole; an --exact task holds `cpus_per_task` CPUs of one slot (several may
+    share a slot while its CPUs last) and, when it uses GPUs, the slot's GPUs alone."""
 
     slots_on: Mapping[str, int]  # node → task slots of the allocation there
-    held: dict[int, dict[str, tuple[int, ...]]] = field(default_factory=dict)  # step → node → slots it holds
+    cpus_per_slot: int = 1
+    held: dict[int, dict[str, list[Hold]]] = field(default_factory=dict)  # step → node → its holds
+
+    def _used(self, node: str) -> tuple[list[int], list[bool]]:
+        cpus = [0] * self.slots_on[node]
+        gpus = [False] * self.slots_on[node]
+        for holding in self.held.values():
+            for slot, c, g in holding.get(node, ()):
+                cpus[slot] += c
+                gpus[slot] = gpus[slot] or g
+        return cpus, gpus
 
     def free_on(self, node: str) -> list[int]:
-        taken = {s for holding in self.held.values() for s in holding.get(node, ())}
-        return [s for s in range(self.slots_on[node]) if s not in taken]
+        """The slots nobody holds any part of."""
+        cpus, gpus = self._used(node)
+        return [s for s in range(self.slots_on[node]) if not cpus[s] and not gpus[s]]
 
     def fits(self, claim: StepClaim) -> bool:
         return self._pick(claim) is not None
 
     def take(self, step_id: int, claim: StepClaim) -> dict[str, tuple[int, ...]] | None:
-        """The slots each task of the step runs in, per node (task i of a node in slot i of its list, cycling); None
-        when the step does not fit beside the running steps (it waits). An --overlap step holds nothing."""
+        """The slot each task of the step runs in, per node (the node's tasks in order); None when the step does
+        not fit beside the running steps (it waits). An --overlap step holds nothing."""
         picked = self._pick(claim)
         if picked is None:
             return None
+        slots, holds = picked
         if not claim.overlap:
-            self.held[step_id] = dict(picked)
-        return picked
+            self.held[step_id] = holds
+        return slots
 
     def release(self, step_id: int) -> None:
         self.held.pop(step_id, None)
 
-    def _pick(self, claim: StepClaim) -> dict[str, tuple[int, ...]] | None:
-        out: dict[str, tuple[int, ...]] = {}
+    def _pick(self, claim: StepClaim) -> tuple[dict[str, tuple[int, ...]], dict[str, list[Hold]]] | None:
+        slots: dict[str, tuple[int, ...]] = {}
+        holds: dict[str, list[Hold]] = {}
         for node, count in claim.tasks_on.items():
-            every = tuple(range(self.slots_on[node]))
+            n = self.slots_on[node]
             if claim.overlap:
-                out[node] = every  # shares whatever the others hold: task i in slot i
+                slots[node] = tuple(i % n for i in range(count))  # shares whatever the others hold
                 continue
-            free = self.free_on(node)
-            if claim.exact:
-                if len(free) < count:
-                    return None
-                out[node] = tuple(free[:count])
-            else:
-                if len(free) < len(every):
+            if not claim.exact:
+                if len(self.free_on(node)) < n:
                     return None  # without --exact a step takes the whole node: it waits for a node nobody uses
-                out[node] = every
-        return out
+                slots[node] = tuple(i % n for i in range(count))
+                holds[node] = [(s, self.cpus_per_slot, True) for s in range(n)]
+                continue
+            cpus, gpus = self._used(node)
+            mine: list[int] = []
+            for _ in range(count):
+                slot = next(
+                    (
+                        s
+                        for s in range(n)
+                        if self.cpus_per_slot - cpus[s] >= claim.cpus_per_task and not (claim.gpus and gpus[s])
+                    ),
+                    None,
+                )
+                if slot is None:
+                    return None
+                cpus[slot] += claim.cpus_per_task
+                gpus[slot] = gpus[slot] or claim.gpus
+                mine.append(slot)
+            slots[node] = tuple(mine)
+            holds[node] = [(s, claim.cpus_per_task, claim.gpus) for s in mine]
+        return slots, holds
 
-    def nodes_that_fit(self, nodes: Sequence[str], per_node: int, exact: bool) -> list[str]:
-        """The nodes where a step of `per_node` tasks (whole nodes without --exact) would start now, in order."""
-        return [
-            n
-            for n in nodes
-            if (len(self.free_on(n)) >= per_node if exact else len(self.free_on(n)) == self.slots_on[n])
-        ]
+    def node_fits(self, node: str, count: int, claim: StepClaim) -> bool:
+        """Whether `count` tasks of a step like `claim` would start on `node` now."""
+        return (
+            self._pick(StepClaim({node: count}, claim.exact, claim.overlap, claim.cpus_per_task, claim.gpus))
+            is not None
+        )
