@@ -340,9 +340,9 @@ def parse_srun(args: Sequence[str], job_id: str | None = None) -> SrunOptions:
                 raise SrunError(f"srun: error: {name} takes no value")
             label = True
         elif name == "--het-group":
-            where = f" of job {job_id}" if job_id else ""
-            raise SrunError(f"srun: error: {arg}: this batch job{where} is not a heterogeneous job (it has one "
-                            "component): run the step without --het-group")  # fmt: skip
+            job = f"job {job_id}" if job_id else "this batch job"
+            raise SrunError(f"srun: error: {arg}: {job} is not a heterogeneous job (it has one component); run the "
+                            "step without --het-group")  # fmt: skip
         elif name in ("--exact", "--overlap"):
             if eq:
                 raise SrunError(f"srun: error: {name} takes no value")
