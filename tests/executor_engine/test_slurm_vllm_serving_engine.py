@@ -165,7 +165,8 @@ async def test_the_server_step_runs_beside_the_client_step_and_the_script_ends(
     b = nodes[1]
     lines = await batch.logs(job_id, 0, follow=False)
     text = "\n".join(lines)
-    assert f"vllm-serve: listening on {port}" in lines, text  # the server step's output, streamed while it ran
+    # (The server step's own "listening" line may be lost: the script can end before its srun printed it, as in
+    # Slurm, where the job's end kills the srun still running.)
     assert any(line.startswith("grpo: the vLLM server answered after") for line in lines), text
     # The script went on past the client step to its end (its `set -x` trace shares the log: the line may follow
     # a "+ " of it).

@@ -71,6 +71,7 @@ DEFAULT_SPOOL_ROOT = "/tmp/oneplus-slurm"
 # The image's PATH is not known to the executor; the usual one, after the shim's directory.
 PATH = f"{CONTAINER_BIN}:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 POLL_S = 0.1
+QUIET_POLL_S = 1.0  # how often a running step's nodes are asked for output once it has printed nothing for a while
 BATCH_CHECK_EVERY = 10  # polls of the spool per look at the batch container (an engine call)
 MAX_ARG_BYTES = 1 << 20
 SRUN_USAGE_EXIT = 1  # srun's status when it refuses its options (as Slurm's srun: 1)
@@ -1010,6 +1011,7 @@ class StepServer:
                     say.err(errors[-1])
                 else:
                     open_nodes.add(node)
+            pause = POLL_S
             while open_nodes:
                 self._forward_signals(say.rid, step_id)
                 polled = await asyncio.gather(
@@ -1032,7 +1034,9 @@ class StepServer:
                         for r in progress.results:
                             results[r.procid] = r
                 if open_nodes:
-                    await asyncio.sleep(POLL_S)
+                    # A quiet step is asked less often (up to once a second); output brings the pace back.
+                    pause = POLL_S if any(p.chunks for p in polled) else min(pause * 2, QUIET_POLL_S)
+                    await asyncio.sleep(pause)
         finally:
             self.running.pop(step_id, None)
         say.out(labels.flush("out"))
@@ -1043,8 +1047,10 @@ class StepServer:
         missing = [t.procid for t in tasks if t.procid not in results]
         codes = [r.exit_code for r in results.values()] + ([1] if missing or errors else [])
         code = max(codes, default=0)
+        end = StepEnd(step_id, code, running.ended_by_script_end)
+        log.info("%s: srun step %s", self.cmd.job_id, end.describe())
         if self.records is not None:
-            self.records.record_end(self.cmd.job_id, StepEnd(step_id, code, running.ended_by_script_end))
+            self.records.record_end(self.cmd.job_id, end)
         return code
 
     def _forward_signals(self, rid: str, step_id: int) -> None:
