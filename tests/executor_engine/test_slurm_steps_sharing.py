@@ -247,3 +247,24 @@ async def test_a_step_asking_more_gpus_than_the_allocation_is_refused_in_one_lin
         await server.step(["-n", "2", "--gpus-per-task=1", "--exact", "x"], "/", {}, slurm.SpoolAnswer(spool, "11"))
         == 3
     )
+
+
+def test_signal_names_and_a_poll_for_a_step_this_node_does_not_run() -> None:
+    from oneplus_node_executor.runtime.slurm_tasks import StepEnd, signal_name
+
+    assert [signal_name(s) for s in ("SIGTERM", "usr1", "15", 10)] == ["TERM", "USR1", "TERM", "USR1"]
+    with pytest.raises(KeyError):
+        signal_name("SIGNOPE")
+    tasks = NodeTasks(SimpleNamespace(node="n1"))  # type: ignore[arg-type]
+    lost = tasks.poll("job-1", 4, 0)
+    assert lost.done and lost.error == "srun: error: step job-1.4 is not running on n1 (its executor restarted?)"
+    assert tasks.summary("job-1") is None
+    for end in (StepEnd(1, 143, ended_by_script_end=True), StepEnd(0, 0)):
+        tasks.record_end("job-1", end)
+    assert tasks.summary("job-1") == "srun steps: 0 exit 0, 1 ended with the batch script (exit 143)"
+    for i in range(2, 15):
+        tasks.record_end("job-1", StepEnd(i, 0))
+    assert (
+        tasks.summary("job-1", most=3)
+        == "srun steps: 0 exit 0, 1 ended with the batch script (exit 143), 2 exit 0, 12 more"
+    )
