@@ -84,8 +84,8 @@ async def serve_steps_until_the_end(
 ) -> list[RanksExit]:
     """The batch node's step server, with the peers' tasks run in-process, until every node's ranks ended."""
 
-    async def transport(node: str, step: slurm.NodeStep) -> slurm.NodeStepReply:
-        return await slurm.run_tasks(runtimes[node], step)
+    async def transport(node: str, op: slurm.StepOp) -> slurm.StepProgress:
+        return await slurm.serve_op(runtimes[node].slurm_tasks, op)
 
     async def release(node: str, rel: slurm.Release) -> None:
         await slurm.release_holders(runtimes[node], rel.job_id)
@@ -114,11 +114,9 @@ async def test_batch_script_runs_once_and_srun_runs_a_task_per_node(two_nodes: d
     assert [line for line in lines if not line.startswith("srun: error:")] == [
         f"batch on {a} procid=0 nnodes=2 ntasks=2",
         f"master {a} of 2",  # the launch scripts' MASTER_ADDR idiom, with the busybox image's awk
-        f"task {a} 0 step=0 of 2",
-        f"task {b} 1 step=0 of 2",
+        *sorted([f"task {a} 0 step=0 of 2", f"task {b} 1 step=0 of 2"], key=lines.index),  # as they came
         "srun exit 0",
-        "0: labelled",
-        "1: labelled",
+        *sorted(["0: labelled", "1: labelled"], key=lines.index),
         "srun exit 1",  # the worst task's status
         "srun exit 1",  # --pty
         "srun exit 1",  # -n 3
@@ -129,8 +127,9 @@ async def test_batch_script_runs_once_and_srun_runs_a_task_per_node(two_nodes: d
         "batch done",
     ]
     assert errors == [
-        "srun: error: unrecognized option '--pty' (OnePlus's srun takes -n, -N, --ntasks-per-node, -w, -l and "
-        "--export; see docs/submitting.md)",
+        f"srun: error: {b}: task 1: Exited with exit code 1",  # srun's words for the failed task
+        "srun: error: unrecognized option '--pty' (OnePlus's srun takes -n, -N, --ntasks-per-node, -w, -l, --export, "
+        "--gpus, --exact and --overlap; see docs/submitting.md)",
         "srun: error: 3 tasks are more than the allocation: 2 node(s) x 1 task(s) per node",
         f"srun: error: --jobid=other-job: this batch script's job is {job_id}; a step runs only on its own job's "
         "allocation in OnePlus",
@@ -205,9 +204,11 @@ async def test_a_restarted_executor_serves_srun_again_over_the_request_subjects(
     ends = await asyncio.wait_for(asyncio.gather(*(two_nodes[n].wait(job_id) for n in nodes)), 90)
     await asyncio.wait_for(again, 10)
     a, b = nodes
-    assert await batch.logs(job_id, 0, follow=False) == [f"{a} 0", f"{b} 1", "srun exit 0"]
+    logged = await batch.logs(job_id, 0, follow=False)
+    assert sorted(logged[:2]) == [f"{a} 0", f"{b} 1"] and logged[2:] == ["srun exit 0"]
     assert [e.exit_code for e in ends] == [0, 0]
-    assert bus.asked == [subjects.slurm_step(b), subjects.slurm_release(b)]
+    # The step's share on b started, its output and end asked for (as many times as it took), then the release.
+    assert set(bus.asked[:-1]) == {subjects.slurm_step(b)} and bus.asked[-1] == subjects.slurm_release(b)
     await batch.remove(job_id)
     assert list(batch.slurm_spool_root.iterdir()) == []  # the spool and the kept launch go with the job
 
@@ -235,8 +236,9 @@ async def test_two_ranks_per_node_the_script_once_and_each_task_in_its_own_rank_
     ends = await asyncio.wait_for(asyncio.gather(*(two_nodes[n].wait(job_id) for n in nodes)), 90)
     await asyncio.wait_for(server, 10)
     a, b = nodes
-    assert await batch.logs(job_id, 0, follow=False) == [
-        "batch 4",
+    logged = await batch.logs(job_id, 0, follow=False)
+    assert logged[0] == "batch 4"
+    assert sorted(logged[1:]) == [  # streamed as the tasks print: in any order
         f"task 0 local 0 on {a} in rank 0",
         f"task 1 local 1 on {a} in rank 1",
         f"task 2 local 0 on {b} in rank 2",
@@ -244,3 +246,73 @@ async def test_two_ranks_per_node_the_script_once_and_each_task_in_its_own_rank_
     ]
     assert await batch.logs(job_id, 1, follow=False) == []  # the other rank of the batch node held, ran no script
     assert [(e.exit_code, e.per_rank) for e in ends] == [(0, {0: 0, 1: 0}), (0, {2: 0, 3: 0})]
+
+
+SIGNALLED = """#!/bin/sh
+#SBATCH --nodes=2
+#SBATCH --ntasks-per-node=1
+#SBATCH --mem=64M
+trap 'echo "batch shell: USR1"' USR1
+last=$(scontrol show hostnames | tail -n 1)
+srun -N1 -w "$last" sh -c 'trap "echo task: USR1; exit 0" USR1; trap "echo TERM > /tmp/got-term; exit 0" TERM; \
+echo ready; while :; do sleep 0.1; done' &
+pid=$!
+wait $pid
+rc=$?
+while [ $rc -gt 128 ] && kill -0 $pid 2>/dev/null; do wait $pid; rc=$?; done
+echo "step exit $rc"
+"""
+
+
+async def until_logged(rt: DockerRuntime, job_id: str, line: str, timeout_s: float = 30.0) -> None:
+    deadline = asyncio.get_running_loop().time() + timeout_s
+    while line not in await rt.logs(job_id, 0, follow=False):
+        assert asyncio.get_running_loop().time() < deadline, f"{line!r} never logged"
+        await asyncio.sleep(0.2)
+
+
+async def test_the_checkpoint_signal_reaches_the_tasks_of_running_steps_and_the_batch_shell(
+    two_nodes: dict[str, DockerRuntime],
+) -> None:
+    nodes = list(two_nodes)
+    job_id = "job-" + uuid.uuid4().hex[:10]
+    cmds = [node_launch(SIGNALLED, job_id, nodes, i) for i in range(2)]
+    for cmd in cmds:
+        await two_nodes[cmd.node].launch(cmd, rank_environment(cmd, None))
+    batch = two_nodes[nodes[0]]
+    server = asyncio.create_task(
+        serve_steps_until_the_end(two_nodes, cmds[0], slurm.spool_dir(batch.slurm_spool_root, job_id, 1))
+    )
+    await until_logged(batch, job_id, "ready")  # streamed while the step runs
+    # Preemption's checkpoint signal (and --signal's) goes to every node's executor: each signals what runs there.
+    for rt in two_nodes.values():
+        await rt.signal(job_id, "SIGUSR1")
+    ends = await asyncio.wait_for(server, 60)
+    lines = await batch.logs(job_id, 0, follow=False)
+    assert {"batch shell: USR1", "task: USR1", "step exit 0"} <= set(lines), lines
+    assert [e.exit_code for e in ends] == [0, 0]
+    assert ends[0].reason.endswith("srun steps: 0 exit 0"), ends[0].reason
+
+
+async def test_cancelling_the_job_sends_sigterm_to_the_running_step_tasks_first(
+    two_nodes: dict[str, DockerRuntime],
+) -> None:
+    nodes = list(two_nodes)
+    job_id = "job-" + uuid.uuid4().hex[:10]
+    cmds = [node_launch(SIGNALLED, job_id, nodes, i) for i in range(2)]
+    for cmd in cmds:
+        await two_nodes[cmd.node].launch(cmd, rank_environment(cmd, None))
+    batch = two_nodes[nodes[0]]
+    server = asyncio.create_task(
+        serve_steps_until_the_end(two_nodes, cmds[0], slurm.spool_dir(batch.slurm_spool_root, job_id, 1))
+    )
+    await until_logged(batch, job_id, "ready")
+    task_node = two_nodes[nodes[1]]
+    await asyncio.gather(*(rt.stop(job_id, grace_s=5.0, reason="cancelled") for rt in (task_node, batch)))
+    await asyncio.wait_for(server, 60)
+    # The task's TERM trap ran (the holder around it then stopped): its file is in the container.
+    holder = (await task_node._current(job_id))[0]
+    async with task_node._engine("reading a file") as docker:
+        tar = await docker.containers.container(holder.id).get_archive("/tmp/got-term")
+    member = tar.extractfile(tar.getmembers()[0])
+    assert member is not None and member.read() == b"TERM\n"

@@ -15,16 +15,20 @@ from oneplus_node_executor.runtime import slurm
 from oneplus_node_executor.runtime.container_spec import container_body
 from oneplus_node_executor.runtime.environment import rank_environment
 from oneplus_node_executor.runtime.slurm import (
-    NodeStep,
-    NodeStepReply,
     Release,
     SrunError,
     SrunOptions,
     StepServer,
-    TaskResult,
     parse_srun,
     plan_step,
     task_environment,
+)
+from oneplus_node_executor.runtime.slurm_tasks import (
+    NodeStep,
+    OutputChunk,
+    StepProgress,
+    StepSignal,
+    TaskResult,
 )
 
 SCRIPT = "#!/bin/sh\n#SBATCH --job-name='two nodes'\n#SBATCH --nodes=2\n#SBATCH --ntasks-per-node=2\n" + (
@@ -101,13 +105,25 @@ def test_srun_options() -> None:
         3, 1, 3, True, ["-x"]
     )
     assert parse_srun(["-n4", "--mpi=pmix", "--export=ALL", "--overlap", "-K", "a.out"]).argv == ["a.out"]
+    shared = parse_srun(["--exact", "--overlap", "-G", "a100:2", "--gpus-per-task=1", "--gres=gpu:h100:4", "x"])
+    assert (shared.exact, shared.overlap) == (True, True)
+    assert (shared.gpus.total, shared.gpus.per_task, shared.gpus.gres) == (2, 1, 4)
+    assert parse_srun(["--gres=none", "--gpus-per-node=8", "x"]).gpus.per_node == 8
+    assert not parse_srun(["--gres=none", "x"]).gpus.given
 
 
 @pytest.mark.parametrize(
     ("args", "said"),
     [
         (["--pty", "bash"], "unrecognized option '--pty'"),
-        (["--het-group=0", "x"], "unrecognized option '--het-group=0'"),
+        (["--het-group=1", "x"], "--het-group=1: this batch job is not a heterogeneous job .it has one component."),
+        (["--het-group", "0", "x"], "--het-group: this batch job is not a heterogeneous job"),
+        (["--gpus=two", "x"], "--gpus='two': expected .type:.number of GPUs"),
+        (["-G", "a100:x", "x"], "-G='a100:x': expected .type:.number of GPUs"),
+        (["--gres=nic:1", "x"], "--gres=nic:1: 'nic': OnePlus's srun knows gpu and none only"),
+        (["--gres=gpu:a100:x", "x"], "--gres=gpu:a100:x: expected gpu.:type..:count."),
+        (["--exact=1", "x"], "--exact takes no value"),
+        (["-c", "all", "x"], "--cpus-per-task='all': expected a whole number of at least 1"),
         (["-n", "0", "x"], "expected a whole number of at least 1"),
         (["-n", "two", "x"], "expected a whole number"),
         (["-n"], "-n needs a value"),
@@ -264,24 +280,51 @@ def test_each_task_gets_its_step_identity() -> None:
 
 
 class FakeNodes:
-    """Runs each node's share of a step by echoing who each task is; task 1 exits 3."""
+    """Runs each node's share of a step by echoing who each task is; task 1 exits 3. A step whose command is `hold`
+    runs until `let_go` (or a signal: its tasks then end by it); `started` records the steps in the order they
+    began."""
 
     def __init__(self) -> None:
         self.steps: list[tuple[str, NodeStep]] = []
         self.released: list[str] = []
+        self.signals: list[tuple[str, int | None, str]] = []
+        self.state: dict[tuple[str, int], tuple[list[OutputChunk], list[TaskResult]]] = {}
+        self.held: dict[tuple[str, int], asyncio.Event] = {}
+        self.started = asyncio.Event()
 
-    async def run(self, node: str, step: NodeStep) -> NodeStepReply:
-        self.steps.append((node, step))
-        results = [
-            TaskResult(
-                procid=t.procid,
-                exit_code=3 if t.procid == 1 else 0,
-                stdout=f"{t.env['SLURMD_NODENAME']} {t.env['SLURM_PROCID']} {' '.join(step.argv)}\n",
-                stderr="oops\n" if t.procid == 1 else "",
-            )
-            for t in step.tasks
-        ]
-        return NodeStepReply(results=results)
+    def let_go(self) -> None:
+        for event in self.held.values():
+            event.set()
+
+    async def run(self, node: str, op: slurm.StepOp) -> StepProgress:
+        if isinstance(op, NodeStep):
+            self.steps.append((node, op))
+            self.started.set()
+            chunks = [
+                OutputChunk(
+                    procid=t.procid,
+                    stream="out",
+                    text=f"{t.env['SLURMD_NODENAME']} {t.env['SLURM_PROCID']} {' '.join(op.argv)}\n",
+                )
+                for t in op.tasks
+            ] + [OutputChunk(procid=t.procid, stream="err", text="oops\n") for t in op.tasks if t.procid == 1]
+            results = [TaskResult(procid=t.procid, exit_code=3 if t.procid == 1 else 0) for t in op.tasks]
+            self.state[(node, op.step_id)] = (chunks, results)
+            if op.argv[0] == "hold":
+                self.held[(node, op.step_id)] = asyncio.Event()
+            return StepProgress()
+        if isinstance(op, StepSignal):
+            self.signals.append((node, op.step_id, op.signal))
+            hit = [k for k in self.held if k[0] == node and op.step_id in (None, k[1]) and not self.held[k].is_set()]
+            for k in hit:
+                chunks, results = self.state[k]
+                self.state[k] = (chunks, [TaskResult(procid=r.procid, exit_code=143) for r in results])
+                self.held[k].set()
+            return StepProgress(signalled=len(hit))
+        chunks, results = self.state[(node, op.step_id)]
+        hold = self.held.get((node, op.step_id))
+        done = hold is None or hold.is_set()
+        return StepProgress(chunks=chunks[op.since :], next=len(chunks), done=done, results=results if done else [])
 
     async def release(self, node: str, rel: Release) -> None:
         self.released.append(node)
@@ -308,7 +351,7 @@ async def run_shim(
     communicate = asyncio.ensure_future(proc.communicate())
     while not communicate.done():
         for req in pending(spool):
-            await server._serve(req)
+            server._serve(req)
         server._collect_acks()
         await asyncio.sleep(0.02)
     out, err = communicate.result()
@@ -328,8 +371,9 @@ async def test_shim_round_trip_labels_output_and_exits_with_the_worst_task(tmp_p
     fake = FakeNodes()
     code, out, err = await run_shim(spool, server_for(spool, fake), "-l", "-n", "3", "echo", "a b")
     assert code == 3
-    assert out.splitlines() == ["0: n0 0 echo a b", "1: n0 1 echo a b", "2: n1 2 echo a b"]
-    assert err == "1: oops\n"
+    # Streamed as the nodes answer: lines of different nodes come in either order.
+    assert sorted(out.splitlines()) == ["0: n0 0 echo a b", "1: n0 1 echo a b", "2: n1 2 echo a b"]
+    assert err == "1: oops\nsrun: error: n0: task 1: Exited with exit code 3\n"  # srun's words for a failed task
     assert [(node, [t.procid for t in step.tasks]) for node, step in fake.steps] == [("n0", [0, 1]), ("n1", [2])]
     assert fake.steps[0][1].argv == ["echo", "a b"] and fake.steps[0][1].cwd
     assert list(spool.iterdir()) == []  # every file of the request is gone once the shim has read the answer
@@ -427,8 +471,10 @@ async def test_a_request_whose_environment_is_a_link_is_refused_and_one_without_
     (spool / "7.env").symlink_to(secret)
     for rid in ("7", "8"):  # 8: a shim of before the environment was sent
         (spool / f"{rid}.req").write_text("1\nend\n")
-        await server._serve(spool / f"{rid}.req")
-    assert (spool / "7.rc").read_text() == "1\n" and "the request could not be read" in (spool / "7.err").read_text()
+        running = server._serve(spool / f"{rid}.req")
+        if running is not None:
+            await running
+    assert (spool / "7.rc").read_text() == "1\n" and "the request could not be read" in (spool / "7.e0").read_text()
     assert (spool / "8.rc").read_text() == "3\n"  # ran (the stand-in's task 1 exits 3), with nothing exported
     assert [step.env for _, step in fake.steps] == [{}, {}]
 
@@ -445,6 +491,7 @@ def test_removing_one_job_s_spools_leaves_a_job_whose_id_it_prefixes(tmp_path: P
 async def test_a_node_without_the_container_runtime_answers_a_step_with_an_error() -> None:
     step = NodeStep(job_id="job-1", step_id=0, argv=["true"], tasks=[]).model_dump(mode="json")
     reply = await slurm.serve_node_step(object(), {**step, "team": "stamped"})
+    assert reply.done
     assert reply.results == [] and reply.error is not None and "cannot run step tasks" in reply.error
     assert await slurm.serve_release(object(), {"job_id": "job-1", "team": "stamped"}) == {"released": 0}
     assert slurm.resume_step_server(object(), "job-1", 1, lambda: None) is None  # type: ignore[arg-type,return-value]
@@ -460,7 +507,7 @@ async def test_a_step_taken_by_an_executor_that_then_stopped_fails_and_is_not_ru
     server = server_for(spool, fake)
     server._answer_interrupted()
     assert (spool / "41.rc").read_text() == "1\n"
-    assert "executor restarted while this step ran" in (spool / "41.err").read_text()
+    assert "executor restarted while this step ran" in (spool / "41.e0").read_text()
     assert not (spool / "41.taken").exists() and fake.steps == []
     # A request served normally leaves no taken marker behind.
     code, out, _ = await run_shim(spool, server, "-n", "1", "true")

@@ -28,6 +28,7 @@ from .outbox import state_dir_from_env
 from .runtime import slurm
 from .runtime.base import Runtime
 from .runtime.docker import DockerRuntime
+from .runtime.slurm_tasks import StepProgress
 
 log = logging.getLogger("oneplus.executor")
 
@@ -99,7 +100,7 @@ def create_executor(
 
     # A Slurm batch job's steps: the batch node asks the others to run their tasks, then to release their holders.
     @svc.ops("slurm-step", subjects.slurm_step(node))
-    async def slurm_step(payload: dict[str, Any], headers: dict[str, str]) -> slurm.NodeStepReply:
+    async def slurm_step(payload: dict[str, Any], headers: dict[str, str]) -> StepProgress:
         return await slurm.serve_node_step(ex.runtime, payload)
 
     @svc.ops("slurm-release", subjects.slurm_release(node))

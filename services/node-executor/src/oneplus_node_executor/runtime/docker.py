@@ -41,6 +41,7 @@ from .docker_engine import engine_errors, ensure_image, unreachable
 from .docker_logs import merge_lines, split_lines
 from .environment import MPI_HOSTFILE, local_ranks, mpi_hostfile, rank_environment, validate_launch
 from .exits import RankEnd, describe_end, rank_end, should_restart, summarize
+from .slurm_tasks import NodeTasks
 
 # Engine states in which a container still counts as a live rank ("configured" is Podman's "created").
 LIVE_STATES = frozenset({"created", "configured", "running", "paused", "restarting"})
@@ -53,6 +54,9 @@ CpusetFor = Callable[[RankPlacement], str | None]
 WAIT_POLL_S = 5.0
 LAUNCHER_POLL_S = 0.5  # how often the launcher's node looks for the launcher until it exists
 LAUNCHER_STOP_GRACE_S = 5.0  # SIGTERM → SIGKILL for the workers once their launcher has ended
+# How long a batch node's end waits for its step server to have ended the steps still running (their ends are in
+# the reason): the steps' kill wait, and their signals' round trips.
+STEPS_END_WAIT_S = slurm.STEP_KILL_WAIT_S + 10.0
 
 
 # Podman before 4.4 (Debian 12 ships 4.3) fails a whole listing with 500 "read /proc/<pid>/cgroup: no such process"
@@ -109,6 +113,7 @@ class DockerRuntime:
         self._host_cpus = frozenset(host_cpus) if host_cpus is not None else None
         self._docker: aiodocker.Docker | None = None
         self.slurm_spool_root = slurm_spool_root or slurm.spool_root(self.node)  # srun's requests (Slurm batch jobs)
+        self.slurm_tasks = NodeTasks(self)  # the srun step tasks running here (and, on a batch node, steps' ends)
         self._restarts: dict[str, int] = {}  # container id → restarts done by this runtime
         self._stopping: dict[str, str] = {}  # job id → why the executor stopped it
         self._marker_baseline: dict[str, float | None] = {}  # container id → marker mtime when signalled
@@ -310,6 +315,11 @@ class DockerRuntime:
 
     async def _ranks_exit(self, job_id: str, ends: list[RankEnd], reason: str | None = None) -> RanksExit:
         code, said = summarize(ends, stopped_reason=self._stopping.get(job_id))
+        if job_id in self.slurm_tasks.served:  # a batch job's batch node: how each of its srun steps ended
+            await self.slurm_tasks.steps_served(job_id, STEPS_END_WAIT_S)
+            steps = self.slurm_tasks.summary(job_id)
+            if steps:
+                said = f"{said}; {steps}"
         ack = await self.checkpoint_acknowledged(job_id)
         return RanksExit(
             exit_code=code,
@@ -387,6 +397,11 @@ class DockerRuntime:
                 await docker.containers.container(c.id).start()
 
     async def signal(self, job_id: str, signal: str) -> None:
+        """Signal the job's ranks (a batch job's batch shell and holders), and the tasks of its srun steps here."""
+        await self._signal_containers(job_id, signal)
+        await self.slurm_tasks.signal(job_id, signal)
+
+    async def _signal_containers(self, job_id: str, signal: str) -> None:
         for c in await self._current(job_id):
             self._marker_baseline[c.id] = await self._marker_mtime(c)
             if c.state != "running":
@@ -431,6 +446,8 @@ class DockerRuntime:
     async def stop(self, job_id: str, grace_s: float, reason: str = "stop requested") -> None:
         """SIGTERM every live rank of the job (any token), let the engine kill it after grace_s, confirm it ended."""
         self._stopping[job_id] = reason
+        # A batch job's srun tasks here first (SIGTERM, their share of the grace), as Slurm ends a job's steps.
+        await self.slurm_tasks.end(job_id, grace_s)
         live = [c for c in await self._find(job_id) if c.state in LIVE_STATES]
         await asyncio.gather(*(self._stop_one(c, grace_s) for c in live))
 
@@ -452,6 +469,7 @@ class DockerRuntime:
         await self._remove(found)
         if token is None:
             self._stopping.pop(job_id, None)
+            self.slurm_tasks.forget(job_id)
         slurm.remove_spools(self.slurm_spool_root, job_id, token)
         return len(found)
 

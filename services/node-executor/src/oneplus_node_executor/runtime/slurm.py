@@ -6,16 +6,17 @@ allocation (GPUs, CPUs, memory) running `holder_command()`, a shell that waits t
 
 `srun` in the batch script is a POSIX sh shim (slurm_bin/srun), bind-mounted read-only into every container of the
 job and first on PATH. It writes its arguments into a spool directory the executor mounted into the batch container
-(no network is needed: CPU-only containers have none) and waits for the result. `StepServer`, run by the executor of
-the batch node, parses the options (`parse_srun`), lays the tasks out over the job's nodes (`plan_step`), gives each
-task its environment (`task_environment`) and has each node run its tasks inside the job's containers there through
-the engine's exec API (`run_tasks`): its own node directly, the others through a `StepTransport` (the executors'
-NATS request subjects, `subjects.slurm_step`). The worst task's exit status is srun's.
+(no network is needed: CPU-only containers have none) and prints the step's output as it comes. `StepServer`, run by
+the executor of the batch node, serves each request as its own task, so steps run side by side (`srun ... &`): it
+parses the options (`parse_srun`), lays the tasks out over the job's nodes (`plan_step`), gives the step its share of
+the allocation (slurm_shares.py: whole nodes, or one slot per task with --exact, nothing with --overlap; a step that
+does not fit waits), gives each task its environment (`task_environment`) and has each node run its tasks inside the
+job's containers there (slurm_tasks.py, the engine's exec API): its own node directly, the others through a
+`StepTransport` (the executors' NATS request subjects, `subjects.slurm_step`). The worst task's exit status is srun's.
 
-When the batch container ends, the holders are released (`release_holders`, `subjects.slurm_release` for the other
-nodes): they exit 0, so the job's outcome is the batch script's.
-
-One step runs at a time; its output is printed when its tasks have ended, task by task (not interleaved live).
+When the batch container ends, the steps still running are ended (SIGTERM, SIGKILL after `STEP_KILL_WAIT_S`) and the
+holders are released (`release_holders`, `subjects.slurm_release` for the other nodes): they exit 0, so the job's
+outcome is the batch script's. Each step's end is kept (`NodeTasks.ends`) and named in the batch node's end reason.
 """
 
 from __future__ import annotations
@@ -24,17 +25,35 @@ import asyncio
 import contextlib
 import json
 import logging
+import math
 import os
 import re
 import shutil
+import signal as _signal
+from collections import Counter
 from collections.abc import Awaitable, Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol, TypeGuard
 
 from oneplus_contracts import JobSpec, LaunchRanks, RankPlacement, subjects
 from oneplus_contracts.slurm import expand_hostlist
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict
+
+from .slurm_shares import GpuAsk, GpuAskError, Shares, StepClaim, check_gpus
+from .slurm_tasks import (
+    NodeStep,
+    NodeTasks,
+    StepEnd,
+    StepOp,
+    StepPoll,
+    StepProgress,
+    StepSignal,
+    TaskResult,
+    TaskRun,
+    parse_op,
+    serve_op,
+)
 
 if TYPE_CHECKING:
     from .docker import DockerRuntime
@@ -52,6 +71,7 @@ DEFAULT_SPOOL_ROOT = "/tmp/oneplus-slurm"
 # The image's PATH is not known to the executor; the usual one, after the shim's directory.
 PATH = f"{CONTAINER_BIN}:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 POLL_S = 0.1
+QUIET_POLL_S = 1.0  # how often a running step's nodes are asked for output once it has printed nothing for a while
 BATCH_CHECK_EVERY = 10  # polls of the spool per look at the batch container (an engine call)
 MAX_ARG_BYTES = 1 << 20
 SRUN_USAGE_EXIT = 1  # srun's status when it refuses its options (as Slurm's srun: 1)
@@ -193,17 +213,23 @@ class SrunOptions:
     export_all: bool = True  # --export: ALL (the default) passes the batch shell's exported variables
     export_names: tuple[str, ...] = ()  # --export=NAME,...: those only
     export_set: tuple[tuple[str, str], ...] = ()  # --export=...,NAME=value
+    exact: bool = False  # --exact: only the slots its tasks need (without: whole nodes)
+    overlap: bool = False  # --overlap: shares the slots of running steps, holds none
+    gpus: GpuAsk = field(default_factory=GpuAsk)  # -G/--gpus, --gpus-per-task, --gpus-per-node, --gres=gpu:N
+    cpus_per_task: int | None = None  # -c: what an --exact task holds of its slot's CPUs (1 when not given)
 
 
 _VALUED = {"-n": "ntasks", "--ntasks": "ntasks", "-N": "nodes", "--nodes": "nodes"}
-_VALUED.update({"--ntasks-per-node": "ntasks-per-node"})
+_VALUED.update({"--ntasks-per-node": "ntasks-per-node", "-c": "cpus-per-task", "--cpus-per-task": "cpus-per-task"})
 # Options taking a value that OnePlus reads itself (beside the counts above).
 _READ_VALUED = {"-w", "--nodelist", "--jobid", "-m", "--distribution", "--export", "-W", "--wait"}
 # Accepted and without effect here (the step runs in the job's containers as they are).
-_IGNORED_VALUED = {"-J", "--job-name", "--mpi", "--cpu-bind", "-c", "--cpus-per-task"}
-_IGNORED_FLAGS = {"--exact", "--overlap", "-u", "--unbuffered", "-K", "--kill-on-bad-exit"}
+_IGNORED_VALUED = {"-J", "--job-name", "--mpi", "--cpu-bind"}
+_IGNORED_FLAGS = {"-u", "--unbuffered", "-K", "--kill-on-bad-exit"}
+_GPU_VALUED = {"-G": "total", "--gpus": "total", "--gpus-per-task": "per_task", "--gpus-per-node": "per_node"}
+_GPU_VALUED["--gres"] = "gres"
 # Short options whose value may be glued on (-n4, -wnode1).
-_SHORT_VALUED = ("-n", "-N", "-J", "-c", "-w", "-m", "-W")
+_SHORT_VALUED = ("-n", "-N", "-J", "-c", "-w", "-m", "-W", "-G")
 _EXPORT_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 
 
@@ -239,6 +265,32 @@ def _distribution(text: str) -> None:
     raise SrunError(f"srun: error: --distribution={text}: invalid distribution {node_level!r}")
 
 
+def _gpu_count(name: str, text: str) -> int:
+    """--gpus=[type:]N (and its per-task/per-node forms): the number, at least 0."""
+    count = text.rsplit(":", 1)[-1]
+    if not (count.isascii() and count.isdigit()):
+        raise SrunError(f"srun: error: {name}={text!r}: expected [type:]number of GPUs")
+    return int(count)
+
+
+def _gres_gpus(text: str) -> int | None:
+    """--gres=gpu[:type][:N][,...] or none: the GPUs per node it asks for (None: no GPUs asked)."""
+    if text.strip().lower() == "none":
+        return None
+    found: int | None = None
+    for item in text.split(","):
+        parts = item.split(":")
+        if parts[0] != "gpu":
+            raise SrunError(f"srun: error: --gres={text}: {parts[0]!r}: OnePlus's srun knows gpu and none only")
+        if len(parts) == 1 or (len(parts) == 2 and not parts[1].isdigit()):
+            found = 1
+        elif parts[-1].isascii() and parts[-1].isdigit():
+            found = int(parts[-1])
+        else:
+            raise SrunError(f"srun: error: --gres={text}: expected gpu[:type][:count]")
+    return found
+
+
 def _export(text: str) -> tuple[bool, tuple[str, ...], tuple[tuple[str, str], ...]]:
     """--export: ALL (the default), NONE/NIL, or NAME and NAME=value items, ALL among them to keep the rest."""
     every = False
@@ -268,6 +320,9 @@ def parse_srun(args: Sequence[str], job_id: str | None = None) -> SrunOptions:
     nodelist: tuple[str, ...] | None = None
     jobid: str | None = None
     export: tuple[bool, tuple[str, ...], tuple[tuple[str, str], ...]] = (True, (), ())
+    flags: set[str] = set()
+    gpus: dict[str, Any] = {}
+    gpu_options: list[str] = []
     i = 0
     args = list(args)
     while i < len(args):
@@ -285,7 +340,15 @@ def parse_srun(args: Sequence[str], job_id: str | None = None) -> SrunOptions:
             if eq:
                 raise SrunError(f"srun: error: {name} takes no value")
             label = True
-        elif name in _VALUED or name in _IGNORED_VALUED or name in _READ_VALUED:
+        elif name == "--het-group":
+            job = f"job {job_id}" if job_id else "this batch job"
+            raise SrunError(f"srun: error: {arg}: {job} is not a heterogeneous job (it has one component); run the "
+                            "step without --het-group")  # fmt: skip
+        elif name in ("--exact", "--overlap"):
+            if eq:
+                raise SrunError(f"srun: error: {name} takes no value")
+            flags.add(name)
+        elif name in _VALUED or name in _IGNORED_VALUED or name in _READ_VALUED or name in _GPU_VALUED:
             if eq:
                 given = value
             elif short_value is not None:
@@ -297,6 +360,10 @@ def parse_srun(args: Sequence[str], job_id: str | None = None) -> SrunOptions:
                 given = args[i]
             if name in _VALUED:
                 counts[_VALUED[name]] = _count(_VALUED[name], given)
+            elif name in _GPU_VALUED:
+                key = _GPU_VALUED[name]
+                gpus[key] = _gres_gpus(given) if key == "gres" else _gpu_count(name, given)
+                gpu_options.append(f"{name}={given}")
             elif name in ("-w", "--nodelist"):
                 nodelist = _nodelist(given)
             elif name == "--jobid":
@@ -314,7 +381,8 @@ def parse_srun(args: Sequence[str], job_id: str | None = None) -> SrunOptions:
             pass
         else:
             raise SrunError(f"srun: error: unrecognized option {arg!r} (OnePlus's srun takes -n, -N, "
-                            "--ntasks-per-node, -w, -l and --export; see docs/submitting.md)")  # fmt: skip
+                            "--ntasks-per-node, -w, -l, --export, --gpus, --exact and --overlap; see "
+                            "docs/submitting.md)")  # fmt: skip
         i += 1
     argv = args[i:]
     if not argv:
@@ -330,6 +398,10 @@ def parse_srun(args: Sequence[str], job_id: str | None = None) -> SrunOptions:
         export_all=export[0],
         export_names=export[1],
         export_set=export[2],
+        exact="--exact" in flags,
+        overlap="--overlap" in flags,
+        gpus=GpuAsk(**gpus, option=" ".join(gpu_options)),
+        cpus_per_task=counts.get("cpus-per-task"),
     )
 
 
@@ -446,98 +518,17 @@ def task_environment(job_id: str, step_id: int, tasks: Sequence[StepTask], task:
 # -- what travels between the executors ----------------------------------------------------------------------------
 
 
-class _Model(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-
-
-class TaskRun(_Model):
-    procid: int
-    localid: int
-    env: dict[str, str]
-
-
-class NodeStep(_Model):
-    """The tasks of one step that one node runs (the body of `subjects.slurm_step(node)`)."""
-
-    job_id: str
-    step_id: int
-    argv: list[str]
-    cwd: str | None = None
-    tasks: list[TaskRun]
-    # The batch shell's exported variables the step passes (--export), once for all tasks; each task's own `env`
-    # (its SLURM_* step identity) is laid over them.
-    env: dict[str, str] = Field(default_factory=dict)
-
-
-class TaskResult(_Model):
-    procid: int
-    exit_code: int
-    stdout: str = ""
-    stderr: str = ""
-
-
-class NodeStepReply(_Model):
-    results: list[TaskResult] = Field(default_factory=list)
-    error: str | None = None
-
-
-class Release(_Model):
+class Release(BaseModel):
     """The batch script ended: release the job's holders on the node (the body of `subjects.slurm_release`)."""
 
+    model_config = ConfigDict(extra="forbid")
     job_id: str
 
 
-# Run a node's share of a step on that node (the batch node's own, directly; another's, over NATS).
-StepTransport = Callable[[str, NodeStep], Awaitable[NodeStepReply]]
+# A node's share of a step, on that node (the batch node's own, directly; another's, over NATS): start it, ask for
+# its output and end, signal it.
+StepTransport = Callable[[str, StepOp], Awaitable[StepProgress]]
 ReleaseTransport = Callable[[str, Release], Awaitable[None]]
-
-
-# -- running tasks in the containers -------------------------------------------------------------------------------
-
-
-async def run_tasks(runtime: DockerRuntime, step: NodeStep) -> NodeStepReply:
-    """Run the step's tasks of this node, each inside the job's container of local rank (localid mod containers)."""
-    try:
-        containers = sorted(await runtime._current(step.job_id), key=lambda c: c.identity.local_rank)
-    except LookupError as e:
-        return NodeStepReply(error=f"srun: error: {e}")
-    live = [c for c in containers if c.state == "running"]
-    if not live:
-        return NodeStepReply(error=f"srun: error: job {step.job_id} holds no running container on {runtime.node}")
-    results = await asyncio.gather(
-        *(_exec(runtime, live[t.localid % len(live)].id, step, t) for t in step.tasks), return_exceptions=True
-    )
-    out: list[TaskResult] = []
-    for t, r in zip(step.tasks, results, strict=True):
-        if isinstance(r, BaseException):
-            out.append(TaskResult(procid=t.procid, exit_code=127, stderr=f"srun: error: task {t.procid}: {r}\n"))
-        else:
-            out.append(r)
-    return NodeStepReply(results=out)
-
-
-async def _exec(runtime: DockerRuntime, cid: str, step: NodeStep, task: TaskRun) -> TaskResult:
-    async with runtime._engine("running a step task") as docker:
-        container = docker.containers.container(cid)
-        kwargs: dict[str, Any] = {"environment": {**step.env, **task.env}}
-        if step.cwd:
-            kwargs["workdir"] = step.cwd
-        ex = await container.exec(step.argv, stdout=True, stderr=True, **kwargs)
-        out: list[bytes] = []
-        err: list[bytes] = []
-        async with ex.start(detach=False) as stream:
-            while (msg := await stream.read_out()) is not None:
-                (err if msg.stream == 2 else out).append(msg.data)
-        code: int | None = None
-        for _ in range(100):  # the engine may report the exit a moment after the output ends
-            info = await ex.inspect()
-            if not info.get("Running") and info.get("ExitCode") is not None:
-                code = int(info["ExitCode"])
-                break
-            await asyncio.sleep(0.05)
-    text = b"".join(out).decode("utf-8", "replace")
-    etext = b"".join(err).decode("utf-8", "replace")
-    return TaskResult(procid=task.procid, exit_code=127 if code is None else code, stdout=text, stderr=etext)
 
 
 async def release_holders(runtime: DockerRuntime, job_id: str) -> int:
@@ -586,16 +577,110 @@ _UNKNOWN = "\0"  # a value no variable has
 _SHELL_OWN = frozenset({"HOSTNAME", "PWD", "OLDPWD", "SHLVL", "_", "PPID", "PS1", "PS2", "PS4", "IFS", "OPTIND"})
 # The step's own (srun sets them per task; the shell's values are the batch step's).
 _STEP_OWN_PREFIXES = ("SLURM_STEP", "SLURM_PROCID", "SLURM_LOCALID", "SLURM_NODEID", "SLURMD_NODENAME")
+STEP_KILL_WAIT_S = 10.0  # the script ended: SIGTERM → SIGKILL for its steps still running (Slurm's KillWait)
+BUSY = "srun: Job step creation temporarily disabled, retrying (Requested nodes are busy)\n"
 
 
-def _labelled(text: str, procid: int, label: bool) -> str:
-    if not label or not text:
-        return text
-    return "".join(f"{procid}: {line}" for line in text.splitlines(keepends=True))
+class SpoolAnswer:
+    """What srun prints, as it comes: numbered chunk files `<id>.o<n>` / `<id>.e<n>` (the shim prints each in
+    turn and says in `<id>.read` how far it got; those are removed), then `<id>.rc`, last."""
+
+    def __init__(self, spool: Path, rid: str) -> None:
+        self.spool = spool
+        self.rid = rid
+        self.count = {"o": 0, "e": 0}
+        self.removed = {"o": 0, "e": 0}
+
+    def out(self, text: str) -> None:
+        self._chunk("o", text)
+
+    def err(self, text: str) -> None:
+        self._chunk("e", text)
+
+    def _chunk(self, kind: str, text: str) -> None:
+        if not text:
+            return
+        try:
+            _write(self.spool / f"{self.rid}.{kind}{self.count[kind]}", text)
+            self.count[kind] += 1
+        except OSError as e:
+            log.warning("answering srun request %s failed: %s", self.rid, e)
+        self._collect_read()
+
+    def _collect_read(self) -> None:
+        """Remove the chunks the shim says it has printed."""
+        try:
+            seen = _read(self.spool / f"{self.rid}.read").split()
+            upto = {"o": int(seen[0]), "e": int(seen[1])}
+        except (OSError, ValueError, IndexError):
+            return
+        for kind in ("o", "e"):
+            while self.removed[kind] < min(upto[kind], self.count[kind]):
+                with contextlib.suppress(OSError):
+                    os.unlink(self.spool / f"{self.rid}.{kind}{self.removed[kind]}")
+                self.removed[kind] += 1
+
+    def finish(self, code: int) -> None:
+        for left in (f"{self.rid}.req", f"{self.rid}.taken"):
+            with contextlib.suppress(OSError):
+                os.unlink(self.spool / left)
+        try:
+            _write(self.spool / f"{self.rid}.rc", f"{code}\n")  # last: the shim waits for this file
+        except OSError as e:
+            log.warning("answering srun request %s failed: %s", self.rid, e)
+
+
+class _Labeller:
+    """-l/--label: each whole line of a task's output prefixed `<procid>: ` (a partial line waits for its end)."""
+
+    def __init__(self, label: bool) -> None:
+        self.label = label
+        self.partial: dict[tuple[int, str], str] = {}
+
+    def feed(self, procid: int, stream: str, text: str) -> str:
+        if not self.label:
+            return text
+        text = self.partial.pop((procid, stream), "") + text
+        lines = text.splitlines(keepends=True)
+        if lines and not lines[-1].endswith(("\n", "\r")):
+            self.partial[(procid, stream)] = lines.pop()
+        return "".join(f"{procid}: {line}" for line in lines)
+
+    def flush(self, stream: str) -> str:
+        rest = sorted((p, t) for (p, s), t in self.partial.items() if s == stream)
+        for p, _ in rest:
+            self.partial.pop((p, stream), None)
+        return "".join(f"{p}: {t}\n" for p, t in rest)
+
+
+def task_failure(node: str, procid: int, code: int) -> str:
+    """srun's line for a task that did not exit 0 (as Slurm's srun writes it)."""
+    if code > 128:
+        try:
+            name = _signal.Signals(code - 128).name
+        except ValueError:
+            name = f"signal {code - 128}"
+        return f"srun: error: {node}: task {procid}: {_SIGNAL_WORDS.get(name, f'Killed by {name}')}\n"
+    return f"srun: error: {node}: task {procid}: Exited with exit code {code}\n"
+
+
+_SIGNAL_WORDS = {"SIGTERM": "Terminated", "SIGKILL": "Killed", "SIGINT": "Interrupt", "SIGSEGV": "Segmentation fault"}
+
+
+@dataclass
+class _Running:
+    """A step the server runs: its nodes (to signal them) and whether the script's end stopped it."""
+
+    step_id: int
+    nodes: list[str]
+    ended_by_script_end: bool = False
 
 
 class StepServer:
-    """Serves the srun requests of one batch job on its batch node, until its batch container ends."""
+    """Serves the srun requests of one batch job on its batch node, until its batch container ends.
+
+    Each request runs as its own task: steps run side by side, each in its share of the allocation (`Shares`); one
+    that does not fit waits for the running ones to release theirs."""
 
     def __init__(
         self,
@@ -612,22 +697,53 @@ class StepServer:
         self.release = release
         self.next_step = 0
         self._start_env: dict[str, str] | None = None
+        self.nodes = list(cmd.nodes or [cmd.node])
+        spec = cmd.spec
+        self.job_ntasks = spec.slurm.ntasks if spec.slurm is not None else cmd.world_size
+        # The solver may pack a CPU-only job on fewer nodes than --nodes asked for: their tasks still fit.
+        self.capacity = max(tasks_per_node(spec), -(-self.job_ntasks // len(self.nodes)))
+        self.shares = Shares(
+            {n: self.capacity for n in self.nodes}, cpus_per_slot=max(1, math.ceil(spec.resources.cpus))
+        )
+        self.gpus_per_slot = spec.resources.whole_gpus
+        self.changed = asyncio.Condition()
+        self.requests: dict[str, asyncio.Task[None]] = {}  # request id → its step, while it runs
+        self.running: dict[int, _Running] = {}  # step id → the step, while its tasks run
+        tasks = getattr(runtime, "slurm_tasks", None)
+        self.records: NodeTasks | None = tasks if isinstance(tasks, NodeTasks) else None
+        self._signalling: set[asyncio.Task[int]] = set()
 
     async def run(self) -> None:
-        """Serve requests until the batch container has ended, then release the holders (every node's).
+        """Serve requests until the batch container has ended, end the steps still running, then release the holders
+        (every node's).
 
         Cancelled (the executor stops), it releases nothing: the batch script may still run, and a restarted executor
         serves it again (`resume_step_server`)."""
-        while True:
+        if self.records is not None:
+            self.records.served.setdefault(self.cmd.job_id, asyncio.Event())
+        try:
+            while True:
+                try:
+                    await self._serve_until_the_batch_ends()
+                    break
+                except asyncio.CancelledError:
+                    raise
+                except Exception:
+                    log.exception("serving the srun requests of %s failed; serving them again", self.cmd.job_id)
+                    await asyncio.sleep(1.0)
             try:
-                await self._serve_until_the_batch_ends()
-                break
-            except asyncio.CancelledError:
-                raise
+                await self.end_running_steps()
             except Exception:
-                log.exception("serving the srun requests of %s failed; serving them again", self.cmd.job_id)
-                await asyncio.sleep(1.0)
-        await self._release_all()
+                log.exception("%s: ending the steps still running failed", self.cmd.job_id)
+            self._collect_acks()  # the last requests' answers, read once the script had ended
+            await self._release_all()
+        except asyncio.CancelledError:
+            for task in self.requests.values():
+                task.cancel()
+            raise
+        finally:
+            if self.records is not None:
+                self.records.served[self.cmd.job_id].set()
 
     async def _serve_until_the_batch_ends(self) -> None:
         self._answer_interrupted()
@@ -635,7 +751,7 @@ class StepServer:
         while polls % BATCH_CHECK_EVERY or await self._batch_running():
             polls += 1
             for req in sorted(self.spool.glob("*.req")):
-                await self._serve(req)
+                self._serve(req)
             self._collect_acks()
             await asyncio.sleep(POLL_S)
 
@@ -646,10 +762,38 @@ class StepServer:
             return False
         return any(c.identity.rank == 0 and c.state in ("running", "created", "configured") for c in found)
 
+    async def end_running_steps(self, kill_wait_s: float = STEP_KILL_WAIT_S) -> None:
+        """The batch script ended: its steps still running end with it (as Slurm ends a job's steps with the job):
+        SIGTERM to their tasks, SIGKILL after `kill_wait_s`."""
+        requests = list(self.requests.values())
+        if not requests:
+            return
+        for running in self.running.values():
+            running.ended_by_script_end = True
+        log.info("%s: the batch script ended with %d step(s) running: ending them", self.cmd.job_id, len(self.running))
+        await self.signal_steps("SIGTERM")
+        _, pending = await asyncio.wait(requests, timeout=kill_wait_s)
+        if pending:
+            await self.signal_steps("SIGKILL")
+            _, pending = await asyncio.wait(pending, timeout=5.0)
+        for task in pending:
+            task.cancel()
+
+    async def signal_steps(self, sig: str, step_id: int | None = None) -> int:
+        """Signal the tasks of the running steps (of one, or all) on every node they run on."""
+        targets = [r for r in self.running.values() if step_id is None or r.step_id == step_id]
+        ops = [
+            (node, StepSignal(job_id=self.cmd.job_id, step_id=r.step_id, signal=sig))
+            for r in targets
+            for node in r.nodes
+        ]
+        answers = await asyncio.gather(*(self._on(node, op) for node, op in ops))
+        return sum(a.signalled for a in answers)
+
     async def _release_all(self) -> None:
         with contextlib.suppress(Exception):
             await release_holders(self.runtime, self.cmd.job_id)
-        for node in self.cmd.nodes:
+        for node in self.nodes:
             if node == self.cmd.node:
                 continue
             try:
@@ -660,50 +804,59 @@ class StepServer:
     def _collect_acks(self) -> None:
         for ack in self.spool.glob("*.ack"):
             rid = ack.name[: -len(".ack")]
+            if rid in self.requests:
+                continue
             for f in self.spool.glob(f"{rid}.*"):
                 with contextlib.suppress(OSError):
                     f.unlink()
 
-    async def _serve(self, req: Path) -> None:
+    def _serve(self, req: Path) -> asyncio.Task[None] | None:
+        """Take a request the shim has finished writing and run it beside the others; its task (None: not yet)."""
         rid = req.name[: -len(".req")]
+        if rid in self.requests:
+            return None
         try:
             lines = _read(req).splitlines()
         except OSError:
-            return
+            return None
         if len(lines) < 2 or lines[-1] != "end":
-            return  # still being written
+            return None  # still being written
+        answer = SpoolAnswer(self.spool, rid)
         try:
             argc = int(lines[0])
             args = [_read(self.spool / f"{rid}.arg{i}") for i in range(argc)]
             cwd = _read(self.spool / f"{rid}.cwd").strip() or None
             exported = self._exported(rid)
         except (OSError, ValueError) as e:
-            out, err, code = "", f"srun: error: the request could not be read: {e}\n", SRUN_USAGE_EXIT
-        else:
-            # Taken before it runs: an executor restarted meanwhile answers it as interrupted, never runs it twice.
-            with contextlib.suppress(OSError):
-                os.replace(req, self.spool / f"{rid}.taken")
-            out, err, code = await self.step(args, cwd, exported)
-        self._answer(rid, out, err, code)
+            answer.err(f"srun: error: the request could not be read: {e}\n")
+            answer.finish(SRUN_USAGE_EXIT)
+            return None
+        # Taken before it runs: an executor restarted meanwhile answers it as interrupted, never runs it twice.
+        with contextlib.suppress(OSError):
+            os.replace(req, self.spool / f"{rid}.taken")
 
-    def _answer(self, rid: str, out: str, err: str, code: int) -> None:
-        for left in (f"{rid}.req", f"{rid}.taken"):
-            with contextlib.suppress(OSError):
-                os.unlink(self.spool / left)
-        try:
-            _write(self.spool / f"{rid}.out", out)
-            _write(self.spool / f"{rid}.err", err)
-            _write(self.spool / f"{rid}.rc", f"{code}\n")  # last: the shim waits for this file
-        except OSError as e:
-            log.warning("%s: answering srun request %s failed: %s", self.cmd.job_id, rid, e)
+        async def serve() -> None:
+            try:
+                code = await self.step(args, cwd, exported, answer)
+            except Exception as e:
+                log.exception("%s: srun request %s failed", self.cmd.job_id, rid)
+                answer.err(f"srun: error: {e}\n")
+                code = 1
+            answer.finish(code)
+
+        task = asyncio.create_task(serve(), name=f"srun-request:{self.cmd.job_id}:{rid}")
+        self.requests[rid] = task
+        task.add_done_callback(lambda _t: self.requests.pop(rid, None))
+        return task
 
     def _answer_interrupted(self) -> None:
         """Steps a previous executor took and did not answer: their srun fails (its tasks may have run)."""
         for taken in self.spool.glob("*.taken"):
             rid = taken.name[: -len(".taken")]
             if not (self.spool / f"{rid}.rc").exists():
-                why = "srun: error: the node's executor restarted while this step ran; its outcome is unknown\n"
-                self._answer(rid, "", why, 1)
+                answer = SpoolAnswer(self.spool, rid)
+                answer.err("srun: error: the node's executor restarted while this step ran; its outcome is unknown\n")
+                answer.finish(1)
 
     def _exported(self, rid: str) -> dict[str, str] | None:
         """The environment srun ran with (`<id>.env`, NUL-separated NAME=value as /proc/self/environ has it); None
@@ -755,22 +908,77 @@ class StepServer:
         out.update(dict(opts.export_set))
         return out
 
+    # -- one step ----------------------------------------------------------------------------------------------
+
+    def _layout(self, opts: SrunOptions) -> list[StepTask]:
+        """The step's tasks where it starts soonest: as asked, or (with neither -w nor every node) on the nodes free
+        now first, so that `srun -N1 a &` then `srun -N1 b` run side by side on two nodes."""
+        tasks = plan_step(opts, self.nodes, self.capacity, self.job_ntasks)
+        if opts.cpus_per_task is not None and opts.cpus_per_task > self.shares.cpus_per_slot:
+            raise SrunError(f"srun: error: --cpus-per-task={opts.cpus_per_task}: more CPUs per task than each of the "
+                            f"allocation's tasks has ({self.shares.cpus_per_slot})")  # fmt: skip
+        claim = _claim(opts, tasks)
+        if opts.overlap or opts.nodelist is not None or self.shares.fits(claim):
+            return tasks
+        per_node = max(Counter(t.node for t in tasks).values())
+        free = [n for n in self.nodes if self.shares.node_fits(n, per_node, claim)]
+        if not free:
+            return tasks
+        order = free + [n for n in self.nodes if n not in free]
+        try:
+            moved = plan_step(opts, order, self.capacity, self.job_ntasks)
+        except SrunError:
+            return tasks
+        return moved if self.shares.fits(_claim(opts, moved)) else tasks
+
     async def step(
-        self, args: list[str], cwd: str | None, exported: dict[str, str] | None = None
-    ) -> tuple[str, str, int]:
-        """Run one srun: (stdout, stderr, exit status)."""
-        spec = self.cmd.spec
+        self,
+        args: list[str],
+        cwd: str | None,
+        exported: dict[str, str] | None = None,
+        answer: SpoolAnswer | None = None,
+    ) -> int:
+        """Run one srun, printing what its tasks print as they print it (into `answer`); srun's exit status."""
+        say = answer or SpoolAnswer(self.spool, "-")
         try:
             opts = parse_srun(args, job_id=self.cmd.job_id)
-            ntasks = spec.slurm.ntasks if spec.slurm is not None else self.cmd.world_size
-            nodes = self.cmd.nodes or [self.cmd.node]
-            # The solver may pack a CPU-only job on fewer nodes than --nodes asked for: their tasks still fit.
-            capacity = max(tasks_per_node(spec), -(-ntasks // len(nodes)))
-            tasks = plan_step(opts, nodes, capacity, ntasks)
-        except SrunError as e:
-            return "", f"{e}\n", SRUN_USAGE_EXIT
+            tasks = self._layout(opts)
+            check_gpus(opts.gpus, Counter(t.node for t in tasks), self.gpus_per_slot, self.shares.slots_on)
+        except (SrunError, GpuAskError) as e:
+            say.err(f"{e}\n")
+            return SRUN_USAGE_EXIT
         step_id = self.next_step
         self.next_step += 1
+        waited = False
+        async with self.changed:
+            while True:
+                tasks = self._layout(opts)
+                slots = self.shares.take(step_id, _claim(opts, tasks))
+                if slots is not None:
+                    break
+                if not waited:
+                    say.err(BUSY)
+                    waited = True
+                await self.changed.wait()
+        if waited:
+            say.err(f"srun: Step created for StepId={self.cmd.job_id}.{step_id}\n")
+        try:
+            return await self._run_step(step_id, opts, tasks, slots, cwd, exported, say)
+        finally:
+            async with self.changed:
+                self.shares.release(step_id)
+                self.changed.notify_all()
+
+    async def _run_step(
+        self,
+        step_id: int,
+        opts: SrunOptions,
+        tasks: list[StepTask],
+        slots: dict[str, tuple[int, ...]],
+        cwd: str | None,
+        exported: dict[str, str] | None,
+        say: SpoolAnswer,
+    ) -> int:
         passed = self.passed_environment(opts, exported)
         by_node: dict[str, NodeStep] = {}
         for t in tasks:
@@ -778,35 +986,110 @@ class StepServer:
                 t.node,
                 NodeStep(job_id=self.cmd.job_id, step_id=step_id, argv=opts.argv, cwd=cwd, tasks=[], env=passed),
             )
+            held = slots[t.node]
             ns.tasks.append(
-                TaskRun(procid=t.procid, localid=t.localid, env=task_environment(self.cmd.job_id, step_id, tasks, t))
+                TaskRun(
+                    procid=t.procid,
+                    localid=t.localid,
+                    slot=held[t.localid % len(held)],
+                    env=task_environment(self.cmd.job_id, step_id, tasks, t),
+                )
             )
-        replies = await asyncio.gather(*(self._on(node, ns) for node, ns in by_node.items()))
+        running = _Running(step_id, list(by_node))
+        self.running[step_id] = running
+        labels = _Labeller(opts.label)
         results: dict[int, TaskResult] = {}
+        where: dict[int, str] = {t.procid: t.node for t in tasks}
         errors: list[str] = []
-        for node, reply in zip(by_node, replies, strict=True):
-            if reply.error:
-                errors.append(f"{reply.error} (node {node})\n")
-            for r in reply.results:
-                results[r.procid] = r
-        out = "".join(_labelled(results[p].stdout, p, opts.label) for p in sorted(results))
-        err = "".join(_labelled(results[p].stderr, p, opts.label) for p in sorted(results)) + "".join(errors)
+        try:
+            started = await asyncio.gather(*(self._on(node, ns) for node, ns in by_node.items()))
+            since = {node: 0 for node in by_node}
+            open_nodes = set()
+            for node, reply in zip(by_node, started, strict=True):
+                if reply.error:
+                    errors.append(f"{reply.error} (node {node})\n")
+                    say.err(errors[-1])
+                else:
+                    open_nodes.add(node)
+            pause = POLL_S
+            while open_nodes:
+                self._forward_signals(say.rid, step_id)
+                polled = await asyncio.gather(
+                    *(
+                        self._on(n, StepPoll(job_id=self.cmd.job_id, step_id=step_id, since=since[n]))
+                        for n in open_nodes
+                    )
+                )
+                for node, progress in zip(list(open_nodes), polled, strict=True):
+                    out = "".join(labels.feed(c.procid, "out", c.text) for c in progress.chunks if c.stream == "out")
+                    err = "".join(labels.feed(c.procid, "err", c.text) for c in progress.chunks if c.stream == "err")
+                    say.out(out)
+                    say.err(err)
+                    since[node] = progress.next
+                    if progress.done:
+                        open_nodes.discard(node)
+                        if progress.error:
+                            errors.append(f"{progress.error} (node {node})\n")
+                            say.err(errors[-1])
+                        for r in progress.results:
+                            results[r.procid] = r
+                if open_nodes:
+                    # A quiet step is asked less often (up to once a second); output brings the pace back.
+                    pause = POLL_S if any(p.chunks for p in polled) else min(pause * 2, QUIET_POLL_S)
+                    await asyncio.sleep(pause)
+        finally:
+            self.running.pop(step_id, None)
+        say.out(labels.flush("out"))
+        say.err(labels.flush("err"))
+        for p in sorted(results):
+            if results[p].exit_code != 0:
+                say.err(task_failure(where[p], p, results[p].exit_code))
         missing = [t.procid for t in tasks if t.procid not in results]
         codes = [r.exit_code for r in results.values()] + ([1] if missing or errors else [])
-        return out, err, max(codes, default=0)
+        code = max(codes, default=0)
+        end = StepEnd(step_id, code, running.ended_by_script_end)
+        log.info("%s: srun step %s", self.cmd.job_id, end.describe())
+        if self.records is not None:
+            self.records.record_end(self.cmd.job_id, end)
+        return code
 
-    async def _on(self, node: str, step: NodeStep) -> NodeStepReply:
+    def _forward_signals(self, rid: str, step_id: int) -> None:
+        """Signals the batch script sent to this srun (the shim writes `<id>.sig<n>`): to the step's tasks, as srun
+        forwards them."""
+        for sig in sorted(self.spool.glob(f"{rid}.sig*")):
+            try:
+                name = _read(sig).strip()
+            except (OSError, ValueError):
+                continue
+            finally:
+                with contextlib.suppress(OSError):
+                    os.unlink(sig)
+            if name:
+                task = asyncio.create_task(self.signal_steps(name, step_id), name=f"srun-signal:{rid}")
+                self._signalling.add(task)
+                task.add_done_callback(self._signalling.discard)
+
+    async def _on(self, node: str, op: StepOp) -> StepProgress:
         try:
-            if node == self.cmd.node:
-                return await run_tasks(self.runtime, step)
-            return await self.transport(node, step)
+            if node == self.cmd.node and self.records is not None:
+                return await serve_op(self.records, op)
+            return await self.transport(node, op)
         except Exception as e:
-            return NodeStepReply(error=f"srun: error: the step's tasks on {node} did not run: {e}")
+            done = not isinstance(op, StepSignal)
+            return StepProgress(done=done, error=f"srun: error: the step's tasks on {node} did not run: {e}")
+
+
+def _claim(opts: SrunOptions, tasks: Sequence[StepTask]) -> StepClaim:
+    counts: dict[str, int] = {}
+    for t in tasks:
+        counts[t.node] = counts.get(t.node, 0) + 1
+    gpus = any(v for v in (opts.gpus.total, opts.gpus.per_task, opts.gpus.per_node, opts.gpus.gres))
+    return StepClaim(counts, opts.exact, opts.overlap, opts.cpus_per_task or 1, gpus)
 
 
 # -- over the platform: the executors' request subjects ------------------------------------------------------------
 
-STEP_TIMEOUT_S = 7 * 24 * 3600.0  # a step may run as long as its job; a peer that never answers ends with the job
+STEP_REQUEST_TIMEOUT_S = 30.0  # start, poll and signal answer at once (the engine's exec start at most)
 RELEASE_TIMEOUT_S = 10.0
 
 
@@ -825,9 +1108,9 @@ def _result(data: bytes) -> dict[str, Any]:
 def nats_transports(nc: _Requester) -> tuple[StepTransport, ReleaseTransport]:
     """The batch node's way to the other nodes' executors (`subjects.slurm_step`, `subjects.slurm_release`)."""
 
-    async def transport(node: str, step: NodeStep) -> NodeStepReply:
-        msg = await nc.request(subjects.slurm_step(node), step.model_dump_json().encode(), timeout=STEP_TIMEOUT_S)
-        return NodeStepReply.model_validate(_result(msg.data))
+    async def transport(node: str, op: StepOp) -> StepProgress:
+        msg = await nc.request(subjects.slurm_step(node), op.model_dump_json().encode(), timeout=STEP_REQUEST_TIMEOUT_S)
+        return StepProgress.model_validate(_result(msg.data))
 
     async def release(node: str, rel: Release) -> None:
         msg = await nc.request(subjects.slurm_release(node), rel.model_dump_json().encode(), timeout=RELEASE_TIMEOUT_S)
@@ -840,12 +1123,13 @@ def _body(payload: dict[str, Any]) -> dict[str, Any]:
     return {k: v for k, v in payload.items() if k != "team"}  # the ops adapter stamps the caller's team
 
 
-async def serve_node_step(runtime: object, payload: dict[str, Any]) -> NodeStepReply:
-    """A peer's answer to `subjects.slurm_step(node)`: run this node's tasks of the step."""
-    step = NodeStep.model_validate(_body(payload))
+async def serve_node_step(runtime: object, payload: dict[str, Any]) -> StepProgress:
+    """A peer's answer to `subjects.slurm_step(node)`: start, poll or signal this node's tasks of a step."""
+    op = parse_op(_body(payload))
     if not _is_docker(runtime):
-        return NodeStepReply(error="srun: error: this node's runtime cannot run step tasks (the container runtime can)")
-    return await run_tasks(runtime, step)
+        return StepProgress(done=True, error="srun: error: this node's runtime cannot run step tasks (the container "
+                            "runtime can)")  # fmt: skip
+    return await serve_op(runtime.slurm_tasks, op)
 
 
 async def serve_release(runtime: object, payload: dict[str, Any]) -> dict[str, int]:
