@@ -13,6 +13,7 @@ from dataclasses import asdict, dataclass
 from oneplus_contracts import ACTIVE_STATES, JobRecord
 from oneplus_contracts.slurm import STATE_CODES, compress_hostlist, format_elapsed
 
+from .arrays import compact_pending_tasks
 from .config import QueueConfig, QueueConfigError
 from .fairshare import UsageHistory, fair_tree
 from .model import PendingJob, PendingReason, RunningJob
@@ -124,7 +125,9 @@ def queue_rows(
                 rec.reason or "",
             )
             active.append(((started, rec.job_id), row))
-    return [r for _, r in sorted(active, key=lambda t: t[0])] + [r for _, r in sorted(waiting, key=lambda t: t[0])]
+    rows = [r for _, r in sorted(active, key=lambda t: t[0])] + [r for _, r in sorted(waiting, key=lambda t: t[0])]
+    tasks = {rec.job_id: rec.spec.array_task for rec in records if rec.spec.array_task is not None}
+    return compact_pending_tasks(rows, tasks) if tasks else rows
 
 
 @dataclass(frozen=True, slots=True)

@@ -47,6 +47,7 @@ from oneplus_contracts import (
     parse_job_event,
     subjects,
 )
+from oneplus_contracts.array_facts import expand_fact
 from oneplus_contracts.jobindex import FinishedJob, JobIndex
 from prometheus_client import CollectorRegistry, Counter
 from pydantic import ValidationError
@@ -382,17 +383,32 @@ class JobOwner:
                 events: list[JobEvent] = []
                 tps: list[str | None] = []
                 awaited: list[bool] = []
+                # An array's fact stands for its tasks' (array_facts.py): (the fact, where its tasks are in `events`).
+                stood_for: list[tuple[JobEvent, int, int]] = []
                 for msg in msgs:
                     try:
-                        events.append(parse_job_event(msg.data))
+                        event = parse_job_event(msg.data)
                     except ValidationError as exc:
                         self.refused.labels("unreadable").inc()
                         log.error("refused an unreadable fact on %s: %s", msg.subject, str(exc)[:300])
                         continue
-                    tps.append((msg.headers or {}).get("traceparent"))
-                    awaited.append(_awaited(msg))
+                    tp = (msg.headers or {}).get("traceparent")
+                    tasks = expand_fact(event, self.index.live_tasks)
+                    if tasks is None:
+                        events.append(event)
+                        tps.append(tp)
+                        awaited.append(_awaited(msg))
+                        continue
+                    if _awaited(msg):
+                        stood_for.append((event, len(events), len(events) + len(tasks)))
+                    events += tasks
+                    tps += [tp] * len(tasks)
+                    awaited += [False] * len(tasks)
                 try:
-                    await self.commit(*events, traceparents=tps, awaited=awaited)
+                    out = await self.commit(*events, traceparents=tps, awaited=awaited)
+                    for fact, start, end in stood_for:  # its reporter waits on the array's id: applied if any task was
+                        done = next((r for r in out[start:end] if r is not None), None)
+                        await self._tell_outcomes([fact], [done], [True])
                 except Exception:
                     # Not folded (the bus dropped, say): give the facts back now rather than after ack_wait.
                     for msg in msgs:
