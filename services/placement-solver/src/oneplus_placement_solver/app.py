@@ -591,20 +591,8 @@ class Solver:
             await wait_acks([f for rec in launches.values() for f in await self.launch_futures(rec)])
         except Exception:
             log.exception("launching %d placed gang(s) failed; reconcile resends them", len(launches))
-        # Pending jobs cancelled together (an array's tasks: one cancel for thousands) end in one commit.
-        waiting = [cancelled_while_pending(rec) for rec in cancels if rec.state == "ACCEPTED"]
-        if waiting:
-            try:
-                await self.owner.commit(*waiting)
-            except Exception:
-                log.exception("ending %d cancelled pending job(s) failed; reconcile retries it", len(waiting))
-        for rec in cancels:
-            if rec.state == "ACCEPTED":
-                continue
-            try:
-                await self.cancel(rec)
-            except Exception:
-                log.exception("reaction to the cancel of %s failed; reconcile retries it", rec.job_id)
+        if cancels:
+            await self.cancel_all(cancels)
         try:
             await self.settle_many(list(ended.values()))
         except Exception:
@@ -691,6 +679,23 @@ class Solver:
             headers=headers,
             stream=subjects.COMMANDS_STREAM,
         )
+
+    async def cancel_all(self, recs: Sequence[JobRecord]) -> None:
+        """The reaction to cancels: pending jobs cancelled together (an array's tasks: one cancel for thousands) end
+        in one commit, each running one is stopped. A failure is logged; reconcile comes back for what is left."""
+        waiting = [cancelled_while_pending(rec) for rec in recs if rec.state == "ACCEPTED"]
+        if waiting:
+            try:
+                await self.owner.commit(*waiting)
+            except Exception:
+                log.exception("ending %d cancelled pending job(s) failed; reconcile retries it", len(waiting))
+        for rec in recs:
+            if rec.state == "ACCEPTED":
+                continue
+            try:
+                await self.cancel(rec)
+            except Exception:
+                log.exception("reaction to the cancel of %s failed; reconcile retries it", rec.job_id)
 
     async def cancel(self, rec: JobRecord) -> None:
         if rec.terminal:

@@ -407,8 +407,8 @@ class JobOwner:
                 try:
                     out = await self.commit(*events, traceparents=tps, awaited=awaited)
                     for fact, start, end in stood_for:  # its reporter waits on the array's id: applied if any task was
-                        done = next((r for r in out[start:end] if r is not None), None)
-                        await self._tell_outcomes([fact], [done], [True])
+                        first = next((r for r in out[start:end] if r is not None), None)
+                        await self._tell_outcomes([fact], [first], [True])
                 except Exception:
                     # Not folded (the bus dropped, say): give the facts back now rather than after ack_wait.
                     for msg in msgs:
