@@ -61,6 +61,8 @@ REST_OF_BATCH_S = 0.05  # the facts pending behind a first one are in the stream
 # Hot-view keys purged side by side when finished jobs move to the archive: few, so that the commits' writes to the
 # same bucket get their turn between batches (128 at once delayed them by tens of ms).
 PURGE_BATCH = 16
+# Events folded in one commit at most: an array's fact stands for thousands of tasks, committed this many at a time.
+COMMIT_CHUNK = 512
 
 
 @dataclass(frozen=True)
@@ -405,10 +407,7 @@ class JobOwner:
                     tps += [tp] * len(tasks)
                     awaited += [False] * len(tasks)
                 try:
-                    out = await self.commit(*events, traceparents=tps, awaited=awaited)
-                    for fact, start, end in stood_for:  # its reporter waits on the array's id: applied if any task was
-                        first = next((r for r in out[start:end] if r is not None), None)
-                        await self._tell_outcomes([fact], [first], [True])
+                    await self._commit_facts(events, tps, awaited, stood_for)
                 except Exception:
                     # Not folded (the bus dropped, say): give the facts back now rather than after ack_wait.
                     for msg in msgs:
@@ -421,6 +420,28 @@ class JobOwner:
         finally:
             with contextlib.suppress(Exception):
                 await sub.unsubscribe()
+
+    async def _commit_facts(
+        self,
+        events: Sequence[JobEvent],
+        tps: Sequence[str | None],
+        awaited: Sequence[bool],
+        stood_for: Sequence[tuple[JobEvent, int, int]],
+    ) -> None:
+        """Commit a batch of facts, `COMMIT_CHUNK` events at a time: a 10,000-task array is not one commit that holds
+        the lock (and every cycle, placement and other fold) for seconds. An array's reporter is told as soon as one of
+        its tasks is recorded (a `jobs show` of it then finds it), or once all of them were refused."""
+        out: list[JobRecord | None] = []
+        pending = list(stood_for)
+        for at in range(0, len(events), COMMIT_CHUNK):
+            end_at = at + COMMIT_CHUNK
+            out += await self.commit(*events[at:end_at], traceparents=tps[at:end_at], awaited=awaited[at:end_at])
+            for item in list(pending):
+                fact, start, end = item
+                first = next((r for r in out[start:end] if r is not None), None)
+                if first is not None or len(out) >= end:
+                    await self._tell_outcomes([fact], [first], [True])
+                    pending.remove(item)
 
     async def _tell_outcomes(
         self, events: Sequence[JobEvent], records: Sequence[JobRecord | None], awaited: Sequence[bool]
