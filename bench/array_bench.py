@@ -7,10 +7,12 @@ as `bench/scale_bench.py` runs them. In order, each phase on a quiet platform:
    submissions' time and placements/s (first placement to last, `placed` events seen on a core subscription);
 2. one array of `--tasks` one-GPU tasks (`--array=0-N-1`), the same jobs, in ONE request: the request's time (until
    its reply), the time until every task's record is in the hot view, the durable writes it cost (messages added to
-   the facts stream, the job-event stream and the `jobs` bucket's stream), and the tasks' placements/s the same way;
+   the facts stream, the job-event stream and the `jobs` bucket's stream: the tasks wait, `afterany`, for a job that
+   is cancelled once they are all recorded, so nothing else writes meanwhile), and the tasks' placements/s the same
+   way, from their release;
 3. `queue` with an array of `--tasks` tasks pending (they wait, `afterok`, for a job that runs for a minute): the
    time of `OnePlusClient.queue()` in this process and of the `oneplus queue` CLI (a fresh process), each the median
-   of three, and the rows it printed.
+   of three, and the rows it printed; the CLI on an empty queue and `oneplus --help` say what starting it costs.
 
 Prints the figures and writes bench/results/arrays.json. `uv run python bench/array_bench.py --tasks 2000` (about 2
 minutes on 2 cores); `--tasks 10000` for the issue's size.
@@ -95,8 +97,28 @@ async def separate(c: OnePlusClient, watch: Watch, args: argparse.Namespace) -> 
     }
 
 
+async def recorded(c: OnePlusClient, job_id: str, timeout: float) -> None:
+    """Until `job_id`'s record is in the hot view."""
+    kv = await c.nc.jetstream().key_value(subjects.JOBS_KV)
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            await kv.get(job_id)
+            return
+        except Exception:
+            if time.monotonic() > deadline:
+                raise
+            await asyncio.sleep(0.01)
+
+
 async def array(c: OnePlusClient, watch: Watch, args: argparse.Namespace) -> Row:
-    spec = one_gpu("arr", args.duration, array=JobArray(indices=f"0-{args.tasks - 1}"))
+    # The tasks wait (afterany) for a job cancelled once every task is recorded: the streams' counts are then the
+    # acceptance's alone, not mixed with the first tasks' placements and ends.
+    hold = await c.submit(one_gpu("hold", 3600.0), msg_id="array-hold")
+    assert hold.ok and hold.job_id
+    await watch.wait(watch.placed, {hold.job_id}, 60)
+    dep = [{"type": "afterany", "job_ids": [hold.job_id]}]
+    spec = one_gpu("arr", args.duration, array=JobArray(indices=f"0-{args.tasks - 1}"), dependencies=dep)
     body = spec.model_dump_json().encode()
     before = await last_seqs(c)
     t0 = time.monotonic()
@@ -104,19 +126,10 @@ async def array(c: OnePlusClient, watch: Watch, args: argparse.Namespace) -> Row
     request_s = time.monotonic() - t0
     assert reply.ok and reply.job_id, reply.error
     ids = {f"{reply.job_id}_{i}" for i in range(args.tasks)}
-    # Every task's record in the hot view: the owner's fold of the one fact.
-    kv = await c.nc.jetstream().key_value(subjects.JOBS_KV)
-    last = f"{reply.job_id}_{args.tasks - 1}"
-    while True:
-        try:
-            await kv.get(last)
-            break
-        except Exception:
-            if time.monotonic() - t0 > args.timeout:
-                raise
-            await asyncio.sleep(0.01)
+    await recorded(c, f"{reply.job_id}_{args.tasks - 1}", args.timeout)  # the owner's fold of the one fact
     recorded_s = time.monotonic() - t0
     after_accept = await last_seqs(c)
+    await c.cancel(hold.job_id)
     ok = await watch.wait(watch.placed, ids, args.timeout)
     placed = [watch.placed[j] for j in ids if j in watch.placed]
     await watch.wait(watch.finished, ids, args.timeout)
@@ -151,6 +164,7 @@ def cli_startup() -> float:
 
 
 async def queue_pending(c: OnePlusClient, args: argparse.Namespace, nats_url: str) -> Row:
+    empty = [await asyncio.to_thread(cli_queue, nats_url) for _ in range(3)]  # the CLI on an empty queue
     blocker = await c.submit(one_gpu("blocker", 60.0), msg_id="blocker")
     assert blocker.ok and blocker.job_id
     spec = one_gpu(
@@ -161,7 +175,8 @@ async def queue_pending(c: OnePlusClient, args: argparse.Namespace, nats_url: st
     )
     reply = await c.submit(spec, msg_id="array-waiting")
     assert reply.ok and reply.job_id
-    await asyncio.sleep(3.0)  # folded, and a cycle has given every task its reason
+    await recorded(c, f"{reply.job_id}_{args.tasks - 1}", args.timeout)
+    await asyncio.sleep(2.0)  # a cycle has given every task its reason
     inproc = []
     for _ in range(3):
         t = time.monotonic()
@@ -177,6 +192,7 @@ async def queue_pending(c: OnePlusClient, args: argparse.Namespace, nats_url: st
         "client_queue_s": round(statistics.median(inproc), 3),
         "cli_queue_s": round(statistics.median(t for t, _ in cli), 3),
         "cli_startup_s": round(statistics.median(startup), 3),  # `oneplus --help`: the CLI's own start, no request
+        "cli_queue_empty_s": round(statistics.median(t for t, _ in empty), 3),  # `oneplus queue`, nothing pending
         "rows": len(rows),
         "array_row": next((j for j in shown if j.startswith(f"{reply.job_id}_[")), None),
     }
@@ -262,7 +278,7 @@ def main() -> None:
     )
     print(
         f"  queue with {q['pending_tasks']} tasks pending: the request {q['client_queue_s']} s (target < 0.5 s); "
-        f"the CLI {q['cli_queue_s']} s, of which starting the CLI ({q['cli_startup_s']} s for --help); "
+        f"the CLI {q['cli_queue_s']} s (empty queue {q['cli_queue_empty_s']} s, --help {q['cli_startup_s']} s); "
         f"{q['rows']} row(s), {q['array_row']}"
     )
     print(f"  written to {args.out}")

@@ -63,6 +63,7 @@ REST_OF_BATCH_S = 0.05  # the facts pending behind a first one are in the stream
 PURGE_BATCH = 16
 # Events folded in one commit at most: an array's fact stands for thousands of tasks, committed this many at a time.
 COMMIT_CHUNK = 512
+FIRST_CHUNK = 64
 
 
 @dataclass(frozen=True)
@@ -433,9 +434,12 @@ class JobOwner:
         its tasks is recorded (a `jobs show` of it then finds it), or once all of them were refused."""
         out: list[JobRecord | None] = []
         pending = list(stood_for)
-        for at in range(0, len(events), COMMIT_CHUNK):
-            end_at = at + COMMIT_CHUNK
+        at = 0
+        while at < len(events):
+            # The first commit is small when an array waits: its submitter hears back once a few tasks are recorded.
+            end_at = at + (FIRST_CHUNK if at == 0 and pending else COMMIT_CHUNK)
             out += await self.commit(*events[at:end_at], traceparents=tps[at:end_at], awaited=awaited[at:end_at])
+            at = end_at
             for item in list(pending):
                 fact, start, end = item
                 first = next((r for r in out[start:end] if r is not None), None)
