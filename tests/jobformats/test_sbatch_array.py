@@ -45,3 +45,22 @@ def test_the_sites_max_array_size(tmp_path) -> None:  # type: ignore[no-untyped-
     site.write_text("max_array_size: 0\n")
     with pytest.raises(SiteMapError, match="max_array_size"):
         load_site(site)
+
+
+def test_squeue_shows_an_arrays_pending_tasks_as_one_row() -> None:
+    import time
+
+    from oneplus_contracts import JobRecord
+    from oneplus_contracts.array_facts import task_specs
+    from oneplus_jobformats.slurm_tables import fold_pending_tasks
+
+    spec = parse_sbatch(SCRIPT, ["--array=0-9%4"]).spec
+    now = time.time()
+    recs = [
+        JobRecord(job_id=j, spec=s, state="ACCEPTED", submitted_ts=now, updated_ts=now)
+        for j, s in task_specs("j-a", spec)
+    ]
+    recs[2] = recs[2].model_copy(update={"state": "RUNNING"})
+    kept, names = fold_pending_tasks(recs)
+    assert [r.job_id for r in kept] == ["j-a_0", "j-a_2"]
+    assert names == {"j-a_0": "j-a_[0-1,3-9%4]"}
