@@ -24,7 +24,7 @@ from oneplus_contracts import Allocation, JobSpec
 from oneplus_placement.greedy import PlacementResult
 from oneplus_placement.snapshot import AllocationConflict, ClusterSnapshot, ClusterState
 
-from .arrays import count_task, tasks_running, throttle_message
+from .arrays import count_task, hold_throttled, tasks_running, throttle_message
 from .backfill import may_use_block, reserve_block
 from .batching import BatchPlan, plan_batches
 from .boards import BoardClaim, weigh_boards
@@ -65,6 +65,7 @@ def schedule_cycle(
     decision = CycleDecision(now=now, stats=stats)
     factors = fairshare_factors(config, usage.usage_at(now))
     pending = _dependencies_met(pending, running, job_states or {}, decision)
+    pending = hold_throttled(pending, running, decision.reasons)  # an array's tasks past its %N are not ranked
     carry = carry or CycleCarry()
     ranked, invalid = rank_pending(now, pending, config, factors)
     ranked = keep_protected_first(serving_order(ranked, config), carry.protected)
