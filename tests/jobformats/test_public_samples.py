@@ -24,6 +24,7 @@ from typing import Any
 
 import pytest
 from oneplus_contracts import JobSpec, LaunchRanks, RankPlacement
+from oneplus_contracts.array_facts import task_specs
 from oneplus_jobformats import JobFormatError, load_job_document
 from oneplus_jobformats.sbatch import parse_sbatch
 from oneplus_jobformats.site import SITE_FILE_ENV, SiteMap
@@ -149,6 +150,13 @@ def observed(path: Path, site: SiteMap | None = None) -> dict[str, Any]:
     tr = load(path, site)
     spec = tr.spec
     text = path.read_text()
+    array: dict[str, Any] | None = None
+    if spec.array is not None:  # a job array: the ranks shown are its second task's (a job of its own)
+        task_spec = task_specs("job-1", spec)[min(1, spec.array.tasks - 1)][1]
+        assert task_spec.array_task is not None
+        shown = task_spec.array_task.task_id
+        array = {"tasks": spec.array.tasks, "max_running": spec.array.max_running, "shown": shown}
+        spec = task_spec
     cmds = launches(spec)
     counts = layout(spec)
     # Ranks shown: the first node's first two, the second node's first, the last one.
@@ -165,11 +173,13 @@ def observed(path: Path, site: SiteMap | None = None) -> dict[str, Any]:
                 ranks[str(p.rank)] = entry
     out: dict[str, Any] = {
         "kind": tr.kind,
-        "job": _short(spec.model_dump(mode="json"), text),
+        "job": _short(tr.spec.model_dump(mode="json"), text),
         "warnings": tr.warnings,
         "allocation": {"nodes": len(counts), "ranks_per_node": sorted(set(counts), reverse=True)},
         "ranks": ranks,
     }
+    if array is not None:
+        out["array"] = array
     if spec.slurm is not None:
         nodes = cmds[0].nodes
         tasks = plan_step(parse_srun(["CMD"]), nodes, spec.slurm.ntasks_per_node, spec.slurm.ntasks)

@@ -27,7 +27,8 @@ def test_singleton_and_the_any_form_in_a_script() -> None:
 @pytest.mark.parametrize(
     ("args", "says"),
     [
-        (["--dependency=aftercorr:1"], "'aftercorr' is not a dependency OnePlus supports"),
+        (["--dependency=aftercorr:1"], "aftercorr is for job arrays"),
+        (["--dependency=afterburstbuffer:1"], "'afterburstbuffer' is not a dependency OnePlus supports"),
         (["--dependency=afterok"], "names no job id"),
         (["--dependency=after:1+10"], "delay"),
         (["--dependency=afterok:1,afterany:2?after:3"], "mixes"),

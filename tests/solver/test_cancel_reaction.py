@@ -53,7 +53,7 @@ async def test_reconcile_ends_a_cancelled_pending_job_whose_reaction_never_ran(
         async def crashed(_rec: object) -> None:
             raise RuntimeError("the solver died before its reaction ran")
 
-        monkeypatch.setattr(solver, "cancel", crashed)
+        monkeypatch.setattr(solver, "cancel_all", crashed)  # the reaction to cancels
         await solver.owner.commit(JobCancelRequested(job_id="x", reason="cancelled by alice", by="alice"))
         rec = solver.owner.index.get("x")
         assert rec.state == "ACCEPTED" and rec.cancel_requested

@@ -188,7 +188,9 @@ def squeue(
         for r in records
         if (user is None or r.spec.user == user)
         and (partition is None or r.spec.queue in partition.split(","))
-        and (ids is None or r.job_id in ids)
+        and (
+            ids is None or r.job_id in ids or (r.spec.array_task is not None and r.spec.array_task.array_job_id in ids)
+        )
         and (wanted is None or STATE_CODES.get(r.state) in wanted or r.state in wanted)
     ]
     if as_json:
@@ -200,6 +202,11 @@ def squeue(
 PENDING_STATES = frozenset({"SUBMITTED", "ACCEPTED"})
 
 
+def _array_of(rec: JobRecord) -> str | None:
+    """The array a task belongs to (`squeue -j 123` shows every task of array 123)."""
+    return rec.spec.array_task.array_job_id if rec.spec.array_task is not None else None
+
+
 def squeue_text(
     records: list[JobRecord], reasons: dict[str, str], *, now: float, include_finished: bool = False
 ) -> str:
@@ -207,17 +214,19 @@ def squeue_text(
     a name or a state is never cut. A pending job's NODELIST(REASON) is `reasons[job_id]` when the solver gave one,
     `(None)` otherwise, as `oneplus queue` and `oneplus jobs show` say it."""
     from oneplus_contracts import ACTIVE_STATES
-    from oneplus_jobformats.slurm_tables import SQUEUE_COLUMNS, squeue_row
+    from oneplus_jobformats.slurm_tables import SQUEUE_COLUMNS, fold_pending_tasks, squeue_row
 
     shown = [r for r in records if include_finished or not r.terminal]
     shown.sort(key=lambda r: (r.state not in ACTIVE_STATES, -r.spec.priority, r.submitted_ts))
+    shown, arrays = fold_pending_tasks(shown)  # an array's pending tasks as one row, j-abc_[7-999%50]
     rows = []
     for r in shown:
         row = squeue_row(r, now=now)
+        job_id = arrays.get(r.job_id, row.job_id)
         where = row.nodelist_reason
         if r.state in PENDING_STATES:
-            where = reasons.get(r.job_id) or reason_cell({"reason": None})
-        cells = (row.job_id, row.partition, row.name, row.user, row.state, row.time, str(row.nodes))
+            where = reasons.get(job_id) or reasons.get(r.job_id) or reason_cell({"reason": None})
+        cells = (job_id, row.partition, row.name, row.user, row.state, row.time, str(row.nodes))
         rows.append((cells, where))
     widths = [max([w, len(name)] + [len(c[i]) for c, _ in rows]) for i, (name, w) in enumerate(SQUEUE_COLUMNS)]
     header = " ".join(name.rjust(w) for (name, _), w in zip(SQUEUE_COLUMNS, widths, strict=True))

@@ -3,6 +3,7 @@
 This package is the only place a wire field is defined; `proto/` is generated from it (`task proto`).
 """
 
+from .arrays import ArrayError, ArrayTask, JobArray
 from .audit import ReservationAudit
 from .commands import (
     NODE_COMMAND_ADAPTER,
@@ -71,6 +72,8 @@ __all__ = [
     "SCHEMA_VERSION",
     "TERMINAL_STATES",
     "Allocation",
+    "ArrayError",
+    "ArrayTask",
     "CancelRanks",
     "CheckpointPolicy",
     "Domain",
@@ -80,6 +83,7 @@ __all__ = [
     "GpuLink",
     "IllegalTransition",
     "JobAccepted",
+    "JobArray",
     "JobCancelRequested",
     "JobCheckpointed",
     "JobEvent",

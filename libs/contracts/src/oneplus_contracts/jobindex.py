@@ -11,6 +11,7 @@ import sys
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 
+from .arrays import split_task_id
 from .events import ACTIVE_STATES, JobEvent, JobRecord, JobRejected
 from .lifecycle import IllegalTransition, apply_event
 from .slim import slim
@@ -48,6 +49,7 @@ class JobIndex:
     pending: dict[str, JobRecord] = field(default_factory=dict)  # ACCEPTED, in arrival order
     holders: dict[str, JobRecord] = field(default_factory=dict)  # holding GPUs (HOLDING_STATES with an allocation)
     finished: dict[str, FinishedJob] = field(default_factory=dict)  # finished job → its record's JSON, in fold order
+    arrays: dict[str, dict[str, None]] = field(default_factory=dict)  # array id → its tasks held here (live, finished)
     last_seq: int = 0
     keep_finished: bool = True
 
@@ -72,6 +74,11 @@ class JobIndex:
         """Store a record (the owner's commit, a replayed event, a bootstrap entry) and keep the indexes right."""
         job_id = rec.job_id
         self.last_seq = max(self.last_seq, rec.seq)
+        task = rec.spec.array_task
+        if task is not None and (self.keep_finished or not rec.terminal):
+            self.arrays.setdefault(task.array_job_id, {})[job_id] = None
+        elif task is not None:
+            self._leave_array(job_id)
         if rec.terminal:
             self.jobs.pop(job_id, None)
             self.pending.pop(job_id, None)
@@ -141,9 +148,42 @@ class JobIndex:
         out = [done for done in due if self.finished.get(done.job_id) is done]
         for done in out:
             del self.finished[done.job_id]
+            self._leave_array(done.job_id)
+        return out
+
+    def _leave_array(self, job_id: str) -> None:
+        split = split_task_id(job_id)
+        if split is None:
+            return
+        members = self.arrays.get(split[0])
+        if members is not None:
+            members.pop(job_id, None)
+            if not members:
+                del self.arrays[split[0]]
+
+    def state_of(self, job_id: str) -> str | None:
+        """A job's state without parsing a finished one's record."""
+        rec = self.jobs.get(job_id)
+        if rec is not None:
+            return rec.state
+        done = self.finished.get(job_id)
+        return done.state if done is not None else None
+
+    def live_tasks(self, array_job_id: str) -> list[str]:
+        """The array's tasks that have not ended, in the order they were folded."""
+        return [j for j in self.arrays.get(array_job_id, ()) if j in self.jobs]
+
+    def task_states(self, array_job_id: str) -> dict[str, str]:
+        """Task id → state of every task of the array held here (none: no such array, or it left the hot view)."""
+        out: dict[str, str] = {}
+        for job_id in self.arrays.get(array_job_id, ()):
+            state = self.state_of(job_id)
+            if state is not None:
+                out[job_id] = state
         return out
 
     def forget(self, job_id: str) -> None:
+        self._leave_array(job_id)
         self.jobs.pop(job_id, None)
         self.pending.pop(job_id, None)
         self.holders.pop(job_id, None)

@@ -11,6 +11,7 @@ from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
+from .arrays import ArrayTask, JobArray
 from .features import parse_constraint
 
 SCHEMA_VERSION = "1"
@@ -128,12 +129,14 @@ class SlurmBatch(Strict):
     account: str | None = Field(default=None, description="SLURM_JOB_ACCOUNT: as given to sbatch")
 
 
-DependencyType = Literal["after", "afterok", "afterany", "afternotok"]
+DependencyType = Literal["after", "afterok", "afterany", "afternotok", "aftercorr"]
 
 
 class Dependency(Strict):
     """Slurm's `--dependency=TYPE:ID[:ID...]`: start after the named OnePlus jobs started (`after`), succeeded
-    (`afterok`), ended (`afterany`) or failed or were cancelled (`afternotok`)."""
+    (`afterok`), ended (`afterany`) or failed or were cancelled (`afternotok`). An id may name an array (all of its
+    tasks) or one task (`j-abc_7`); `aftercorr` (arrays only) waits for the task of the same id of the named array
+    to succeed."""
 
     type: DependencyType
     job_ids: Annotated[list[str], Field(min_length=1)]
@@ -201,6 +204,20 @@ class JobSpec(Strict):
     launcher: MpiLauncher | None = Field(
         default=None, description="MPIJob: the launcher that runs mpirun once the workers (the ranks) are up"
     )
+    array: JobArray | None = Field(
+        default=None,
+        description="Slurm --array: one job per task id, '0-999%50' or {indices, max_running}; expanded on acceptance",
+    )
+    array_task: ArrayTask | None = Field(
+        default=None, description="Set on each task of an array (by its expansion): its id and its array's"
+    )
+
+    @field_validator("array", mode="before")
+    @classmethod
+    def _array_text(cls, v: object) -> object:
+        if isinstance(v, str | int):
+            return JobArray.parse(str(v))  # an ArrayError is a ValueError: refused with its message
+        return v
 
     @field_validator("constraint")
     @classmethod
@@ -234,6 +251,10 @@ class JobSpec(Strict):
             )
         if self.launcher is not None and self.framework != "mpijob":
             raise ValueError("a launcher is an MPIJob's (framework mpijob)")
+        if self.array is not None and self.array_task is not None:
+            raise ValueError("array (a whole array) and array_task (one of its tasks) cannot both be set")
+        if self.array is None and any(d.type == "aftercorr" for d in self.dependencies):
+            raise ValueError("aftercorr is for job arrays: each task waits for the task of its id (use --array)")
         if self.slurm is not None and self.framework != "sbatch":
             raise ValueError("slurm (a batch allocation) is an sbatch job's (framework sbatch)")
         r = self.resources

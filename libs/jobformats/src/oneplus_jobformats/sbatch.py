@@ -15,6 +15,7 @@ from collections.abc import Sequence
 from pathlib import PurePath
 from typing import Any
 
+from oneplus_contracts.arrays import ArrayError, JobArray
 from oneplus_contracts.slurm import digits
 
 from .errors import JobFormatError, Translation, spec_from_fields
@@ -84,6 +85,7 @@ def parse_sbatch(
     # Slurm's DefMemPerGPU/DefCpuPerGPU: what a job that sets no CPU or memory gets, from the site map.
     job.warnings.extend(apply_default_share(fields, site))
     dependency_fields(job, fields)
+    _array(job, fields, site)
     _batch(job, fields, submit_dir)
     _report_unused(job)
     spec = spec_from_fields(fields, filename=filename, origin=_origin(job))
@@ -100,6 +102,18 @@ def _batch(job: SbatchJob, fields: dict[str, Any], submit_dir: str | None) -> No
         given = job.value(option)
         if given:
             slurm[key] = given
+
+
+def _array(job: SbatchJob, fields: dict[str, Any], site: SiteMap) -> None:
+    """`--array=0-999%50`: one job per task id, at most 50 running; ids below the site's max_array_size."""
+    opt = job.raw("array")
+    if opt is None:
+        return
+    try:
+        array = JobArray.parse(opt.value or "", max_array_size=site.max_array_size)
+    except ArrayError as exc:
+        raise job.fail(opt, str(exc).split(": ", 1)[-1]) from None
+    fields["array"] = {"indices": array.indices, "max_running": array.max_running}
 
 
 def _by_line(warning: str) -> tuple[int, int]:
@@ -145,9 +159,6 @@ def _check_conflicts(job: SbatchJob) -> None:
     cpt, cpg = job.raw("cpus-per-task"), job.raw("cpus-per-gpu")
     if cpt is not None and cpg is not None:
         raise job.fail(cpg, "--cpus-per-task and --cpus-per-gpu are mutually exclusive")
-    array = job.raw("array")
-    if array is not None:
-        raise job.fail(array, "job arrays are not supported; submit one job per array element")
 
 
 def _identity(job: SbatchJob, fields: dict[str, Any], script: str, script_args: list[str], site: SiteMap) -> None:

@@ -291,13 +291,15 @@ class SbatchJob:
         return n
 
 
-_DEPENDENCY_TYPES = ("after", "afterany", "afterok", "afternotok")
+_DEPENDENCY_TYPES = ("after", "afterany", "afterok", "afternotok", "aftercorr")
 
 
 def dependency_fields(job: SbatchJob, fields: dict[str, Any]) -> None:
     """`--dependency` and `--constraint` into the spec's `dependencies`/`singleton`/`dependency_any`/`constraint`.
 
-    Job ids in a dependency are OnePlus job ids. `aftercorr`, `afterburstbuffer` and `+time` are refused.
+    Job ids in a dependency are OnePlus job ids: a job, an array (all its tasks) or a task (`j-abc_7`); `aftercorr`
+    (an array's task waits for the same task of the named array) needs `--array`. `afterburstbuffer` and `+time` are
+    refused.
     """
     opt = job.raw("dependency")
     if opt is not None:
@@ -322,6 +324,9 @@ def dependency_fields(job: SbatchJob, fields: dict[str, Any]) -> None:
                 raise job.fail(opt, f"{part!r} names no job id ({kind}:<job_id>[:<job_id>...])")
             if any("+" in j for j in job_ids):
                 raise job.fail(opt, f"{part!r}: a delay (+minutes) after a dependency is not supported")
+            if kind == "aftercorr" and job.raw("array") is None:
+                raise job.fail(opt, f"{part!r}: aftercorr is for job arrays (each task waits for the task of its id); "
+                               "add --array")  # fmt: skip
             deps.append({"type": kind, "job_ids": job_ids})
         if deps:
             fields["dependencies"] = deps

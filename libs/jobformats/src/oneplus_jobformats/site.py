@@ -14,6 +14,10 @@ does not list is used as it is (a QOS must then be a known priority class).
 
 is the node's share a rank gets when its job sets no CPU (or no memory): that much per GPU of the rank, reserved and
 capped (Slurm's DefCpuPerGPU / DefMemPerGPU). Without it, unset CPU and memory mean no limit (as Kubernetes).
+
+    max_array_size: 10001
+
+is Slurm's MaxArraySize: a job array's task ids must be below it (default 1001, Slurm's: ids 0-1000).
 """
 
 from __future__ import annotations
@@ -24,6 +28,7 @@ from pathlib import Path
 from typing import Any
 
 import yaml
+from oneplus_contracts.arrays import DEFAULT_MAX_ARRAY_SIZE, MAX_ARRAY_SIZE_CEILING
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from .priorities import priority_of
@@ -51,6 +56,12 @@ class SiteMap(BaseModel):
         default=None, description="CPU and memory per GPU for jobs that set none (else: no limit)"
     )
 
+    max_array_size: int = Field(
+        default=DEFAULT_MAX_ARRAY_SIZE,
+        ge=1,
+        le=MAX_ARRAY_SIZE_CEILING,
+        description="Slurm's MaxArraySize: an array's task ids must be below it (default 1001: ids 0-1000)",
+    )
     qos: dict[str, str] = Field(default_factory=dict, description="Slurm QOS -> priority class name or number")
     partitions: dict[str, str] = Field(default_factory=dict, description="Slurm partition -> OnePlus queue")
     accounts: dict[str, str] = Field(default_factory=dict, description="Slurm account -> OnePlus team")

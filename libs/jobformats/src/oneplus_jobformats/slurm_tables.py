@@ -12,6 +12,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
 from oneplus_contracts import ACTIVE_STATES, TERMINAL_STATES, JobRecord, NodeRecord
+from oneplus_contracts.arrays import compact
 from oneplus_contracts.slurm import STATE_CODES, compress_hostlist, format_elapsed
 
 SQUEUE_COLUMNS = (("JOBID", 18), ("PARTITION", 9), ("NAME", 8), ("USER", 8), ("ST", 2), ("TIME", 10), ("NODES", 6))
@@ -72,6 +73,31 @@ def render_squeue(records: Iterable[JobRecord], *, now: float, include_finished:
     shown = [r for r in records if include_finished or not r.terminal]
     shown.sort(key=lambda r: (r.state not in ACTIVE_STATES, -r.spec.priority, r.submitted_ts))
     return "\n".join([header, *(squeue_row(r, now=now).line() for r in shown)])
+
+
+def fold_pending_tasks(records: Sequence[JobRecord]) -> tuple[list[JobRecord], dict[str, str]]:
+    """squeue's view of arrays: of each array's pending tasks only the first (in `records`' order) is kept, and
+    `{its job id: "j-abc_[7-999%50]"}` names them all; an array with one pending task keeps that task's id."""
+    pending: dict[str, list[int]] = defaultdict(list)
+    for r in records:
+        task = r.spec.array_task
+        if task is not None and r.state in ("SUBMITTED", "ACCEPTED"):
+            pending[task.array_job_id].append(task.task_id)
+    kept: list[JobRecord] = []
+    names: dict[str, str] = {}
+    seen: set[str] = set()
+    for r in records:
+        task = r.spec.array_task
+        if task is None or r.state not in ("SUBMITTED", "ACCEPTED") or len(pending[task.array_job_id]) < 2:
+            kept.append(r)
+            continue
+        if task.array_job_id in seen:
+            continue
+        seen.add(task.array_job_id)
+        limit = f"%{task.max_running}" if task.max_running else ""
+        names[r.job_id] = f"{task.array_job_id}_[{compact(sorted(pending[task.array_job_id]))}{limit}]"
+        kept.append(r)
+    return kept, names
 
 
 def partition_of(node: NodeRecord) -> str:

@@ -44,6 +44,10 @@ def dry_run_summary(spec: JobSpec, warnings: list[str], *, kind: str | None = No
         "entrypoint": spec.entrypoint,
         "command": spec.command,
         "framework": spec.framework,
+        # A job array: how many tasks (jobs) it makes and how many may run at once (%N; null: no limit).
+        "array": None
+        if spec.array is None
+        else {"tasks": spec.array.tasks, "max_running": spec.array.max_running, "indices": spec.array.indices},
         "spec": spec.model_dump(mode="json"),
     }
     if kind is not None:

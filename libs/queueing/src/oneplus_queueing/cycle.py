@@ -24,6 +24,7 @@ from oneplus_contracts import Allocation, JobSpec
 from oneplus_placement.greedy import PlacementResult
 from oneplus_placement.snapshot import AllocationConflict, ClusterSnapshot, ClusterState
 
+from .arrays import count_task, hold_throttled, tasks_running, throttle_message
 from .backfill import may_use_block, reserve_block
 from .batching import BatchPlan, plan_batches
 from .boards import BoardClaim, weigh_boards
@@ -64,6 +65,7 @@ def schedule_cycle(
     decision = CycleDecision(now=now, stats=stats)
     factors = fairshare_factors(config, usage.usage_at(now))
     pending = _dependencies_met(pending, running, job_states or {}, decision)
+    pending = hold_throttled(pending, running, decision.reasons)  # an array's tasks past its %N are not ranked
     carry = carry or CycleCarry()
     ranked, invalid = rank_pending(now, pending, config, factors)
     ranked = keep_protected_first(serving_order(ranked, config), carry.protected)
@@ -82,6 +84,7 @@ def schedule_cycle(
         seed=seed,
         decision=decision,
         busy={singleton_key(r.spec) for r in running},
+        array_running=tasks_running(running),
     )
     served = cycle.honour_nominations(ranked, carry.nominations)
     cycle.plans = plan_batches(now, ranked, served, cycle.capacity.state, config, seed)
@@ -113,6 +116,7 @@ class _Cycle:
     failed: dict[tuple[object, ...], tuple[int, ReasonCode, str]] = field(default_factory=dict)
     no_victims: dict[tuple[object, ...], int] = field(default_factory=dict)  # search key → state version
     busy: set[tuple[str, str]] = field(default_factory=set)  # (name, user) of jobs holding or given GPUs
+    array_running: dict[str, int] = field(default_factory=dict)  # array id → its tasks holding or given GPUs
     board_waits: set[str] = field(default_factory=set)  # jobs that wait for a strong board rather than run slower
     board_claims: list[BoardClaim] = field(default_factory=list)  # where and when those jobs expect to run
     held_back_by: dict[str, str] = field(default_factory=dict)  # queue that holds back → its first job that waits
@@ -186,6 +190,10 @@ class _Cycle:
             return
         if spec.singleton and singleton_key(spec) in self.busy:
             self.reason(job, "Dependency", f"singleton: a job named {spec.name} of {spec.user} holds GPUs")
+            return
+        limit = throttle_message(spec.array_task, self.array_running)
+        if limit is not None:
+            self.reason(job, "JobArrayTaskLimit", limit)
             return
         if self.head is not None:
             self.examined_after_head += 1
@@ -328,6 +336,7 @@ class _Cycle:
         self.ledger.admit(job.job.queue, job.gpus)
         self.decision.placements[job.job_id] = alloc
         self.busy.add(singleton_key(job.job.spec))
+        count_task(job.job.spec.array_task, self.array_running)
         self.decision.reasons.pop(job.job_id, None)
         self.placed.append(RunningJob(job.job_id, job.job.spec, alloc, self.now, preemptions=job.job.preemptions))
 
@@ -411,6 +420,7 @@ class _Cycle:
         self.hold_for(alloc, job.job_id)
         self.decision.nominations[job.job_id] = alloc
         self.busy.add(singleton_key(job.job.spec))
+        count_task(job.job.spec.array_task, self.array_running)
 
     # -- head-of-line protection ------------------------------------------------------------------------------
 

@@ -19,6 +19,7 @@ ReasonCode = Literal[
     "Dependency",  # its --dependency (or singleton) is not satisfied yet; it is not considered
     "DependencyNeverSatisfied",  # a dependency can never be satisfied: the job is ended
     "BadConstraints",  # no node of the cluster has the features its --constraint asks for
+    "JobArrayTaskLimit",  # its array already runs as many tasks as its %N allows (Slurm's reason)
 ]
 PreemptionKind = Literal["priority", "reclaim"]
 

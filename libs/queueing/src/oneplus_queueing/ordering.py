@@ -60,7 +60,7 @@ def rank_pending(
             invalid[job.job_id] = PendingReason(job.job_id, "InvalidQueue", str(exc))
             continue
         ranked.append(RankedJob(job, prio, preemptible, job_score(now, job, prio, config, factors)))
-    ranked.sort(key=lambda r: (-r.score, r.job.submitted_ts, r.job_id))
+    ranked.sort(key=_serving_key)
     return ranked, invalid
 
 
@@ -81,3 +81,12 @@ def keep_protected_first(ranked: list[RankedJob], protected: str | None) -> list
         if ranked[i].priority <= head.priority:
             return [*ranked[:i], head, *ranked[i:at], *ranked[at + 1 :]]
     return ranked
+
+
+def _serving_key(r: RankedJob) -> tuple[float, float, str, int]:
+    """Score, then submission, then id; an array's tasks by task id (as Slurm starts them), not as their ids sort
+    as text (`a_10` before `a_2`)."""
+    task = r.job.spec.array_task
+    if task is None:
+        return (-r.score, r.job.submitted_ts, r.job_id, 0)
+    return (-r.score, r.job.submitted_ts, task.array_job_id, task.task_id)

@@ -8,11 +8,12 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping, Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 
 from oneplus_contracts import ACTIVE_STATES, JobRecord
 from oneplus_contracts.slurm import STATE_CODES, compress_hostlist, format_elapsed
 
+from .arrays import fold_pending_tasks
 from .config import QueueConfig, QueueConfigError
 from .fairshare import UsageHistory, fair_tree
 from .model import PendingJob, PendingReason, RunningJob
@@ -88,8 +89,10 @@ def queue_rows(
     rank = {job_id: i for i, job_id in enumerate(order)}
     active: list[tuple[tuple[float, str], QueueRow]] = []
     waiting: list[tuple[tuple[int, float, str], QueueRow]] = []
+    # An array's pending tasks are one row (its first task's, renamed j-abc_[7-999%50]): no row is made for the rest.
+    shown, folded = fold_pending_tasks(records, rank)
     for rec in records:
-        if rec.terminal:
+        if rec.terminal or rec.job_id in folded:
             continue  # finished or rejected jobs are not in the queue
         st = STATE_CODES[rec.state]
         spec = rec.spec
@@ -124,7 +127,8 @@ def queue_rows(
                 rec.reason or "",
             )
             active.append(((started, rec.job_id), row))
-    return [r for _, r in sorted(active, key=lambda t: t[0])] + [r for _, r in sorted(waiting, key=lambda t: t[0])]
+    rows = [r for _, r in sorted(active, key=lambda t: t[0])] + [r for _, r in sorted(waiting, key=lambda t: t[0])]
+    return [replace(r, job_id=shown[r.job_id]) if r.job_id in shown else r for r in rows] if shown else rows
 
 
 @dataclass(frozen=True, slots=True)

@@ -149,6 +149,8 @@ class IntakeService:
             raise OpsError(f"no job {job_id!r}", 404) from None
         if rec is None:
             rec = await self.svc.ledger.unfolded(job_id)  # submitted a moment ago, its acceptance not folded yet
+        if rec is None and self.hot is not None:
+            rec = self.hot.array_task(job_id)  # an array's id: one of its tasks stands for it (a cancel ends them all)
         if rec is None:
             rec = await JobArchive(self.svc.js).get(job_id)  # long finished: cancelling it is a conflict, not a 404
         if rec is None or not caller.sees(rec.spec.team):
@@ -167,13 +169,15 @@ class IntakeService:
 
     async def job_cancel(self, payload: dict[str, Any], headers: dict[str, str]) -> dict[str, Any]:
         rec, caller = await self.visible_job(payload, headers)
+        # The array's id (scancel 123) names every task of it: one fact, which the owner folds as a cancel of each.
+        job_id = str(payload.get("job_id") or rec.job_id)
         if rec.terminal:
-            raise OpsError(f"job {rec.job_id} already {rec.state}", 409)
+            raise OpsError(f"job {job_id} already {rec.state}", 409)
         by = caller.user if caller.bound and caller.user else str(payload.get("by") or "unknown")
         await self.svc.ledger.report(
-            JobCancelRequested(job_id=rec.job_id, reason=f"cancelled by {by}", by=by), wait_s=self.intake.accept_wait_s
+            JobCancelRequested(job_id=job_id, reason=f"cancelled by {by}", by=by), wait_s=self.intake.accept_wait_s
         )
-        return {"job_id": rec.job_id, "state": rec.state, "cancel_requested": True}
+        return {"job_id": job_id, "state": rec.state, "cancel_requested": True}
 
 
 def build_intake(

@@ -101,6 +101,17 @@ class HotView:
         row = self.rows.get(job_id)
         return row.record() if row is not None else None
 
+    def array_task(self, array_job_id: str) -> JobRecord | None:
+        """A task of the array, one still live if there is one (None: no array of that id in the hot view)."""
+        prefix = array_job_id + "_"
+        found: JobRow | None = None
+        for job_id, row in self.rows.items():
+            if job_id.startswith(prefix) and job_id[len(prefix) :].isdigit():
+                if row.ended_ts is None:
+                    return row.record()
+                found = found or row
+        return found.record() if found is not None else None
+
     @property
     def following(self) -> bool:
         return self._tail is not None

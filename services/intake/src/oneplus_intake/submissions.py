@@ -31,8 +31,10 @@ from oneplus_contracts import (
     new_id,
     subjects,
 )
+from oneplus_contracts.arrays import ArrayError, task_job_id
 from oneplus_jobformats.cloudevents import decode_submission
 from oneplus_jobformats.errors import JobFormatError
+from oneplus_jobformats.site import SiteMapError, site_from_env
 from oneplus_queueing.config import QueueConfig, QueueConfigError
 from pydantic import ValidationError
 
@@ -182,6 +184,8 @@ class Intake:
         scoped = submission_id if caller.team is None else f"{caller.team}/{submission_id}"
         job_id = job_id_for(scoped)
         rec = await self.earlier(job_id)
+        if rec is None and spec.array is not None:  # an array has no record of its own: its first task stands for it
+            rec = await self.earlier(task_job_id(job_id, spec.array.task_ids[0]))
         if rec is not None:  # a retry: answer as the first time, even if the cluster or the body changed since
             self.count("duplicate", source)
             return Outcome(SubmitReply(ok=True, job_id=job_id, duplicate=True, warnings=rec.warnings), DUPLICATE)
@@ -192,15 +196,21 @@ class Intake:
         try:
             config = await self.queue_config()
             spec = config.with_queue_models(spec)  # a queue's flavors (GPU models), as Kueue assigns them
+            if spec.array is not None:
+                spec.array.check_size(site_from_env().max_array_size)  # Slurm's MaxArraySize, from the site file
             admit(spec, config, await self.cluster_facts(), self.empty_cluster)
             await refuse_dependency_cycle(job_id, spec, self.dependencies_of)
-        except (Inadmissible, QueueConfigError, ValidationError) as exc:
+        except (Inadmissible, QueueConfigError, ValidationError, ArrayError, SiteMapError) as exc:
             return await self.reject(job_id, str(exc), source, spec.team, CANNOT_RUN, exc)
         event = JobAccepted(event_id=f"accepted-{job_id}", job_id=job_id, spec=spec, source=source, warnings=warnings)
         reported = await self.svc.ledger.report(event, traceparent=traceparent_of_current(), wait_s=self.accept_wait_s)
         if reported.duplicate:  # a retry that came before the owner recorded the first: the stream's msg id caught it
             self.count("duplicate", source)
             return Outcome(SubmitReply(ok=True, job_id=job_id, duplicate=True, warnings=warnings), DUPLICATE)
-        log.info("accepted %s (%s, team %s) from %s", job_id, spec.name, spec.team, source)
+        if spec.array is not None:
+            log.info("accepted array %s of %d tasks (%s, team %s) from %s", job_id, spec.array.tasks, spec.name,
+                     spec.team, source)  # fmt: skip
+        else:
+            log.info("accepted %s (%s, team %s) from %s", job_id, spec.name, spec.team, source)
         self.count("accepted", source)
         return Outcome(SubmitReply(ok=True, job_id=job_id, warnings=warnings), ACCEPTED)

@@ -53,6 +53,7 @@ from oneplus_contracts import (
     PreemptionRequest,
     subjects,
 )
+from oneplus_contracts.arrays import JobArray, array_state, task_job_id
 from oneplus_contracts.jobindex import HOLDING_STATES
 from oneplus_placement.live import LiveCapacity
 from oneplus_placement.reports import NodeReports
@@ -590,11 +591,8 @@ class Solver:
             await wait_acks([f for rec in launches.values() for f in await self.launch_futures(rec)])
         except Exception:
             log.exception("launching %d placed gang(s) failed; reconcile resends them", len(launches))
-        for rec in cancels:
-            try:
-                await self.cancel(rec)
-            except Exception:
-                log.exception("reaction to the cancel of %s failed; reconcile retries it", rec.job_id)
+        if cancels:
+            await self.cancel_all(cancels)
         try:
             await self.settle_many(list(ended.values()))
         except Exception:
@@ -682,18 +680,28 @@ class Solver:
             stream=subjects.COMMANDS_STREAM,
         )
 
+    async def cancel_all(self, recs: Sequence[JobRecord]) -> None:
+        """The reaction to cancels: pending jobs cancelled together (an array's tasks: one cancel for thousands) end
+        in one commit, each running one is stopped. A failure is logged; reconcile comes back for what is left."""
+        waiting = [cancelled_while_pending(rec) for rec in recs if rec.state == "ACCEPTED"]
+        if waiting:
+            try:
+                await self.owner.commit(*waiting)
+            except Exception:
+                log.exception("ending %d cancelled pending job(s) failed; reconcile retries it", len(waiting))
+        for rec in recs:
+            if rec.state == "ACCEPTED":
+                continue
+            try:
+                await self.cancel(rec)
+            except Exception:
+                log.exception("reaction to the cancel of %s failed; reconcile retries it", rec.job_id)
+
     async def cancel(self, rec: JobRecord) -> None:
         if rec.terminal:
             return
         if rec.state == "ACCEPTED":
-            await self.owner.commit(
-                JobFinished(
-                    event_id=f"cancelled-{rec.job_id}",
-                    job_id=rec.job_id,
-                    state="CANCELLED",
-                    reason=rec.reason or "cancelled",
-                )
-            )
+            await self.owner.commit(cancelled_while_pending(rec))
             return
         if rec.allocation is None:
             return
@@ -883,6 +891,10 @@ class Solver:
             if rec is not None:
                 out[job_id] = rec.state
                 continue
+            if job_id in index.arrays:  # an array's id: all of its tasks (Slurm's afterok:123)
+                states = await self.array_task_states(job_id)
+                out[job_id] = array_state(states) or "ACCEPTED"
+                continue
             if job_id not in self.archived_states:
                 try:
                     got = await self.owner.archive.get(job_id)
@@ -897,6 +909,34 @@ class Solver:
             if state is not None:
                 out[job_id] = state
         return out
+
+    async def array_task_states(self, array_id: str) -> list[str]:
+        """The state of every task of an array: those in the working set, the others (archived) from the archive,
+        each read once (final)."""
+        index = self.owner.index
+        held = index.task_states(array_id)
+        some = next(iter(held))
+        rec = index.jobs.get(some) or index.get(some)
+        task = rec.spec.array_task if rec is not None else None
+        states = list(held.values())
+        if task is None:
+            return states
+        for task_id in JobArray(indices=task.indices).task_ids:
+            job_id = task_job_id(array_id, task_id)
+            if job_id in held:
+                continue
+            if job_id not in self.archived_states:
+                try:
+                    got = await self.owner.archive.get(job_id)
+                except Exception as exc:  # unreachable: the array counts as not done yet
+                    log.warning("dependency %s: archive lookup of %s failed (%s)", array_id, job_id, exc)
+                    states.append("ACCEPTED")
+                    continue
+                self.archived_states[job_id] = got.state if got is not None else None
+            state = self.archived_states[job_id]
+            if state is not None:
+                states.append(state)
+        return states
 
     async def end_unsatisfiable(self, decision: CycleDecision) -> None:
         """Slurm's DependencyNeverSatisfied (with kill_invalid_depend): the job is cancelled with that reason."""
@@ -1165,6 +1205,13 @@ class Solver:
         pending, running = split_records(live)
         usage = await self.usage_for(now)
         return [row.to_dict() for row in queues_rows(now, self.config, pending, running, usage)]
+
+
+def cancelled_while_pending(rec: JobRecord) -> JobFinished:
+    """The end of a job cancelled before it was placed."""
+    return JobFinished(
+        event_id=f"cancelled-{rec.job_id}", job_id=rec.job_id, state="CANCELLED", reason=rec.reason or "cancelled"
+    )
 
 
 QUEUE_PAGE_DEFAULT = 500

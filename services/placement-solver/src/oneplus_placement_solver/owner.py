@@ -47,6 +47,7 @@ from oneplus_contracts import (
     parse_job_event,
     subjects,
 )
+from oneplus_contracts.array_facts import expand_fact
 from oneplus_contracts.jobindex import FinishedJob, JobIndex
 from prometheus_client import CollectorRegistry, Counter
 from pydantic import ValidationError
@@ -60,6 +61,9 @@ REST_OF_BATCH_S = 0.05  # the facts pending behind a first one are in the stream
 # Hot-view keys purged side by side when finished jobs move to the archive: few, so that the commits' writes to the
 # same bucket get their turn between batches (128 at once delayed them by tens of ms).
 PURGE_BATCH = 16
+# Events folded in one commit at most: an array's fact stands for thousands of tasks, committed this many at a time.
+COMMIT_CHUNK = 512
+FIRST_CHUNK = 64
 
 
 @dataclass(frozen=True)
@@ -382,17 +386,29 @@ class JobOwner:
                 events: list[JobEvent] = []
                 tps: list[str | None] = []
                 awaited: list[bool] = []
+                # An array's fact stands for its tasks' (array_facts.py): (the fact, where its tasks are in `events`).
+                stood_for: list[tuple[JobEvent, int, int]] = []
                 for msg in msgs:
                     try:
-                        events.append(parse_job_event(msg.data))
+                        event = parse_job_event(msg.data)
                     except ValidationError as exc:
                         self.refused.labels("unreadable").inc()
                         log.error("refused an unreadable fact on %s: %s", msg.subject, str(exc)[:300])
                         continue
-                    tps.append((msg.headers or {}).get("traceparent"))
-                    awaited.append(_awaited(msg))
+                    tp = (msg.headers or {}).get("traceparent")
+                    tasks = expand_fact(event, self.index.live_tasks)
+                    if tasks is None:
+                        events.append(event)
+                        tps.append(tp)
+                        awaited.append(_awaited(msg))
+                        continue
+                    if _awaited(msg):
+                        stood_for.append((event, len(events), len(events) + len(tasks)))
+                    events += tasks
+                    tps += [tp] * len(tasks)
+                    awaited += [False] * len(tasks)
                 try:
-                    await self.commit(*events, traceparents=tps, awaited=awaited)
+                    await self._commit_facts(events, tps, awaited, stood_for)
                 except Exception:
                     # Not folded (the bus dropped, say): give the facts back now rather than after ack_wait.
                     for msg in msgs:
@@ -405,6 +421,31 @@ class JobOwner:
         finally:
             with contextlib.suppress(Exception):
                 await sub.unsubscribe()
+
+    async def _commit_facts(
+        self,
+        events: Sequence[JobEvent],
+        tps: Sequence[str | None],
+        awaited: Sequence[bool],
+        stood_for: Sequence[tuple[JobEvent, int, int]],
+    ) -> None:
+        """Commit a batch of facts, `COMMIT_CHUNK` events at a time: a 10,000-task array is not one commit that holds
+        the lock (and every cycle, placement and other fold) for seconds. An array's reporter is told as soon as one of
+        its tasks is recorded (a `jobs show` of it then finds it), or once all of them were refused."""
+        out: list[JobRecord | None] = []
+        pending = list(stood_for)
+        at = 0
+        while at < len(events):
+            # The first commit is small when an array waits: its submitter hears back once a few tasks are recorded.
+            end_at = at + (FIRST_CHUNK if at == 0 and pending else COMMIT_CHUNK)
+            out += await self.commit(*events[at:end_at], traceparents=tps[at:end_at], awaited=awaited[at:end_at])
+            at = end_at
+            for item in list(pending):
+                fact, start, end = item
+                first = next((r for r in out[start:end] if r is not None), None)
+                if first is not None or len(out) >= end:
+                    await self._tell_outcomes([fact], [first], [True])
+                    pending.remove(item)
 
     async def _tell_outcomes(
         self, events: Sequence[JobEvent], records: Sequence[JobRecord | None], awaited: Sequence[bool]

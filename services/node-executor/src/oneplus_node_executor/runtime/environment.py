@@ -8,6 +8,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 
 from oneplus_contracts import LaunchRanks, NodeTopology, RankPlacement
+from oneplus_contracts.arrays import array_environment
 
 from .slurm import allocation_environment as slurm_environment
 
@@ -243,6 +244,8 @@ def rank_environment(
         )
         if cmd.spec.framework == "sbatch":
             env.update(slurm_environment(cmd, p))  # the Slurm batch job's allocation (runtime/slurm.py)
+        if cmd.spec.array_task is not None:
+            env.update(array_environment(cmd.spec.array_task))  # a task of a job array: SLURM_ARRAY_*
         if p.gpu_milli:
             env["ONEPLUS_GPU_MILLI"] = str(p.gpu_milli)
         if cmd.resume_from_checkpoint_ts is not None:
