@@ -46,6 +46,10 @@ def refusal_reason(status: int, exc: BaseException | None = None) -> str:
         return "queue"
     if name == "ValidationError":
         return "invalid_spec"
+    if name == "ArrayError":
+        return "array"
+    if name == "SiteMapError":
+        return "site"
     return REFUSALS.get(status, f"http_{status}")
 
 
