@@ -154,3 +154,22 @@ def test_dev_up_with_a_bad_queue_file_starts_nothing_and_says_why(state_home: Pa
         == f"error: {bad}: invalid queue config: queues.0.guarantee: Extra inputs are not permitted"
     )
     assert not dev_state_path().exists()
+
+
+def test_dev_up_says_what_its_runtime_does_and_status_repeats_the_runtime(state_home: Path):
+    from oneplus.cli.app import runtime_note
+
+    note = runtime_note("simulated")
+    assert note.startswith("jobs are simulated: no process runs")
+    for form in ("--simulate-s", "#ONEPLUS --simulate-s=N", "oneplus.io/simulate-s", "--runtime docker"):
+        assert form in note
+    assert "containers" in runtime_note("docker")
+    proc = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        doc = {"pid": proc.pid, "urls": {}, "logdir": "/tmp/x", "runtime": "simulated"}
+        dev_state_path().write_text(json.dumps(doc))
+        status = CliRunner().invoke(app, ["dev", "status"])
+        assert "runtime simulated" in status.stdout
+    finally:
+        proc.kill()
+        proc.wait()

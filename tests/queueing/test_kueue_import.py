@@ -133,3 +133,17 @@ def test_a_oneplus_config_reads_as_itself_and_dumps_back() -> None:
     q = load_queue_file(text, filename="q.yaml")
     assert q.kind == "oneplus" and q.yaml_text == text and q.notes == []
     assert load_queue_config(dump_queue_config(q.config)) == q.config
+
+
+def test_the_same_local_queue_name_in_two_namespaces_is_refused_naming_it() -> None:
+    text = (SAMPLES / "kueue_single_clusterqueue.yaml").read_text()
+    text += (
+        "---\napiVersion: kueue.x-k8s.io/v1beta1\nkind: LocalQueue\nmetadata: {namespace: other, name: user-queue}\n"
+    )
+    text += "spec: {clusterQueue: cluster-queue}\n"
+    with pytest.raises(QueueConfigError) as exc:
+        load_queue_file(text, filename="q.yaml")
+    assert str(exc.value) == (
+        "q.yaml: document 4 (LocalQueue user-queue): metadata.name: 'user-queue' is already a queue of this file "
+        "(names are one namespace here)"
+    )
