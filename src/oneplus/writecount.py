@@ -68,7 +68,7 @@ class WriteCount:
 
 async def last_seqs(js: JetStreamContext) -> dict[str, int]:
     """Every stream's last sequence (KV buckets are the streams KV_<bucket>)."""
-    return {info.config.name: int(info.state.last_seq or 0) for info in await js.streams_info()}
+    return {str(info.config.name): int(info.state.last_seq or 0) for info in await js.streams_info()}
 
 
 def one_gpu_job(i: int, duration_s: float) -> JobSpec:

@@ -14,7 +14,8 @@ from typing import Any
 
 from nats.js.errors import KeyNotFoundError
 from nats.js.kv import KeyValue
-from oneplus_contracts import Allocation
+from oneplus_bus.fencing import OwnerFence
+from oneplus_contracts import Allocation, subjects
 from oneplus_queueing.fairshare import UsageHistory
 from oneplus_queueing.model import CycleCarry
 from pydantic import BaseModel, ValidationError
@@ -42,6 +43,14 @@ class SolverMemory:
         self.kv = kv
         self.saved_usage_at = -float("inf")
         self.saved_carry: CycleCarry | None = None
+        # The job owner's fence: its writes carry the owner epoch's precondition (None: plain puts, as in tests).
+        self.fence: OwnerFence | None = None
+
+    async def _put(self, key: str, value: bytes) -> None:
+        if self.fence is not None:
+            await self.fence.put_kv(subjects.SOLVER_STATE_KV, key, value)
+        else:
+            await self.kv.put(key, value)
 
     async def _read(self, key: str) -> bytes | None:
         try:
@@ -80,12 +89,12 @@ class SolverMemory:
         if not force and now - self.saved_usage_at < USAGE_SAVE_EVERY_S:
             return
         doc = StoredUsage(queues=list(queues), history=usage.to_dict())
-        await self.kv.put(USAGE_KEY, doc.model_dump_json().encode())
+        await self._put(USAGE_KEY, doc.model_dump_json().encode())
         self.saved_usage_at = now
 
     async def save_carry(self, carry: CycleCarry) -> None:
         if self.saved_carry == carry:
             return  # most cycles nominate nobody new and keep the same protected job: no write
         doc = StoredCarry(nominations=dict(carry.nominations), protected=carry.protected)
-        await self.kv.put(NOMINATIONS_KEY, doc.model_dump_json().encode())
+        await self._put(NOMINATIONS_KEY, doc.model_dump_json().encode())
         self.saved_carry = carry

@@ -32,8 +32,9 @@ from nats.js import JetStreamContext
 from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy, PubAck
 from nats.js.errors import NotFoundError
 from nats.js.kv import KeyValue
-from oneplus_bus.acks import PUBLISH_ACK_TIMEOUT_S, wait_acks
+from oneplus_bus.acks import PUBLISH_ACK_TIMEOUT_S
 from oneplus_bus.archive import JobArchive
+from oneplus_bus.fencing import JOBS_KV_STREAM, Deposed, OwnerFence
 from oneplus_bus.informer import StreamTail
 from oneplus_bus.ledger import PROJECTED_SEQ_KEY, latest_values, projected_seq, read_stream
 from oneplus_bus.retry import raise_if_cancelling
@@ -87,6 +88,7 @@ class JobOwner:
         metrics: CollectorRegistry | None = None,
         state_kv: KeyValue | None = None,
         nc: Client | None = None,
+        me: str = "owner",
     ) -> None:
         self.js = js
         self.nc = nc  # where a fact's outcome is told to a reporter that waits for it (None: nobody is told)
@@ -111,14 +113,32 @@ class JobOwner:
         self.applied = Counter(
             "oneplus_job_events_applied", "Events folded into job records", ["type"], registry=metrics
         )
+        # Every write of this owner carries its epoch's precondition, checked by the server (oneplus_bus.fencing).
+        self.fence = OwnerFence(js, nc if nc is not None else js._nc, me, metrics)  # nats-py: no public accessor
+        self.fence.on_deposed = self._deposed
+        # Called once when the server refused a write: a newer owner fenced the streams (the solver steps down).
+        self.on_deposed: Callable[[], None] | None = None
+
+    def _deposed(self) -> None:
+        """A newer owner fenced the streams: nothing this owner holds unwritten may be written any more."""
+        log.warning("job owner %s: deposed by a newer owner (the server refused its writes); it stops writing",
+                    self.fence.me)  # fmt: skip
+        self.unprojected.clear()
+        self.stale = False
+        self._cut_off = []
+        if self.on_deposed is not None:
+            self.on_deposed()
 
     def on_applied(self, fn: OnApplied) -> None:
         """`fn(applied)` runs after each commit, outside the commit (it may commit more)."""
         self._listeners.append(fn)
 
     # -- bootstrap -------------------------------------------------------------------------------------------------
-    async def bootstrap(self) -> int:
-        """List the hot view once, then replay the job stream after it; returns how many events were replayed."""
+    async def bootstrap(self, epoch: int | None = None) -> int:
+        """Fence the streams at `epoch` (the owner lease's revision; None: above the newest epoch there), then list
+        the hot view once and replay the job stream after it; returns how many events were replayed. Fenced first,
+        so that whatever an earlier owner landed is in what is read, and nothing of it lands after."""
+        await self.fence.establish(epoch)
         records = [JobRecord.model_validate_json(v) for v in await latest_values(self.js, subjects.JOBS_KV)]
         self.index = JobIndex.of(records)
         # Not after the highest record: the last commit's other records may not have been projected.
@@ -221,8 +241,11 @@ class JobOwner:
     ) -> list[JobRecord | None]:
         """Fold, publish and project `events` in order; the record of each, or None where it did not apply.
         `awaited[i]`: the reporter of `events[i]` waits to hear what became of it (`_tell_outcomes`)."""
-        async with self._lock:
-            applied, out = await self._commit_locked(events, traceparents)
+        try:
+            async with self._lock:
+                applied, out = await self._commit_locked(events, traceparents)
+        except Deposed as exc:
+            raise NotOwner(str(exc)) from exc
         if any(awaited):
             # Before the listeners: their reactions (settling ended gangs, cancelling) take round trips of their own.
             await self._tell_outcomes(events, out, awaited)
@@ -234,6 +257,7 @@ class JobOwner:
     ) -> tuple[list[Applied], list[JobRecord | None]]:
         if self.guard is not None:
             await self.guard()
+        await self.fence.ensure()
         if self.stale:
             await self._settle_cut_off()
             caught = await self._replay_after(self.index.last_seq)
@@ -260,11 +284,11 @@ class JobOwner:
             else:
                 inject(headers)
             try:
-                fut = await self.js.publish_async(
+                fut = await self.fence.publish(
+                    subjects.JOBS_STREAM,
                     subjects.job_event(event.job_id, event.type),
                     event.model_dump_json().encode(),
-                    headers=headers,
-                    stream=subjects.JOBS_STREAM,
+                    headers,
                 )
             except BaseException:
                 # The events sent before this one may be stored (nats-py flushes its buffer once reconnected):
@@ -279,9 +303,10 @@ class JobOwner:
         # Bounded: an ack lost with a dropped connection would hold the owner's lock for ever. Nothing is folded
         # into the index before every ack is in; a retry's publish is dropped as a duplicate by its event id.
         try:
-            acks = await wait_acks([fut for *_, fut in staged])
+            acks = await self.fence.acks(subjects.JOBS_STREAM, [fut for *_, fut in staged])
         except BaseException:
-            self.stale = bool(staged)  # some may be stored: catch up from the stream before folding anything more
+            # Some may be stored: catch up from the stream before folding anything more (a deposed owner folds no more).
+            self.stale = bool(staged) and not self.fence.deposed
             raise
         rebased: set[str] = set()  # jobs of this batch with an event the stream already held
         for (i, event, before, new, _), ack in zip(staged, acks, strict=True):
@@ -327,8 +352,11 @@ class JobOwner:
         for rec in records:
             self.unprojected[rec.job_id] = rec
         todo = list(self.unprojected.values())
-        futures = [await self.js.publish_async(f"$KV.{subjects.JOBS_KV}.{rec.job_id}", self._json(rec)) for rec in todo]
-        await wait_acks(futures)
+        futures = [
+            await self.fence.publish(JOBS_KV_STREAM, f"$KV.{subjects.JOBS_KV}.{rec.job_id}", self._json(rec))
+            for rec in todo
+        ]
+        await self.fence.acks(JOBS_KV_STREAM, futures)
         for rec in todo:
             if self.unprojected.get(rec.job_id) is rec:
                 del self.unprojected[rec.job_id]
@@ -430,12 +458,19 @@ class JobOwner:
         Only dropping them from the index and saving the sequence hold the commit lock. Archived one round trip a job
         and purged under the lock, the 250 jobs of a 5 s pass at 50 finishing a second held every commit, and so every
         submission's reply, for 75-140 ms (docs/scale.md)."""
+        try:
+            return await self._expire(now)
+        except Deposed as exc:
+            raise NotOwner(str(exc)) from exc
+
+    async def _expire(self, now: float | None) -> list[FinishedJob]:
         if self.guard is not None:
             await self.guard()
+        await self.fence.ensure()
         due = self.index.due_finished(time.time() if now is None else now, self.min_age_s)
         # Archived first, while still in the index: a crash in between leaves a job in both, never neither, and a
         # dependency on it finds it in one or the other throughout.
-        await self.archive.put_finished(due)
+        await self.archive.put_finished(due, self.fence)
         async with self._lock:
             if self.guard is not None:
                 await self.guard()
@@ -449,12 +484,13 @@ class JobOwner:
             if self.unprojected:
                 await self._project([])  # a sequence is saved as projected only once every record of it is
             if self.state_kv is not None and seq > self.saved_seq:
-                await self.state_kv.put(PROJECTED_SEQ_KEY, str(seq).encode())
+                await self.fence.put_kv(subjects.SOLVER_STATE_KV, PROJECTED_SEQ_KEY, str(seq).encode())
                 self.saved_seq = seq
         # Purged, not deleted: a delete leaves a marker per key, which every read of the hot view would still walk
         # through (20,000 markers after 20,000 jobs); a purge of the key's subject leaves nothing. Outside the lock:
-        # no commit writes these keys again, as their jobs left the index (a late fact about one is refused).
-        for start in range(0, len(gone), PURGE_BATCH):
+        # no commit writes these keys again, as their jobs left the index (a late fact about one is refused). A purge
+        # is a stream API call, which no precondition fences: a deposed owner skips them (its successor purges).
+        for start in range(0, len(gone) if not self.fence.deposed else 0, PURGE_BATCH):
             await asyncio.gather(*(self._purge(done.job_id) for done in gone[start : start + PURGE_BATCH]))
         if gone:
             log.debug("%d finished job(s) moved to the archive", len(gone))  # every second under a steady load
