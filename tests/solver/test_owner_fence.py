@@ -95,11 +95,16 @@ async def test_each_fenced_stream_refuses_the_older_epoch(nc: Client) -> None:
         with pytest.raises(Deposed):
             await fence.acks(stream, [await fence.publish(stream, subject, b"{}")])
         assert fence.refused.labels(stream)._value.get() == 1
-    # The solver's carry and usage go through the same fence.
+    # The solver's carry and usage go through the same fence: refused, not saved, and the solver is told.
     memory = SolverMemory((await ensure_kv(js))[subjects.SOLVER_STATE_KV])
-    memory.fence = old.fence
-    with pytest.raises(Deposed):
-        await memory.save_carry(CycleCarry({}, "x"))
+    memory.fence = OwnerFence(js, nc, "old")
+    memory.fence.epoch, memory.fence.seqs = old.fence.epoch, dict(old.fence.seqs)
+    told: list[bool] = []
+    memory.fence.on_deposed = lambda: told.append(True)
+    before = (await js.stream_info(SOLVER_STATE_STREAM)).state.last_seq
+    await memory.save_carry(CycleCarry({}, "x"))
+    assert memory.saved_carry is None and told == [True]
+    assert (await js.stream_info(SOLVER_STATE_STREAM)).state.last_seq == before
 
 
 async def test_an_owner_cannot_fence_below_a_newer_epoch_and_readers_skip_the_fences(nc: Client) -> None:

@@ -57,6 +57,7 @@ log = logging.getLogger("oneplus.owner")
 FACTS_CONSUMER = "job-owner"
 FACTS_ACK_WAIT_S = 30.0  # a fact fetched and not acknowledged (its fetcher died) is delivered again this much later
 FACT_BATCH = 256
+HELD_FACT_DELAY_S = 1.0  # a fact about a job not known yet, while an earlier owner's facts come back, waits this much
 REST_OF_BATCH_S = 0.05  # the facts pending behind a first one are in the stream already: they come at once
 # Hot-view keys purged side by side when finished jobs move to the archive: few, so that the commits' writes to the
 # same bucket get their turn between batches (128 at once delayed them by tens of ms).
@@ -410,17 +411,24 @@ class JobOwner:
                 events: list[JobEvent] = []
                 tps: list[str | None] = []
                 awaited: list[bool] = []
+                held: list[Msg] = []  # facts about jobs this owner does not know yet, while earlier ones may come back
+                catching_up = not self.facts_caught_up(time.time())
                 for msg in msgs:
                     try:
-                        events.append(parse_job_event(msg.data))
+                        event = parse_job_event(msg.data)
                     except ValidationError as exc:
                         self.refused.labels("unreadable").inc()
                         log.error("refused an unreadable fact on %s: %s", msg.subject, str(exc)[:300])
                         continue
+                    if catching_up and self._before_its_job(event, events):
+                        held.append(msg)
+                        continue
+                    events.append(event)
                     tps.append((msg.headers or {}).get("traceparent"))
                     awaited.append(_awaited(msg))
                 try:
-                    await self.commit(*events, traceparents=tps, awaited=awaited)
+                    if events:
+                        await self.commit(*events, traceparents=tps, awaited=awaited)
                 except Exception:
                     # Not folded (the bus dropped, say): give the facts back now rather than after ack_wait.
                     for msg in msgs:
@@ -428,11 +436,25 @@ class JobOwner:
                             await msg.nak(delay=1.0)
                     raise
                 for msg in msgs:
-                    await msg.ack()
-                done += len(msgs)
+                    if any(msg is h for h in held):
+                        await msg.nak(delay=HELD_FACT_DELAY_S)
+                    else:
+                        await msg.ack()
+                if held:
+                    log.info("job owner: %d fact(s) about jobs not known yet held back: facts an earlier owner fetched "
+                             "come back first", len(held))  # fmt: skip
+                done += len(msgs) - len(held)
         finally:
             with contextlib.suppress(Exception):
                 await sub.unsubscribe()
+
+    def _before_its_job(self, event: JobEvent, batch: Sequence[JobEvent]) -> bool:
+        """A fact about a job neither the index nor this batch has accepted: its `accepted` may be among the facts
+        an earlier owner fetched and never acknowledged (paused or killed holding them). Folded now, it would be
+        refused as about an unknown job and lost (a cancel, say); it waits until those facts are back."""
+        if event.type == "accepted" or self.index.get(event.job_id) is not None:
+            return False
+        return not any(e.job_id == event.job_id and e.type == "accepted" for e in batch)
 
     async def _tell_outcomes(
         self, events: Sequence[JobEvent], records: Sequence[JobRecord | None], awaited: Sequence[bool]
