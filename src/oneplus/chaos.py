@@ -29,6 +29,7 @@ import re
 import signal
 import tempfile
 import time
+import urllib.request
 from collections import Counter, defaultdict
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -37,7 +38,9 @@ from typing import Annotated, Any
 import nats
 import typer
 from nats.aio.client import Client
-from nats.js.api import DeliverPolicy
+from nats.js import JetStreamContext
+from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy, StorageType, StreamConfig, StreamSource
+from oneplus_bus.fencing import EPOCH_HEADER, FENCED_STREAMS, SOLVER_STATE_STREAM, is_fence
 from oneplus_bus.settings import nats_servers
 from oneplus_contracts import (
     IllegalTransition,
@@ -53,6 +56,7 @@ from oneplus_contracts import (
     subjects,
 )
 from oneplus_reservations import ReservationStore
+from prometheus_client.parser import text_string_to_metric_families
 from rich.console import Console
 from rich.table import Table
 
@@ -67,6 +71,9 @@ JOB_ID = re.compile(r"\bj-[0-9a-f]{12}\b")  # the intake's job ids (a hash of th
 SUBMIT_GIVE_UP_S = 120.0  # a submission unanswered this long (retried all along) counts as refused
 TELLING = ("WARNING", "ERROR", "refused", "lost", "fenced", "requeu")  # log lines worth showing as evidence
 OUTCOMES = "every job ends as it should (none lost, none stuck)"
+FENCED_WRITES = "no write of a deposed owner landed (fenced streams, witnessed by mirrors)"
+FENCED_PAUSE_S = 18.0  # past the 10 s owner lease, with time for the other replica to take the lead and place
+SOLVERS = ("placement-solver", "placement-solver-2")
 
 
 # -- the workload ------------------------------------------------------------------------------------------------------
@@ -128,6 +135,7 @@ class Fault:
             "kill": f"SIGKILL {self.target}",
             "nats-outage": "NATS killed",
             "pause": f"SIGSTOP {self.target}",
+            "pause-leader": f"SIGSTOP {self.target} (the owner, past its lease)",
             "redis-reset": "Redis killed, empty",
             # oneplus.multihost's faults
             "nats-leader-kill": f"SIGKILL {self.target} (NATS, jobs stream leader)",
@@ -156,8 +164,15 @@ def schedule(profile: str, seed: int, nodes: tuple[str, ...]) -> list[Fault]:
             Fault("pause", "placement-solver", 5.0, 0),
         ]
         gaps = (3.0, 5.0)
+    elif profile == "fenced":
+        # The owner paused past its lease (ONEPLUS_SOLVER_LEASE_S, 10 s) while jobs flow, twice: the other replica
+        # takes the lead and fences the streams; the paused one, resumed, must land nothing (FENCED_WRITES).
+        faults = [Fault("pause-leader", "placement-solver", FENCED_PAUSE_S, 0) for _ in range(2)]
+        for f in faults:
+            f.gap_s = round(rng.uniform(6.0, 10.0), 1)
+        return faults
     else:
-        raise ValueError(f"profile must be 'full' or 'ci', not {profile!r}")
+        raise ValueError(f"profile must be 'full', 'ci' or 'fenced', not {profile!r}")
     rng.shuffle(faults)
     faults.append(Fault("redis-reset", "redis", 2.0 if profile == "full" else 1.0, 0))
     for f in faults:
@@ -312,6 +327,16 @@ class ChaosRun:
 
     async def aim(self, f: Fault) -> None:
         """Settle what a fault hits when it depends on the moment (a stream's leader, the current primary)."""
+        if f.kind == "pause-leader":
+            assert self.platform is not None
+            leading = [
+                await asyncio.to_thread(solver_metric, self.platform, n, "oneplus_solver_leading") for n in SOLVERS
+            ]
+            leaders = [n for n, v in zip(SOLVERS, leading, strict=True) if v == 1]
+            if len(leaders) == 1:
+                f.target = leaders[0]
+            else:
+                f.note = f"no single leader when the fault came ({leaders or 'none'}); paused {f.target}"
 
     async def inject(self, f: Fault, c: OnePlusClient) -> None:
         await self.aim(f)
@@ -335,7 +360,7 @@ class ChaosRun:
                 p.start_executor(node)
             else:
                 p.start_service(f.target)
-        elif f.kind == "pause":
+        elif f.kind in ("pause", "pause-leader"):
             pid = p.procs[f.target].pid
             os.kill(pid, signal.SIGSTOP)
             self.paused = pid
@@ -428,7 +453,7 @@ class ChaosRun:
         self.servers.start()
         self.platform = Platform(
             self.servers.nats_url, self.servers.redis_url, nodes=DEMO_NODES, logdir=self.workdir / "logs",
-            extra_env=self.platform_env(),
+            extra_env=self.platform_env(), solver_replicas=2 if self.cfg.profile == "fenced" else 1,
         ).start()  # fmt: skip
         return self.servers.nats_url
 
@@ -455,6 +480,8 @@ class ChaosRun:
             await wait_for_platform(c, len(DEMO_NODES), timeout=180)
             await nc.subscribe(subjects.node_heartbeat("*"), cb=self.obs.on_heartbeat)
             await nc.subscribe(subjects.all_job_events("placed"), cb=self.obs.on_placed)
+            if cfg.profile == "fenced":
+                await start_witness(nc.jetstream())
             self.log(f"platform up: {len(DEMO_NODES)} nodes; {len(self.gangs)} gangs, {len(self.faults)} faults")
             planned = cfg.warmup_s + sum(f.gap_s + f.down_s + 3.0 for f in self.faults)
             pace = planned / max(1, len(self.gangs))
@@ -499,6 +526,16 @@ class ChaosRun:
         inv["every service alive at the end"] = await self.check_alive(c)
         inv["job records equal a replay of the event stream"] = check_replay(by_job, jobs)
         inv["no reservation left in Redis once every job ended"] = await self.reservations_left()
+        if self.cfg.profile == "fenced":
+            landed, fence_notes = await check_fenced_writes(nc.jetstream())
+            inv[FENCED_WRITES] = landed
+            self.notes.extend(fence_notes)
+            assert self.platform is not None
+            for name in SOLVERS:
+                refused = await asyncio.to_thread(
+                    solver_metric, self.platform, name, "oneplus_owner_writes_refused_total"
+                )
+                self.notes.append(f"{name}: {refused:g} write(s) refused by the NATS server (deposed owner)")
         self.notes.extend(await consumer_lag(nc))
         if self.cancel_refused:
             self.notes.append(f"cancels refused (the job had already ended): {self.cancel_refused}")
@@ -575,7 +612,8 @@ async def read_job_stream(nc: Client) -> list[JobEvent]:
     try:
         while True:
             msg = await sub.next_msg(timeout=10.0)
-            out.append(parse_job_event(msg.data))
+            if not is_fence(msg.subject):  # an owner's epoch (oneplus_bus.fencing), not an event
+                out.append(parse_job_event(msg.data))
             if msg.metadata.sequence.stream >= last:
                 return out
     finally:
@@ -783,6 +821,113 @@ async def consumer_lag(nc: Client) -> list[str]:
     return out
 
 
+def solver_metric(platform: Platform, name: str, sample: str) -> float:
+    """The sum of `sample`'s values on process `name`'s /metrics (NaN when it does not answer)."""
+    url = platform.metrics_urls().get(name)
+    if url is None:
+        return float("nan")
+    try:
+        with urllib.request.urlopen(url, timeout=3) as resp:
+            text = resp.read().decode()
+    except OSError:
+        return float("nan")
+    return sum(s.value for f in text_string_to_metric_families(text) for s in f.samples if s.name == sample)
+
+
+# -- the fenced streams' witness --------------------------------------------------------------------------------------
+WITNESS_PREFIX = "CHAOS_WITNESS_"
+
+
+async def start_witness(js: JetStreamContext) -> None:
+    """Mirror every stream the job owner writes, kept whole: the `jobs` bucket purges archived jobs' keys and keeps
+    5 revisions a key, `solver_state` one; a mirror keeps every write that landed, with its headers."""
+    for stream in FENCED_STREAMS:
+        await js.add_stream(
+            StreamConfig(name=WITNESS_PREFIX + stream, mirror=StreamSource(name=stream), storage=StorageType.FILE)
+        )
+
+
+@dataclass(frozen=True)
+class Witnessed:
+    seq: int
+    subject: str
+    epoch: int | None  # Oneplus-Owner-Epoch: the owner epoch it was written under (None: not an owner write)
+    ts: float
+
+
+async def read_witness(js: JetStreamContext, stream: str, timeout: float = 30.0) -> list[Witnessed]:
+    """Every write the mirror of `stream` holds, in order, once it has caught up with `stream`."""
+    mirror = WITNESS_PREFIX + stream
+    want = int((await js.stream_info(stream)).state.last_seq or 0)
+    deadline = time.monotonic() + timeout
+    while int((await js.stream_info(mirror)).state.last_seq or 0) < want:
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"the mirror of {stream} did not catch up with it (sequence {want})")
+        await asyncio.sleep(0.2)
+    info = await js.add_consumer(
+        mirror, config=ConsumerConfig(ack_policy=AckPolicy.NONE, mem_storage=True, inactive_threshold=30.0)
+    )
+    sub = await js.pull_subscribe_bind(consumer=info.name, stream=mirror)
+    out: list[Witnessed] = []
+    try:
+        todo = info.num_pending or 0
+        while todo > 0:
+            for msg in await sub.fetch(batch=min(todo, 512), timeout=5.0):
+                raw = (msg.headers or {}).get(EPOCH_HEADER)
+                ts = msg.metadata.timestamp.timestamp() if msg.metadata.timestamp else 0.0
+                out.append(Witnessed(msg.metadata.sequence.stream, msg.subject, int(raw) if raw else None, ts))
+                todo -= 1
+    finally:
+        await sub.unsubscribe()
+    return out
+
+
+def deposed_writes(by_stream: dict[str, list[Witnessed]], lease_at: dict[int, float]) -> list[str]:
+    """Writes of an owner epoch that landed after a newer epoch had been taken: in a stream's own order, after a
+    newer epoch's write there; or, by the server's clock, after the lease passed to a newer epoch (`lease_at`:
+    epoch → when its owner wrote the lease revision the epoch is). Both must be none."""
+    out: list[str] = []
+    epochs = sorted(e for e in lease_at)
+    for stream, msgs in by_stream.items():
+        top = 0
+        for m in msgs:
+            if m.epoch is None:
+                continue
+            if m.epoch < top:
+                out.append(f"{stream} seq {m.seq} ({m.subject}): written under epoch {m.epoch} after epoch {top}'s")
+            top = max(top, m.epoch)
+            newer = [e for e in epochs if e > m.epoch]
+            if newer and m.ts > lease_at[newer[0]] and not is_fence(m.subject):
+                out.append(
+                    f"{stream} seq {m.seq} ({m.subject}): written under epoch {m.epoch}, "
+                    f"{m.ts - lease_at[newer[0]]:.3f}s after the lease passed to epoch {newer[0]}"
+                )
+    return dedupe(out)
+
+
+async def check_fenced_writes(js: JetStreamContext) -> tuple[list[str], list[str]]:
+    """The writes of a deposed owner that landed (must be none), from the mirrors; and notes on what was seen."""
+    try:
+        by_stream = {s: await read_witness(js, s) for s in FENCED_STREAMS}
+    except Exception as exc:
+        return [f"cannot read the fenced streams' mirrors: {exc}"], []
+    lease = f"$KV.{subjects.SOLVER_STATE_KV}.{subjects.SOLVER_OWNER_LEASE_KEY}"
+    at = {m.seq: m.ts for m in by_stream[SOLVER_STATE_STREAM] if m.subject == lease}
+    taken = sorted({m.epoch for msgs in by_stream.values() for m in msgs if m.epoch is not None})
+    lease_at = {e: at[e] for e in taken if e in at}
+    owners = {
+        m.epoch: m.subject for msgs in by_stream.values() for m in msgs if m.epoch is not None and is_fence(m.subject)
+    }
+    writes = sum(1 for msgs in by_stream.values() for m in msgs if m.epoch is not None and not is_fence(m.subject))
+    notes = [
+        f"fenced streams: {writes} owner writes under epochs {taken} (owner lease revisions; {len(owners)} fenced)"
+    ]
+    missing = [e for e in taken if e not in lease_at]
+    if missing:
+        notes.append(f"epochs {missing} have no lease write in the solver_state mirror: checked by stream order only")
+    return deposed_writes(by_stream, lease_at), notes
+
+
 async def check_audit(nc: Client) -> tuple[list[str], str]:
     """The solver's reservation audit on JetStream (outlives a Redis reset) replayed for double holds."""
     try:
@@ -922,7 +1067,13 @@ app = typer.Typer(add_completion=False)
 def main(
     gangs: Annotated[int, typer.Option(help="Gangs of 1-16 GPUs to submit")] = 300,
     seed: Annotated[int, typer.Option(help="Seeds the workload and the fault schedule")] = 1,
-    profile: Annotated[str, typer.Option(help="full: the issue's faults; ci: a shorter set (tests/e2e)")] = "full",
+    profile: Annotated[
+        str,
+        typer.Option(
+            help="full: the issue's faults; ci: a shorter set (tests/e2e); fenced: two solver replicas, the owner "
+            "SIGSTOPped past its lease twice, no write of a deposed owner may land"
+        ),
+    ] = "full",
     out: Annotated[Path | None, typer.Option(help="Write the result as JSON here")] = None,
     workdir: Annotated[Path | None, typer.Option(help="Servers' data and service logs (default: a temp dir)")] = None,
     drain_timeout: Annotated[float, typer.Option(help="Seconds for every job to end after the last fault")] = 600.0,

@@ -28,7 +28,17 @@ from oneplus_contracts import (
     RankReport,
 )
 
-from oneplus.chaos import ChaosConfig, ChaosRun, check_attempts, check_heartbeats, gpu_holds, render
+from oneplus.chaos import (
+    FENCED_WRITES,
+    ChaosConfig,
+    ChaosRun,
+    Witnessed,
+    check_attempts,
+    check_heartbeats,
+    deposed_writes,
+    gpu_holds,
+    render,
+)
 
 
 @pytest.mark.e2e
@@ -95,3 +105,45 @@ def test_heartbeat_checks_pass_a_hand_over_and_flag_double_use() -> None:
     silent = [hb(1.0), hb(1.5)]
     assert check_heartbeats(silent, 0.5, holds)[:2] == ([], [])
     assert "nothing to check" in check_heartbeats(silent, 0.5, holds)[2][0]
+
+
+@pytest.mark.e2e
+@pytest.mark.timeout(420)
+async def test_an_owner_paused_past_its_lease_lands_no_write_once_resumed(tmp_path: Path) -> None:
+    """The `fenced` profile: two solver replicas; the one holding the owner lease SIGSTOPped past its lease (10 s)
+    while jobs flow, twice, then resumed. The other takes the lead and fences the streams; mirrors of every stream the
+    owner writes show that nothing written under a deposed owner's epoch landed after its successor's."""
+    cfg = ChaosConfig(gangs=40, seed=1, profile="fenced", drain_timeout_s=150.0, workdir=tmp_path / "chaos")
+    result = await ChaosRun(cfg).run()
+    render(result)
+    assert [f["kind"] for f in result.faults] == ["pause-leader", "pause-leader"]
+    assert all(f["lasted_s"] >= 10.0 for f in result.faults), "paused past the 10 s lease"
+    assert {f["target"] for f in result.faults} <= {"placement-solver", "placement-solver-2"}
+    assert not any("no single leader" in f["note"] for f in result.faults), result.faults
+    assert result.jobs["submitted"] == cfg.gangs
+    assert any(n.startswith("fenced streams:") for n in result.notes), result.notes
+    broken = {name: v for name, v in result.invariants.items() if v}
+    assert FENCED_WRITES in result.invariants
+    assert not broken, f"{json.dumps(broken, indent=1)}\nnotes: {result.notes}\nlogs in {result.workdir}"
+
+
+def test_writes_under_an_older_epoch_after_a_newer_one_are_found() -> None:
+    lease = "$KV.solver_state.owner.lease"
+    by_stream = {
+        "ONEPLUS_JOBS": [
+            Witnessed(1, "oneplus.job.~owner.epoch", 5, 10.0),
+            Witnessed(2, "oneplus.job.a.accepted", 5, 11.0),
+            Witnessed(3, "oneplus.job.~owner.epoch", 9, 20.0),
+            Witnessed(4, "oneplus.job.a.placed", 5, 21.0),  # the deposed owner's, after its successor's fence
+        ],
+        "KV_jobs": [
+            Witnessed(1, "$KV.jobs.~owner", 5, 10.0),
+            Witnessed(2, "$KV.jobs.a", 5, 19.5),  # after the lease passed (19.0), before the fence here (20.0)
+            Witnessed(3, "$KV.jobs.~owner", 9, 20.0),
+        ],
+        "KV_solver_state": [Witnessed(5, lease, None, 9.0), Witnessed(9, lease, None, 19.0)],
+    }
+    found = deposed_writes(by_stream, {5: 9.0, 9: 19.0})
+    assert len([f for f in found if "seq 4 " in f]) == 2, found  # out of order, and after the lease passed
+    assert any("KV_jobs seq 2 " in f and "after the lease passed" in f for f in found), found
+    assert deposed_writes({"ONEPLUS_JOBS": by_stream["ONEPLUS_JOBS"][:3]}, {5: 9.0, 9: 19.0}) == []

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import pytest
 from nats.aio.client import Client
+from oneplus_bus import fencing
 from oneplus_bus.archive import JobArchive
 from oneplus_bus.ledger import read_stream
 from oneplus_bus.streams import ensure_kv, ensure_streams
@@ -23,7 +24,6 @@ from oneplus_contracts import (
     parse_job_event,
     subjects,
 )
-from oneplus_placement_solver import owner as owner_module
 from oneplus_placement_solver.owner import JobOwner
 from test_cycle_store_ops import spec
 
@@ -64,7 +64,7 @@ async def test_a_commit_whose_acks_were_cut_off_is_caught_up_before_the_next_fol
 ) -> None:
     owner = await new_owner(nc)
     await owner.commit(JobAccepted(event_id="a-x", job_id="x", spec=spec(0)))
-    real = owner_module.wait_acks
+    real = fencing.wait_acks  # the owner's writes wait for their acks through its fence
     calls = 0
 
     async def cut_off(futures):  # type: ignore[no-untyped-def]
@@ -75,7 +75,7 @@ async def test_a_commit_whose_acks_were_cut_off_is_caught_up_before_the_next_fol
             raise TimeoutError("nats: timeout")  # ...but the acknowledgement never came back
         return got
 
-    monkeypatch.setattr(owner_module, "wait_acks", cut_off)
+    monkeypatch.setattr(fencing, "wait_acks", cut_off)
     with pytest.raises(TimeoutError):
         await owner.commit(cancelled("x"))
     assert owner.index.get("x").state == "ACCEPTED" and owner.stale
@@ -94,24 +94,21 @@ async def test_a_commit_cut_off_between_two_publishes_is_caught_up_before_the_ne
     # the first event was sent (and stored once nats-py reconnected), the second publish raised.
     owner = await new_owner(nc)
     await owner.commit(*[JobAccepted(event_id=f"a-{j}", job_id=j, spec=spec(0)) for j in ("p", "q")])
-    real = owner.js
+    real = owner.fence.publisher  # the owner's writes go out through its fence's publisher
     sent = 0
 
     class DroppedMidBatch:
-        def __getattr__(self, name: str) -> object:
-            return getattr(real, name)
-
-        async def publish_async(self, *args: object, **kw: object) -> object:
+        async def publish(self, *args: object, **kw: object) -> object:
             nonlocal sent
             sent += 1
             if sent == 2:
                 raise ConnectionError("nats: connection closed")
-            return await real.publish_async(*args, **kw)  # type: ignore[arg-type]
+            return await real.publish(*args, **kw)  # type: ignore[arg-type]
 
-    owner.js = DroppedMidBatch()  # type: ignore[assignment]
+    owner.fence.publisher = DroppedMidBatch()  # type: ignore[assignment]
     with pytest.raises(ConnectionError):
         await owner.commit(cancelled("p"), cancelled("q"))
-    owner.js = real
+    owner.fence.publisher = real
     # p's `finished` went out before the second publish failed: it is in the stream, and the index never folded it.
     assert owner.index.get("p").state == "ACCEPTED" and owner.stale
     await owner.commit(JobAccepted(event_id="a-r", job_id="r", spec=spec(1)))

@@ -47,11 +47,11 @@ def failing_once(solver: Solver, monkeypatch: pytest.MonkeyPatch) -> list[int]:
     calls: list[int] = []
     real = solver.owner.bootstrap
 
-    async def bootstrap() -> int:
+    async def bootstrap(epoch: int | None = None) -> int:
         calls.append(1)
         if len(calls) == 1:
             raise ServiceUnavailableError()
-        return await real()
+        return await real(epoch)
 
     monkeypatch.setattr(solver.owner, "bootstrap", bootstrap)
     return calls

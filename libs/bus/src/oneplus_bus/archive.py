@@ -34,6 +34,7 @@ from oneplus_contracts.jobindex import FinishedJob
 from pydantic_core import from_json
 
 from oneplus_bus.acks import wait_acks
+from oneplus_bus.fencing import OwnerFence, is_fence
 
 ARCHIVE_PREFIX = f"{subjects.PREFIX}.archive"
 JOB_STATES: tuple[str, ...] = get_args(JobState)
@@ -210,10 +211,20 @@ class JobArchive:
         data = data if data is not None else rec.model_dump_json().encode()
         return await self._publish(archive_subject(rec), rec.job_id, rec.seq, data)
 
-    async def put_finished(self, done: Sequence[FinishedJob]) -> None:
+    async def put_finished(self, done: Sequence[FinishedJob], fence: OwnerFence | None = None) -> None:
         """`put` of finished jobs as the hot view keeps them (their JSON and filing fields): nothing is parsed. Sent
-        without waiting for each one's ack, `PUT_BATCH` at a time: one round trip a batch, not one a job."""
+        without waiting for each one's ack, `PUT_BATCH` at a time: one round trip a batch, not one a job. With the
+        job owner's `fence`, each put carries its epoch's precondition (raises fencing.Deposed when refused)."""
         for start in range(0, len(done), PUT_BATCH):
+            if fence is not None:
+                batch = [
+                    await fence.publish(
+                        self.stream, subject_of(d.job_id, d.state, d.team, d.user), d.data, _dedupe(d.job_id, d.seq)
+                    )
+                    for d in done[start : start + PUT_BATCH]
+                ]
+                await fence.acks(self.stream, batch)
+                continue
             futures = [
                 await self.js.publish_async(
                     subject_of(d.job_id, d.state, d.team, d.user),
@@ -342,7 +353,7 @@ class JobArchive:
                     continue
                 for msg in msgs:
                     remaining = msg.metadata.num_pending or 0
-                    if msg.data:
+                    if msg.data and not is_fence(msg.subject):  # not the job owner's epoch (oneplus_bus.fencing)
                         yield msg.subject, msg.data, msg.metadata.sequence.stream
                     if remaining == 0:
                         break

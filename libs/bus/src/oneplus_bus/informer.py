@@ -17,6 +17,7 @@ from nats.aio.msg import Msg
 from nats.js import JetStreamContext
 from nats.js.api import ConsumerConfig, DeliverPolicy
 
+from .fencing import is_fence
 from .ledger import latest_items
 from .retry import until_answered
 
@@ -157,6 +158,8 @@ async def kv_list_and_watch(
     cut = len(f"$KV.{bucket}.")
 
     async def handle(seq: int, subject: str, data: bytes, headers: dict[str, str]) -> None:
+        if is_fence(subject):
+            return  # the job owner's epoch (oneplus_bus.fencing), not an entry
         removed = headers.get("KV-Operation") in _REMOVED_OPS or headers.get("Nats-Marker-Reason") in _REMOVED_MARKERS
         await on_change(subject[cut:], None if removed else data)
 

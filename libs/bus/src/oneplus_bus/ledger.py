@@ -21,6 +21,7 @@ from nats.js.kv import KeyValue
 from oneplus_contracts import IllegalTransition, JobEvent, JobRecord, apply_event, parse_job_event, subjects
 from pydantic import ValidationError
 
+from .fencing import is_fence
 from .foldwatch import FoldWatch, outcome_applied
 from .retry import until_answered
 from .telemetry import inject
@@ -183,12 +184,14 @@ async def _latest_items(js: JetStreamContext, bucket: str, timeout: float) -> li
                 remaining = (await sub.consumer_info()).num_pending or 0
                 continue
             for msg in msgs:
+                remaining = msg.metadata.num_pending or 0
+                if is_fence(msg.subject):
+                    continue  # the job owner's epoch (oneplus_bus.fencing), not an entry
                 key = msg.subject[prefix:]
                 if _removed(msg.headers or {}):
                     values.pop(key, None)
                 else:
                     values[key] = msg.data
-                remaining = msg.metadata.num_pending or 0
             todo -= len(msgs)
     finally:
         await sub.unsubscribe()
@@ -233,7 +236,8 @@ async def read_stream(
                 todo = min(todo, (await sub.consumer_info()).num_pending or 0)
                 continue
             for msg in msgs:
-                out.append((msg.metadata.sequence.stream, msg.data, dict(msg.headers or {})))
+                if not is_fence(msg.subject):  # the job owner's epoch (oneplus_bus.fencing), not a message to fold
+                    out.append((msg.metadata.sequence.stream, msg.data, dict(msg.headers or {})))
             todo -= len(msgs)
     finally:
         await sub.unsubscribe()

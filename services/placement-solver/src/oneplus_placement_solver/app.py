@@ -209,9 +209,12 @@ class Solver:
             metrics=svc.metrics,
             state_kv=svc.kv[subjects.SOLVER_STATE_KV],
             nc=svc.nc,
+            me=self.settings.replica,
         )
         self.owner.on_applied(self.react)
         self.owner.guard = self.guard_commit
+        self.owner.on_deposed = self.deposed  # the server refused a write: a newer owner fenced the streams
+        self.memory.fence = self.owner.fence
         state_kv = svc.kv[subjects.SOLVER_STATE_KV]
         ttl = self.settings.lease_ttl_s
         self._lease = Lease(state_kv, OWNER_LEASE_KEY, self.settings.replica, ttl_s=ttl)
@@ -222,7 +225,7 @@ class Solver:
         self.members = self._replicas.alive()
         self.leading = await self._lease.try_hold()
         if self.leading:
-            await self.owner.bootstrap()
+            await self.owner.bootstrap(self.lease.revision)
         else:
             log.info("solver %s follows: %s holds the owner lease", self.settings.replica, self._lease.holder)
             await self.owner.follow(self.on_followed)
@@ -327,7 +330,7 @@ class Solver:
         self.leading = True  # the steps below act as the owner (sync_store rebuilds a reset store)
         self.metrics.leading.set(1)
         try:
-            await self.owner.bootstrap()
+            await self.owner.bootstrap(self.lease.revision)  # the lease's revision is the owner epoch
             self.carry = await self.memory.load_carry()
             self.usage = None  # the stored history, carried on from the last owner
             await self.sync_store()
@@ -339,6 +342,13 @@ class Solver:
             raise
         self.start_owner_loops()
         self.wake.set()
+
+    def deposed(self) -> None:
+        """The server refused a write of this owner: a newer one fenced the streams. Stop writing now, follow."""
+        if self.leading:
+            self.leading = False
+            self.metrics.leading.set(0)
+            self.svc.spawn(self.step_down)
 
     async def step_down(self) -> None:
         """Another replica holds the owner lease: stop writing and follow the job stream instead."""

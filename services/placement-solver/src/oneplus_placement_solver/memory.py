@@ -14,7 +14,8 @@ from typing import Any
 
 from nats.js.errors import KeyNotFoundError
 from nats.js.kv import KeyValue
-from oneplus_contracts import Allocation
+from oneplus_bus.fencing import Deposed, OwnerFence
+from oneplus_contracts import Allocation, subjects
 from oneplus_queueing.fairshare import UsageHistory
 from oneplus_queueing.model import CycleCarry
 from pydantic import BaseModel, ValidationError
@@ -42,6 +43,21 @@ class SolverMemory:
         self.kv = kv
         self.saved_usage_at = -float("inf")
         self.saved_carry: CycleCarry | None = None
+        # The job owner's fence: its writes carry the owner epoch's precondition (None: plain puts, as in tests).
+        self.fence: OwnerFence | None = None
+
+    async def _put(self, key: str, value: bytes) -> bool:
+        """Whether `value` was stored: not when the server refused it (a newer owner fenced the bucket; the fence
+        has already told the solver, which steps down and goes on as a follower, whose carry and usage nobody keeps)."""
+        if self.fence is None:
+            await self.kv.put(key, value)
+            return True
+        try:
+            await self.fence.put_kv(subjects.SOLVER_STATE_KV, key, value)
+        except Deposed:
+            log.info("%s not saved: this solver is no longer the job owner", key)
+            return False
+        return True
 
     async def _read(self, key: str) -> bytes | None:
         try:
@@ -80,12 +96,12 @@ class SolverMemory:
         if not force and now - self.saved_usage_at < USAGE_SAVE_EVERY_S:
             return
         doc = StoredUsage(queues=list(queues), history=usage.to_dict())
-        await self.kv.put(USAGE_KEY, doc.model_dump_json().encode())
-        self.saved_usage_at = now
+        if await self._put(USAGE_KEY, doc.model_dump_json().encode()):
+            self.saved_usage_at = now
 
     async def save_carry(self, carry: CycleCarry) -> None:
         if self.saved_carry == carry:
             return  # most cycles nominate nobody new and keep the same protected job: no write
         doc = StoredCarry(nominations=dict(carry.nominations), protected=carry.protected)
-        await self.kv.put(NOMINATIONS_KEY, doc.model_dump_json().encode())
-        self.saved_carry = carry
+        if await self._put(NOMINATIONS_KEY, doc.model_dump_json().encode()):
+            self.saved_carry = carry

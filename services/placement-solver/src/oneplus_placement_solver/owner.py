@@ -32,8 +32,9 @@ from nats.js import JetStreamContext
 from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy, PubAck
 from nats.js.errors import NotFoundError
 from nats.js.kv import KeyValue
-from oneplus_bus.acks import PUBLISH_ACK_TIMEOUT_S, wait_acks
+from oneplus_bus.acks import PUBLISH_ACK_TIMEOUT_S
 from oneplus_bus.archive import JobArchive
+from oneplus_bus.fencing import JOBS_KV_STREAM, Deposed, OwnerFence
 from oneplus_bus.informer import StreamTail
 from oneplus_bus.ledger import PROJECTED_SEQ_KEY, latest_values, projected_seq, read_stream
 from oneplus_bus.retry import raise_if_cancelling
@@ -57,6 +58,7 @@ log = logging.getLogger("oneplus.owner")
 FACTS_CONSUMER = "job-owner"
 FACTS_ACK_WAIT_S = 30.0  # a fact fetched and not acknowledged (its fetcher died) is delivered again this much later
 FACT_BATCH = 256
+HELD_FACT_DELAY_S = 1.0  # a fact about a job not known yet, while an earlier owner's facts come back, waits this much
 REST_OF_BATCH_S = 0.05  # the facts pending behind a first one are in the stream already: they come at once
 # Hot-view keys purged side by side when finished jobs move to the archive: few, so that the commits' writes to the
 # same bucket get their turn between batches (128 at once delayed them by tens of ms).
@@ -91,6 +93,7 @@ class JobOwner:
         metrics: CollectorRegistry | None = None,
         state_kv: KeyValue | None = None,
         nc: Client | None = None,
+        me: str = "owner",
     ) -> None:
         self.js = js
         self.nc = nc  # where a fact's outcome is told to a reporter that waits for it (None: nobody is told)
@@ -115,14 +118,32 @@ class JobOwner:
         self.applied = Counter(
             "oneplus_job_events_applied", "Events folded into job records", ["type"], registry=metrics
         )
+        # Every write of this owner carries its epoch's precondition, checked by the server (oneplus_bus.fencing).
+        self.fence = OwnerFence(js, nc if nc is not None else js._nc, me, metrics)  # nats-py: no public accessor
+        self.fence.on_deposed = self._deposed
+        # Called once when the server refused a write: a newer owner fenced the streams (the solver steps down).
+        self.on_deposed: Callable[[], None] | None = None
+
+    def _deposed(self) -> None:
+        """A newer owner fenced the streams: nothing this owner holds unwritten may be written any more."""
+        log.warning("job owner %s: deposed by a newer owner (the server refused its writes); it stops writing",
+                    self.fence.me)  # fmt: skip
+        self.unprojected.clear()
+        self.stale = False
+        self._cut_off = []
+        if self.on_deposed is not None:
+            self.on_deposed()
 
     def on_applied(self, fn: OnApplied) -> None:
         """`fn(applied)` runs after each commit, outside the commit (it may commit more)."""
         self._listeners.append(fn)
 
     # -- bootstrap -------------------------------------------------------------------------------------------------
-    async def bootstrap(self) -> int:
-        """List the hot view once, then replay the job stream after it; returns how many events were replayed."""
+    async def bootstrap(self, epoch: int | None = None) -> int:
+        """Fence the streams at `epoch` (the owner lease's revision; None: above the newest epoch there), then list
+        the hot view once and replay the job stream after it; returns how many events were replayed. Fenced first,
+        so that whatever an earlier owner landed is in what is read, and nothing of it lands after."""
+        await self.fence.establish(epoch)
         records = [JobRecord.model_validate_json(v) for v in await latest_values(self.js, subjects.JOBS_KV)]
         self.index = JobIndex.of(records)
         # Not after the highest record: the last commit's other records may not have been projected.
@@ -225,8 +246,11 @@ class JobOwner:
     ) -> list[JobRecord | None]:
         """Fold, publish and project `events` in order; the record of each, or None where it did not apply.
         `awaited[i]`: the reporter of `events[i]` waits to hear what became of it (`_tell_outcomes`)."""
-        async with self._lock:
-            applied, out = await self._commit_locked(events, traceparents)
+        try:
+            async with self._lock:
+                applied, out = await self._commit_locked(events, traceparents)
+        except Deposed as exc:
+            raise NotOwner(str(exc)) from exc
         if any(awaited):
             # Before the listeners: their reactions (settling ended gangs, cancelling) take round trips of their own.
             await self._tell_outcomes(events, out, awaited)
@@ -238,6 +262,7 @@ class JobOwner:
     ) -> tuple[list[Applied], list[JobRecord | None]]:
         if self.guard is not None:
             await self.guard()
+        await self.fence.ensure()
         if self.stale:
             await self._settle_cut_off()
             caught = await self._replay_after(self.index.last_seq)
@@ -264,11 +289,11 @@ class JobOwner:
             else:
                 inject(headers)
             try:
-                fut = await self.js.publish_async(
+                fut = await self.fence.publish(
+                    subjects.JOBS_STREAM,
                     subjects.job_event(event.job_id, event.type),
                     event.model_dump_json().encode(),
-                    headers=headers,
-                    stream=subjects.JOBS_STREAM,
+                    headers,
                 )
             except BaseException:
                 # The events sent before this one may be stored (nats-py flushes its buffer once reconnected):
@@ -283,9 +308,10 @@ class JobOwner:
         # Bounded: an ack lost with a dropped connection would hold the owner's lock for ever. Nothing is folded
         # into the index before every ack is in; a retry's publish is dropped as a duplicate by its event id.
         try:
-            acks = await wait_acks([fut for *_, fut in staged])
+            acks = await self.fence.acks(subjects.JOBS_STREAM, [fut for *_, fut in staged])
         except BaseException:
-            self.stale = bool(staged)  # some may be stored: catch up from the stream before folding anything more
+            # Some may be stored: catch up from the stream before folding anything more (a deposed owner folds no more).
+            self.stale = bool(staged) and not self.fence.deposed
             raise
         rebased: set[str] = set()  # jobs of this batch with an event the stream already held
         for (i, event, before, new, _), ack in zip(staged, acks, strict=True):
@@ -331,8 +357,11 @@ class JobOwner:
         for rec in records:
             self.unprojected[rec.job_id] = rec
         todo = list(self.unprojected.values())
-        futures = [await self.js.publish_async(f"$KV.{subjects.JOBS_KV}.{rec.job_id}", self._json(rec)) for rec in todo]
-        await wait_acks(futures)
+        futures = [
+            await self.fence.publish(JOBS_KV_STREAM, f"$KV.{subjects.JOBS_KV}.{rec.job_id}", self._json(rec))
+            for rec in todo
+        ]
+        await self.fence.acks(JOBS_KV_STREAM, futures)
         for rec in todo:
             if self.unprojected.get(rec.job_id) is rec:
                 del self.unprojected[rec.job_id]
@@ -388,12 +417,17 @@ class JobOwner:
                 awaited: list[bool] = []
                 # An array's fact stands for its tasks' (array_facts.py): (the fact, where its tasks are in `events`).
                 stood_for: list[tuple[JobEvent, int, int]] = []
+                held: list[Msg] = []  # facts about jobs this owner does not know yet, while earlier ones may come back
+                catching_up = not self.facts_caught_up(time.time())
                 for msg in msgs:
                     try:
                         event = parse_job_event(msg.data)
                     except ValidationError as exc:
                         self.refused.labels("unreadable").inc()
                         log.error("refused an unreadable fact on %s: %s", msg.subject, str(exc)[:300])
+                        continue
+                    if catching_up and self._before_its_job(event, events):
+                        held.append(msg)
                         continue
                     tp = (msg.headers or {}).get("traceparent")
                     tasks = expand_fact(event, self.index.live_tasks)
@@ -408,7 +442,8 @@ class JobOwner:
                     tps += [tp] * len(tasks)
                     awaited += [False] * len(tasks)
                 try:
-                    await self._commit_facts(events, tps, awaited, stood_for)
+                    if events:
+                        await self._commit_facts(events, tps, awaited, stood_for)
                 except Exception:
                     # Not folded (the bus dropped, say): give the facts back now rather than after ack_wait.
                     for msg in msgs:
@@ -416,8 +451,14 @@ class JobOwner:
                             await msg.nak(delay=1.0)
                     raise
                 for msg in msgs:
-                    await msg.ack()
-                done += len(msgs)
+                    if any(msg is h for h in held):
+                        await msg.nak(delay=HELD_FACT_DELAY_S)
+                    else:
+                        await msg.ack()
+                if held:
+                    log.info("job owner: %d fact(s) about jobs not known yet held back: facts an earlier owner fetched "
+                             "come back first", len(held))  # fmt: skip
+                done += len(msgs) - len(held)
         finally:
             with contextlib.suppress(Exception):
                 await sub.unsubscribe()
@@ -447,6 +488,14 @@ class JobOwner:
                     await self._tell_outcomes([fact], [first], [True])
                     pending.remove(item)
 
+    def _before_its_job(self, event: JobEvent, batch: Sequence[JobEvent]) -> bool:
+        """A fact about a job neither the index nor this batch has accepted: its `accepted` may be among the facts
+        an earlier owner fetched and never acknowledged (paused or killed holding them). Folded now, it would be
+        refused as about an unknown job and lost (a cancel, say); it waits until those facts are back."""
+        if event.type == "accepted" or self.index.get(event.job_id) is not None:
+            return False
+        return not any(e.job_id == event.job_id and e.type == "accepted" for e in batch)
+
     async def _tell_outcomes(
         self, events: Sequence[JobEvent], records: Sequence[JobRecord | None], awaited: Sequence[bool]
     ) -> None:
@@ -471,12 +520,19 @@ class JobOwner:
         Only dropping them from the index and saving the sequence hold the commit lock. Archived one round trip a job
         and purged under the lock, the 250 jobs of a 5 s pass at 50 finishing a second held every commit, and so every
         submission's reply, for 75-140 ms (docs/scale.md)."""
+        try:
+            return await self._expire(now)
+        except Deposed as exc:
+            raise NotOwner(str(exc)) from exc
+
+    async def _expire(self, now: float | None) -> list[FinishedJob]:
         if self.guard is not None:
             await self.guard()
+        await self.fence.ensure()
         due = self.index.due_finished(time.time() if now is None else now, self.min_age_s)
         # Archived first, while still in the index: a crash in between leaves a job in both, never neither, and a
         # dependency on it finds it in one or the other throughout.
-        await self.archive.put_finished(due)
+        await self.archive.put_finished(due, self.fence)
         async with self._lock:
             if self.guard is not None:
                 await self.guard()
@@ -490,12 +546,13 @@ class JobOwner:
             if self.unprojected:
                 await self._project([])  # a sequence is saved as projected only once every record of it is
             if self.state_kv is not None and seq > self.saved_seq:
-                await self.state_kv.put(PROJECTED_SEQ_KEY, str(seq).encode())
+                await self.fence.put_kv(subjects.SOLVER_STATE_KV, PROJECTED_SEQ_KEY, str(seq).encode())
                 self.saved_seq = seq
         # Purged, not deleted: a delete leaves a marker per key, which every read of the hot view would still walk
         # through (20,000 markers after 20,000 jobs); a purge of the key's subject leaves nothing. Outside the lock:
-        # no commit writes these keys again, as their jobs left the index (a late fact about one is refused).
-        for start in range(0, len(gone), PURGE_BATCH):
+        # no commit writes these keys again, as their jobs left the index (a late fact about one is refused). A purge
+        # is a stream API call, which no precondition fences: a deposed owner skips them (its successor purges).
+        for start in range(0, len(gone) if not self.fence.deposed else 0, PURGE_BATCH):
             await asyncio.gather(*(self._purge(done.job_id) for done in gone[start : start + PURGE_BATCH]))
         if gone:
             log.debug("%d finished job(s) moved to the archive", len(gone))  # every second under a steady load

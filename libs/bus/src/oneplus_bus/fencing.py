@@ -1,0 +1,241 @@
+"""Ownership the server enforces: an owner epoch per stream, checked by NATS on every write of the owner.
+
+A lease (`oneplus_bus.lease`) says who should write; only the server can say whose writes land. Each stream the job
+owner writes (the job events, the `jobs` KV bucket, the archive, the `solver_state` bucket) keeps one *fence
+subject* (`fence_subject`). An owner that takes over first appends its epoch there (the lease revision it took the
+lease at, compare-and-set on that subject's last sequence, never below the epoch already there), and from then on
+every write it makes to the stream carries `Nats-Expected-Last-Subject-Sequence` = the sequence of its own fence
+message, checked on the fence subject (`Nats-Expected-Last-Subject-Sequence-Subject`, nats-server >= 2.11). Once a
+newer owner has fenced a stream, the older one's writes there are refused by the server (error 10071, "wrong last
+sequence"), whatever its clock says: paused past its lease, partitioned, or flushing buffered publishes after a
+reconnect. The refusal is the deposed owner's signal to stop (`Deposed`); it is counted in
+`oneplus_owner_writes_refused_total{stream}`.
+
+Because the new owner fences every stream *before* it reads any of them back (bootstrap), whatever an old owner
+landed is already in what it reads, and nothing of the old owner's lands after.
+
+Every fenced write also carries `Oneplus-Owner-Epoch`, so a reader can check (`oneplus.chaos`'s `fenced` profile
+does) that no stream ever holds a write of an older epoch after a newer one's.
+
+`FencedPublisher` pipelines these writes and hands a refusal back as an error: nats-py 2.16's `publish_async` does
+not (its reply handler raises the error instead of setting it on the future, which then never resolves).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+from collections.abc import Callable, Mapping
+
+from nats.aio.client import Client
+from nats.aio.msg import Msg
+from nats.errors import NoRespondersError
+from nats.js import JetStreamContext
+from nats.js.api import PubAck
+from nats.js.errors import APIError, NotFoundError
+from oneplus_contracts import subjects
+from prometheus_client import CollectorRegistry, Counter
+
+from .acks import wait_acks
+
+log = logging.getLogger("oneplus.fencing")
+
+# A key / subject token no job id gives (`~` is neither in the intake's ids nor in an archive job token).
+FENCE_TOKEN = "~owner"
+EPOCH_HEADER = "Oneplus-Owner-Epoch"
+EXPECTED_SEQ = "Nats-Expected-Last-Subject-Sequence"
+EXPECTED_SEQ_SUBJECT = "Nats-Expected-Last-Subject-Sequence-Subject"
+EXPECTED_STREAM = "Nats-Expected-Stream"
+WRONG_LAST_SEQUENCE = 10071  # JetStream's error code for a failed expected-sequence check
+
+JOBS_KV_STREAM = f"KV_{subjects.JOBS_KV}"
+SOLVER_STATE_STREAM = f"KV_{subjects.SOLVER_STATE_KV}"
+# The streams only the job owner writes (the solver_state bucket's owner keys; its lease and liveness keys are
+# written by every replica, unfenced).
+FENCED_STREAMS = (subjects.JOBS_STREAM, JOBS_KV_STREAM, subjects.ARCHIVE_STREAM, SOLVER_STATE_STREAM)
+
+
+def fence_subject(stream: str) -> str:
+    """The subject of `stream` that holds its owner epochs."""
+    return {
+        subjects.JOBS_STREAM: f"{subjects.PREFIX}.job.{FENCE_TOKEN}.epoch",
+        JOBS_KV_STREAM: f"$KV.{subjects.JOBS_KV}.{FENCE_TOKEN}",
+        subjects.ARCHIVE_STREAM: f"{subjects.PREFIX}.archive.{FENCE_TOKEN}",
+        SOLVER_STATE_STREAM: f"$KV.{subjects.SOLVER_STATE_KV}.{FENCE_TOKEN}",
+    }[stream]
+
+
+FENCE_SUBJECTS = frozenset(fence_subject(s) for s in FENCED_STREAMS)
+
+
+def is_fence(subject: str) -> bool:
+    """Whether `subject` is a fence subject (readers of a whole stream or bucket skip it)."""
+    return subject in FENCE_SUBJECTS
+
+
+def refused_by_fence(exc: BaseException) -> bool:
+    """A write the server refused because its expected sequence no longer holds."""
+    return isinstance(exc, APIError) and exc.err_code == WRONG_LAST_SEQUENCE
+
+
+class Deposed(RuntimeError):
+    """A newer owner fenced a stream this owner writes: its writes are refused there; it must stop writing."""
+
+
+class FencedPublisher:
+    """Pipelined JetStream publishes (one round trip for a batch) whose refusals come back as errors."""
+
+    def __init__(self, nc: Client) -> None:
+        self.nc = nc
+        self._prefix = ""
+        self._futures: dict[str, asyncio.Future[PubAck]] = {}
+        self._n = 0
+
+    async def publish(
+        self, subject: str, data: bytes, headers: Mapping[str, str], stream: str
+    ) -> asyncio.Future[PubAck]:
+        if not self._prefix:
+            self._prefix = self.nc.new_inbox()
+            await self.nc.subscribe(f"{self._prefix}.*", cb=self._on_reply)
+        self._n += 1
+        token = str(self._n)
+        fut: asyncio.Future[PubAck] = asyncio.get_running_loop().create_future()
+        self._futures[token] = fut
+        fut.add_done_callback(lambda _f: self._futures.pop(token, None))
+        await self.nc.publish(
+            subject, data, reply=f"{self._prefix}.{token}", headers={**headers, EXPECTED_STREAM: stream}
+        )
+        return fut
+
+    async def _on_reply(self, msg: Msg) -> None:
+        fut = self._futures.get(msg.subject[len(self._prefix) + 1 :])
+        if fut is None or fut.done():
+            return
+        if msg.headers and msg.headers.get("Status") == "503":
+            fut.set_exception(NoRespondersError())
+            return
+        try:
+            resp = json.loads(msg.data)
+        except ValueError as exc:
+            fut.set_exception(exc)
+            return
+        if "error" in resp:
+            err = resp["error"]
+            fut.set_exception(
+                APIError(code=err.get("code"), err_code=err.get("err_code"), description=err.get("description"))
+            )
+        else:
+            fut.set_result(PubAck.from_response(resp))
+
+
+class OwnerFence:
+    """This owner's epoch and the sequence of its fence message on each stream it writes."""
+
+    def __init__(self, js: JetStreamContext, nc: Client, me: str, metrics: CollectorRegistry | None = None) -> None:
+        self.js = js
+        self.me = me
+        self.publisher = FencedPublisher(nc)
+        self.epoch = 0
+        self.seqs: dict[str, int] = {}
+        self.deposed = False
+        self.on_deposed: Callable[[], None] | None = None  # called once: a write refused, or a newer epoch found
+        self.refused = Counter(
+            "oneplus_owner_writes_refused",
+            "Writes of this job owner the NATS server refused: a newer owner had fenced the stream",
+            ["stream"],
+            registry=metrics,
+        )
+
+    @property
+    def established(self) -> bool:
+        return bool(self.seqs) and not self.deposed
+
+    async def last(self, stream: str) -> tuple[int, int]:
+        """(sequence, epoch) of the latest fence message on `stream`; (0, 0) when it has none."""
+        try:
+            msg = await self.js.get_last_msg(stream, fence_subject(stream))
+        except NotFoundError:
+            return 0, 0
+        try:
+            epoch = int(json.loads(msg.data or b"{}").get("epoch", 0))
+        except (ValueError, TypeError, AttributeError):
+            epoch = 0
+        return int(msg.seq or 0), epoch
+
+    async def establish(self, epoch: int | None = None) -> int:
+        """Fence every stream the owner writes at `epoch` (the owner lease's revision; None: one above the newest
+        epoch found, for an owner without a lease). Raises Deposed where a newer epoch is there already."""
+        if epoch is None:
+            epoch = max([(await self.last(s))[1] for s in FENCED_STREAMS]) + 1
+        seqs: dict[str, int] = {}
+        for stream in FENCED_STREAMS:
+            while True:
+                seq, there = await self.last(stream)
+                if there > epoch:
+                    self._depose()
+                    raise Deposed(f"{stream} is fenced at epoch {there}, above this owner's {epoch}")
+                body = json.dumps({"owner": self.me, "epoch": epoch}).encode()
+                headers = {EXPECTED_SEQ: str(seq), EPOCH_HEADER: str(epoch)}
+                try:
+                    ack = await self.js.publish(fence_subject(stream), body, headers=headers, stream=stream)
+                except APIError as exc:
+                    if refused_by_fence(exc):
+                        continue  # another owner fenced it between our read and our write: look again
+                    raise
+                seqs[stream] = int(ack.seq)
+                break
+        self.epoch, self.seqs, self.deposed = epoch, seqs, False
+        log.info("owner %s fenced %s at epoch %d", self.me, ", ".join(FENCED_STREAMS), epoch)
+        return epoch
+
+    async def ensure(self) -> None:
+        """Raise Deposed once refused; fence every stream (an owner without a lease) if never done."""
+        if self.deposed:
+            raise Deposed(f"owner {self.me} (epoch {self.epoch}) was deposed")
+        if not self.seqs:
+            await self.establish()
+
+    def headers(self, stream: str, base: Mapping[str, str] | None = None) -> dict[str, str]:
+        """`base` and the preconditions of a write to `stream` by this owner."""
+        if self.deposed:
+            raise Deposed(f"owner {self.me} (epoch {self.epoch}) was deposed")
+        return {
+            **(base or {}),
+            EXPECTED_SEQ: str(self.seqs[stream]),
+            EXPECTED_SEQ_SUBJECT: fence_subject(stream),
+            EPOCH_HEADER: str(self.epoch),
+        }
+
+    async def publish(
+        self, stream: str, subject: str, data: bytes, base: Mapping[str, str] | None = None
+    ) -> asyncio.Future[PubAck]:
+        """Send one fenced write without waiting (its ack is the future: await it with `acks`)."""
+        return await self.publisher.publish(subject, data, self.headers(stream, base), stream)
+
+    async def acks(self, stream: str, futures: list[asyncio.Future[PubAck]]) -> list[PubAck]:
+        """The acks of fenced writes to `stream`, in order; Deposed if the server refused any (this owner is then
+        deposed for good: `establish` again after taking the lease again)."""
+        try:
+            return await wait_acks(futures)
+        except APIError as exc:
+            if not refused_by_fence(exc):
+                raise
+            n = sum(1 for f in futures if f.done() and not f.cancelled() and f.exception() is not None)
+            self.refused.labels(stream).inc(max(1, n))
+            self._depose()
+            log.warning("owner %s (epoch %d): %d write(s) to %s refused by the server", self.me, self.epoch, n, stream)
+            raise Deposed(f"owner {self.me} (epoch {self.epoch}): {stream} is fenced by a newer owner") from exc
+
+    def _depose(self) -> None:
+        if self.deposed:
+            return
+        self.deposed = True
+        if self.on_deposed is not None:
+            self.on_deposed()
+
+    async def put_kv(self, bucket: str, key: str, value: bytes) -> int:
+        """A fenced KV put (`bucket` is one of the fenced buckets); its revision."""
+        stream = f"KV_{bucket}"
+        fut = await self.publish(stream, f"$KV.{bucket}.{key}", value)
+        return int((await self.acks(stream, [fut]))[0].seq)
