@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import pytest
 from oneplus_jobformats import JobFormatError, dry_run_summary, parse_sbatch
+from oneplus_placement import ClusterState, place_gang
+from oneplus_topology.cluster import synthetic_cluster
 
 
 def script(*directives: str, body: str = "srun hostname\n") -> str:
@@ -69,3 +71,19 @@ def test_node_counts_that_cannot_be_met_get_one_clear_line(directives: list[str]
     text = str(info.value)
     assert message in text and "\n" not in text.strip()
     assert text.startswith("job.sh: line ")
+
+
+def test_sbatch_exclusive_job_holds_its_whole_node_and_the_dry_run_says_so() -> None:
+    text = "#!/bin/bash\n#SBATCH --exclusive\n#SBATCH --ntasks=1\n#SBATCH --gpus-per-task=2\nsrun hostname\n"
+    parsed = parse_sbatch(text, filename="excl.sh")
+    summary = dry_run_summary(parsed.spec, parsed.warnings)
+    assert summary["exclusive"] is True
+    assert any(n.startswith("exclusive: each of the job's nodes is held whole") for n in summary["resource_notes"])
+    state = ClusterState.from_cluster(synthetic_cluster(1, preset="h100_sxm_8gpu_nvswitch_nv18", name="t"))
+    alloc = place_gang(state.snapshot(), parsed.spec).allocation
+    assert alloc is not None
+    # Asked for 2 GPUs; the job holds all 8 of its node (sbatch(1): all CPUs and GRES of its nodes).
+    assert sorted(alloc.ranks[0].gpus) == list(range(8)) and alloc.ranks[0].cpus == state.slots[0].cpus
+    state.apply(alloc)
+    one = parse_sbatch("#!/bin/bash\n#SBATCH --gpus=1\nsrun hostname\n", filename="one.sh").spec
+    assert place_gang(state.snapshot(), one).allocation is None

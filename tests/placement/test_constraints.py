@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from oneplus_contracts import Allocation, JobSpec, RankPlacement
-from oneplus_placement import ClusterSnapshot, ClusterState, place_gang
+from oneplus_placement import ClusterSnapshot, ClusterState, PendingGang, place_batch, place_gang
 from placement_boards import HGX_H100, L40S, board, cluster_of, preset_cluster
 
 
@@ -128,6 +128,49 @@ def test_exclusive_gang_only_takes_idle_nodes() -> None:
     snap = ClusterSnapshot.from_cluster(preset_cluster(HGX_H100, 2)).with_allocation(held("node-00", [0]))
     result = place_gang(snap, spec(1, 2, topology={"exclusive": True}))
     assert result.allocation is not None and result.allocation.nodes == ["node-01"]
+
+
+def test_exclusive_gang_holds_every_gpu_and_cpu_of_its_node_so_no_other_job_lands_there() -> None:
+    state = ClusterState.from_cluster(preset_cluster(HGX_H100, 1))
+    alloc = place_gang(state.snapshot(), spec(2, 1, memory_mb=4096, topology={"exclusive": True})).allocation
+    assert alloc is not None
+    # Each rank keeps its own GPU first (its first device); the node's other six are dealt between them.
+    assert [len(r.gpus) for r in alloc.ranks] == [4, 4]
+    assert sorted(g for r in alloc.ranks for g in r.gpus) == list(range(8))
+    assert alloc.ranks[0].gpus[0] != alloc.ranks[1].gpus[0]
+    node_cpus = state.slots[0].cpus
+    assert sum(r.cpus for r in alloc.ranks) == node_cpus
+    assert [r.memory_mb for r in alloc.ranks] == [4096, 4096]  # memory as asked, as Slurm allocates it
+    state.apply(alloc)
+    # Six GPUs would be free had the exclusive job held only its two; neither a GPU nor a share fits now.
+    for gpus in (1, 0.25):
+        later = place_gang(state.snapshot(), spec(1, gpus))
+        assert later.allocation is None and later.explanation is not None
+    state.release(alloc)
+    assert state.snapshot().idle(0)
+
+
+def test_exclusive_share_gang_holds_its_node_by_its_cpus() -> None:
+    state = ClusterState.from_cluster(preset_cluster(HGX_H100, 1))
+    alloc = place_gang(state.snapshot(), spec(1, 0.5, topology={"exclusive": True})).allocation
+    assert alloc is not None and alloc.ranks[0].cpus == state.slots[0].cpus
+    state.apply(alloc)
+    assert place_gang(state.snapshot(), spec(1, 0.25)).allocation is None
+
+
+def test_batch_window_puts_no_job_beside_an_exclusive_one() -> None:
+    snap = ClusterSnapshot.from_cluster(preset_cluster(HGX_H100, 2))
+    jobs = [
+        PendingGang("excl", spec(1, 2, topology={"exclusive": True}), priority=10),
+        PendingGang("a", spec(1, 4)),
+        PendingGang("b", spec(1, 4)),
+    ]
+    got = place_batch(snap, jobs, time_limit_s=1.0)
+    excl = got.decisions["excl"].allocation
+    assert excl is not None and sorted(excl.ranks[0].gpus) == list(range(8))
+    others = [got.decisions[j].allocation for j in ("a", "b")]
+    # The two 4-GPU jobs share the other node; neither lands on the exclusive job's six "free" GPUs.
+    assert all(a is not None and a.nodes != excl.nodes for a in others)
 
 
 def test_gang_is_all_or_nothing_when_the_cluster_is_one_rank_short() -> None:

@@ -67,6 +67,8 @@ def resource_notes(spec: JobSpec) -> list[str]:
         notes.append("memory: no limit; a rank may use its node's free memory")
     else:
         notes.append(f"memory: capped at {r.memory_limit_mb} MiB")
+    if spec.topology.exclusive:
+        notes.append("exclusive: each of the job's nodes is held whole (all its GPUs and CPUs); no other job shares it")
     if spec.framework in ("pytorchjob", "trainjob"):
         notes.append(
             "each rank gets PET_NNODES=ranks, PET_NODE_RANK=its rank, PET_MASTER_ADDR/PET_MASTER_PORT=rank 0's "

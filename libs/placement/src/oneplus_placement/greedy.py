@@ -9,6 +9,7 @@ from oneplus_contracts import Allocation, JobSpec, RankPlacement
 from .bandwidth import ideal_ring_gbps, ring_of_masks
 from .capacity import CapacityIndexes
 from .diagnosis import Explanation, diagnose, static_reason
+from .exclusive import hold_whole_nodes
 from .fgd import FragMeter
 from .fitters import Fitter, RankPick, fitter_for, ordered_gpus
 from .levels import DomainSearch, Plan
@@ -126,6 +127,8 @@ def materialise(fitter: Fitter, req: GangRequest, plan: Plan, solver: str = "gre
         )
         for n, p in enumerate(picks)
     ]
+    if req.exclusive:
+        ranks = hold_whole_nodes(fitter.snap, ranks)
     score = score_terms(fitter, req, plan, picks)
     return Allocation(ranks=ranks, domain=plan.domain, ring_gbps=score["ring_gbps"], solver=solver, score=score)
 

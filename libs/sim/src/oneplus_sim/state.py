@@ -96,7 +96,9 @@ class Occupancy:
         mem: dict[int, int] = {}
         for node, gpus in placement.slots:
             expected = 1 if job.gpu_milli else job.gpus_per_rank
-            if len(gpus) != expected or len(set(gpus)) != len(gpus):
+            # An exclusive gang's ranks also hold the rest of their node's GPUs.
+            short = len(gpus) < expected if job.exclusive and not job.gpu_milli else len(gpus) != expected
+            if short or len(set(gpus)) != len(gpus):
                 raise PlacementError(f"{job.job_id}: a rank needs {expected} distinct GPUs, got {gpus} on {node}")
             kind = self.cluster.nodes[node].kind
             if job.gpu_models and kind.gpu_model not in job.gpu_models:

@@ -32,6 +32,7 @@ class SimJob:
     gpu_milli: int = 0
     gpu_models: tuple[str, ...] | None = None
     qos: str | None = None
+    exclusive: bool = False  # sbatch --exclusive: its nodes are held whole
     # Assigned by TraceRules.apply
     ranks: int = 1
     gpus_per_rank: int = 0

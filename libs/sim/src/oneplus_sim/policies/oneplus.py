@@ -75,6 +75,8 @@ def job_spec(job: SimJob, grace_s: float, leaf_required: bool = False) -> JobSpe
     """The JobSpec the live system would receive; `leaf_required` keeps a multi-node gang under one leaf."""
     gpus = job.gpu_milli / 1000 if job.gpu_milli else float(job.gpus_per_rank)
     topology = TopologyConstraint(domain="leaf", mode="required") if leaf_required and job.ranks > 1 else None
+    if job.exclusive:
+        topology = (topology or TopologyConstraint()).model_copy(update={"exclusive": True})
     return JobSpec(
         name=job.job_id,
         priority_class=job.priority_class,
