@@ -65,8 +65,9 @@ node_groups:
 """,
     )
     c = load_cluster(path)
-    assert len(c.nodes_by_leaf()) == 9 + 1
-    assert c.spine_of("gb200-35") == "spine4" and c.spine_of("dgx1-01") == "spine4"
+    # Leaves hold whole NVLink domains: with 4 nodes a leaf and 18 a domain, each NVL72 rack gets a leaf of its own.
+    assert {leaf: len(n) for leaf, n in c.nodes_by_leaf().items()} == {"leaf0": 18, "leaf1": 18, "leaf2": 3}
+    assert c.spine_of("gb200-35") == "spine0" and c.spine_of("dgx1-01") == "spine1"
     assert {d: len(n) for d, n in c.nodes_by_nvlink_domain().items()} == {"gb200-nvl0": 18, "gb200-nvl1": 18}
     dgx = c.node("dgx1-03")
     assert (dgx.cpus, dgx.memory_mb, dgx.labels) == (80, 524288, {"team": "vision"})

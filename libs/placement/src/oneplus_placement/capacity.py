@@ -18,6 +18,14 @@ class CapacityIndex:
     def __init__(self, fitter: Fitter) -> None:
         self.caps: dict[int, int] = {}
         self.leaf_caps: list[int] = [0] * len(fitter.layout.leaf_nodes)
+        levels = fitter.layout.levels
+        # Per site level, units per domain; the leaf level shares the list above.
+        self.group_caps: list[list[int]] = [
+            self.leaf_caps if lv.name == "leaf" else [0] * len(lv.members) for lv in levels
+        ]
+        self._group_of = [
+            (caps, lv.of_node) for caps, lv in zip(self.group_caps, levels, strict=True) if lv.name != "leaf"
+        ]
         # Nodes of one class share board, free GPUs and capacity, so they fit any request of this shape alike.
         self.classes: dict[ClassKey, set[int]] = {}
         self._key_of: dict[int, ClassKey] = {}
@@ -44,6 +52,8 @@ class CapacityIndex:
     def _add(self, i: int, c: int, key: ClassKey) -> None:
         self.caps[i] = c
         self.leaf_caps[self._leaf_of[i]] += c
+        for caps, of_node in self._group_of:
+            caps[of_node[i]] += c
         self._key_of[i] = key
         members = self.classes.get(key)
         if members is None:
@@ -56,6 +66,8 @@ class CapacityIndex:
         if not c:
             return
         self.leaf_caps[self._leaf_of[i]] -= c
+        for caps, of_node in self._group_of:
+            caps[of_node[i]] -= c
         key = self._key_of.pop(i)
         members = self.classes[key]
         members.discard(i)
@@ -78,8 +90,9 @@ class CapacityIndexes:
         self._by_shape: dict[tuple[object, ...], tuple[Fitter, CapacityIndex]] = {}
 
     def index(self, fitter: Fitter, req: GangRequest) -> CapacityIndex:
-        # Capacities depend on the request's capacity fields and the fitter's kind only (never on its seed).
-        key = (type(fitter), req.capacity_key)
+        # Capacities depend on the request's capacity fields and the fitter's kind only (never on its seed); the
+        # fitter's request is the one this cluster places (`fitters.adapt`).
+        key = (type(fitter), fitter.req.capacity_key)
         got = self._by_shape.get(key)
         if got is None:
             got = self._by_shape[key] = (fitter, CapacityIndex(fitter))

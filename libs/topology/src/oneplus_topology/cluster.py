@@ -7,6 +7,7 @@ of nodes is cheap; treat a node's `gpus` and `links` as read-only and change a n
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Annotated, Any
@@ -189,9 +190,10 @@ def load_cluster(path: str | Path) -> Cluster:
     for gi, group in enumerate(spec.node_groups):
         base = _group_topology(path, gi, group)
         width = max(2, len(str(group.start + group.count - 1)))
+        per_leaf = _leaf_of(spec.fabric.nodes_per_leaf, group.nodes_per_nvlink_domain)
         for k in range(group.count):
             name = f"{group.prefix}-{group.start + k:0{width}d}"
-            leaf = leaf_index + k // spec.fabric.nodes_per_leaf
+            leaf = leaf_index + per_leaf(k)
             update: dict[str, Any] = {
                 "node": name,
                 "leaf": f"leaf{leaf}",
@@ -205,9 +207,19 @@ def load_cluster(path: str | Path) -> Cluster:
                 update["nvlink_domain"] = f"{group.prefix}-nvl{k // group.nodes_per_nvlink_domain}"
             update |= {k2: v for k2, v in (("cpus", group.cpus), ("memory_mb", group.memory_mb)) if v is not None}
             nodes.append(base.model_copy(update=update))
-        leaf_index += -(-group.count // spec.fabric.nodes_per_leaf)
+        leaf_index += per_leaf(group.count - 1) + 1
     _apply_overrides(path, spec, nodes)
     return Cluster(name=spec.name, fabric=spec.fabric, nodes=nodes)
+
+
+def _leaf_of(nodes_per_leaf: int, nodes_per_domain: int | None) -> Callable[[int], int]:
+    """The leaf (counted from the group's first) of the group's k-th node. Leaves hold whole multi-node NVLink
+    domains: the trays of one NVL72 rack share their leaves, and a domain is read inside its leaf (placement's level
+    tree nests), so with fewer nodes per leaf than per domain each domain gets a leaf of its own."""
+    if not nodes_per_domain:
+        return lambda k: k // nodes_per_leaf
+    domains_per_leaf = max(1, nodes_per_leaf // nodes_per_domain)
+    return lambda k: (k // nodes_per_domain) // domains_per_leaf
 
 
 def _apply_overrides(path: Path, spec: ClusterFile, nodes: list[NodeTopology]) -> None:
@@ -271,8 +283,9 @@ def synthetic_cluster(
     base = base.model_copy(update={"features": _features(base, [])})  # its GPU model's feature (`h100`)
     width = max(2, len(str(n_nodes - 1)))
     nodes = []
+    per_leaf = _leaf_of(nodes_per_leaf, nodes_per_nvlink_domain)
     for i in range(n_nodes):
-        leaf = i // nodes_per_leaf
+        leaf = per_leaf(i)
         update: dict[str, Any] = {
             "node": f"{prefix}-{i:0{width}d}",
             "leaf": f"leaf{leaf}",
