@@ -18,14 +18,11 @@ class CapacityIndex:
     def __init__(self, fitter: Fitter) -> None:
         self.caps: dict[int, int] = {}
         self.leaf_caps: list[int] = [0] * len(fitter.layout.leaf_nodes)
-        levels = fitter.layout.levels
-        # Per site level, units per domain; the leaf level shares the list above.
-        self.group_caps: list[list[int]] = [
-            self.leaf_caps if lv.name == "leaf" else [0] * len(lv.members) for lv in levels
-        ]
-        self._group_of = [
-            (caps, lv.of_node) for caps, lv in zip(self.group_caps, levels, strict=True) if lv.name != "leaf"
-        ]
+        lowest = fitter.layout.levels[0]
+        # Units per domain of the lowest site level (the leaf list itself when that level is leaf); the levels above
+        # sum their children when a search asks (`DomainSearch.level_caps`).
+        self.low_caps: list[int] = self.leaf_caps if lowest.name == "leaf" else [0] * len(lowest.members)
+        self._low_of = lowest.of_node if lowest.name != "leaf" else None
         # Nodes of one class share board, free GPUs and capacity, so they fit any request of this shape alike.
         self.classes: dict[ClassKey, set[int]] = {}
         self._key_of: dict[int, ClassKey] = {}
@@ -52,8 +49,8 @@ class CapacityIndex:
     def _add(self, i: int, c: int, key: ClassKey) -> None:
         self.caps[i] = c
         self.leaf_caps[self._leaf_of[i]] += c
-        for caps, of_node in self._group_of:
-            caps[of_node[i]] += c
+        if self._low_of is not None:
+            self.low_caps[self._low_of[i]] += c
         self._key_of[i] = key
         members = self.classes.get(key)
         if members is None:
@@ -66,8 +63,8 @@ class CapacityIndex:
         if not c:
             return
         self.leaf_caps[self._leaf_of[i]] -= c
-        for caps, of_node in self._group_of:
-            caps[of_node[i]] -= c
+        if self._low_of is not None:
+            self.low_caps[self._low_of[i]] -= c
         key = self._key_of.pop(i)
         members = self.classes[key]
         members.discard(i)

@@ -136,6 +136,10 @@ class Fitter(ABC):
         self.seed = seed
         self.layout = snap.layout
         self.eligible = static_eligible(snap.layout, req)
+        self.segmented = req.segment > 1  # a tensor-parallel group may span the nodes of one domain
+        # Free GPUs per domain of the lowest site level, and each node's domain there (the leaf on most clusters).
+        self._low_free = snap.low_free
+        self._low_of = snap.layout.levels[0].of_node
 
     @property
     def leaf_free(self) -> list[int]:
@@ -174,12 +178,7 @@ class Fitter(ABC):
         """Where node `i` comes among equally fit nodes before the tie-break: the free GPUs of its domain at the lowest
         site level (its leaf, or its multi-node NVLink domain where the site has them), fullest first, so small gangs
         go where fragments are and whole domains stay whole."""
-        if not self.packs_leaves:
-            return 0
-        levels = self.layout.levels
-        if levels and self.snap.low_free is not self.snap.leaf_free:
-            return self.snap.low_free[levels[0].of_node[i]]
-        return self.leaf_free[self.layout.slots[i].leaf]
+        return self._low_free[self._low_of[i]] if self.packs_leaves else 0
 
     def node_key(self, i: int, units: int) -> NodeKey:
         """Best fit first: the per-class fit, then the fullest leaf, then a seeded tie-break."""
@@ -202,7 +201,7 @@ class WholeGpuFitter(Fitter):
         if req.exclusive and not snap.idle(i):
             return 0
         shape = self.layout.slots[i].shape
-        if self._solo(i):
+        if self.segmented and self._solo(i):
             # Alone in its domain: whole tensor-parallel groups on this node's NVLink, as without segments.
             groups = shape.capacity(snap.free[i], req.tp, req.tp)
             return min(groups, self.resource_cap(i) // req.segment) * req.segment if groups else 0
@@ -210,7 +209,7 @@ class WholeGpuFitter(Fitter):
         return min(c, self.resource_cap(i)) if c else 0
 
     def _solo(self, i: int) -> bool:
-        return self.req.segment > 1 and solo(self.layout, self.req, i)
+        return self.segmented and solo(self.layout, self.req, i)
 
     def union(self, i: int, units: int, rails: frozenset[int] | None = None) -> int:
         shape = self.layout.slots[i].shape
@@ -223,7 +222,9 @@ class WholeGpuFitter(Fitter):
         return tops[0]
 
     def class_key(self, i: int) -> tuple[object, ...]:
-        return (id(self.layout.slots[i].shape), self.snap.free[i], self._solo(i))
+        if self.segmented:
+            return (id(self.layout.slots[i].shape), self.snap.free[i], self._solo(i))
+        return (id(self.layout.slots[i].shape), self.snap.free[i])
 
     def board_key(self, i: int, units: int) -> tuple[float, ...]:
         """A board kind as fast as the cluster's best for this gang first; among those, the kind least worth keeping

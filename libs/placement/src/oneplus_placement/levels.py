@@ -47,6 +47,7 @@ class DomainSearch:
         level = self.req.segment_level
         self._segment_k = names.index(level) if self.req.segment > 1 and level in names else None
         self._level_caps: dict[int, list[int]] = {}
+        self._raw: dict[int, list[int]] = {}
 
     @property
     def leaf_caps(self) -> list[int]:
@@ -72,7 +73,7 @@ class DomainSearch:
         tensor-parallel group never leaves its domain)."""
         got = self._level_caps.get(k)
         if got is None:
-            raw = self.index.group_caps[k]
+            raw = self._raw_caps(k)
             seg, at = self.req.segment, self._segment_k
             if at is None or k < at:
                 got = raw
@@ -82,6 +83,22 @@ class DomainSearch:
                 below = self.level_caps(k - 1)
                 got = [sum(below[c] for c in ch) for ch in self.layout.levels[k].children]
             self._level_caps[k] = got
+        return got
+
+    def _raw_caps(self, k: int) -> list[int]:
+        """Units per domain of site level `k`, whatever segments need: kept by the index for the lowest level and the
+        leaf, summed from the children above."""
+        got = self._raw.get(k)
+        if got is None:
+            level = self.layout.levels[k]
+            if k == 0:
+                got = self.index.low_caps
+            elif level.name == "leaf":
+                got = self.index.leaf_caps
+            else:
+                below = self._raw_caps(k - 1)
+                got = [sum(below[c] for c in ch) for ch in level.children]
+            self._raw[k] = got
         return got
 
     def plans(self, level: str, limit: int | None = None) -> list[Plan]:
