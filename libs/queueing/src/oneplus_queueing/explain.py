@@ -11,7 +11,7 @@ from .capacity import whole_gpus
 from .model import ReasonCode
 
 # Placement's blocking constraints that are about where GPUs sit rather than how many there are.
-_TOPOLOGY = frozenset({"domain", "domain_size", "max_leaves", "nvlink_domain", "rank_size"})
+_TOPOLOGY = frozenset({"domain", "domain_size", "max_leaves", "nvlink_domain", "rank_size", "group_domain"})
 
 
 def classify_failure(spec: JobSpec, explanation: Explanation | None, free_gpus: int) -> tuple[ReasonCode, str]:
@@ -19,7 +19,7 @@ def classify_failure(spec: JobSpec, explanation: Explanation | None, free_gpus: 
     need = whole_gpus(spec)
     if explanation is None:
         return "Resources", f"needs {need} GPUs; {free_gpus} are free"
-    if explanation.constraint == "constraint":
+    if explanation.constraint in ("constraint", "level"):  # a feature or a level the cluster does not have
         return "BadConstraints", explanation.message
     if explanation.constraint in _TOPOLOGY:
         return "Topology", explanation.message
@@ -41,6 +41,7 @@ def shape_key(spec: JobSpec) -> tuple[object, ...]:
         topo.domain,
         topo.mode,
         topo.group_gpus,
+        topo.group_domain,
         topo.max_leaves,
         topo.exclusive,
         spec.constraint,
