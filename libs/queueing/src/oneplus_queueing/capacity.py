@@ -166,6 +166,9 @@ class Capacity:
             return lay.leaf_nodes[ix]
         if level == "spine":
             return [n for leaf in lay.spine_leaves[ix] for n in lay.leaf_nodes[leaf]]
+        site = lay.level(level)
+        if site is not None:  # a level of the site's own (nvlink, rack, zone, ...)
+            return site.members[ix]
         return range(len(lay.slots))
 
     def domain_of_node(self, level: Domain, node_ix: int) -> DomainKey:
@@ -176,6 +179,9 @@ class Capacity:
             return ("leaf", slot.leaf)
         if level == "spine":
             return ("spine", slot.spine)
+        site = self.layout.level(level)
+        if site is not None:
+            return (level, site.of_node[node_ix])
         return ("cluster", 0)
 
     def free_in(self, key: DomainKey) -> int:
@@ -191,12 +197,15 @@ class Capacity:
             return lay.leaf_names[ix]
         if level == "spine":
             return lay.spine_names[ix]
+        site = lay.level(level)
+        if site is not None:
+            return site.names[ix]
         return "cluster"
 
     def alloc_domain(self, alloc: Allocation) -> tuple[Domain, str]:
         """The tightest domain holding every rank of `alloc`, and its name."""
         ixs = {self.node_index(n) for n in alloc.nodes}
-        for level in ("node", "leaf", "spine"):
+        for level in self.layout.level_names[:-1]:  # node, the site's levels bottom-up (nvlink, leaf, spine, ...)
             keys = {self.domain_of_node(level, i) for i in ixs}
             if len(keys) == 1:
                 key = keys.pop()
