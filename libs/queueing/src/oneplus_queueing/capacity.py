@@ -13,7 +13,7 @@ from oneplus_contracts import Allocation, Domain, JobSpec, RankPlacement
 from oneplus_placement.capacity import CapacityIndexes
 from oneplus_placement.diagnosis import Explanation, static_reason
 from oneplus_placement.fgd import FragMeter, WorkloadShape, memory_asks, typical_shapes
-from oneplus_placement.fitters import static_eligible
+from oneplus_placement.fitters import adapt, static_eligible
 from oneplus_placement.greedy import PlacementResult, place_gang
 from oneplus_placement.request import GangRequest, InvalidRequest
 from oneplus_placement.snapshot import FULL_SHARE, ClusterSnapshot, ClusterState, Layout
@@ -150,7 +150,8 @@ class Capacity:
             req = GangRequest.of(spec)
         except InvalidRequest:
             return self.free_gpus()
-        eligible = static_eligible(self.layout, req)
+        # As the cluster places it: a TP group over NVL72 trays is eligible tray by tray (`fitters.adapt`).
+        eligible = static_eligible(self.layout, adapt(self.layout, req))
         free = self.state.free_count
         return sum(free[i] for i in range(len(free)) if eligible[i])
 
