@@ -7,6 +7,8 @@ and the share of requested GPUs placed by the batch and by greedy alone.
 Contested: windows that compete for the same nodes (more GPUs asked than free, on a cluster fragmented by a seeded
 fill, gangs in arrival order), several seeds per family: GPUs placed, tightest-domain share and the objective of
 CP-SAT against greedy (greedy in priority-then-arrival order, as the live cycle places), under the same bound.
+NVL72: gangs of 1-144 GPUs in 4-GPU tray ranks, many with TP groups of 8-32 GPUs, on 144 GB200 trays (576 GPUs,
+eight NVL72 racks) and on 2,048 trays (8,192 GPUs): p50/p99, and whether every TP group sat inside one NVLink domain.
 Model: building the 1,024- and 4,096-node synthetic clusters, and one ring-bandwidth query on an 8-GPU board (these
 were timed assertions in the tests once; a shared CI core made them flaky, so the figures live here).
 Writes bench/results/solver.json.
@@ -27,7 +29,7 @@ from pathlib import Path
 from oneplus_contracts import JobSpec
 from oneplus_placement import ClusterSnapshot, PendingGang, PlacementResult, place_batch, place_gang, seeded_fill
 from oneplus_topology import analysis
-from oneplus_topology.cluster import synthetic_cluster
+from oneplus_topology.cluster import Cluster, synthetic_cluster
 from oneplus_topology.smi import parse_topo_matrix
 
 RESULTS = Path(__file__).parent / "results" / "solver.json"
@@ -165,6 +167,119 @@ def bench_single(args: argparse.Namespace) -> dict[str, float]:
     }
 
 
+# NVL72 gangs: GPUs, in ranks of one 4-GPU tray (fewer for small gangs), and the TP groups they may carry.
+NVL72_GANG_GPUS = (1, 2, 4, 4, 8, 8, 16, 16, 32, 32, 64, 72, 128, 144)
+NVL72_TP = (None, 8, 16, 32)
+
+
+def nvl72_gang(rng: random.Random, name: str) -> JobSpec:
+    gpus = rng.choice(NVL72_GANG_GPUS)
+    per_rank = min(4, gpus)
+    tp = rng.choice([g for g in NVL72_TP if g is None or (per_rank < g <= min(gpus, 72) and gpus % g == 0)])
+    return JobSpec(
+        name=name,
+        ranks=gpus // per_rank,
+        resources={"gpus": per_rank, "cpus": 4 * per_rank, "memory_mb": 32 * 1024 * per_rank},
+        topology={"group_gpus": tp} if tp else {},
+        priority=rng.choice(PRIORITIES),
+    )
+
+
+def bench_nvl72(args: argparse.Namespace, trays: int, label: str) -> dict[str, float]:
+    """Single-gang decisions on GB200 NVL72 racks (18 trays of 4 GPUs a multi-node NVLink domain, two racks a leaf,
+    2:1 oversubscribed): latency, and whether every TP group sits inside one domain and every 72-GPU gang in one
+    whole domain."""
+    cluster = synthetic_cluster(
+        trays,
+        preset="gb200_nvl72_compute_tray_4gpu",
+        nodes_per_leaf=36,
+        leaves_per_spine=2,
+        oversubscription=2.0,
+        nodes_per_nvlink_domain=18,
+        prefix="tray",
+    )
+    domain_of = {n.node: n.nvlink_domain for n in cluster.nodes}
+    racks: dict[str | None, int] = {}
+    for tray in cluster.nodes:
+        racks[tray.nvlink_domain] = racks.get(tray.nvlink_domain, 0) + 1
+    empty = ClusterSnapshot.from_cluster(cluster)
+    rng = random.Random(args.seed)
+    times: list[float] = []
+    cpu: list[float] = []
+    tp_groups = tp_inside = refused_with_room = whole_rack = rack_gangs = placed = 0
+    for round_ in range(args.single_fills):
+        snap = seeded_fill(empty, args.seed + round_, args.nvl72_fill_pct)
+        for n in range(args.single_warmup):
+            place_gang(snap, nvl72_gang(rng, f"warm{n}"))
+        # Free whole trays per domain: what a TP group of whole-tray ranks can use.
+        free_trays: dict[str | None, int] = {}
+        for slot in snap.layout.slots:
+            if snap.free_count[slot.index] == slot.shape.n:
+                free_trays[slot.nvlink_domain] = free_trays.get(slot.nvlink_domain, 0) + 1
+        for n in range(args.single_decisions):
+            spec = nvl72_gang(rng, f"g{round_}-{n}")
+            t, c = time.perf_counter(), time.thread_time()
+            result = place_gang(snap, spec, seed=args.seed)
+            times.append((time.perf_counter() - t) * 1000)
+            cpu.append((time.thread_time() - c) * 1000)
+            placed += result.placed
+            tp = spec.topology.group_gpus
+            alloc = result.allocation
+            if tp and alloc is not None:
+                per_group = tp // int(spec.resources.gpus)
+                for g in range(spec.ranks // per_group):
+                    tp_groups += 1
+                    tp_inside += len({domain_of[r.node] for r in alloc.ranks[g * per_group : (g + 1) * per_group]}) == 1
+            elif tp and max(free_trays.values(), default=0) * 4 >= spec.total_gpus:
+                refused_with_room += 1  # one domain had whole trays for every group, yet it was refused
+            if spec.total_gpus == 72 and spec.resources.gpus == 4 and alloc is not None:
+                rack_gangs += 1
+                used = {domain_of[r.node] for r in alloc.ranks}
+                whole_rack += len(used) == 1 and len(alloc.ranks) == racks[next(iter(used))]
+    whole_when_free, gangs_when_free = _nvl72_stream(args, cluster, domain_of, racks)
+    return {
+        f"{label}_stream_72gpu_gangs_with_a_whole_domain_free": float(gangs_when_free),
+        f"{label}_stream_72gpu_gangs_in_one_whole_domain": float(whole_when_free),
+        f"{label}_cpu_p50_ms": round(statistics.median(cpu), 3),
+        f"{label}_gpus": float(4 * trays),
+        f"{label}_p50_ms": round(statistics.median(times), 3),
+        f"{label}_p99_ms": round(percentile(times, 99), 3),
+        f"{label}_cpu_p99_ms": round(percentile(cpu, 99), 3),
+        f"{label}_decisions": float(len(times)),
+        f"{label}_placed_pct": round(100 * placed / len(times), 1),
+        f"{label}_tp_groups_placed": float(tp_groups),
+        f"{label}_tp_groups_inside_one_domain_pct": round(100 * tp_inside / tp_groups, 2) if tp_groups else 100.0,
+        f"{label}_tp_refused_with_room": float(refused_with_room),
+        f"{label}_72gpu_gangs_placed": float(rack_gangs),
+        f"{label}_72gpu_gangs_in_one_whole_domain": float(whole_rack),
+    }
+
+
+def _nvl72_stream(
+    args: argparse.Namespace, cluster: Cluster, domain_of: dict[str, str | None], racks: dict[str | None, int]
+) -> tuple[int, int]:
+    """Gangs placed one after another on the empty cluster, each kept, until one does not fit: of the 72-GPU gangs
+    placed while some domain was wholly free, how many took exactly one whole domain."""
+    rng = random.Random(args.seed + 1000)
+    state = ClusterSnapshot.from_cluster(cluster).thaw()
+    whole = gangs = 0
+    for n in range(10_000):
+        spec = nvl72_gang(rng, f"s{n}")
+        free_trays: dict[str | None, int] = {}
+        for slot in state.layout.slots:
+            if state.free_count[slot.index] == slot.shape.n:
+                free_trays[slot.nvlink_domain] = free_trays.get(slot.nvlink_domain, 0) + 1
+        result = place_gang(state, spec, seed=args.seed)
+        if result.allocation is None:
+            break
+        if spec.total_gpus == 72 and any(free_trays.get(d, 0) == size for d, size in racks.items()):
+            gangs += 1
+            used = {domain_of[r.node] for r in result.allocation.ranks}
+            whole += len(used) == 1 and len(result.allocation.ranks) == racks[next(iter(used))]
+        state.apply(result.allocation)
+    return whole, gangs
+
+
 def bench_model(args: argparse.Namespace) -> dict[str, float]:
     out: dict[str, float] = {}
     for n in (1024, 4096):
@@ -225,10 +340,29 @@ def main(argv: list[str] | None = None) -> int:
         help="comma list: GPUs held (seeded fill) before a contested window",
     )
     p.add_argument("--contested-oversubscribe", type=float, default=1.25, help="GPUs asked / GPUs free")
+    p.add_argument("--nvl72-trays", type=int, default=144, help="GB200 trays of the NVL72 cluster (144: 576 GPUs)")
+    p.add_argument("--nvl72-large-trays", type=int, default=2048, help="trays of the large NVL72 cluster (8,192 GPUs)")
+    p.add_argument("--nvl72-fill-pct", type=float, default=40.0, help="share of GPUs held before NVL72 decisions")
+    p.add_argument("--only-nvl72", action="store_true", help="only the NVL72 single-gang runs")
     p.add_argument("--only-contested", action="store_true", help="skip the single-gang and 4,096-node runs")
     p.add_argument("--out", type=Path, default=RESULTS)
     args = p.parse_args(argv)
 
+    nvl72 = {**bench_nvl72(args, args.nvl72_trays, "nvl72"), **bench_nvl72(args, args.nvl72_large_trays, "nvl72_large")}
+    for label in ("nvl72", "nvl72_large"):
+        print(
+            f"NVL72 {nvl72[f'{label}_gpus']:g} GPUs ({args.nvl72_fill_pct:g}% held): single-gang p50 "
+            f"{nvl72[f'{label}_p50_ms']:g} ms (CPU {nvl72[f'{label}_cpu_p50_ms']:g}), "
+            f"p99 {nvl72[f'{label}_p99_ms']:g} ms (target <= 20), CPU p99 "
+            f"{nvl72[f'{label}_cpu_p99_ms']:g} ms; TP groups inside one NVLink domain "
+            f"{nvl72[f'{label}_tp_groups_inside_one_domain_pct']:g}% of {nvl72[f'{label}_tp_groups_placed']:g}, "
+            f"refused while a domain had room {nvl72[f'{label}_tp_refused_with_room']:g}; gangs kept one after "
+            f"another from empty: 72-GPU gangs in one whole domain "
+            f"{nvl72[f'{label}_stream_72gpu_gangs_in_one_whole_domain']:g} of "
+            f"{nvl72[f'{label}_stream_72gpu_gangs_with_a_whole_domain_free']:g} placed while one was free"
+        )
+    if args.only_nvl72:
+        return 0
     contested: dict[str, dict[str, dict[str, float]]] = {}
     for fill in args.contested_fill_pct:
         contested[f"{fill:g}% held"] = found = bench_contested(args, fill)
@@ -248,7 +382,7 @@ def main(argv: list[str] | None = None) -> int:
     model = bench_model(args)
     single = bench_single(args)
     batch = bench_batch(args)
-    figures = {**model, **single, **batch, "contested": contested}
+    figures = {**model, **single, **batch, **nvl72, "contested": contested}
     rows = [
         ("1,024-node cluster build (ms)", model["cluster_build_1024_ms"], "synthetic_cluster, well under 500"),
         ("4,096-node cluster build (ms)", model["cluster_build_4096_ms"], "synthetic_cluster, well under 500"),

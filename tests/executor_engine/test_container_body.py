@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import pytest
 from executor_engine_support import launch, new_job_id
 from oneplus_node_executor.runtime.container_spec import (
     container_body,
@@ -128,3 +129,49 @@ def test_the_launchers_hostfile_upload_ends_at_the_end_of_archive_blocks() -> No
         assert tar.getnames() == ["etc", "etc/mpi", "etc/mpi/hostfile"]
         member = tar.extractfile("etc/mpi/hostfile")
         assert member is not None and member.read() == b"10.0.0.1 slots=2\n10.0.0.2 slots=2\n"
+
+
+def _nvlink_body(gpu_node: bool, multi_node_nvlink: bool, imex_channel: int | None = 0) -> dict[str, object]:
+    cmd = launch("job-1", "gb200-00", [(0, [0, 1, 2, 3])], world_size=4).model_copy(
+        update={"nodes": ["gb200-00", "gb200-01", "gb200-02", "gb200-03"], "multi_node_nvlink": multi_node_nvlink}
+    )
+    return container_body(
+        cmd,
+        cmd.ranks[0],
+        {"RANK": "0"},
+        local_rank=0,
+        gpu_node=gpu_node,
+        network_mode="host",
+        cpuset=None,
+        nano_cpus=None,
+        imex_channel=imex_channel,
+    )
+
+
+def test_a_job_over_the_trays_of_one_nvlink_domain_gets_the_imex_channel() -> None:
+    """NVIDIA's IMEX guide: cross-tray GPU memory needs an IMEX channel in the container; the toolkit injects
+    /dev/nvidia-caps-imex-channels/channel<N> for NVIDIA_IMEX_CHANNELS=<N>."""
+    body = _nvlink_body(gpu_node=True, multi_node_nvlink=True)
+    assert "NVIDIA_IMEX_CHANNELS=0" in body["Env"]  # type: ignore[operator]
+    assert _nvlink_body(gpu_node=True, multi_node_nvlink=True, imex_channel=3)["Env"] == [
+        "NVIDIA_IMEX_CHANNELS=3",
+        "RANK=0",
+    ]
+    # Not for a job outside a multi-node domain, on a CPU-only node, or where the node has no channel to give.
+    assert _nvlink_body(gpu_node=True, multi_node_nvlink=False)["Env"] == ["RANK=0"]
+    assert _nvlink_body(gpu_node=False, multi_node_nvlink=True)["Env"] == ["RANK=0"]
+    assert _nvlink_body(gpu_node=True, multi_node_nvlink=True, imex_channel=None)["Env"] == ["RANK=0"]
+
+
+def test_the_executor_reads_its_imex_channel_from_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+    from oneplus_node_executor.app import make_runtime
+    from oneplus_topology.presets import load_preset
+
+    tray = load_preset("gb200_nvl72_compute_tray_4gpu", "gb200-00")
+    monkeypatch.setenv("ONEPLUS_IMEX_CHANNEL", "3")
+    assert make_runtime("docker", tray).imex_channel == 3
+    monkeypatch.setenv("ONEPLUS_IMEX_CHANNEL", "none")
+    assert make_runtime("docker", tray).imex_channel is None
+    monkeypatch.setenv("ONEPLUS_IMEX_CHANNEL", "chan0")
+    with pytest.raises(SystemExit, match="ONEPLUS_IMEX_CHANNEL='chan0': give a channel number"):
+        make_runtime("docker", tray)

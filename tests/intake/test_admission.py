@@ -85,3 +85,33 @@ def test_admitting_on_precomputed_facts_decides_as_on_the_nodes() -> None:
         with pytest.raises(Inadmissible, match="no node has a GPU model matching"):
             admit(spec(resources={"gpus": 1, "gpu_models": ["MI300X"]}), default_config(), nodes, EmptyCluster())
         admit(spec(ranks=2, resources={"gpus": 8}), default_config(), nodes, EmptyCluster())
+
+
+def test_a_level_the_cluster_lacks_is_refused_at_submission_with_the_levels_it_has() -> None:
+    with pytest.raises(
+        Inadmissible,
+        match=r"topology\.domain 'rack' is not a level of this cluster; its levels are node, leaf, spine, cluster",
+    ):
+        admit(
+            spec(ranks=2, resources={"gpus": 8}, topology={"domain": "rack"}), default_config(), NODES, EmptyCluster()
+        )
+
+
+def test_a_tp_group_larger_than_every_nvlink_domain_is_refused_at_submission() -> None:
+    """Four GB200 trays in one multi-node NVLink domain (16 GPUs): a TP-32 group can never fit, a TP-16 one can."""
+    tray = load_preset("gb200_nvl72_compute_tray_4gpu")
+    trays = [
+        NodeRecord(
+            topology=tray.model_copy(update={"node": f"t{i}", "leaf": "l9", "spine": "s0", "nvlink_domain": "rack0"})
+        )
+        for i in range(4)
+    ]
+    tp32 = spec(ranks=8, resources={"gpus": 4}, topology={"group_gpus": 32})
+    with pytest.raises(Inadmissible, match="must sit inside one nvlink domain; the largest nvlink domain here"):
+        admit(tp32, default_config(), [*NODES, *trays], EmptyCluster())
+    admit(
+        spec(ranks=4, resources={"gpus": 4}, topology={"group_gpus": 16}),
+        default_config(),
+        [*NODES, *trays],
+        EmptyCluster(),
+    )

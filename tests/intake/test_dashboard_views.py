@@ -340,3 +340,12 @@ async def test_routes_serve_the_page_the_static_files_and_json() -> None:
         r = await client.get("/ui/api/explain/a.>")
         assert r.status == 400
         assert source.asked == ["j-nope"]
+
+
+def test_a_node_shows_its_domain_at_each_level_of_the_site() -> None:
+    tray = load_preset("gb200_nvl72_compute_tray_4gpu", "gb200-00").model_copy(
+        update={"leaf": "leaf0", "spine": "spine0", "nvlink_domain": "gb200-nvl0"}
+    )
+    view = cluster_view([NodeRecord(topology=tray)], [], NOW)
+    (row,) = [n for leaf in view["leaves"] for n in leaf["nodes"]]
+    assert row["levels"] == {"nvlink": "gb200-nvl0", "leaf": "leaf0", "spine": "spine0"}

@@ -99,3 +99,16 @@ def test_a_gpu_share_is_one_rank(cluster: Path) -> None:
     out = run_json("--cluster", str(cluster), "--gpus", "0.25")
     ranks = out["ranks"]
     assert out["placed"] is True and isinstance(ranks, list) and ranks[0]["gpu_milli"] == 250
+
+
+NVL72 = Path(__file__).resolve().parents[2] / "bench" / "clusters" / "nvl72_2rack_h100.yaml"
+JOBS = Path(__file__).resolve().parents[2] / "bench" / "jobs"
+
+
+@pytest.mark.parametrize(("job", "ranks"), [("tp16.yaml", 4), ("rack72.yaml", 18), ("dp2_tp32.yaml", 16)])
+def test_tp_groups_over_trays_are_placed_inside_nvl72_domains(job: str, ranks: int) -> None:
+    """Issue 41's check: TP-16, a whole-rack 72-GPU gang and DP-2 x TP-32 on two NVL72 racks and eight H100s."""
+    out = run_json("--cluster", str(NVL72), "--job", str(JOBS / job))
+    assert out["placed"] is True
+    assert out["domain"] == "nvlink" and out["ring_gbps"] == 900.0
+    assert len(out["ranks"]) == ranks  # type: ignore[arg-type]

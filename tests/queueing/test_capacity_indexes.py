@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import random
 
-from oneplus_contracts import Allocation, JobSpec
+from oneplus_contracts import Allocation, JobSpec, RankPlacement
 from oneplus_placement.greedy import place_gang
 from oneplus_placement.snapshot import ClusterState
 from oneplus_queueing.capacity import Capacity
@@ -69,3 +69,15 @@ def test_the_backfill_moves_through_the_working_state_so_its_trials_see_the_rele
     got = timeline.place(2, spec("big", 8, 2), "big", 0)
     assert got is not None and set(got.nodes) <= {n for a in whole[:2] for n in a.nodes}
     assert timeline.place(1, spec("big", 8, 2), "big", 0) is None, "moving back takes the node again"
+
+
+def test_an_allocation_over_trays_of_one_rack_is_in_that_nvlink_domain() -> None:
+    racks = synthetic_cluster(
+        36, "gb200_nvl72_compute_tray_4gpu", nodes_per_leaf=36, nodes_per_nvlink_domain=18, prefix="tray"
+    )
+    capacity = Capacity(ClusterState.from_cluster(racks), CycleStats())
+    in_rack = Allocation(ranks=[RankPlacement(rank=r, node=f"tray-{18 + r:02d}", gpus=[0, 1, 2, 3]) for r in range(4)])
+    assert capacity.alloc_domain(in_rack) == ("nvlink", "tray-nvl1")
+    over = Allocation(ranks=[RankPlacement(rank=r, node=f"tray-{16 + r:02d}", gpus=[0]) for r in range(4)])
+    assert capacity.alloc_domain(over) == ("leaf", "leaf0")
+    assert list(capacity.domain_nodes(("nvlink", 1))) == list(range(18, 36))

@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import pytest
-from oneplus_contracts import Allocation, RankPlacement
+from oneplus_contracts import Allocation, JobSpec, RankPlacement
 from oneplus_queueing.config import BackfillPolicy, JobSizePolicy, QueueConfig, default_config, load_queue_config
 from oneplus_queueing.cycle import schedule_cycle
 from oneplus_queueing.fairshare import UsageHistory
 from oneplus_queueing.model import CycleCarry, PendingJob
+from oneplus_topology.cluster import synthetic_cluster
 from pydantic import ValidationError
 from queueing_world import World, spec
 
@@ -261,3 +262,36 @@ def test_the_protected_job_stays_ahead_of_higher_scoring_newcomers_of_its_priori
     urgent = PendingJob("urgent", spec("urgent", 2, priority=10, time_limit_s=3_600, preemptible=False), 101.0)
     d = _cycle(w, [big, urgent], default_config(), now=101.0, carry=first.carry)
     assert d.order == ["urgent", "big"] and "urgent" in d.placements
+
+
+def _nvl72_world() -> World:
+    racks = synthetic_cluster(
+        36, "gb200_nvl72_compute_tray_4gpu", nodes_per_leaf=36, nodes_per_nvlink_domain=18, prefix="tray"
+    )
+    return World(cluster=racks)
+
+
+def test_the_cycle_places_a_tp_group_over_trays_of_one_nvlink_domain() -> None:
+    w = _nvl72_world()
+    tp16 = JobSpec(name="tp", ranks=4, resources={"gpus": 4}, topology={"group_gpus": 16})  # type: ignore[arg-type]
+    d = _cycle(w, [PendingJob("tp", tp16, 0.0)])
+    alloc = d.placements["tp"]
+    assert alloc.domain == "nvlink"
+    assert len({w.cluster.node(r.node).nvlink_domain for r in alloc.ranks}) == 1
+
+
+def test_a_level_the_cluster_lacks_waits_as_bad_constraints() -> None:
+    d = _cycle(World(n_nodes=2), [PendingJob("r", spec("r", 8, ranks=2, domain="rack"), 0.0)])
+    assert d.reasons["r"].code == "BadConstraints"
+    assert "its levels are node, leaf, spine, cluster" in d.reasons["r"].message
+
+
+def test_a_tp_group_that_no_domain_has_room_for_waits_as_topology_though_the_gpus_are_free() -> None:
+    """Each rack keeps 7 free trays (28 GPUs): 56 free in all, but a TP-32 group never leaves its rack."""
+    w = _nvl72_world()
+    busy = [k for k in range(36) if k % 18 >= 7]
+    w.run("x", [(k, [0, 1, 2, 3]) for k in busy], started=0, preemptible=False)
+    tp32 = JobSpec(name="tp", ranks=8, resources={"gpus": 4}, topology={"group_gpus": 32})  # type: ignore[arg-type]
+    d = _cycle(w, [PendingJob("tp", tp32, 0.0)])
+    assert d.reasons["tp"].code == "Topology"
+    assert "inside one nvlink domain" in d.reasons["tp"].message

@@ -251,3 +251,24 @@ def test_victim_gangs_are_never_left_partial_and_the_choice_is_least_lost_work(
     _assert_whole(w, choice)
     assert best is not None
     assert choice.lost_work_gpu_s == best or len(eligible) > 6  # exact while every subset gets a trial
+
+
+def test_victims_free_one_nvlink_domain_for_a_tp_group_that_must_stay_in_one() -> None:
+    """Two NVL72 racks under one leaf, each with 16 free trays and two busy ones: a TP-72 gang needs a whole rack.
+    The cheap jobs are one in each rack; freeing both would give 72 GPUs under the leaf but in no one rack."""
+    from oneplus_contracts import JobSpec
+    from oneplus_topology.cluster import synthetic_cluster
+
+    racks = synthetic_cluster(
+        36, "gb200_nvl72_compute_tray_4gpu", nodes_per_leaf=36, nodes_per_nvlink_domain=18, prefix="tray"
+    )
+    w = World(cluster=racks)
+    w.run("cheap0", [(0, [0, 1, 2, 3])], started=0, checkpoint=999)
+    w.run("cheap1", [(18, [0, 1, 2, 3])], started=0, checkpoint=999)
+    w.run("dear0", [(1, [0, 1, 2, 3])], started=0)
+    w.run("dear1", [(19, [0, 1, 2, 3])], started=0, checkpoint=500)
+    tp72 = JobSpec(name="tp72", ranks=18, priority=10, resources={"gpus": 4}, topology={"group_gpus": 72})  # type: ignore[arg-type]
+    choice = choose_victims(1000.0, w.state, PendingJob("tp72", tp72, 900.0), list(w.running.values()), unfloored())
+    assert choice is not None
+    # Rack 1's pair (4 + 2,000 GPU-s of lost work, and restarts) is cheaper than rack 0's (4 + 4,000).
+    assert sorted(choice.victims) == ["cheap1", "dear1"]

@@ -5,10 +5,14 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+from oneplus_sim.cluster import SimCluster
 from oneplus_sim.comm import IdealRing, allocation_ring_gbps, slowdown
+from oneplus_sim.engine import Simulation
 from oneplus_sim.metrics import figures, percentile
-from oneplus_sim.policies import POLICY_NAMES
+from oneplus_sim.policies import POLICY_NAMES, make_policy
 from oneplus_sim.replay import ReplaySpec, run_replay
+from oneplus_sim.state import Placement
+from oneplus_topology.cluster import synthetic_cluster
 from sim_helpers import h100, job, simulate
 
 REPORT_KEYS = {
@@ -97,3 +101,19 @@ def test_replay_is_deterministic_for_a_seed(philly_small: Path) -> None:
     assert a["rules"]["seed"] == "7"  # type: ignore[index]
     assert set(a["policies"]) == set(POLICY_NAMES)  # type: ignore[arg-type]
     assert once(8)["policies"] != a["policies"]
+
+
+def test_on_nvl72_racks_the_tightest_domain_of_a_multi_tray_gang_is_one_nvlink_domain() -> None:
+    """Two racks of 18 GB200 trays under one leaf: a 16-GPU gang over four trays is tightest only inside one rack."""
+    trays = synthetic_cluster(
+        36, "gb200_nvl72_compute_tray_4gpu", nodes_per_leaf=36, nodes_per_nvlink_domain=18, prefix="tray"
+    )
+    cluster = SimCluster(trays, source="synthetic:nvl72")
+    gang = job("g", 0.0, 16, 10.0, node_gpus=4)
+    sim = Simulation(cluster, [gang], make_policy("oneplus", 0))
+    one_rack = Placement(tuple((n, (0, 1, 2, 3)) for n in (0, 1, 2, 3)))
+    two_racks = Placement(tuple((n, (0, 1, 2, 3)) for n in (0, 1, 18, 19)))
+    assert sim._tightest(gang, one_rack)
+    assert not sim._tightest(gang, two_racks)
+    result = simulate(cluster, [gang], "oneplus")
+    assert result.records["g"].segments[0][4] is True

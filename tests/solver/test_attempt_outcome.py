@@ -186,3 +186,9 @@ def test_launch_commands_say_how_many_ranks_each_node_runs_and_the_known_address
     cmds = launch_commands(rec(), alloc, 4, {"a": "10.0.0.1", "c": "10.0.0.3"})
     assert [c.ranks_per_node for c in cmds] == [[2, 1], [2, 1]]
     assert all(c.hosts == {"a": "10.0.0.1"} for c in cmds)  # only the job's nodes, only known addresses
+
+
+def test_launch_commands_mark_a_gang_over_the_trays_of_one_nvlink_domain() -> None:
+    nvl = ALLOC.model_copy(update={"domain": "nvlink"})
+    assert all(c.multi_node_nvlink for c in launch_commands(rec("PLACED"), nvl, 4))
+    assert not any(c.multi_node_nvlink for c in launch_commands(rec("PLACED"), ALLOC, 4))

@@ -65,8 +65,9 @@ node_groups:
 """,
     )
     c = load_cluster(path)
-    assert len(c.nodes_by_leaf()) == 9 + 1
-    assert c.spine_of("gb200-35") == "spine4" and c.spine_of("dgx1-01") == "spine4"
+    # Leaves hold whole NVLink domains: with 4 nodes a leaf and 18 a domain, each NVL72 rack gets a leaf of its own.
+    assert {leaf: len(n) for leaf, n in c.nodes_by_leaf().items()} == {"leaf0": 18, "leaf1": 18, "leaf2": 3}
+    assert c.spine_of("gb200-35") == "spine0" and c.spine_of("dgx1-01") == "spine1"
     assert {d: len(n) for d, n in c.nodes_by_nvlink_domain().items()} == {"gb200-nvl0": 18, "gb200-nvl1": 18}
     dgx = c.node("dgx1-03")
     assert (dgx.cpus, dgx.memory_mb, dgx.labels) == (80, 524288, {"team": "vision"})
@@ -186,3 +187,68 @@ def test_synthetic_cluster_options_and_errors() -> None:
         synthetic_cluster(0)
     with pytest.raises(KeyError, match="unknown topology preset"):
         synthetic_cluster(2, preset="dgx9000")
+
+
+def test_a_site_names_its_levels_bottom_up_and_nodes_get_their_domain_at_each(tmp_path: Path) -> None:
+    path = write(
+        tmp_path / "c.yaml",
+        """
+name: racks
+fabric:
+  nodes_per_leaf: 4
+  levels: [rack, leaf, spine, zone]
+  level_labels: {zone: topology.kubernetes.io/zone}
+node_groups:
+  - {prefix: h100, count: 8, topology: h100_sxm_8gpu_nvswitch_nv18, nodes_per_level: {rack: 2},
+     labels: {topology.kubernetes.io/zone: z1}}
+nodes:
+  h100-07: {levels: {rack: spare}, labels: {topology.kubernetes.io/zone: z2}}
+""",
+    )
+    c = load_cluster(path)
+    assert c.node("h100-00").levels == {"rack": "h100-rack0", "leaf": "leaf0", "spine": "spine0", "zone": "z1"}
+    assert c.node("h100-05").levels["rack"] == "h100-rack2"
+    assert c.node("h100-07").levels == {"rack": "spare", "leaf": "leaf1", "spine": "spine0", "zone": "z2"}
+
+
+def test_kueue_label_levels_above_leaf_and_spine_become_levels_of_their_own(tmp_path: Path) -> None:
+    path = write(
+        tmp_path / "c.yaml",
+        """
+name: kueue
+fabric:
+  label_levels:
+    - topology.kubernetes.io/zone
+    - cloud.provider.com/topology-block
+    - cloud.provider.com/topology-rack
+    - kubernetes.io/hostname
+node_groups:
+  - prefix: h100
+    count: 2
+    topology: h100_sxm_8gpu_nvswitch_nv18
+    labels:
+      topology.kubernetes.io/zone: z1
+      cloud.provider.com/topology-block: b1
+      cloud.provider.com/topology-rack: r1
+""",
+    )
+    n = load_cluster(path).node("h100-00")
+    assert (n.leaf, n.spine) == ("b1/r1", "b1")
+    assert n.levels == {"leaf": "b1/r1", "spine": "b1", "zone": "z1"}
+
+
+@pytest.mark.parametrize(
+    ("fabric", "group", "message"),
+    [
+        ("{levels: [rack, node]}", "", "levels: 'node' is implicit"),
+        ("{levels: [rack], level_labels: {zone: z}}", "", "level_labels: 'zone' is not one of levels"),
+        ("{levels: [rack]}", ", nodes_per_level: {row: 2}", "node_groups.0: level 'row' is not one of fabric.levels"),
+    ],
+)
+def test_levels_a_site_does_not_define_are_refused(tmp_path: Path, fabric: str, group: str, message: str) -> None:
+    path = write(
+        tmp_path / "c.yaml",
+        f"name: x\nfabric: {fabric}\nnode_groups: [{{prefix: a, count: 2, topology: dgx1_v100{group}}}]\n",
+    )
+    with pytest.raises(ClusterConfigError, match=message):
+        load_cluster(path)

@@ -41,7 +41,9 @@ from .events import (
     parse_job_event,
 )
 from .jobspec import (
+    LEVEL_NAME,
     SCHEMA_VERSION,
+    WELL_KNOWN_LEVELS,
     CheckpointPolicy,
     Domain,
     JobSpec,
@@ -67,10 +69,12 @@ __all__ = [
     "ACTIVE_STATES",
     "EVENT_TYPES",
     "JOB_EVENT_ADAPTER",
+    "LEVEL_NAME",
     "NODE_COMMAND_ADAPTER",
     "PCIE_TIERS",
     "SCHEMA_VERSION",
     "TERMINAL_STATES",
+    "WELL_KNOWN_LEVELS",
     "Allocation",
     "ArrayError",
     "ArrayTask",

@@ -38,6 +38,11 @@ class LaunchRanks(_Command):
     )
     resume_from_checkpoint_ts: float | None = None
     resume_progress_s: float = Field(default=0.0, ge=0, description="Work done up to the last checkpoint")
+    multi_node_nvlink: bool = Field(
+        default=False,
+        description="The job's nodes share one multi-node NVLink domain (placement's domain 'nvlink', a GB200 NVL72 "
+        "rack): its containers get an IMEX channel so that CUDA and NCCL reach the other trays' GPU memory",
+    )
 
 
 class PreemptRanks(_Command):

@@ -16,7 +16,12 @@ from .features import parse_constraint
 
 SCHEMA_VERSION = "1"
 
-Domain = Literal["node", "leaf", "spine", "cluster"]
+# A level of the site's topology tree, named bottom-up by the site: `node`, `nvlink`, `leaf`, `spine` and `cluster`
+# always mean what they say; others (`block`, `rack`, `zone`, ...) are the site's own. Which names a cluster has is
+# checked at submission, against its nodes (`oneplus_placement` refuses a level the cluster does not define).
+LEVEL_NAME = r"^[a-z][a-z0-9_-]{0,31}$"
+Domain = Annotated[str, Field(pattern=LEVEL_NAME)]
+WELL_KNOWN_LEVELS = ("node", "nvlink", "leaf", "spine", "cluster")
 ConstraintMode = Literal["required", "preferred"]
 RestartPolicy = Literal["Never", "OnFailure", "Always"]
 PullPolicy = Literal["Always", "IfNotPresent", "Never"]
@@ -73,15 +78,22 @@ class RankResources(Strict):
 class TopologyConstraint(Strict):
     """Where the gang may be placed.
 
-    `domain` keeps all ranks inside one node/leaf/spine (`required` refuses to place otherwise,
-    `preferred` only scores). `group_gpus` asks that each consecutive group of K GPUs (a
-    tensor-parallel group) sits inside one NVLink domain. `max_leaves` is Slurm's --switches. `nodes` is Slurm's
-    --nodes: exactly that many distinct nodes, the ranks spread evenly over them (ranks / nodes on each).
+    `domain` keeps all ranks inside one domain of a level of the site (`node`, `nvlink`, `leaf`, `spine`, or the
+    site's own, e.g. `rack`; `required` refuses to place otherwise, `preferred` only scores). `group_gpus` asks that
+    each consecutive group of K GPUs (a tensor-parallel group) sits inside one NVLink domain; a group larger than a
+    rank spans ranks, and those ranks stay inside one domain of `group_domain` (default `nvlink`: one node's NVLink,
+    or a multi-node NVLink domain such as a GB200 NVL72 rack), as Kueue's podset slices and Slurm's --segment do.
+    `max_leaves` is Slurm's --switches. `nodes` is Slurm's --nodes: exactly that many distinct nodes, the ranks
+    spread evenly over them (ranks / nodes on each; TP groups then stay inside each node's share).
     """
 
     domain: Domain | None = None
     mode: ConstraintMode = "preferred"
     group_gpus: Annotated[int, Field(gt=0)] | None = None
+    group_domain: Domain | None = Field(
+        default=None,
+        description="The level each group of group_gpus GPUs stays inside when it spans ranks (default nvlink)",
+    )
     max_leaves: Annotated[int, Field(gt=0)] | None = None
     exclusive: bool = False
     nodes: Annotated[int, Field(gt=0, le=4096)] | None = Field(
@@ -249,6 +261,10 @@ class JobSpec(Strict):
             raise ValueError(
                 f"topology.nodes={nodes} does not divide ranks={self.ranks}: ranks spread evenly over nodes"
             )
+        if self.topology.group_domain is not None and not self.topology.group_gpus:
+            raise ValueError(f"group_domain={self.topology.group_domain!r} needs group_gpus (the group it keeps whole)")
+        if self.topology.group_domain == "cluster":
+            raise ValueError("group_domain='cluster' keeps nothing together; name a level such as nvlink or leaf")
         if self.launcher is not None and self.framework != "mpijob":
             raise ValueError("a launcher is an MPIJob's (framework mpijob)")
         if self.array is not None and self.array_task is not None:

@@ -5,11 +5,12 @@ The analysis of this data (NVLink groups, ring bandwidth, fabric tree) lives in 
 
 from __future__ import annotations
 
+import re
 from typing import Literal
 
-from pydantic import Field
+from pydantic import Field, field_validator, model_validator
 
-from .jobspec import Strict
+from .jobspec import LEVEL_NAME, Strict
 
 # The PCIe tiers of `nvidia-smi topo -m`, nearest first.
 PCIE_TIERS = ("PIX", "PXB", "PHB", "NODE", "SYS")
@@ -62,6 +63,11 @@ class NodeTopology(Strict):
     leaf: str | None = None
     spine: str | None = None
     nvlink_domain: str | None = Field(default=None, description="Multi-node NVLink domain (NVL72 clique)")
+    levels: dict[str, str] = Field(
+        default_factory=dict,
+        description="The node's domain at each level of the site above it, bottom-up (e.g. nvlink, rack, leaf, "
+        "spine, zone); empty: nvlink (when nvlink_domain is set), leaf, spine",
+    )
     nic_gbps_per_gpu: float = 50.0
     labels: dict[str, str] = Field(default_factory=dict)
     features: list[str] = Field(
@@ -71,6 +77,31 @@ class NodeTopology(Strict):
     address: str | None = Field(
         default=None, description="Where the other nodes reach this one (IP); jobs' containers resolve its name to it"
     )
+
+    @field_validator("levels")
+    @classmethod
+    def _level_names(cls, v: dict[str, str]) -> dict[str, str]:
+        for name, domain in v.items():
+            if name in ("node", "cluster") or not re.match(LEVEL_NAME, name):
+                raise ValueError(
+                    f"level {name!r}: a level is a lower-case name other than node and cluster (e.g. rack, zone)"
+                )
+            if not domain:
+                raise ValueError(f"level {name!r}: the node's domain at this level is empty")
+        return v
+
+    @model_validator(mode="after")
+    def _one_clique(self) -> NodeTopology:
+        """A node's GPUs that report NVLink fabric info are in one multi-node NVLink domain: GPUs that disagree mean a
+        miscabled or misconfigured tray, and placement must not guess which domain the node is in."""
+        seen: dict[tuple[str, int], list[int]] = {}
+        for g in self.gpus:
+            if g.cluster_uuid is not None and g.clique_id is not None:
+                seen.setdefault((g.cluster_uuid, g.clique_id), []).append(g.index)
+        if len(seen) > 1:
+            parts = "; ".join(f"GPUs {gpus} in {uuid}.{clique}" for (uuid, clique), gpus in seen.items())
+            raise ValueError(f"node {self.node!r}: its GPUs disagree on their NVLink clique ({parts})")
+        return self
 
 
 class GpuHealth(Strict):

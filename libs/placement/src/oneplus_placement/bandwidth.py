@@ -2,7 +2,9 @@
 
 Inside a node a ring is as fast as its weakest GPU-to-GPU hop (the node's bandwidth matrix). Across nodes every GPU
 sends through its own NIC rail, so the ring also cannot beat one NIC's rate per GPU (Gb/s / 8 = GB/s), divided by the
-fabric's oversubscription once the ring leaves a leaf. The simulator uses the same function for a job's speed.
+fabric's oversubscription once the ring leaves a leaf. Across the trays of one multi-node NVLink domain (a GB200
+NVL72 rack) the hop is NVLink through the NVSwitch trays: the board's own NVLink figure per GPU, not the NIC's. The
+simulator uses the same function for a job's speed.
 """
 
 from __future__ import annotations
@@ -38,6 +40,29 @@ def fabric_gbps(layout: Layout, crosses_leaf: bool) -> float:
     return rate / layout.oversubscription if crosses_leaf else rate
 
 
+def board_nvlink_gbps(shape: NodeShape) -> float:
+    """GB/s of the board's fastest NVLink hop: what a GPU of it sends over a multi-node NVLink fabric (NV18 on a GB200
+    tray: 900 GB/s); 0 for a board without NVLink."""
+    best = 0.0
+    for a in range(shape.n):
+        for b in range(a + 1, shape.n):
+            if shape.tier[a][b] == 0:
+                best = max(best, shape.gbps[a][b])
+    return best
+
+
+def nvlink_fabric_gbps(layout: Layout, nodes: list[int]) -> float | None:
+    """GB/s per GPU of a ring hop between nodes that share one multi-node NVLink domain, or None when they do not."""
+    level = layout.level("nvlink")
+    if level is None or not nodes:
+        return None
+    first = level.of_node[nodes[0]]
+    if len(level.members[first]) < 2 or any(level.of_node[i] != first for i in nodes):
+        return None
+    rate = min(board_nvlink_gbps(layout.slots[i].shape) for i in nodes)
+    return rate if rate > 0 else None
+
+
 def allocation_ring_gbps(where: Holdings | Layout | ClusterLike, alloc: Allocation) -> float:
     """Bottleneck GB/s of one ring through every GPU of `alloc` (0 for a single GPU or GPU share)."""
     layout = layout_of(where)
@@ -62,6 +87,9 @@ def _ring_of(layout: Layout, masks: dict[int, int]) -> float:
     for i, mask in masks.items():
         if mask.bit_count() > 1:
             intra = min(intra, layout.slots[i].shape.ring_gbps(mask))
+    nvlink = nvlink_fabric_gbps(layout, list(masks))
+    if nvlink is not None:
+        return min(intra, nvlink)
     leaves = {layout.slots[i].leaf for i in masks}
     return min(intra, fabric_gbps(layout, len(leaves) > 1))
 
@@ -85,6 +113,30 @@ def ideal_ring_gbps(where: Holdings | Layout | ClusterLike, total_gpus: int, gpu
         top = shape.top(shape.full, per_node)
         intra = shape.ring_gbps(top[0]) if top and per_node > 1 else math.inf
         best = max(best, min(intra, fabric_gbps(layout, nodes > biggest_leaf)))
+    return max(best, _ideal_in_nvlink_domain(layout, total_gpus, gpus_per_rank))
+
+
+def _ideal_in_nvlink_domain(layout: Layout, total_gpus: int, gpus_per_rank: int) -> float:
+    """The best ring of a gang that fits inside one multi-node NVLink domain (0 when none holds it)."""
+    level = layout.level("nvlink")
+    if level is None:
+        return 0.0
+    key = ("ideal_nvlink", total_gpus, gpus_per_rank)
+    got = layout.cache.get(key)
+    if isinstance(got, float):
+        return got
+    best = 0.0
+    for members in level.members:
+        if len(members) < 2:
+            continue
+        shapes = [layout.slots[i].shape for i in members]
+        room = sum((s.n // gpus_per_rank) * gpus_per_rank for s in shapes)
+        if room < total_gpus:
+            continue
+        rate = min(board_nvlink_gbps(s) for s in shapes)
+        intra = min((s.ring_gbps(s.full) for s in shapes if s.n > 1), default=rate)
+        best = max(best, min(rate, intra))
+    layout.cache[key] = best
     return best
 
 

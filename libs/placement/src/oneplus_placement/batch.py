@@ -19,9 +19,10 @@ from oneplus_contracts import Allocation, JobSpec
 from .bandwidth import ideal_ring_gbps, ring_of_masks
 from .batch_model import BatchModel, Candidate, Solution, solve
 from .diagnosis import Explanation
+from .fitters import adapt
 from .greedy import PlacementResult, materialise
 from .incremental import SearchCache, apply_and_refresh
-from .layout import AllocationConflict, NodeSlot
+from .layout import AllocationConflict, Layout
 from .levels import DomainSearch, Plan
 from .request import GangRequest, InvalidRequest
 from .snapshot import Holdings
@@ -212,7 +213,7 @@ def _prepare(snapshot: Holdings, jobs: Sequence[PendingGang]) -> tuple[list[_Job
     lo, hi = (min(prios), max(prios)) if prios else (0, 0)
     for g in sorted(jobs, key=lambda g: -g.effective_priority):
         try:
-            req = GangRequest.of(g.spec)
+            req = adapt(snapshot.layout, GangRequest.of(g.spec))  # as this cluster places it (segments)
         except InvalidRequest as exc:
             invalid[g.job_id] = PlacementResult(None, Explanation("request", "spec", g.spec.total_gpus, str(exc)))
             continue
@@ -252,7 +253,7 @@ def _greedy(snapshot: Holdings, order: list[_Job], seed: int) -> tuple[dict[str,
     plans: dict[str, Plan] = {}
     for job in order:
         search = cache.search(job.req)
-        plan = search.best(job.req.levels())
+        plan = search.best(search.levels())
         if plan is None:
             results[job.gang.job_id] = cache.place(job.req)
             continue
@@ -292,7 +293,7 @@ def _build_model(
 
 def _candidate_plans(search: DomainSearch, req: GangRequest, per_level: int) -> list[Plan]:
     """The best plans at the tightest level that has any, and a few one level wider."""
-    levels = req.levels()
+    levels = search.levels()
     for n, level in enumerate(levels):
         plans = search.plans(level, limit=per_level)
         if plans:
@@ -418,22 +419,14 @@ def _pack(snap: Holdings, pools: BatchModel, order: list[_Job], chosen: dict[int
         cpus[best] -= cpu
         mem[best] -= mb
         placed.setdefault(j, []).append((best, units))
-    slots = snap.layout.slots
-    return {j: None if j in failed else _plan_of(placed.get(j, []), slots) for j in chosen if not order[j].req.shared}
+    layout = snap.layout
+    return {j: None if j in failed else _plan_of(placed.get(j, []), layout) for j in chosen if not order[j].req.shared}
 
 
-def _plan_of(pieces: list[tuple[int, int]], slots: Sequence[NodeSlot]) -> Plan | None:
+def _plan_of(pieces: list[tuple[int, int]], layout: Layout) -> Plan | None:
     if not pieces:
         return None
-    if len(pieces) == 1:
-        domain = "node"
-    elif len({slots[i].leaf for i, _ in pieces}) == 1:
-        domain = "leaf"
-    elif len({slots[i].spine for i, _ in pieces}) == 1:
-        domain = "spine"
-    else:
-        domain = "cluster"
-    return Plan(tuple(pieces), domain)  # type: ignore[arg-type]
+    return Plan(tuple(pieces), layout.domain_of_nodes([i for i, _ in pieces]))
 
 
 def _realise(search: DomainSearch, pools: BatchModel, cand: Candidate) -> Plan | None:
@@ -449,7 +442,7 @@ def _realise(search: DomainSearch, pools: BatchModel, cand: Candidate) -> Plan |
             best = min(fits, key=lambda i: search.fitter.node_key(i, units))
             used.add(best)
             pieces.append((best, units))
-    return _plan_of(pieces, search.layout.slots)
+    return _plan_of(pieces, search.layout)
 
 
 def _evaluate(

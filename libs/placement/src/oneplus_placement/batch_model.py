@@ -54,9 +54,18 @@ class BatchModel:
         keys: dict[PoolKey, int] = {}
         pools: list[Pool] = []
         pool_of: list[int] = []
+        lowest = snap.layout.levels[0].of_node  # a pool never spans two domains of the lowest level (leaf or NVLink)
         for slot in snap.layout.slots:
             i = slot.index
-            key = (slot.leaf, id(slot.shape), snap.free[i], snap.shares[i], snap.cpu_used[i], snap.mem_used[i])
+            key = (
+                slot.leaf,
+                lowest[i],
+                id(slot.shape),
+                snap.free[i],
+                snap.shares[i],
+                snap.cpu_used[i],
+                snap.mem_used[i],
+            )
             p = keys.get(key)
             if p is None:
                 p = keys[key] = len(pools)

@@ -18,6 +18,11 @@ class CapacityIndex:
     def __init__(self, fitter: Fitter) -> None:
         self.caps: dict[int, int] = {}
         self.leaf_caps: list[int] = [0] * len(fitter.layout.leaf_nodes)
+        lowest = fitter.layout.levels[0]
+        # Units per domain of the lowest site level (the leaf list itself when that level is leaf); the levels above
+        # sum their children when a search asks (`DomainSearch.level_caps`).
+        self.low_caps: list[int] = self.leaf_caps if lowest.name == "leaf" else [0] * len(lowest.members)
+        self._low_of = lowest.of_node if lowest.name != "leaf" else None
         # Nodes of one class share board, free GPUs and capacity, so they fit any request of this shape alike.
         self.classes: dict[ClassKey, set[int]] = {}
         self._key_of: dict[int, ClassKey] = {}
@@ -28,6 +33,9 @@ class CapacityIndex:
         """The same capacities on the nodes `keep` accepts (a request kept to one GPU model): no node recomputed."""
         sub = CapacityIndex.__new__(CapacityIndex)
         sub.caps, sub.leaf_caps, sub.classes, sub._key_of = {}, [0] * len(self.leaf_caps), {}, {}
+        # The lowest site level's units too (the leaf list itself when that level is leaf), as `__init__` keeps them.
+        sub._low_of = self._low_of
+        sub.low_caps = sub.leaf_caps if self._low_of is None else [0] * len(self.low_caps)
         sub._leaf_of = self._leaf_of
         for i, c in self.caps.items():
             if keep(i):
@@ -54,6 +62,8 @@ class CapacityIndex:
     def _add(self, i: int, c: int, key: ClassKey) -> None:
         self.caps[i] = c
         self.leaf_caps[self._leaf_of[i]] += c
+        if self._low_of is not None:
+            self.low_caps[self._low_of[i]] += c
         self._key_of[i] = key
         members = self.classes.get(key)
         if members is None:
@@ -66,6 +76,8 @@ class CapacityIndex:
         if not c:
             return
         self.leaf_caps[self._leaf_of[i]] -= c
+        if self._low_of is not None:
+            self.low_caps[self._low_of[i]] -= c
         key = self._key_of.pop(i)
         members = self.classes[key]
         members.discard(i)
@@ -88,8 +100,9 @@ class CapacityIndexes:
         self._by_shape: dict[tuple[object, ...], tuple[Fitter, CapacityIndex]] = {}
 
     def index(self, fitter: Fitter, req: GangRequest) -> CapacityIndex:
-        # Capacities depend on the request's capacity fields and the fitter's kind only (never on its seed).
-        key = (type(fitter), req.capacity_key)
+        # Capacities depend on the request's capacity fields and the fitter's kind only (never on its seed); the
+        # fitter's request is the one this cluster places (`fitters.adapt`).
+        key = (type(fitter), fitter.req.capacity_key)
         got = self._by_shape.get(key)
         if got is None:
             got = self._by_shape[key] = (fitter, CapacityIndex(fitter))

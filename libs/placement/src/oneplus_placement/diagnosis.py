@@ -5,12 +5,21 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 
-from .fitters import static_eligible
+from .fitters import adapt, static_eligible, static_units
+from .layout import Layout, NodeSlot
 from .levels import DomainSearch
 from .request import GangRequest
 from .snapshot import Holdings
 
-_WHERE = {"node": "on one node", "leaf": "under one leaf", "spine": "under one spine", "cluster": "in the cluster"}
+
+def _where(level: str) -> str:
+    if level == "node":
+        return "on one node"
+    if level == "cluster":
+        return "in the cluster"
+    if level == "nvlink":
+        return "inside one NVLink domain"
+    return f"under one {level}"
 
 
 @dataclass(frozen=True)
@@ -40,9 +49,53 @@ def _never(req: GangRequest, constraint: str, message: str) -> Explanation:
     return Explanation(level="request", constraint=constraint, needed_gpus=req.total_gpus, message=message)
 
 
+def unknown_level(layout: Layout, req: GangRequest) -> Explanation | None:
+    """A level the request names that this cluster does not define, with the levels it has."""
+    names = layout.level_names
+    for what, level in (("topology.domain", req.domain), ("topology.group_domain", req.group_domain)):
+        if level is not None and level not in names:
+            return _never(
+                req,
+                "level",
+                f"{what} {level!r} is not a level of this cluster; its levels are {', '.join(names)}",
+            )
+    return None
+
+
+def _segment_reason(layout: Layout, req: GangRequest, by_model: Sequence[NodeSlot]) -> Explanation | None:
+    """A tensor-parallel group that spans ranks and no domain of its level can hold."""
+    level = layout.level(req.segment_level or "")
+    if level is None:
+        return None
+    ok = {s.index for s in by_model}
+    best_gpus, best_name = 0, ""
+    for g, members in enumerate(level.members):
+        gpus = sum(
+            static_units(layout, req, layout.slots[i]) * req.gpus_per_rank
+            if not level.solo(i)
+            else layout.slots[i].shape.largest_domain
+            for i in members
+            if i in ok
+        )
+        if gpus > best_gpus:
+            best_gpus, best_name = gpus, level.names[g]
+    if best_gpus >= req.segment_gpus:
+        return None
+    return _never(
+        req,
+        "group_domain",
+        f"each tensor-parallel group of {req.segment_gpus} GPUs ({req.segment} ranks x {req.gpus_per_rank}) must sit "
+        f"inside one {level.name} domain; the largest {level.name} domain here ({best_name}) holds {best_gpus} GPUs",
+    )
+
+
 def static_reason(snap: Holdings, req: GangRequest) -> Explanation | None:
     """A reason no node of this cluster could host one unit even when empty, or None."""
     slots = snap.layout.slots
+    unknown = unknown_level(snap.layout, req)
+    if unknown is not None:
+        return unknown
+    req = adapt(snap.layout, req)
     if any(static_eligible(snap.layout, req)):
         return None
     by_model = [s for s in slots if s.matches_model(req.models)]
@@ -56,7 +109,11 @@ def static_reason(snap: Holdings, req: GangRequest) -> Explanation | None:
         return _never(
             req, "constraint", f"no node has the features {text!r} asks for; this cluster's features are {have}"
         )
-    if not req.shared:
+    if not req.shared and req.segment > 1:
+        seg = _segment_reason(snap.layout, req, by_model)
+        if seg is not None:
+            return seg
+    if not req.shared and req.segment <= 1:
         biggest = max(by_model, key=lambda s: s.shape.n)
         if biggest.shape.n < req.unit_gpus:
             unit = "rank" if req.ranks_per_unit == 1 else f"tensor-parallel group of {req.ranks_per_unit} ranks"
@@ -92,11 +149,12 @@ def diagnose(snap: Holdings, req: GangRequest, search: DomainSearch) -> Explanat
     static = static_reason(snap, req)
     if static is not None:
         return static
-    level = req.levels()[-1]
+    req = search.req
+    level = search.levels()[-1]
     name, usable, raw = _best_domain(snap, search, level)
     need = req.units
     what = req.describe()
-    where = _WHERE[level]
+    where = _where(level)
     qualifiers: list[str] = []
     if req.models:
         qualifiers.append(f"on {' or '.join(req.models)} GPUs")
@@ -104,11 +162,17 @@ def diagnose(snap: Holdings, req: GangRequest, search: DomainSearch) -> Explanat
         qualifiers.append(f"on nodes with {req.features.text}")
     if req.exclusive:
         qualifiers.append("on idle nodes")
-    if req.group > 1:
+    if req.segment > 1:
+        qualifiers.append(f"in tensor-parallel groups of {req.segment_gpus} inside one {req.segment_level} domain")
+    elif req.group > 1:
         qualifiers.append(f"in NVLink groups of {req.group}")
     qual = (" " + " ".join(qualifiers)) if qualifiers else ""
     limit = req.max_leaves if req.required else None
-    if limit is not None and level in ("spine", "cluster") and search.plans(level, limit=1) == []:
+    above_leaf = level == "cluster" or (
+        level in snap.layout.level_names
+        and snap.layout.level_names.index(level) > snap.layout.level_names.index("leaf")
+    )
+    if limit is not None and above_leaf and search.plans(level, limit=1) == []:
         best_leaves = sorted(search.leaf_caps, reverse=True)[:limit]
         got = sum(best_leaves)
         if sum(search.leaf_caps) >= need:
@@ -157,7 +221,7 @@ MIX_HINT = "a gang keeps to one GPU model unless its gpu_models lists several or
 def _kind_reason(snap: Holdings, req: GangRequest, search: DomainSearch, level: str, needs: str) -> Explanation | None:
     """Why a gang that must keep to one GPU model waits when nodes of several models would hold it together; None
     when even mixing them would not (the usual reasons then apply)."""
-    if not any(search.mixed_plans(lvl, limit=1) for lvl in req.levels()):
+    if not any(search.mixed_plans(lvl, limit=1) for lvl in search.levels()):
         return None
     kinds = search.kind_searches()
     usable = {k.req.kind: _best_domain(snap, k, level)[1] for k in kinds}
@@ -191,27 +255,27 @@ def _best_domain(snap: Holdings, search: DomainSearch, level: str) -> tuple[str 
             return None, 0, 0
         i = max(search.caps, key=lambda n: (search.caps[n], fc[n], -n))
         return layout.slots[i].name, search.caps[i], fc[i]
-    if level == "leaf":
-        caps, groups, names = search.leaf_caps, layout.leaf_nodes, layout.leaf_names
-    elif level == "spine":
-        caps = search.spine_caps
-        groups = tuple(tuple(i for leaf in leaves for i in layout.leaf_nodes[leaf]) for leaves in layout.spine_leaves)
-        names = layout.spine_names
-    else:
+    k = next((k for k, lv in enumerate(layout.levels) if lv.name == level), None)
+    if k is None:
         raw = sum(fc[i] for i in range(len(fc)) if eligible[i])
         return layout.name, sum(search.leaf_caps), raw
-    # Among domains with no room, one with nodes the gang may use (its models), not a leaf of another kind.
-    best = max(range(len(caps)), key=lambda g: (caps[g], any(eligible[i] for i in groups[g]), -g))
-    raw = sum(fc[i] for i in groups[best] if eligible[i])
-    return names[best], caps[best], raw
+    caps = search.level_caps(k)
+    lv = layout.levels[k]
+    # Among domains with no room, one with nodes the gang may use (its models), not a domain of another kind.
+    best = max(range(len(caps)), key=lambda g: (caps[g], any(eligible[i] for i in lv.members[g]), -g))
+    raw = sum(fc[i] for i in lv.members[best] if eligible[i])
+    return lv.names[best], caps[best], raw
 
 
 def _static_ceiling(snap: Holdings, req: GangRequest, level: str) -> int:
     """Units the largest domain of `level` holds when empty."""
     layout = snap.layout
+    req = adapt(layout, req)
     key = (
         "ceiling",
         level,
+        req.segment,
+        req.segment_level,
         req.models,
         req.kind,
         req.spread,
@@ -231,19 +295,15 @@ def _static_ceiling(snap: Holdings, req: GangRequest, level: str) -> int:
     for s in layout.slots:
         if not eligible[s.index]:
             continue
-        if req.shared:
-            gpu = s.shape.n * (1000 // req.milli) // req.ranks_per_unit
-        else:
-            gpu = s.shape.capacity(s.shape.full, req.unit_gpus, req.group)
+        gpu = s.shape.n * (1000 // req.milli) // req.ranks_per_unit if req.shared else static_units(layout, req, s)
         units = min(gpu, int(s.cpus // req.unit_cpus), s.memory_mb // req.unit_memory_mb)
         per_node[s.index] = min(units, 1) if req.spread else units
     groups: Sequence[Sequence[int]]
+    site = layout.level(level)
     if level == "node":
         groups = [[i] for i in range(len(per_node))]
-    elif level == "leaf":
-        groups = layout.leaf_nodes
-    elif level == "spine":
-        groups = [[i for leaf in leaves for i in layout.leaf_nodes[leaf]] for leaves in layout.spine_leaves]
+    elif site is not None:
+        groups = site.members
     else:
         groups = [list(range(len(per_node)))]
     ceiling = max(sum(per_node[i] for i in g) for g in groups)

@@ -9,7 +9,7 @@ from typing import Protocol
 from oneplus_contracts import Allocation, JobSpec
 
 from .diagnosis import Explanation
-from .fitters import static_eligible
+from .fitters import adapt, static_eligible
 from .greedy import place_request
 from .layout import AllocationConflict
 from .request import GangRequest, InvalidRequest
@@ -91,7 +91,8 @@ def _victims(
     Only jobs holding GPUs the gang may use (its models, --constraint, rank size) are candidates, and every set is
     checked by placement, as the preemption service checks its victims: a job whose nodes the placement that its
     eviction allows does not touch is spared, so the answer never names a job on GPUs of another kind."""
-    eligible = static_eligible(snapshot.layout, req)
+    # As the cluster places it: a TP group over NVL72 trays is eligible tray by tray (`fitters.adapt`).
+    eligible = static_eligible(snapshot.layout, adapt(snapshot.layout, req))
     by_name = snapshot.layout.by_name
     pool = sorted(
         (p for p in preemptible if p[2] < priority and any(eligible[by_name[n]] for n in p[1].nodes if n in by_name)),

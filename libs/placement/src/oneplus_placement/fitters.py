@@ -39,8 +39,30 @@ def tie_break(i: int, seed: int) -> int:
     return ((i + 1) * 0x9E3779B1 ^ (seed * 0x85EBCA6B)) & 0xFFFFFFFF
 
 
+def adapt(layout: Layout, req: GangRequest) -> GangRequest:
+    """`req` as this cluster places it: a tensor-parallel group that spans ranks becomes a segment of ranks inside
+    one domain of its group level when that level has domains of several nodes (`GangRequest.on_layout`)."""
+    if req.ranks_per_unit == 1:
+        return req
+    level = layout.level(req.group_domain or "nvlink")
+    key = ("multi_node", level.name if level is not None else None)
+    multi = layout.cache.get(key)
+    if multi is None:
+        multi = layout.cache[key] = level is not None and any(len(m) > 1 for m in level.members)
+    return req.on_layout(layout.level_names, bool(multi))
+
+
+def solo(layout: Layout, req: GangRequest, i: int) -> bool:
+    """Whether node `i` is alone in its domain of the request's segment level: it hosts whole groups of `tp` GPUs."""
+    if req.segment <= 1 or req.segment_level is None:
+        return False
+    level = layout.level(req.segment_level)
+    return level is None or level.solo(i)
+
+
 def static_eligible(layout: Layout, req: GangRequest) -> tuple[bool, ...]:
-    """Nodes that could host one unit on an empty cluster: model, size, NVLink domains, CPU, memory."""
+    """Nodes that could host one unit on an empty cluster: model, size, NVLink domains, CPU, memory; with segments,
+    in a domain whose nodes could hold one whole tensor-parallel group."""
     key = (
         "eligible",
         req.models,
@@ -51,10 +73,15 @@ def static_eligible(layout: Layout, req: GangRequest) -> tuple[bool, ...]:
         req.shared,
         req.unit_cpus,
         req.unit_memory_mb,
+        req.segment,
+        req.segment_level,
+        req.tp,
     )
     got = layout.cache.get(key)
     if got is None:
-        got = tuple(_could_host(s, req) for s in layout.slots)
+        got = tuple(_could_host(layout, s, req) for s in layout.slots)
+        if req.segment > 1:
+            got = _whole_segments(layout, req, got)
         layout.cache[key] = got
     return got  # type: ignore[return-value]
 
@@ -62,7 +89,7 @@ def static_eligible(layout: Layout, req: GangRequest) -> tuple[bool, ...]:
 def eligible_kinds(layout: Layout, req: GangRequest) -> tuple[str, ...]:
     """The GPU models (exact names) of the nodes that could host one unit of the request, sorted."""
     key = ("kinds", req.models, req.kind, req.features, req.unit_gpus, req.group, req.shared, req.unit_cpus,
-           req.unit_memory_mb)  # fmt: skip
+           req.unit_memory_mb, req.segment, req.segment_level, req.tp)  # fmt: skip
     got = layout.cache.get(key)
     if got is None:
         eligible = static_eligible(layout, req)
@@ -71,7 +98,7 @@ def eligible_kinds(layout: Layout, req: GangRequest) -> tuple[str, ...]:
     return got  # type: ignore[return-value]
 
 
-def _could_host(slot: NodeSlot, req: GangRequest) -> bool:
+def _could_host(layout: Layout, slot: NodeSlot, req: GangRequest) -> bool:
     if not slot.matches_model(req.models) or not slot.matches_features(req.features):
         return False
     if req.kind is not None and slot.gpu_model != req.kind:
@@ -80,7 +107,40 @@ def _could_host(slot: NodeSlot, req: GangRequest) -> bool:
         return False
     if req.shared:
         return slot.shape.n > 0
+    if solo(layout, req, slot.index):
+        per_group = req.segment
+        return (
+            slot.shape.capacity(slot.shape.full, req.tp, req.tp) > 0
+            and slot.cpus + 1e-9 >= req.unit_cpus * per_group
+            and slot.memory_mb >= req.unit_memory_mb * per_group
+        )
     return slot.shape.capacity(slot.shape.full, req.unit_gpus, req.group) > 0
+
+
+def static_units(layout: Layout, req: GangRequest, slot: NodeSlot) -> int:
+    """Units an empty node hosts (before CPU and memory)."""
+    if solo(layout, req, slot.index):
+        return slot.shape.capacity(slot.shape.full, req.tp, req.tp) * req.segment
+    return slot.shape.capacity(slot.shape.full, req.unit_gpus, req.group)
+
+
+def _whole_segments(layout: Layout, req: GangRequest, eligible: tuple[bool, ...]) -> tuple[bool, ...]:
+    """Only nodes whose domain of the segment level, empty, holds one whole tensor-parallel group."""
+    level = layout.level(req.segment_level or "")
+    if level is None:
+        return eligible
+    out = list(eligible)
+    for members in level.members:
+        units = 0
+        for i in members:
+            if eligible[i]:
+                slot = layout.slots[i]
+                res = min(int(slot.cpus // req.unit_cpus), slot.memory_mb // req.unit_memory_mb)
+                units += min(static_units(layout, req, slot), res)
+        if units < req.segment:
+            for i in members:
+                out[i] = False
+    return tuple(out)
 
 
 class Fitter(ABC):
@@ -92,6 +152,10 @@ class Fitter(ABC):
         self.seed = seed
         self.layout = snap.layout
         self.eligible = static_eligible(snap.layout, req)
+        self.segmented = req.segment > 1  # a tensor-parallel group may span the nodes of one domain
+        # Free GPUs per domain of the lowest site level, and each node's domain there (the leaf on most clusters).
+        self._low_free = snap.low_free
+        self._low_of = snap.layout.levels[0].of_node
 
     @property
     def leaf_free(self) -> list[int]:
@@ -138,8 +202,10 @@ class Fitter(ABC):
     packs_leaves = True  # among equally fit nodes, the fullest leaf first
 
     def leaf_order(self, i: int) -> int:
-        """Where node `i` comes among equally fit nodes before the tie-break: its leaf's free GPUs (fullest first)."""
-        return self.leaf_free[self.layout.slots[i].leaf] if self.packs_leaves else 0
+        """Where node `i` comes among equally fit nodes before the tie-break: the free GPUs of its domain at the lowest
+        site level (its leaf, or its multi-node NVLink domain where the site has them), fullest first, so small gangs
+        go where fragments are and whole domains stay whole."""
+        return self._low_free[self._low_of[i]] if self.packs_leaves else 0
 
     def node_key(self, i: int, units: int) -> NodeKey:
         """Best fit first: the per-class fit, then the fullest leaf, then a seeded tie-break."""
@@ -161,12 +227,21 @@ class WholeGpuFitter(Fitter):
         snap, req = self.snap, self.req
         if req.exclusive and not snap.idle(i):
             return 0
-        c = self.layout.slots[i].shape.capacity(snap.free[i], req.unit_gpus, req.group)
+        shape = self.layout.slots[i].shape
+        if self.segmented and self._solo(i):
+            # Alone in its domain: whole tensor-parallel groups on this node's NVLink, as without segments.
+            groups = shape.capacity(snap.free[i], req.tp, req.tp)
+            return min(groups, self.resource_cap(i) // req.segment) * req.segment if groups else 0
+        c = shape.capacity(snap.free[i], req.unit_gpus, req.group)
         return self.spread_cap(min(c, self.resource_cap(i))) if c else 0
+
+    def _solo(self, i: int) -> bool:
+        return self.segmented and solo(self.layout, self.req, i)
 
     def union(self, i: int, units: int, rails: frozenset[int] | None = None) -> int:
         shape = self.layout.slots[i].shape
-        tops = shape.top(self.snap.free[i], units * self.req.unit_gpus, self.req.group)
+        group = self.req.tp if self._solo(i) else self.req.group
+        tops = shape.top(self.snap.free[i], units * self.req.unit_gpus, group)
         if rails is not None:
             for m in tops:
                 if shape.rail_set(m) == rails:
@@ -174,6 +249,8 @@ class WholeGpuFitter(Fitter):
         return tops[0]
 
     def class_key(self, i: int) -> tuple[object, ...]:
+        if self.segmented:
+            return (id(self.layout.slots[i].shape), self.snap.free[i], self._solo(i))
         return (id(self.layout.slots[i].shape), self.snap.free[i])
 
     def board_key(self, i: int, units: int) -> tuple[float, ...]:
@@ -192,7 +269,8 @@ class WholeGpuFitter(Fitter):
         """The board kind (`board_key`), then the ideal ring for this board, then the fewest free GPUs left on the
         node (best fit)."""
         shape, size = self.layout.slots[i].shape, units * self.req.unit_gpus
-        return (*self.board_key(i, units), *shape.fit(self.snap.free[i], size, self.req.group))
+        group = self.req.tp if self._solo(i) else self.req.group
+        return (*self.board_key(i, units), *shape.fit(self.snap.free[i], size, group))
 
     def pick(self, i: int, units: int, rails: frozenset[int] | None) -> list[RankPick]:
         shape = self.layout.slots[i].shape
@@ -200,6 +278,14 @@ class WholeGpuFitter(Fitter):
         union = self.union(i, units, rails)
         out: list[RankPick] = []
         rest = union
+        if self._solo(i):
+            # Whole tensor-parallel groups, each split into its ranks.
+            while rest:
+                group_mask = shape.top(rest, req.tp, req.tp)[0]
+                rest &= ~group_mask
+                for rank_mask in split_unit(shape, group_mask, req.gpus_per_rank, req.segment, req.tp):
+                    out.append(RankPick(i, rank_mask, 0))
+            return out
         while rest:
             unit_mask = shape.top(rest, req.unit_gpus, req.group)[0]
             rest &= ~unit_mask
@@ -429,7 +515,8 @@ class FgdShareFitter(FgdFitter, ShareFitter):
 
 
 def fitter_for(snap: Holdings, req: GangRequest, seed: int = 0, fgd: FragMeter | None = None) -> Fitter:
-    """Best fit, or FGD for the workload mix `fgd` measures fragmentation by."""
+    """Best fit, or FGD for the workload mix `fgd` measures fragmentation by (of `req` as this cluster places it)."""
+    req = adapt(snap.layout, req)
     if fgd is not None:
         return FgdShareFitter(snap, req, seed, fgd) if req.shared else FgdWholeGpuFitter(snap, req, seed, fgd)
     return ShareFitter(snap, req, seed) if req.shared else WholeGpuFitter(snap, req, seed)

@@ -96,16 +96,20 @@ def _place_one(
         return PlacementResult(None, static)
     fitter = fitter_for(snapshot, req, seed, fgd)
     search = DomainSearch(fitter, req, index=indexes.index(fitter, req) if indexes is not None else None)
-    plan = search.best(req.levels())
+    plan = search.best(search.levels())
     if plan is None:
         return PlacementResult(None, diagnose(snapshot, req, search))
     return PlacementResult(materialise(fitter, req, plan, solver), None)
 
 
 def materialise(fitter: Fitter, req: GangRequest, plan: Plan, solver: str = "greedy") -> Allocation:
-    """Turn a plan into ranks with GPU indexes, rails lined up across nodes where ties allow."""
+    """Turn a plan into ranks with GPU indexes, rails lined up across nodes where ties allow.
+
+    Nodes are taken domain by domain (top level down), so the consecutive ranks of a tensor-parallel group that
+    spans nodes are the ranks of one domain."""
     layout = fitter.layout
-    pieces = sorted(plan.pieces, key=lambda p: (layout.slots[p[0]].spine, layout.slots[p[0]].leaf, p[0]))
+    req = fitter.req  # as this cluster places it (segments of ranks, `fitters.adapt`)
+    pieces = sorted(plan.pieces, key=lambda p: layout.path(p[0]))
     picks: list[RankPick] = []
     rails: frozenset[int] | None = None
     for i, units in pieces:
@@ -140,13 +144,14 @@ def score_terms(fitter: Fitter, req: GangRequest, plan: Plan, picks: list[RankPi
     masks: dict[int, int] = {}
     for p in picks:
         masks[p.node] = masks.get(p.node, 0) | p.mask
+    req = fitter.req
     ring = 0.0 if req.shared else ring_of_masks(layout, masks)
     ideal = 0.0 if req.shared else ideal_ring_gbps(layout, req.ranks * req.gpus_per_rank, req.gpus_per_rank)
     broken = sum(1 for i in masks if snap.idle(i) and masks[i] != layout.slots[i].shape.full)
     leaves = {layout.slots[i].leaf for i in masks}
     preferred_met = 1.0
-    if req.domain is not None:
-        order = ("node", "leaf", "spine", "cluster")
+    order = layout.level_names
+    if req.domain is not None and req.domain in order:
         preferred_met = 1.0 if order.index(plan.domain) <= order.index(req.domain) else 0.0
     gpus = float(sum(m.bit_count() for m in masks.values())) if not req.shared else req.total_gpus
     return {

@@ -41,7 +41,7 @@ class SearchCache:
         if static is not None:
             return PlacementResult(None, static)
         search = self.search(req)
-        plan = search.best(req.levels())
+        plan = search.best(search.levels())
         if plan is None:
             return PlacementResult(None, diagnose(self.holdings, req, search))
         return PlacementResult(materialise(search.fitter, req, plan, solver), None)

@@ -10,6 +10,7 @@ from oneplus_contracts import NodeTopology
 from oneplus_contracts.features import FeatureConstraint, node_features
 
 from .shape import NodeShape, shape_of
+from .tree import Level, build_levels
 
 
 class AllocationConflict(ValueError):
@@ -75,6 +76,8 @@ class Layout:
     nic_gbps_per_gpu: float
     oversubscription: float
     by_name: dict[str, int]
+    # The site's levels between the node and the cluster, bottom-up (`nvlink`, `leaf`, `spine`, or the site's own).
+    levels: tuple[Level, ...] = ()
     # Per-request facts that depend only on the layout (which nodes could ever host a unit), memoised.
     cache: dict[object, object] = field(default_factory=dict, repr=False)
 
@@ -84,35 +87,27 @@ class Layout:
     ) -> Layout:
         if not nodes:
             raise ValueError(f"cluster {name!r} has no nodes")
-        leaf_ix: dict[str, int] = {}
-        spine_ix: dict[str, int] = {}
-        leaf_spine: list[int] = []
-        leaf_nodes: list[list[int]] = []
-        spine_leaves: list[list[int]] = []
+        levels = build_levels(nodes)
+        # Leaf and spine are levels of the tree like any other; the fabric rates and best-fit rules read them by name.
+        leaf_level = next(lv for lv in levels if lv.name == "leaf")
+        spine_level = next(lv for lv in levels if lv.name == "spine")
+        leaf_spine = [spine_level.of_node[m[0]] for m in leaf_level.members]
+        spine_leaves: list[list[int]] = [[] for _ in spine_level.members]
+        for leaf, spine in enumerate(leaf_spine):
+            spine_leaves[spine].append(leaf)
         slots: list[NodeSlot] = []
         by_name: dict[str, int] = {}
         for i, topo in enumerate(nodes):
             if topo.node in by_name:
                 raise ValueError(f"cluster {name!r}: node {topo.node!r} appears twice")
             by_name[topo.node] = i
-            spine = topo.spine or "spine-0"
-            leaf = topo.leaf or f"leaf-{topo.node}"
-            if spine not in spine_ix:
-                spine_ix[spine] = len(spine_ix)
-                spine_leaves.append([])
-            if leaf not in leaf_ix:
-                leaf_ix[leaf] = len(leaf_ix)
-                leaf_nodes.append([])
-                leaf_spine.append(spine_ix[spine])
-                spine_leaves[spine_ix[spine]].append(leaf_ix[leaf])
-            leaf_nodes[leaf_ix[leaf]].append(i)
             slots.append(
                 NodeSlot(
                     index=i,
                     name=topo.node,
                     shape=shape_of(topo),
-                    leaf=leaf_ix[leaf],
-                    spine=leaf_spine[leaf_ix[leaf]],
+                    leaf=leaf_level.of_node[i],
+                    spine=spine_level.of_node[i],
                     gpu_model=topo.gpu_model,
                     cpus=float(topo.cpus),
                     memory_mb=topo.memory_mb,
@@ -124,15 +119,38 @@ class Layout:
         return cls(
             name=name,
             slots=tuple(slots),
-            leaf_names=tuple(leaf_ix),
-            spine_names=tuple(spine_ix),
-            leaf_nodes=tuple(map(tuple, leaf_nodes)),
+            leaf_names=leaf_level.names,
+            spine_names=spine_level.names,
+            leaf_nodes=leaf_level.members,
             spine_leaves=tuple(map(tuple, spine_leaves)),
             leaf_spine=tuple(leaf_spine),
             nic_gbps_per_gpu=float(nic_gbps_per_gpu),
             oversubscription=max(1.0, float(oversubscription)),
             by_name=by_name,
+            levels=levels,
         )
+
+    @property
+    def level_names(self) -> tuple[str, ...]:
+        """Every level a job may name, tightest first: `node`, the site's levels, `cluster`."""
+        return ("node", *(lv.name for lv in self.levels), "cluster")
+
+    def level(self, name: str) -> Level | None:
+        return next((lv for lv in self.levels if lv.name == name), None)
+
+    def domain_of_nodes(self, nodes: Sequence[int]) -> str:
+        """The tightest level with one domain holding every node of `nodes`."""
+        if len(set(nodes)) <= 1:
+            return "node"
+        for lv in self.levels:
+            first = lv.of_node[nodes[0]]
+            if all(lv.of_node[i] == first for i in nodes):
+                return lv.name
+        return "cluster"
+
+    def path(self, i: int) -> tuple[int, ...]:
+        """Node `i`'s domains from the top level down, then the node: sorting by it keeps domains together."""
+        return (*(lv.of_node[i] for lv in reversed(self.levels)), i)
 
     def index(self, node: str) -> int:
         try:

@@ -1,7 +1,10 @@
-"""The domain search: one node, then one leaf, one spine, then the whole cluster, tightest first.
+"""The domain search: one node, then one domain of each site level (e.g. a multi-node NVLink domain, a leaf, a
+spine), then the whole cluster, tightest first.
 
-At each level every domain that can hold the gang yields one plan; plans are sorted best fit first (fewest nodes,
-then the fullest domain), so small gangs land in fragments and whole nodes and leaves stay free for large gangs.
+At each level every domain that can hold the gang yields one plan; plans are sorted best fit first (fewest domains
+below, fewest nodes, then the fullest domain), so small gangs land in fragments and whole nodes and domains stay free
+for large gangs. A tensor-parallel group that spans ranks is a segment: it never leaves its domain of the segment
+level, so capacities at and above that level count whole segments only.
 """
 
 from __future__ import annotations
@@ -9,8 +12,6 @@ from __future__ import annotations
 import heapq
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
-
-from oneplus_contracts import Domain
 
 from .capacity import CapacityIndex
 from .fitters import Fitter, eligible_kinds, tie_break
@@ -24,7 +25,7 @@ class Plan:
     """Which nodes host how many units; `domain` is the tightest domain that holds them all."""
 
     pieces: tuple[Piece, ...]
-    domain: Domain
+    domain: str
 
     @property
     def nodes(self) -> list[int]:
@@ -34,14 +35,19 @@ class Plan:
 class DomainSearch:
     """Capacities of every node for one request, and plans per level built from them."""
 
-    def __init__(self, fitter: Fitter, req: GangRequest, index: CapacityIndex | None = None) -> None:
+    def __init__(self, fitter: Fitter, req: GangRequest | None = None, index: CapacityIndex | None = None) -> None:
         self.fitter = fitter
-        self.req = req
+        # The fitter holds the request as this cluster places it (`fitters.adapt`); `req` is kept for old callers.
+        self.req = fitter.req
         self.layout = fitter.layout
         # A batch passes an index it keeps current itself; it is read, never changed, here.
         self.index = CapacityIndex(fitter) if index is None else index
         self.caps = self.index.caps
-        self._spine_caps: list[int] | None = None
+        names = [lv.name for lv in self.layout.levels]
+        level = self.req.segment_level
+        self._segment_k = names.index(level) if self.req.segment > 1 and level in names else None
+        self._level_caps: dict[int, list[int]] = {}
+        self._raw: dict[int, list[int]] = {}
         self._kinds: list[DomainSearch] | None = None
 
     def kind_searches(self) -> list[DomainSearch]:
@@ -63,44 +69,102 @@ class DomainSearch:
 
     @property
     def spine_caps(self) -> list[int]:
-        if self._spine_caps is None:
-            caps = [0] * len(self.layout.spine_leaves)
-            for leaf, c in enumerate(self.leaf_caps):
-                caps[self.layout.leaf_spine[leaf]] += c
-            self._spine_caps = caps
-        return self._spine_caps
+        k = self._site_index("spine")
+        return self.level_caps(k) if k is not None else [sum(self.leaf_caps)]
 
-    def plans(self, level: Domain, limit: int | None = None) -> list[Plan]:
+    def levels(self) -> tuple[str, ...]:
+        """The levels this request may be placed at on this cluster, tightest first."""
+        return self.req.levels(self.layout.level_names)
+
+    def _site_index(self, level: str) -> int | None:
+        for k, lv in enumerate(self.layout.levels):
+            if lv.name == level:
+                return k
+        return None
+
+    def level_caps(self, k: int) -> list[int]:
+        """Units each domain of site level `k` can host; at and above the segment level, in whole segments (a
+        tensor-parallel group never leaves its domain)."""
+        got = self._level_caps.get(k)
+        if got is None:
+            raw = self._raw_caps(k)
+            seg, at = self.req.segment, self._segment_k
+            if at is None or k < at:
+                got = raw
+            elif k == at:
+                got = [c // seg * seg for c in raw]
+            else:
+                below = self.level_caps(k - 1)
+                got = [sum(below[c] for c in ch) for ch in self.layout.levels[k].children]
+            self._level_caps[k] = got
+        return got
+
+    def _raw_caps(self, k: int) -> list[int]:
+        """Units per domain of site level `k`, whatever segments need: kept by the index for the lowest level and the
+        leaf, summed from the children above."""
+        got = self._raw.get(k)
+        if got is None:
+            level = self.layout.levels[k]
+            if k == 0:
+                got = self.index.low_caps
+            elif level.name == "leaf":
+                got = self.index.leaf_caps
+            else:
+                below = self._raw_caps(k - 1)
+                got = [sum(below[c] for c in ch) for ch in level.children]
+            self._raw[k] = got
+        return got
+
+    def plans(self, level: str, limit: int | None = None) -> list[Plan]:
         """Every domain of `level` that can hold the gang, best first (at most `limit`); a gang that must keep to one
         GPU model gets the best plans of each model's nodes (one node is always one model)."""
         kinds = self.kind_searches() if level != "node" else []
         if not kinds:
             return self.mixed_plans(level, limit)
-        ranked = [(k._kind_key(p), p) for k in kinds for p in k.mixed_plans(level, limit)]
+        k = len(self.layout.levels) if level == "cluster" else self._site_index(level)
+        if k is None:
+            return []
+        ranked = [(s._kind_key(p, k), p) for s in kinds for p in s.mixed_plans(level, limit)]
         ranked.sort(key=lambda t: t[0])
         return [p for _, p in ranked[:limit]]
 
-    def _kind_key(self, plan: Plan) -> tuple[float, ...]:
-        """Plans of different models compared: fewest leaves and nodes, then the board kinds (the weakest node of the
-        ring bounds it: `Fitter.board_key`), then the fill of the domain."""
-        key = self._plan_key(plan)
+    def _kind_key(self, plan: Plan, k: int) -> tuple[float, ...]:
+        """Plans of different models at site level `k` compared: fewest domains below and nodes (`_plan_key`), then
+        the board kinds (the weakest node of the ring bounds it: `Fitter.board_key`), then the fill of the domain."""
+        key = self._plan_key(plan, k)
         board = max(self.fitter.board_key(i, units) for i, units in plan.pieces)
-        return (*key[:2], *board, *key[2:])
+        return (*key[:-2], *board, *key[-2:])
 
-    def mixed_plans(self, level: Domain, limit: int | None = None) -> list[Plan]:
+    def mixed_plans(self, level: str, limit: int | None = None) -> list[Plan]:
         """Every domain of `level` that can hold the gang, whatever GPU models its nodes have, best first."""
         need = self.req.units
         if level == "node":
             return [Plan(((i, need),), "node") for i in self._best_nodes(need, limit)]
-        if level == "leaf":
-            plans = self._leaf_plans(need, limit)
-        elif level == "spine":
-            plans = [self._spine_plan(s, need) for s, c in enumerate(self.spine_caps) if c >= need]
+        levels = self.layout.levels
+        if level == "cluster":
+            k = len(levels)
+            top = len(levels) - 1
+            caps = self.level_caps(top)
+            chosen = self._fill_groups(top, range(len(caps)), need) if sum(caps) >= need else None
+            plans = [self._plan(chosen)]
         else:
-            plans = [self._cluster_plan(need)] if sum(self.spine_caps) >= need else []
+            at = self._site_index(level)
+            if at is None:
+                return []
+            k = at
+            caps = self.level_caps(k)
+            if k == 0:
+                plans = [self._plan(self._fill_group(0, g, need)) for g in self._ranked_lowest(need, limit)]
+            else:
+                plans = [self._plan(self._fill_group(k, g, need)) for g, c in enumerate(caps) if c >= need]
         found = [p for p in plans if p is not None and self._within_leaf_limit(p)]
-        found.sort(key=self._plan_key)
+        found.sort(key=lambda p: self._plan_key(p, k))
         return found[:limit]
+
+    def _plan(self, pieces: list[Piece] | None) -> Plan | None:
+        if not pieces:
+            return None
+        return Plan(tuple(pieces), self.layout.domain_of_nodes([i for i, _ in pieces]))
 
     def _best_nodes(self, need: int, limit: int | None) -> list[int]:
         """Nodes that hold the whole gang, best fit first; fit is computed once per class of equal nodes."""
@@ -132,16 +196,18 @@ class DomainSearch:
                 out += heapq.nsmallest(limit - len(out), members, key=rest)
         return out
 
-    def _leaf_plans(self, need: int, limit: int | None) -> list[Plan | None]:
-        """Rank leaves by nodes needed, the board kinds they would use, and fill level, from capacities alone; fill
-        only the best `limit`."""
-        caps, layout, fitter = self.caps, self.layout, self.fitter
-        leaf_free, seed = fitter.leaf_free, fitter.seed
+    def _ranked_lowest(self, need: int, limit: int | None) -> list[int]:
+        """Rank the domains of the lowest site level (leaves, or multi-node NVLink domains) by nodes needed, the board
+        kinds they would use, and fill level (fullest first: whole domains stay whole for the gangs that need them),
+        from capacities alone; only the best `limit` are filled."""
+        caps, fitter = self.caps, self.fitter
+        lowest = self.layout.levels[0]
+        group_free, seed = fitter.snap.low_free, fitter.seed
         ranked: list[tuple[tuple[float, ...], int]] = []
-        for leaf, total in enumerate(self.leaf_caps):
+        for g, total in enumerate(self.level_caps(0)):
             if total < need:
                 continue
-            nodes = sorted((i for i in layout.leaf_nodes[leaf] if i in caps), key=lambda i: -caps[i])
+            nodes = sorted((i for i in lowest.members[g] if i in caps), key=lambda i: -caps[i])
             got = used = 0
             board: tuple[float, ...] = ()
             for i in nodes:
@@ -151,11 +217,11 @@ class DomainSearch:
                 used += 1
                 if got >= need:
                     break
-            ranked.append(((float(used), *board, float(leaf_free[leaf]), float(tie_break(leaf, seed))), leaf))
+            ranked.append(((float(used), *board, float(group_free[g]), float(tie_break(g, seed))), g))
         best = heapq.nsmallest(limit, ranked) if limit is not None else sorted(ranked)
-        return [self._leaf_plan(leaf, need) for _, leaf in best]
+        return [g for _, g in best]
 
-    def best(self, levels: Sequence[Domain]) -> Plan | None:
+    def best(self, levels: Sequence[str]) -> Plan | None:
         for level in levels:
             got = self.plans(level, limit=1)
             if got:
@@ -164,34 +230,22 @@ class DomainSearch:
 
     # --- fills ------------------------------------------------------------------------------------------------
 
-    def _leaf_plan(self, leaf: int, need: int) -> Plan | None:
-        pieces = self._fill_nodes(self.layout.leaf_nodes[leaf], need)
-        return Plan(tuple(pieces), "node" if len(pieces) == 1 else "leaf") if pieces else None
+    def _fill_group(self, k: int, g: int, need: int) -> list[Piece] | None:
+        """`need` units inside domain `g` of site level `k`: node by node when its children are single nodes,
+        else its largest child domains first and the best-fitting one for the rest."""
+        level = self.layout.levels[k]
+        if level.flat[g]:
+            return self._fill_nodes(level.members[g], need)
+        return self._fill_groups(k - 1, level.children[g], need)
 
-    def _spine_plan(self, spine: int, need: int) -> Plan | None:
-        pieces = self._fill_leaves(self.layout.spine_leaves[spine], need)
-        return Plan(tuple(pieces), self._domain_of(pieces)) if pieces else None
-
-    def _cluster_plan(self, need: int) -> Plan | None:
-        spines = list(range(len(self.layout.spine_leaves)))
-        chosen = _fill(spines, need, self.spine_caps.__getitem__, self._group_order_key(self.spine_caps))
+    def _fill_groups(self, k: int, groups: Sequence[int], need: int) -> list[Piece] | None:
+        caps = self.level_caps(k)
+        chosen = _fill(groups, need, caps.__getitem__, self._group_order_key(caps))
         if chosen is None:
             return None
         pieces: list[Piece] = []
-        for spine, units in chosen:
-            got = self._fill_leaves(self.layout.spine_leaves[spine], units)
-            if not got:
-                return None
-            pieces.extend(got)
-        return Plan(tuple(pieces), self._domain_of(pieces))
-
-    def _fill_leaves(self, leaves: Sequence[int], need: int) -> list[Piece] | None:
-        chosen = _fill(leaves, need, self.leaf_caps.__getitem__, self._group_order_key(self.leaf_caps))
-        if chosen is None:
-            return None
-        pieces: list[Piece] = []
-        for leaf, units in chosen:
-            got = self._fill_nodes(self.layout.leaf_nodes[leaf], units)
+        for g, units in chosen:
+            got = self._fill_group(k, g, units)
             if not got:
                 return None
             pieces.extend(got)
@@ -209,16 +263,6 @@ class DomainSearch:
 
     # --- scoring of plans -------------------------------------------------------------------------------------
 
-    def _domain_of(self, pieces: Sequence[Piece]) -> Domain:
-        slots = self.layout.slots
-        if len(pieces) == 1:
-            return "node"
-        if len({slots[i].leaf for i, _ in pieces}) == 1:
-            return "leaf"
-        if len({slots[i].spine for i, _ in pieces}) == 1:
-            return "spine"
-        return "cluster"
-
     def leaves_of(self, plan: Plan) -> int:
         return len({self.layout.slots[i].leaf for i in plan.nodes})
 
@@ -226,17 +270,20 @@ class DomainSearch:
         limit = self.req.max_leaves
         return limit is None or not self.req.required or self.leaves_of(plan) <= limit
 
-    def _plan_key(self, plan: Plan) -> tuple[float, ...]:
-        """Fewest leaves and nodes, then the domain with the least free left over, then a stable tie-break."""
-        slots = self.layout.slots
-        leaf_free = self.fitter.leaf_free
-        leaves = {slots[i].leaf for i in plan.nodes}
-        first = slots[plan.pieces[0][0]]
+    def _plan_key(self, plan: Plan, k: int) -> tuple[float, ...]:
+        """Fewest domains at each level below the plan's (widest first) and fewest nodes, then the domains with the
+        least free left over, then a stable tie-break."""
+        levels = self.layout.levels
+        nodes = plan.nodes
+        counts = [float(len({levels[j].of_node[i] for i in nodes})) for j in range(k - 1, -1, -1)]
+        low = {levels[0].of_node[i] for i in nodes}
+        free = self.fitter.snap.low_free
+        first = levels[0].of_node[plan.pieces[0][0]]
         return (
-            float(len(leaves)),
+            *counts,
             float(len(plan.pieces)),
-            float(sum(leaf_free[x] for x in leaves)),
-            float(tie_break(first.leaf, self.fitter.seed)),
+            float(sum(free[x] for x in low)),
+            float(tie_break(first, self.fitter.seed)),
         )
 
 

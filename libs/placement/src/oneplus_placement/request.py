@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections.abc import Sequence
+from dataclasses import dataclass, replace
 
-from oneplus_contracts import Domain, JobSpec
+from oneplus_contracts import JobSpec
 from oneplus_contracts.features import FeatureConstraint, parse_constraint
 
-DOMAINS: tuple[Domain, ...] = ("node", "leaf", "spine", "cluster")
+# The levels of a cluster that names no others (the default when a caller has no layout to ask).
+DOMAINS: tuple[str, ...] = ("node", "leaf", "spine", "cluster")
 
 
 def _allows_mixing(spec: JobSpec) -> bool:
@@ -41,7 +43,7 @@ class GangRequest:
     models: tuple[str, ...] | None
     group: int
     ranks_per_unit: int
-    domain: Domain | None
+    domain: str | None
     required: bool
     max_leaves: int | None
     exclusive: bool
@@ -54,6 +56,13 @@ class GangRequest:
     kind: str | None = None
     # A synchronous gang runs at its slowest rank: its nodes share one GPU model unless the job or queue allows mixing.
     one_kind: bool = True
+    # The level a tensor-parallel group that spans ranks stays inside (None: the default, nvlink).
+    group_domain: str | None = None
+    # Set by `on_layout` when such a group may span nodes: each `segment` consecutive units (ranks) stay inside one
+    # domain of `segment_level`; a node alone in its domain hosts whole groups of `tp` GPUs, as without segments.
+    segment: int = 1
+    segment_level: str | None = None
+    tp: int = 1
 
     @classmethod
     def of(cls, spec: JobSpec) -> GangRequest:
@@ -93,6 +102,26 @@ class GangRequest:
             features=parse_constraint(spec.constraint) if spec.constraint else None,
             spread=nodes is not None,
             one_kind=not _allows_mixing(spec),
+            group_domain=spec.topology.group_domain,
+        )
+
+    def on_layout(self, level_names: Sequence[str], multi_node: bool) -> GangRequest:
+        """This request as a cluster with these levels places it: a tensor-parallel group that spans ranks becomes a
+        segment of ranks inside one domain of its group level (`nvlink` by default) when that level's domains may
+        span nodes (`multi_node`: some domain of it holds several nodes); otherwise it stays one unit on one node.
+        A spread gang (--nodes) keeps its units as they are: each is one node's whole share, TP groups inside it."""
+        if self.ranks_per_unit == 1 or self.segment > 1 or self.spread:
+            return self
+        level = self.group_domain or "nvlink"
+        if level == "node" or level not in level_names or not multi_node:
+            return self
+        return replace(
+            self,
+            ranks_per_unit=1,
+            group=self.gpus_per_rank,
+            segment=self.ranks_per_unit,
+            segment_level=level,
+            tp=self.group,
         )
 
     @property
@@ -133,18 +162,28 @@ class GangRequest:
             self.unit_memory_mb,
             self.exclusive,
             self.spread,
+            self.segment,
+            self.segment_level,
+            self.tp,
         )
+
+    @property
+    def segment_gpus(self) -> int:
+        """GPUs of one tensor-parallel group that must stay inside one domain (0 without segments)."""
+        return self.segment * self.gpus_per_rank if self.segment > 1 else 0
+
+    def levels(self, names: Sequence[str] = DOMAINS) -> tuple[str, ...]:
+        """The levels to try, tightest first, of a cluster whose levels are `names`; a required domain is the widest
+        allowed (a level the cluster lacks is refused before this is asked: `diagnosis.static_reason`)."""
+        names = tuple(names)
+        if self.domain is not None and self.required and self.domain in names:
+            return names[: names.index(self.domain) + 1]
+        return names
 
     @property
     def must_choose_kind(self) -> bool:
         """Whether the gang must keep to one GPU model but has not been given one yet (it may span nodes)."""
         return self.one_kind and self.kind is None and self.units > 1
-
-    def levels(self) -> tuple[Domain, ...]:
-        """The domains to try, tightest first; a required domain is the widest allowed."""
-        if self.domain is not None and self.required:
-            return DOMAINS[: DOMAINS.index(self.domain) + 1]
-        return DOMAINS
 
     def describe(self) -> str:
         if self.shared:

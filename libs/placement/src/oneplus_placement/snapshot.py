@@ -44,6 +44,7 @@ class Holdings:
     free: list[int]
     free_count: list[int]
     leaf_free: list[int]
+    low_free: list[int]  # free GPUs per domain of the lowest site level (the same list as leaf_free when that is leaf)
 
     def _init_empty(self, layout: Layout) -> None:
         n = len(layout.slots)
@@ -58,6 +59,7 @@ class Holdings:
         self.free = [0] * n
         self.free_count = [0] * n
         self.leaf_free = [0] * len(layout.leaf_nodes)
+        self._init_low_free()
         for i in range(n):
             self._refresh(i)
 
@@ -73,6 +75,10 @@ class Holdings:
         self.free = list(other.free)
         self.free_count = list(other.free_count)
         self.leaf_free = list(other.leaf_free)
+        if other.low_free is other.leaf_free:
+            self.low_free = self.leaf_free
+        else:
+            self.low_free = list(other.low_free)
 
     def _refresh(self, i: int) -> None:
         slot = self.layout.slots[i]
@@ -81,7 +87,20 @@ class Holdings:
         self.free[i] = f
         count = popcount(f)
         self.leaf_free[slot.leaf] += count - self.free_count[i]
+        if self.low_free is not self.leaf_free:
+            self.low_free[self._low_of[i]] += count - self.free_count[i]
         self.free_count[i] = count
+
+    def _init_low_free(self) -> None:
+        lowest = self.layout.levels[0] if self.layout.levels else None
+        if lowest is None or lowest.name == "leaf":
+            self.low_free = self.leaf_free
+        else:
+            self.low_free = [0] * len(lowest.members)
+
+    @property
+    def _low_of(self) -> tuple[int, ...]:
+        return self.layout.levels[0].of_node
 
     def mutable_copy(self) -> ClusterState:
         """A `ClusterState` holding the same as this one, to try changes on."""

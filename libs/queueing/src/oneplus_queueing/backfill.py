@@ -12,7 +12,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from oneplus_contracts import Allocation, JobSpec
-from oneplus_placement.fitters import static_eligible
+from oneplus_placement.fitters import adapt, static_eligible
 from oneplus_placement.request import GangRequest, InvalidRequest
 
 from .capacity import Capacity, working_copy
@@ -144,15 +144,18 @@ def _first_countable(capacity: Capacity, timed: Sequence[Release], spec: JobSpec
     if req.shared or req.unit_gpus == 0:
         return 0
     layout = capacity.layout
+    req = adapt(layout, req)  # a TP group over trays counts its ranks, not whole groups per node
     eligible = static_eligible(layout, req)
-    level = req.levels()[-1]
+    level = req.levels(layout.level_names)[-1]
+    site = layout.level(level)
     unit, need = req.unit_gpus, req.units
     free = list(capacity.state.free_count)
     groups: dict[int, int] = {}
 
     def group_of(i: int) -> int:
-        slot = layout.slots[i]
-        return {"node": i, "leaf": slot.leaf, "spine": slot.spine}.get(level, 0)
+        if level == "node":
+            return i
+        return site.of_node[i] if site is not None else 0
 
     for i, f in enumerate(free):
         if eligible[i]:

@@ -13,7 +13,7 @@ from oneplus_contracts import Allocation, Domain, JobSpec, RankPlacement
 from oneplus_placement.capacity import CapacityIndexes
 from oneplus_placement.diagnosis import Explanation, static_reason
 from oneplus_placement.fgd import FragMeter, WorkloadShape, memory_asks, typical_shapes
-from oneplus_placement.fitters import static_eligible
+from oneplus_placement.fitters import adapt, static_eligible
 from oneplus_placement.greedy import PlacementResult, place_gang
 from oneplus_placement.request import GangRequest, InvalidRequest
 from oneplus_placement.snapshot import FULL_SHARE, ClusterSnapshot, ClusterState, Layout
@@ -150,7 +150,8 @@ class Capacity:
             req = GangRequest.of(spec)
         except InvalidRequest:
             return self.free_gpus()
-        eligible = static_eligible(self.layout, req)
+        # As the cluster places it: a TP group over NVL72 trays is eligible tray by tray (`fitters.adapt`).
+        eligible = static_eligible(self.layout, adapt(self.layout, req))
         free = self.state.free_count
         return sum(free[i] for i in range(len(free)) if eligible[i])
 
@@ -166,6 +167,9 @@ class Capacity:
             return lay.leaf_nodes[ix]
         if level == "spine":
             return [n for leaf in lay.spine_leaves[ix] for n in lay.leaf_nodes[leaf]]
+        site = lay.level(level)
+        if site is not None:  # a level of the site's own (nvlink, rack, zone, ...)
+            return site.members[ix]
         return range(len(lay.slots))
 
     def domain_of_node(self, level: Domain, node_ix: int) -> DomainKey:
@@ -176,6 +180,9 @@ class Capacity:
             return ("leaf", slot.leaf)
         if level == "spine":
             return ("spine", slot.spine)
+        site = self.layout.level(level)
+        if site is not None:
+            return (level, site.of_node[node_ix])
         return ("cluster", 0)
 
     def free_in(self, key: DomainKey) -> int:
@@ -191,12 +198,15 @@ class Capacity:
             return lay.leaf_names[ix]
         if level == "spine":
             return lay.spine_names[ix]
+        site = lay.level(level)
+        if site is not None:
+            return site.names[ix]
         return "cluster"
 
     def alloc_domain(self, alloc: Allocation) -> tuple[Domain, str]:
         """The tightest domain holding every rank of `alloc`, and its name."""
         ixs = {self.node_index(n) for n in alloc.nodes}
-        for level in ("node", "leaf", "spine"):
+        for level in self.layout.level_names[:-1]:  # node, the site's levels bottom-up (nvlink, leaf, spine, ...)
             keys = {self.domain_of_node(level, i) for i in ixs}
             if len(keys) == 1:
                 key = keys.pop()

@@ -11,7 +11,7 @@ from .capacity import whole_gpus
 from .model import ReasonCode
 
 # Placement's blocking constraints that are about where GPUs sit rather than how many there are.
-_TOPOLOGY = frozenset({"domain", "domain_size", "max_leaves", "nvlink_domain", "rank_size", "gpu_kind"})
+_TOPOLOGY = frozenset({"domain", "domain_size", "max_leaves", "nvlink_domain", "rank_size", "gpu_kind", "group_domain"})
 
 
 def where_usable(spec: JobSpec) -> str:
@@ -37,7 +37,7 @@ def classify_failure(spec: JobSpec, explanation: Explanation | None, free_gpus: 
     need = whole_gpus(spec)
     if explanation is None:
         return "Resources", count_message(spec, free_gpus)
-    if explanation.constraint == "constraint":
+    if explanation.constraint in ("constraint", "level"):  # a feature or a level the cluster does not have
         return "BadConstraints", explanation.message
     if explanation.constraint in _TOPOLOGY:
         return "Topology", explanation.message
@@ -59,6 +59,7 @@ def shape_key(spec: JobSpec) -> tuple[object, ...]:
         topo.domain,
         topo.mode,
         topo.group_gpus,
+        topo.group_domain,
         topo.max_leaves,
         topo.exclusive,
         topo.nodes,

@@ -220,7 +220,8 @@ def _domains(
     """Every domain a candidate touches where enough GPUs could be freed, with a lower bound on its cost."""
     need = whole_gpus(preemptor.job.spec)
     out: list[tuple[float, DomainKey, list[Candidate]]] = []
-    for level in GangRequest.of(preemptor.job.spec).levels():
+    names = capacity.layout.level_names  # node, the site's levels (nvlink, leaf, spine, ...), cluster
+    for level in GangRequest.of(preemptor.job.spec).levels(names):
         touched: dict[DomainKey, list[Candidate]] = {}
         for c in cands:
             for key in {capacity.domain_of_node(level, i) for i in c.on_node}:
@@ -233,7 +234,7 @@ def _domains(
                 continue
             in_domain = sorted(in_domain, key=lambda c: (c.cost, c.job.job_id))[: config.preemption.max_candidates]
             out.append((_fractional_bound(gain, short), key, in_domain))
-    out.sort(key=lambda t: (t[0], ("node", "leaf", "spine", "cluster").index(t[1][0]), t[1][1]))
+    out.sort(key=lambda t: (t[0], names.index(t[1][0]), t[1][1]))
     return out
 
 

@@ -368,6 +368,15 @@ class Simulation:
                 gpus = set(p.slots[0][1])
                 return any(gpus <= d for d in kind.nvlink_domains)
             return True
+        nvlink = c.layout.level("nvlink")
+        if nvlink is not None:
+            # A multi-node NVLink domain (an NVL72 rack) that could hold the gang is tighter than any leaf.
+            per_rank = max(job.gpus_per_rank, 1)
+            fits_domain = any(
+                len(m) > 1 and sum(c.nodes[i].kind.n_gpus // per_rank for i in m) >= job.ranks for m in nvlink.members
+            )
+            if fits_domain:
+                return len({nvlink.of_node[n] for n in p.nodes}) == 1
         fits_leaf = any(
             sum(1 for i in nodes if c.nodes[i].kind.n_gpus >= job.gpus_per_rank) >= job.ranks
             for nodes in c.leaves.values()

@@ -7,18 +7,20 @@ of nodes is cheap; treat a node's `gpus` and `links` as read-only and change a n
 
 from __future__ import annotations
 
+import re
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Annotated, Any
 
 import yaml
-from oneplus_contracts import NodeTopology
+from oneplus_contracts import LEVEL_NAME, NodeTopology
 from oneplus_contracts.features import model_feature
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from .bandwidth import nic_gbytes, nic_ring_gbps
 from .errors import ClusterConfigError, TopologyParseError
-from .fabric import leaf_from_lldp, nvlink_domain_of, place_from_labels
+from .fabric import HOSTNAME_LABEL, leaf_from_lldp, nvlink_domain_of, place_from_labels
 from .presets import PRESETS, shared_preset
 from .smi import parse_topo_matrix
 
@@ -37,8 +39,32 @@ class Fabric(_Strict):
     nic_gbps_per_gpu: Annotated[float, Field(gt=0, description="Gb/s of NIC per GPU")] = 400.0
     oversubscription: Annotated[float, Field(ge=1.0, description="Leaf downlink : uplink ratio")] = 1.0
     label_levels: list[str] | None = Field(
-        default=None, description="Kueue Topology levels, top to bottom, that name spine and leaf in node labels"
+        default=None,
+        description="Kueue Topology levels, top to bottom, in node labels: the lowest names the leaf, the next the "
+        "spine, any above them are levels of their own (named by the label's last word: .../topology-zone is zone)",
     )
+    levels: list[Annotated[str, Field(pattern=LEVEL_NAME)]] | None = Field(
+        default=None,
+        description="The site's levels above the node, bottom-up (e.g. nvlink, rack, leaf, spine, zone)",
+    )
+    level_labels: dict[str, str] = Field(
+        default_factory=dict,
+        description="The node label that names each level's domain, e.g. {zone: topology.kubernetes.io/zone}",
+    )
+
+    @model_validator(mode="after")
+    def _levels_known(self) -> Fabric:
+        if self.levels is not None:
+            bad = [n for n in self.levels if n in ("node", "cluster")]
+            if bad:
+                raise ValueError(f"levels: {bad[0]!r} is implicit (node below, cluster above); name the levels between")
+            if len(set(self.levels)) != len(self.levels):
+                raise ValueError(f"levels: {self.levels} names a level twice")
+        named = set(self.levels or ())
+        unknown = sorted(set(self.level_labels) - named)
+        if unknown:
+            raise ValueError(f"level_labels: {unknown[0]!r} is not one of levels {sorted(named)}")
+        return self
 
     @property
     def nic_gbytes_per_gpu(self) -> float:
@@ -61,6 +87,10 @@ class NodeGroup(_Strict):
     nodes_per_nvlink_domain: Annotated[int, Field(gt=0)] | None = Field(
         default=None, description="Nodes per multi-node NVLink domain, e.g. 18 GB200 trays per NVL72"
     )
+    nodes_per_level: dict[str, Annotated[int, Field(gt=0)]] = Field(
+        default_factory=dict, description="Nodes per domain of a site level, e.g. {rack: 18}: <prefix>-<level><k>"
+    )
+    levels: dict[str, str] = Field(default_factory=dict, description="The group's domain at a site level")
 
 
 class NodeOverride(_Strict):
@@ -70,6 +100,7 @@ class NodeOverride(_Strict):
     leaf: str | None = None
     spine: str | None = None
     nvlink_domain: str | None = None
+    levels: dict[str, str] = Field(default_factory=dict, description="The node's domain at a site level")
 
 
 class ClusterFile(_Strict):
@@ -77,6 +108,17 @@ class ClusterFile(_Strict):
     fabric: Fabric = Field(default_factory=Fabric)
     node_groups: Annotated[list[NodeGroup], Field(min_length=1)]
     nodes: dict[str, NodeOverride] = Field(default_factory=dict)
+
+    @model_validator(mode="after")
+    def _levels_named(self) -> ClusterFile:
+        named = set(self.fabric.levels or ())
+        where = [(f"node_groups.{k}", set(g.levels) | set(g.nodes_per_level)) for k, g in enumerate(self.node_groups)]
+        where += [(f"nodes.{n}", set(o.levels)) for n, o in self.nodes.items()]
+        for key, levels in where:
+            unknown = sorted(levels - named - {"nvlink", "leaf", "spine"})
+            if unknown:
+                raise ValueError(f"{key}: level {unknown[0]!r} is not one of fabric.levels {sorted(named)}")
+        return self
 
 
 @dataclass
@@ -189,9 +231,10 @@ def load_cluster(path: str | Path) -> Cluster:
     for gi, group in enumerate(spec.node_groups):
         base = _group_topology(path, gi, group)
         width = max(2, len(str(group.start + group.count - 1)))
+        per_leaf = _leaf_of(spec.fabric.nodes_per_leaf, group.nodes_per_nvlink_domain)
         for k in range(group.count):
             name = f"{group.prefix}-{group.start + k:0{width}d}"
-            leaf = leaf_index + k // spec.fabric.nodes_per_leaf
+            leaf = leaf_index + per_leaf(k)
             update: dict[str, Any] = {
                 "node": name,
                 "leaf": f"leaf{leaf}",
@@ -203,11 +246,71 @@ def load_cluster(path: str | Path) -> Cluster:
             }
             if group.nodes_per_nvlink_domain:
                 update["nvlink_domain"] = f"{group.prefix}-nvl{k // group.nodes_per_nvlink_domain}"
+            site = {lv: f"{group.prefix}-{lv}{k // n}" for lv, n in group.nodes_per_level.items()} | group.levels
+            if site:
+                update["levels"] = site
             update |= {k2: v for k2, v in (("cpus", group.cpus), ("memory_mb", group.memory_mb)) if v is not None}
             nodes.append(base.model_copy(update=update))
-        leaf_index += -(-group.count // spec.fabric.nodes_per_leaf)
+        leaf_index += per_leaf(group.count - 1) + 1
     _apply_overrides(path, spec, nodes)
+    _name_levels(spec, nodes)
     return Cluster(name=spec.name, fabric=spec.fabric, nodes=nodes)
+
+
+def short_level_name(label: str) -> str:
+    """A level's name from its node label: the last word, without `topology-` (`cloud.provider.com/topology-block`
+    is `block`, `topology.kubernetes.io/zone` is `zone`)."""
+    word = label.rsplit("/", 1)[-1].lower()
+    word = word.removeprefix("topology-").removeprefix("topology.")
+    return re.sub(r"[^a-z0-9_-]", "-", word).strip("-") or "level"
+
+
+def _name_levels(spec: ClusterFile, nodes: list[NodeTopology]) -> None:
+    """Each node's domain at every site level, bottom-up, when the site names levels beyond nvlink/leaf/spine:
+    `fabric.levels` (values from the node's levels, its group's, the level's label, or nvlink/leaf/spine), or Kueue
+    `label_levels` above the leaf and spine."""
+    fabric = spec.fabric
+    order = list(fabric.levels or ())
+    labels = dict(fabric.level_labels)
+    if not order and fabric.label_levels:
+        above = [k for k in fabric.label_levels if k != HOSTNAME_LABEL][:-2]  # top to bottom, above spine
+        extra: list[str] = []
+        for key in reversed(above):
+            name = short_level_name(key)
+            if (
+                name in ("node", "cluster", "nvlink", "leaf", "spine")
+                or name in extra
+                or not re.match(LEVEL_NAME, name)
+            ):
+                name = f"level{len(extra) + 3}"
+            extra.append(name)
+            labels[name] = key
+        if extra:
+            order = ["nvlink", "leaf", "spine", *extra]
+    if not order:
+        return
+    for i, n in enumerate(nodes):
+        own = {"nvlink": n.nvlink_domain, "leaf": n.leaf, "spine": n.spine}
+        over = spec.nodes.get(n.node)
+        values: dict[str, str] = {}
+        for level in order:
+            value = (over.levels.get(level) if over else None) or n.levels.get(level)
+            if value is None and level in labels:
+                value = n.labels.get(labels[level])
+            value = value or own.get(level)
+            if value:
+                values[level] = value
+        nodes[i] = n.model_copy(update={"levels": values})
+
+
+def _leaf_of(nodes_per_leaf: int, nodes_per_domain: int | None) -> Callable[[int], int]:
+    """The leaf (counted from the group's first) of the group's k-th node. Leaves hold whole multi-node NVLink
+    domains: the trays of one NVL72 rack share their leaves, and a domain is read inside its leaf (placement's level
+    tree nests), so with fewer nodes per leaf than per domain each domain gets a leaf of its own."""
+    if not nodes_per_domain:
+        return lambda k: k // nodes_per_leaf
+    domains_per_leaf = max(1, nodes_per_leaf // nodes_per_domain)
+    return lambda k: (k // nodes_per_domain) // domains_per_leaf
 
 
 def _apply_overrides(path: Path, spec: ClusterFile, nodes: list[NodeTopology]) -> None:
@@ -222,7 +325,9 @@ def _apply_overrides(path: Path, spec: ClusterFile, nodes: list[NodeTopology]) -
             continue
         if over is not None and over.features:
             n = n.model_copy(update={"features": _features(n, over.features)})
-        place = place_from_labels(labels, spec.fabric.label_levels)
+        # A label that names a level of its own (fabric.level_labels) does not also name the leaf or spine.
+        own_levels = set(spec.fabric.level_labels.values())
+        place = place_from_labels({k: v for k, v in labels.items() if k not in own_levels}, spec.fabric.label_levels)
         update: dict[str, Any] = {"labels": labels}
         update |= {k: v for k, v in vars(place).items() if v is not None}
         if over is not None:
@@ -271,8 +376,9 @@ def synthetic_cluster(
     base = base.model_copy(update={"features": _features(base, [])})  # its GPU model's feature (`h100`)
     width = max(2, len(str(n_nodes - 1)))
     nodes = []
+    per_leaf = _leaf_of(nodes_per_leaf, nodes_per_nvlink_domain)
     for i in range(n_nodes):
-        leaf = i // nodes_per_leaf
+        leaf = per_leaf(i)
         update: dict[str, Any] = {
             "node": f"{prefix}-{i:0{width}d}",
             "leaf": f"leaf{leaf}",

@@ -18,13 +18,24 @@ class Inadmissible(ValueError):
     """The job can never run as asked; the message says why in terms the submitter can act on."""
 
 
-NodeKey = tuple[bool, str, int, str, str | None, str | None, tuple[str, ...]]
+NodeKey = tuple[bool, str, int, str, str | None, str | None, tuple[str, ...], str | None, tuple[tuple[str, str], ...]]
 
 
 def admission_key(n: NodeRecord) -> NodeKey:
-    """What admission reads of a node: lost or not, and its static shape (heartbeats change none of it)."""
+    """What admission reads of a node: lost or not, and its static shape (heartbeats change none of it), its levels
+    included (a job naming a level the cluster lacks is refused)."""
     t = n.topology
-    return (n.status == "lost", t.node, len(t.gpus), t.gpu_model, t.leaf, t.spine, tuple(t.features))
+    return (
+        n.status == "lost",
+        t.node,
+        len(t.gpus),
+        t.gpu_model,
+        t.leaf,
+        t.spine,
+        tuple(t.features),
+        t.nvlink_domain,
+        tuple(t.levels.items()),
+    )
 
 
 @dataclass(frozen=True)

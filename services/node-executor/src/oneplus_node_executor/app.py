@@ -142,7 +142,18 @@ def make_runtime(kind: str, topology: NodeTopology) -> Runtime:
         # GPU device requests only where GPUs were really discovered (or the operator says so).
         gpu_node = topology.source == "nvml" or os.environ.get("ONEPLUS_GPU_NODE", "") == "1"
         # A busy engine can take seconds to answer a ping; an engine that is gone refuses at once.
-        return DockerRuntime(url, node_topology=topology, node=topology.node, gpu_node=gpu_node, ping_timeout_s=5.0)
+        # The IMEX channel for jobs over the trays of one NVLink domain: ONEPLUS_IMEX_CHANNEL=N, or "none".
+        imex = os.environ.get("ONEPLUS_IMEX_CHANNEL", "0").strip().lower()
+        if imex != "none" and not imex.isdigit():
+            raise SystemExit(f"ONEPLUS_IMEX_CHANNEL={imex!r}: give a channel number (0 is the default) or 'none'")
+        return DockerRuntime(
+            url,
+            node_topology=topology,
+            node=topology.node,
+            gpu_node=gpu_node,
+            ping_timeout_s=5.0,
+            imex_channel=None if imex == "none" else int(imex),
+        )
     raise SystemExit(f"unknown runtime {kind!r}: use 'simulated' or 'docker'")
 
 

@@ -19,6 +19,8 @@ def launch_commands(
     hosts = {n: a for n, a in (addresses or {}).items() if n in nodes and a}
     # A port per job keeps two gangs that share a master node from colliding.
     port = MASTER_PORT_BASE + zlib.crc32(rec.job_id.encode()) % 2000
+    # Ranks on several trays of one NVLink domain share GPU memory through IMEX (the executor gives the channel).
+    nvlink = alloc.domain == "nvlink" and len(nodes) > 1
     cmds: list[LaunchRanks] = []
     for node_rank, node in enumerate(nodes):
         cmds.append(
@@ -38,6 +40,7 @@ def launch_commands(
                 hosts=hosts,
                 resume_from_checkpoint_ts=rec.checkpoint_ts,
                 resume_progress_s=rec.progress_s,
+                multi_node_nvlink=nvlink,
             )
         )
     return cmds

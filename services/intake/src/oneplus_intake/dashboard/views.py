@@ -17,6 +17,7 @@ from typing import Any
 
 from oneplus_contracts import JobRecord, NodeRecord
 from oneplus_contracts.jobindex import HOLDING_STATES
+from oneplus_placement.tree import node_levels
 from oneplus_topology import nvlink_domains, nvlink_groups
 
 NO_LEAF = "(no leaf)"
@@ -199,6 +200,8 @@ def node_view(node: NodeRecord, held: Mapping[tuple[str, int], list[dict[str, An
         "spine": topo.spine,
         "gpu_model": topo.gpu_model,
         "nvlink_domain": topo.nvlink_domain,
+        # The node's domain at each level of the site, bottom-up, as placement reads them (docs/topology.md).
+        "levels": {name: value for name, value in node_levels(topo) if value},
         "status": node.status,
         "schedulable": node.schedulable,
         "cordoned": node.cordoned,

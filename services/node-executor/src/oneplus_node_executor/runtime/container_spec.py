@@ -11,7 +11,7 @@ from typing import Any
 
 from oneplus_contracts import LaunchRanks, RankPlacement
 
-from .environment import checkpoint_marker
+from .environment import DEFAULT_IMEX_CHANNEL, checkpoint_marker, imex_environment
 from .synthetic import synthetic_command
 
 LABEL_MANAGED = "oneplus.managed"
@@ -123,8 +123,10 @@ def container_body(
     network_mode: str,
     cpuset: str | None,
     nano_cpus: int | None,
+    imex_channel: int | None = DEFAULT_IMEX_CHANNEL,
 ) -> dict[str, Any]:
-    """The body of `POST /containers/create` for one rank."""
+    """The body of `POST /containers/create` for one rank. On a GPU node, a job whose ranks span the trays of one
+    multi-node NVLink domain also gets the IMEX channel `imex_channel` (None: the node has none to give)."""
     host: dict[str, Any] = {
         "NetworkMode": network_mode,
         # Restarts are decided by the runtime (it must not restart a rank it stopped on purpose).
@@ -141,6 +143,7 @@ def container_body(
     if cmd.hosts:
         host["ExtraHosts"] = extra_hosts(cmd)
     if gpu_node and placement.gpus:
+        env = {**env, **imex_environment(cmd, imex_channel)}
         host["DeviceRequests"] = [gpu_device_request(placement.gpus)]
         # NCCL over InfiniBand pins memory; the default memlock limit makes registration fail.
         host["Ulimits"] = [{"Name": "memlock", "Soft": -1, "Hard": -1}]

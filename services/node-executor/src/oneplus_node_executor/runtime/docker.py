@@ -39,7 +39,14 @@ from .container_spec import (
 from .cpuset import numa_cpuset
 from .docker_engine import engine_errors, ensure_image, unreachable
 from .docker_logs import merge_lines, split_lines
-from .environment import MPI_HOSTFILE, local_ranks, mpi_hostfile, rank_environment, validate_launch
+from .environment import (
+    DEFAULT_IMEX_CHANNEL,
+    MPI_HOSTFILE,
+    local_ranks,
+    mpi_hostfile,
+    rank_environment,
+    validate_launch,
+)
 from .exits import RankEnd, describe_end, rank_end, should_restart, summarize
 from .slurm_tasks import NodeTasks
 
@@ -98,8 +105,11 @@ class DockerRuntime:
         pull_timeout_s: float = 600.0,
         ping_timeout_s: float = 3.0,
         slurm_spool_root: Path | None = None,
+        imex_channel: int | None = DEFAULT_IMEX_CHANNEL,
     ) -> None:
         self.url = url
+        # The IMEX channel a multi-node NVLink job's containers get (None: this node gives none).
+        self.imex_channel = imex_channel
         self.topology = node_topology
         self.node = node or (node_topology.node if node_topology else None)
         self.gpu_node = gpu_node
@@ -280,6 +290,7 @@ class DockerRuntime:
             network_mode=self.network_mode,
             cpuset=cpuset,
             nano_cpus=nano,
+            imex_channel=self.imex_channel,
         )
         if slurm.is_batch_job(cmd.spec):  # the batch script on rank 0, holders elsewhere, srun mounted in all
             spool = slurm.prepare_spool(self.slurm_spool_root, cmd.job_id, cmd.token) if p.rank == 0 else None

@@ -253,3 +253,18 @@ def rank_environment(
             env["ONEPLUS_RESUME_FROM_CHECKPOINT_TS"] = repr(cmd.resume_from_checkpoint_ts)
         out[p.rank] = env
     return out
+
+
+# The IMEX channel a multi-node NVLink job's containers get. Channels are character devices
+# /dev/nvidia-caps-imex-channels/channel<N> that the admin creates (they do not survive a reboot); channel 0 is the
+# default one NVIDIA's IMEX guide has every node create ("IMEX Channels": default channel creation).
+DEFAULT_IMEX_CHANNEL = 0
+
+
+def imex_environment(cmd: LaunchRanks, channel: int | None = DEFAULT_IMEX_CHANNEL) -> dict[str, str]:
+    """What a rank of a job spanning the trays of one NVLink domain needs to import and export GPU memory across
+    them: `NVIDIA_IMEX_CHANNELS`, which the NVIDIA Container Toolkit reads to inject that channel's device into the
+    container (toolkit >= 1.17). Empty for a job on one node or outside a multi-node domain, or with no channel."""
+    if not cmd.multi_node_nvlink or channel is None:
+        return {}
+    return {"NVIDIA_IMEX_CHANNELS": str(channel)}
