@@ -75,6 +75,12 @@ class RankResources(Strict):
         return 0 if self.gpus >= 1 else round(self.gpus * 1000)
 
 
+def _unset(value: object) -> bool:
+    """Fields added after a record shape was published are left out of its JSON while unset: every stored record and
+    every finished job kept in memory (as its JSON) would otherwise carry their nulls."""
+    return value is None
+
+
 class TopologyConstraint(Strict):
     """Where the gang may be placed.
 
@@ -92,12 +98,13 @@ class TopologyConstraint(Strict):
     group_gpus: Annotated[int, Field(gt=0)] | None = None
     group_domain: Domain | None = Field(
         default=None,
+        exclude_if=_unset,
         description="The level each group of group_gpus GPUs stays inside when it spans ranks (default nvlink)",
     )
     max_leaves: Annotated[int, Field(gt=0)] | None = None
     exclusive: bool = False
     nodes: Annotated[int, Field(gt=0, le=4096)] | None = Field(
-        default=None, description="Exactly this many distinct nodes, ranks / nodes ranks on each (Slurm --nodes)"
+        default=None, exclude_if=_unset, description="Exactly this many distinct nodes, ranks / nodes ranks on each (Slurm --nodes)"
     )
 
 
@@ -218,10 +225,11 @@ class JobSpec(Strict):
     )
     array: JobArray | None = Field(
         default=None,
+        exclude_if=_unset,
         description="Slurm --array: one job per task id, '0-999%50' or {indices, max_running}; expanded on acceptance",
     )
     array_task: ArrayTask | None = Field(
-        default=None, description="Set on each task of an array (by its expansion): its id and its array's"
+        default=None, exclude_if=_unset, description="Set on each task of an array (by its expansion): its id and its array's"
     )
 
     @field_validator("array", mode="before")
