@@ -93,7 +93,8 @@ class JobIndex:
                     rec.spec.user,
                     # The first finish counts: a late event changes the record, not when the job left.
                     was.ts if was is not None else (rec.finished_ts if rec.finished_ts is not None else rec.updated_ts),
-                    rec.model_dump_json().encode(),
+                    # Fields left at their default are not written: they read back the same, and cost no memory.
+                    rec.model_dump_json(exclude_defaults=True).encode(),
                 )
             return
         slim(rec)

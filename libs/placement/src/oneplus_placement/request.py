@@ -7,6 +7,8 @@ from dataclasses import dataclass
 from oneplus_contracts import Domain, JobSpec
 from oneplus_contracts.features import FeatureConstraint, parse_constraint
 
+from .hosts import HostFilter
+
 DOMAINS: tuple[Domain, ...] = ("node", "leaf", "spine", "cluster")
 
 
@@ -54,6 +56,8 @@ class GangRequest:
     kind: str | None = None
     # A synchronous gang runs at its slowest rank: its nodes share one GPU model unless the job or queue allows mixing.
     one_kind: bool = True
+    # Slurm --nodelist/--exclude: the nodes the gang may use; None: any node.
+    hosts: HostFilter | None = None
 
     @classmethod
     def of(cls, spec: JobSpec) -> GangRequest:
@@ -93,6 +97,7 @@ class GangRequest:
             features=parse_constraint(spec.constraint) if spec.constraint else None,
             spread=nodes is not None,
             one_kind=not _allows_mixing(spec),
+            hosts=HostFilter.of(spec),
         )
 
     @property

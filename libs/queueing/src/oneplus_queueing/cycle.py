@@ -27,6 +27,7 @@ from oneplus_placement.snapshot import AllocationConflict, ClusterSnapshot, Clus
 from .arrays import count_task, hold_throttled, tasks_running, throttle_message
 from .backfill import may_use_block, reserve_block
 from .batching import BatchPlan, plan_batches
+from .begin import hold_until_begin
 from .boards import BoardClaim, weigh_boards
 from .capacity import Capacity, whole_gpus, working_copy
 from .config import QueueConfig
@@ -64,6 +65,7 @@ def schedule_cycle(
     stats = CycleStats()
     decision = CycleDecision(now=now, stats=stats)
     factors = fairshare_factors(config, usage.usage_at(now))
+    pending = hold_until_begin(now, pending, decision.reasons)  # --begin in the future: not considered yet
     pending = _dependencies_met(pending, running, job_states or {}, decision)
     pending = hold_throttled(pending, running, decision.reasons)  # an array's tasks past its %N are not ranked
     carry = carry or CycleCarry()
