@@ -241,6 +241,9 @@ class JobSpec(Strict):
     begin_at: Annotated[float, Field(ge=0)] | None = Field(
         default=None, description="Slurm --begin: not placed before this time (Unix seconds)"
     )
+    reservation: str | None = Field(
+        default=None, description="Slurm --reservation: run only inside this advance reservation, while it is active"
+    )
 
     @field_validator("nodelist", mode="before")
     @classmethod

@@ -54,6 +54,7 @@ USED: dict[str, tuple[str, str | None]] = {
     "begin": (VALUE, "b"),
     "nodelist": (VALUE, "w"),
     "exclude": (VALUE, "x"),
+    "reservation": (VALUE, None),
 }
 
 # Real sbatch options OnePlus has no use for: accepted, and reported by name.
@@ -71,7 +72,6 @@ UNUSED: dict[str, tuple[str, str | None]] = {
     "get-user-env": (OPTIONAL, None),
     "licenses": (VALUE, "L"),
     "cluster-constraint": (VALUE, None),
-    "reservation": (VALUE, None),
     "time-min": (VALUE, None),
     "nice": (OPTIONAL, None),
     "priority": (VALUE, None),

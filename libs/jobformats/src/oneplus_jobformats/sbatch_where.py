@@ -22,7 +22,8 @@ BEGIN_FORMS += "midnight, noon or teatime"
 
 
 def where_fields(job: SbatchJob, fields: dict[str, Any], now: float) -> None:
-    """`--nodelist`/`-w`, `--exclude`/`-x` and `--begin`/`-b` into the spec's nodelist, exclude_nodes, begin_at."""
+    """`--nodelist`/`-w`, `--exclude`/`-x`, `--reservation` and `--begin`/`-b` into the spec's nodelist,
+    exclude_nodes, reservation and begin_at."""
     for option, key in (("nodelist", "nodelist"), ("exclude", "exclude_nodes")):
         opt = job.raw(option)
         if opt is None:
@@ -33,6 +34,12 @@ def where_fields(job: SbatchJob, fields: dict[str, Any], now: float) -> None:
             raise job.fail(opt, str(exc).split(": ", 1)[-1]) from None
         if not fields[key]:
             raise job.fail(opt, "names no node")
+    opt = job.raw("reservation")
+    if opt is not None:
+        name = (opt.value or "").strip()
+        if not name or "," in name:
+            raise job.fail(opt, "names one reservation (OnePlus takes no list)")
+        fields["reservation"] = name
     opt = job.raw("begin")
     if opt is not None:
         fields["begin_at"] = begin_time(job, opt, now)

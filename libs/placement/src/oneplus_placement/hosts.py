@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from oneplus_contracts import JobSpec
+from oneplus_contracts.slurm import compress_hostlist
 
 
 @dataclass(frozen=True)
@@ -29,7 +30,7 @@ class HostFilter:
         """How an explanation names the filter: 'on nodes a,b' / 'off nodes c'."""
         parts = []
         if self.only is not None:
-            parts.append(f"on nodes {','.join(sorted(self.only))}")
+            parts.append(f"on nodes {compress_hostlist(self.only)}")
         if self.never:
-            parts.append(f"off nodes {','.join(sorted(self.never))}")
+            parts.append(f"off nodes {compress_hostlist(self.never)}")
         return " and ".join(parts)

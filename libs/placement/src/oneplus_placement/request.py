@@ -131,6 +131,7 @@ class GangRequest:
             self.models,
             self.kind,
             self.features,
+            self.hosts,
             self.unit_gpus,
             self.group,
             self.milli,
