@@ -25,6 +25,7 @@ from typing import TYPE_CHECKING, Any, Literal, TypeVar
 if TYPE_CHECKING:
     from nats.aio.client import Client
     from oneplus_contracts import JobRecord, JobSpec, NodeRecord, SubmitReply
+    from oneplus_contracts.advance import AdvanceReservation
     from pydantic import TypeAdapter
 
 SUBMIT_EVENT_TYPE = "io.oneplus.job.submit"  # oneplus_jobformats.cloudevents.SUBMIT_EVENT_TYPE (a test checks it)
@@ -403,6 +404,75 @@ class OnePlusClient:
         """Store a queue config (checked by the caller: `oneplus_queueing.queuefile.load_queue_file`); the intake,
         the solver and the preemption service follow the bucket."""
         await (await self._queues_bucket()).put(QUEUES_CONFIG_KEY, yaml_text.encode())
+
+    async def _advance_bucket(self) -> Any:
+        from nats.js.errors import BucketNotFoundError
+
+        try:
+            return await self.nc.jetstream().key_value(subjects.ADVANCE_RESERVATIONS_KV)
+        except BucketNotFoundError:
+            raise PlatformError(
+                f"no `{subjects.ADVANCE_RESERVATIONS_KV}` bucket at {self.where or 'this NATS'}: the platform has not "
+                "started here"
+            ) from None
+
+    async def advance_reservations(self) -> list[AdvanceReservation]:
+        """Every advance reservation stored (ended ones too, until deleted)."""
+        from nats.js.errors import NoKeysError
+        from oneplus_contracts.advance import AdvanceReservation
+
+        kv = await self._advance_bucket()
+        try:
+            keys = await kv.keys()
+        except NoKeysError:
+            return []
+        out: list[AdvanceReservation] = []
+        for key in keys:
+            entry = await kv.get(key)
+            if entry.value:
+                out.append(AdvanceReservation.model_validate_json(entry.value))
+        return out
+
+    async def create_advance_reservation(self, res: AdvanceReservation, now: float) -> AdvanceReservation:
+        """Check it against the others and the cluster's nodes (`oneplus_queueing.advance.check_new`), then store it;
+        the solver and the intake follow the bucket. A name taken meanwhile is refused by the store itself."""
+        from nats.js.errors import KeyWrongLastSequenceError
+        from oneplus_queueing.advance import AdvanceReservationError, check_new
+
+        existing = await self.advance_reservations()
+        check_new(res, existing, now, known_nodes=await self._node_names())
+        stored = res.model_copy(update={"created_ts": now})
+        try:
+            await (await self._advance_bucket()).create(res.name, stored.model_dump_json().encode())
+        except KeyWrongLastSequenceError:
+            raise AdvanceReservationError(f"reservation {res.name} already exists; delete it first") from None
+        return stored
+
+    async def _node_names(self) -> list[str] | None:
+        """The nodes the registry stored (the `topology` bucket's keys); None when there is no such bucket."""
+        from nats.js.errors import BucketNotFoundError, NoKeysError
+
+        try:
+            kv = await self.nc.jetstream().key_value(subjects.TOPOLOGY_KV)
+            return list(await kv.keys())
+        except NoKeysError:
+            return []
+        except BucketNotFoundError:
+            return None
+
+    async def delete_advance_reservation(self, name: str) -> bool:
+        """Delete it; False when there is none of that name."""
+        from nats.js.errors import KeyNotFoundError
+
+        kv = await self._advance_bucket()
+        try:
+            entry = await kv.get(name)
+        except KeyNotFoundError:
+            return False
+        if not entry.value:
+            return False
+        await kv.delete(name)
+        return True
 
     async def node_op(self, subject: str, node: str, **extra: Any) -> dict[str, Any]:
         result: dict[str, Any] = await self.ops(subject, {"node": node, **extra})

@@ -26,6 +26,7 @@ from oneplus_contracts import (
     SubmitReply,
     subjects,
 )
+from oneplus_contracts.advance import AdvanceReservation
 from oneplus_intake.openapi import render as render_openapi
 from pydantic import BaseModel, TypeAdapter
 
@@ -41,6 +42,7 @@ MODELS: dict[str, type[BaseModel] | TypeAdapter[Any]] = {
     "ReservationAudit": ReservationAudit,
     "NodeRecord": NodeRecord,
     "FactOutcome": FactOutcome,
+    "AdvanceReservation": AdvanceReservation,
 }
 
 # channel id → (address, message schema, description, who sends, who receives)

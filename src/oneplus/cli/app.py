@@ -20,7 +20,7 @@ from rich.console import Console
 from rich.markup import escape
 
 from ..client import PlatformError, run_with_client, subjects, with_submitter
-from . import place, queues, sim, slurm, topology
+from . import place, queues, reservation, sim, slurm, topology
 from .render import (
     Columns,
     error_console,
@@ -45,6 +45,7 @@ app.add_typer(jobs_app, name="jobs")
 app.add_typer(nodes_app, name="nodes")
 app.add_typer(dev_app, name="dev")
 app.add_typer(queues.app, name="queues")
+app.add_typer(reservation.app, name="reservation")
 app.add_typer(topology.app, name="topology", help="Read and show node topologies.")
 app.add_typer(sim.app, name="sim", help="Replay traces on a modelled cluster.")
 if hasattr(place, "place"):

@@ -108,6 +108,7 @@ KV_HISTORY = {
     subjects.TOPOLOGY_KV: 5,
     subjects.HEARTBEATS_KV: 1,
     subjects.QUEUES_KV: 5,
+    subjects.ADVANCE_RESERVATIONS_KV: 5,
     subjects.SOLVER_STATE_KV: 1,
     subjects.WEBHOOK_DELIVERIES_KV: 1,
 }

@@ -29,6 +29,26 @@ PullPolicy = Literal["Always", "IfNotPresent", "Never"]
 Framework = Literal["pytorchjob", "trainjob", "mpijob", "sbatch"]
 
 _NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
+_HOST_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,252}$")
+
+
+def host_names(field: str, v: object) -> list[str]:
+    """A list of node names, or a Slurm hostlist ('gpu[01-04],cpu1') expanded; a malformed name is refused."""
+    if isinstance(v, str):
+        from .slurm import expand_hostlist  # here: slurm.py imports events, which imports this module
+
+        try:
+            v = expand_hostlist(v)
+        except ValueError as exc:
+            raise ValueError(f"{field}: {exc}") from None
+    if not isinstance(v, list):
+        raise ValueError(f"{field} must be a hostlist or a list of node names")
+    for name in v:
+        if not isinstance(name, str) or not _HOST_RE.match(name):
+            raise ValueError(f"{field}: {name!r} is not a node name (letters, digits, '.', '_', '-')")
+    return list(dict.fromkeys(v))
+
+
 _SIGNALS = {"SIGUSR1", "SIGUSR2", "SIGTERM", "SIGINT", "SIGHUP", "SIGQUIT", "SIGKILL", "SIGCONT"}
 
 
@@ -78,7 +98,7 @@ class RankResources(Strict):
 def _unset(value: object) -> bool:
     """Fields added after a record shape was published are left out of its JSON while unset: every stored record and
     every finished job kept in memory (as its JSON) would otherwise carry their nulls."""
-    return value is None
+    return value is None or (isinstance(value, list) and not value)
 
 
 class TopologyConstraint(Strict):
@@ -104,7 +124,9 @@ class TopologyConstraint(Strict):
     max_leaves: Annotated[int, Field(gt=0)] | None = None
     exclusive: bool = False
     nodes: Annotated[int, Field(gt=0, le=4096)] | None = Field(
-        default=None, exclude_if=_unset, description="Exactly this many distinct nodes, ranks / nodes ranks on each (Slurm --nodes)"
+        default=None,
+        exclude_if=_unset,
+        description="Exactly this many distinct nodes, ranks / nodes ranks on each (Slurm --nodes)",
     )
 
 
@@ -229,8 +251,38 @@ class JobSpec(Strict):
         description="Slurm --array: one job per task id, '0-999%50' or {indices, max_running}; expanded on acceptance",
     )
     array_task: ArrayTask | None = Field(
-        default=None, exclude_if=_unset, description="Set on each task of an array (by its expansion): its id and its array's"
+        default=None,
+        exclude_if=_unset,
+        description="Set on each task of an array (by its expansion): its id and its array's",
     )
+    nodelist: list[str] = Field(
+        default_factory=list,
+        exclude_if=_unset,
+        description="Slurm --nodelist: the only nodes the job may use (names or a hostlist 'gpu[1-4]'); empty: any",
+    )
+    exclude_nodes: list[str] = Field(
+        default_factory=list,
+        exclude_if=_unset,
+        description="Slurm --exclude: nodes the job must not use (names or a hostlist)",
+    )
+    begin_at: Annotated[float, Field(ge=0)] | None = Field(
+        default=None, exclude_if=_unset, description="Slurm --begin: not placed before this time (Unix seconds)"
+    )
+    reservation: str | None = Field(
+        default=None,
+        exclude_if=_unset,
+        description="Slurm --reservation: run only inside this advance reservation, while it is active",
+    )
+
+    @field_validator("nodelist", mode="before")
+    @classmethod
+    def _nodelist(cls, v: object) -> object:
+        return host_names("nodelist", v)
+
+    @field_validator("exclude_nodes", mode="before")
+    @classmethod
+    def _exclude(cls, v: object) -> object:
+        return host_names("exclude_nodes", v)
 
     @field_validator("array", mode="before")
     @classmethod
@@ -281,6 +333,9 @@ class JobSpec(Strict):
             raise ValueError("aftercorr is for job arrays: each task waits for the task of its id (use --array)")
         if self.slurm is not None and self.framework != "sbatch":
             raise ValueError("slurm (a batch allocation) is an sbatch job's (framework sbatch)")
+        both = sorted(set(self.nodelist) & set(self.exclude_nodes))
+        if both:
+            raise ValueError(f"node {both[0]!r} is both in nodelist and exclude_nodes")
         r = self.resources
         if r.cpu_limit is not None and r.cpus > r.cpu_limit:
             raise ValueError(f"cpus={r.cpus:g} (the request) is more than cpu_limit={r.cpu_limit:g}")

@@ -50,6 +50,7 @@ TOPOLOGY_KV = "topology"
 # apart from TOPOLOGY_KV so that a heartbeat's time alone wakes none of the services that watch the topology.
 HEARTBEATS_KV = "node_heartbeats"
 QUEUES_KV = "queues"
+ADVANCE_RESERVATIONS_KV = "advance_reservations"  # one AdvanceReservation (JSON) per key, its name
 SOLVER_STATE_KV = "solver_state"  # fair-share usage and nominations: what a restarted solver must not forget
 SOLVER_OWNER_LEASE_KEY = "owner.lease"  # in SOLVER_STATE_KV: which solver replica writes job records now
 WEBHOOK_DELIVERIES_KV = "webhook_deliveries"  # MLflow delivery ids seen, kept for WEBHOOK_DELIVERIES_TTL_S

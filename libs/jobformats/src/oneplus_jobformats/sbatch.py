@@ -10,6 +10,7 @@ import hashlib
 import os
 import re
 import signal as _signal
+import time
 import unicodedata
 from collections.abc import Sequence
 from pathlib import PurePath
@@ -23,6 +24,7 @@ from .priorities import priority_of
 from .quantities import slurm_time_s
 from .sbatch_gang import gang_fields
 from .sbatch_options import UNUSED, Option, SbatchJob, dependency_fields, parse_tokens, script_directives
+from .sbatch_where import where_fields
 from .site import SiteMap, SiteMapError, apply_default_share, site_from_env
 
 _NAME_BAD = re.compile(r"[^A-Za-z0-9._-]+")
@@ -53,6 +55,7 @@ def parse_sbatch(
     script_args: Sequence[str] = (),
     site: SiteMap | None = None,
     submit_dir: str | None = None,
+    now: float | None = None,
 ) -> Translation:
     """Translate an sbatch script; `cli_args` are sbatch options that override the script's directives.
 
@@ -60,6 +63,7 @@ def parse_sbatch(
     `site` maps the site's QOS, partitions and accounts (default: the file named by ONEPLUS_SITE_FILE).
     `submit_dir` is SLURM_SUBMIT_DIR (default: this process's working directory, where sbatch runs; "" when it is
     not known, as for a script that arrives over the bus: the ranks then get no SLURM_SUBMIT_DIR).
+    `now` is when `--begin=now+1hour` counts from (default: this moment).
 
     The job is a Slurm batch job (framework "sbatch"): its script runs once, on the node of rank 0, with the Slurm
     batch environment; the other ranks hold the allocation and run the tasks of the script's `srun` steps.
@@ -86,6 +90,7 @@ def parse_sbatch(
     job.warnings.extend(apply_default_share(fields, site))
     dependency_fields(job, fields)
     _array(job, fields, site)
+    where_fields(job, fields, time.time() if now is None else now)
     _batch(job, fields, submit_dir)
     _report_unused(job)
     spec = spec_from_fields(fields, filename=filename, origin=_origin(job))

@@ -51,6 +51,10 @@ USED: dict[str, tuple[str, str | None]] = {
     "array": (VALUE, "a"),
     "dependency": (VALUE, "d"),
     "constraint": (VALUE, "C"),
+    "begin": (VALUE, "b"),
+    "nodelist": (VALUE, "w"),
+    "exclude": (VALUE, "x"),
+    "reservation": (VALUE, None),
 }
 
 # Real sbatch options OnePlus has no use for: accepted, and reported by name.
@@ -61,17 +65,13 @@ UNUSED: dict[str, tuple[str, str | None]] = {
     "mail-type": (VALUE, None),
     "mail-user": (VALUE, None),
     "comment": (VALUE, None),
-    "begin": (VALUE, "b"),
     "deadline": (VALUE, None),
     "hold": (FLAG, "H"),
     "export": (VALUE, None),
     "export-file": (VALUE, None),
     "get-user-env": (OPTIONAL, None),
     "licenses": (VALUE, "L"),
-    "nodelist": (VALUE, "w"),
-    "exclude": (VALUE, "x"),
     "cluster-constraint": (VALUE, None),
-    "reservation": (VALUE, None),
     "time-min": (VALUE, None),
     "nice": (OPTIONAL, None),
     "priority": (VALUE, None),

@@ -48,6 +48,10 @@ def dry_run_summary(spec: JobSpec, warnings: list[str], *, kind: str | None = No
         "array": None
         if spec.array is None
         else {"tasks": spec.array.tasks, "max_running": spec.array.max_running, "indices": spec.array.indices},
+        # Where and when it may run: --nodelist (only these nodes), --exclude, --begin (Unix seconds).
+        "nodelist": spec.nodelist or None,
+        "exclude_nodes": spec.exclude_nodes or None,
+        "begin_at": spec.begin_at,
         "spec": spec.model_dump(mode="json"),
     }
     if kind is not None:

@@ -98,6 +98,11 @@ def static_reason(snap: Holdings, req: GangRequest) -> Explanation | None:
     req = adapt(snap.layout, req)
     if any(static_eligible(snap.layout, req)):
         return None
+    if req.hosts is not None:
+        allowed = [s for s in slots if req.hosts.allows(s.name)]
+        if not allowed:
+            return _never(req, "nodelist", f"--nodelist/--exclude leave no node of this cluster ({req.hosts.text})")
+        slots = tuple(allowed)
     by_model = [s for s in slots if s.matches_model(req.models)]
     if not by_model:
         have = sorted({s.gpu_model for s in slots})
@@ -160,6 +165,8 @@ def diagnose(snap: Holdings, req: GangRequest, search: DomainSearch) -> Explanat
         qualifiers.append(f"on {' or '.join(req.models)} GPUs")
     if req.features:
         qualifiers.append(f"on nodes with {req.features.text}")
+    if req.hosts is not None:
+        qualifiers.append(req.hosts.text)
     if req.exclusive:
         qualifiers.append("on idle nodes")
     if req.segment > 1:
@@ -281,6 +288,7 @@ def _static_ceiling(snap: Holdings, req: GangRequest, level: str) -> int:
         req.spread,
         req.ranks_per_unit,
         req.features,
+        req.hosts,
         req.unit_gpus,
         req.group,
         req.milli,

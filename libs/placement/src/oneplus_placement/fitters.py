@@ -68,6 +68,7 @@ def static_eligible(layout: Layout, req: GangRequest) -> tuple[bool, ...]:
         req.models,
         req.kind,
         req.features,
+        req.hosts,
         req.unit_gpus,
         req.group,
         req.shared,
@@ -88,8 +89,8 @@ def static_eligible(layout: Layout, req: GangRequest) -> tuple[bool, ...]:
 
 def eligible_kinds(layout: Layout, req: GangRequest) -> tuple[str, ...]:
     """The GPU models (exact names) of the nodes that could host one unit of the request, sorted."""
-    key = ("kinds", req.models, req.kind, req.features, req.unit_gpus, req.group, req.shared, req.unit_cpus,
-           req.unit_memory_mb, req.segment, req.segment_level, req.tp)  # fmt: skip
+    key = ("kinds", req.models, req.kind, req.features, req.hosts, req.unit_gpus, req.group, req.shared,
+           req.unit_cpus, req.unit_memory_mb, req.segment, req.segment_level, req.tp)  # fmt: skip
     got = layout.cache.get(key)
     if got is None:
         eligible = static_eligible(layout, req)
@@ -99,6 +100,8 @@ def eligible_kinds(layout: Layout, req: GangRequest) -> tuple[str, ...]:
 
 
 def _could_host(layout: Layout, slot: NodeSlot, req: GangRequest) -> bool:
+    if req.hosts is not None and not req.hosts.allows(slot.name):
+        return False
     if not slot.matches_model(req.models) or not slot.matches_features(req.features):
         return False
     if req.kind is not None and slot.gpu_model != req.kind:

@@ -8,6 +8,8 @@ from dataclasses import dataclass, replace
 from oneplus_contracts import JobSpec
 from oneplus_contracts.features import FeatureConstraint, parse_constraint
 
+from .hosts import HostFilter
+
 # The levels of a cluster that names no others (the default when a caller has no layout to ask).
 DOMAINS: tuple[str, ...] = ("node", "leaf", "spine", "cluster")
 
@@ -63,6 +65,8 @@ class GangRequest:
     segment: int = 1
     segment_level: str | None = None
     tp: int = 1
+    # Slurm --nodelist/--exclude: the nodes the gang may use; None: any node.
+    hosts: HostFilter | None = None
 
     @classmethod
     def of(cls, spec: JobSpec) -> GangRequest:
@@ -103,6 +107,7 @@ class GangRequest:
             spread=nodes is not None,
             one_kind=not _allows_mixing(spec),
             group_domain=spec.topology.group_domain,
+            hosts=HostFilter.of(spec),
         )
 
     def on_layout(self, level_names: Sequence[str], multi_node: bool) -> GangRequest:
@@ -155,6 +160,7 @@ class GangRequest:
             self.models,
             self.kind,
             self.features,
+            self.hosts,
             self.unit_gpus,
             self.group,
             self.milli,

@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from oneplus_contracts import Allocation, JobSpec
 from oneplus_contracts.features import parse_constraint
 from oneplus_placement.bandwidth import BOARD_PAR, board_shortfall, slowdown
+from oneplus_placement.hosts import HostFilter
 from oneplus_placement.snapshot import Holdings
 
 from .model import RunningJob
@@ -85,6 +86,7 @@ def weigh_boards(
     need = len(alloc.ranks[0].gpus)
     layout = state.layout
     features = parse_constraint(spec.constraint) if spec.constraint else None
+    hosts = HostFilter.of(spec)
     ends: dict[str, list[tuple[float, int]]] = {}
     for r in running:
         end = r.end_ts(default_time_limit_s)
@@ -100,6 +102,8 @@ def weigh_boards(
             continue
         if not slot.matches_model(spec.resources.gpu_models) or not slot.matches_features(features):
             continue  # a board the job could never run on is no reason to wait
+        if hosts is not None and not hosts.allows(slot.name):
+            continue
         at = _room_from(now, state.free_count[i], need, ends.get(slot.name, []), claimed.get(slot.name, []))
         if at < start:
             start, where = at, slot.name

@@ -143,8 +143,9 @@ class Capacity:
         return self.state.total_free_gpus()
 
     def free_gpus_for(self, spec: JobSpec) -> int:
-        """Free whole GPUs on the nodes the job may use (its GPU models, --constraint, rank size), not every kind's."""
-        if not spec.resources.gpu_models and not spec.constraint:
+        """Free whole GPUs on the nodes the job may use (GPU models, --constraint, --nodelist/--exclude), not every
+        kind's."""
+        if not spec.resources.gpu_models and not spec.constraint and not spec.nodelist and not spec.exclude_nodes:
             return self.free_gpus()
         try:
             req = GangRequest.of(spec)

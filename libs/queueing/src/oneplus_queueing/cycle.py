@@ -21,12 +21,15 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
 from oneplus_contracts import Allocation, JobSpec
+from oneplus_contracts.advance import AdvanceReservation
 from oneplus_placement.greedy import PlacementResult
 from oneplus_placement.snapshot import AllocationConflict, ClusterSnapshot, ClusterState
 
+from .advance import steer
 from .arrays import count_task, hold_throttled, tasks_running, throttle_message
 from .backfill import may_use_block, reserve_block
 from .batching import BatchPlan, plan_batches
+from .begin import hold_until_begin
 from .boards import BoardClaim, weigh_boards
 from .capacity import Capacity, whole_gpus, working_copy
 from .config import QueueConfig
@@ -50,6 +53,7 @@ def schedule_cycle(
     seed: int = 0,
     carry: CycleCarry | None = None,
     job_states: Mapping[str, str] | None = None,
+    reservations: Sequence[AdvanceReservation] = (),
 ) -> CycleDecision:
     """Decide this cycle's placements, pending reasons, protected reservation and preemption wishes.
 
@@ -59,11 +63,14 @@ def schedule_cycle(
     ahead of every job of its priority or lower until it starts.
     `job_states`: the states of the jobs that pending jobs' dependencies name (pending and running ones are known
     from the lists); a job id found nowhere is no job, and a dependency on it can never be satisfied.
+    `reservations`: the advance reservations (`oneplus_queueing.advance`): jobs are kept to the nodes they leave them.
     """
     t0 = time.perf_counter()
     stats = CycleStats()
     decision = CycleDecision(now=now, stats=stats)
     factors = fairshare_factors(config, usage.usage_at(now))
+    pending = hold_until_begin(now, pending, decision.reasons)  # --begin in the future: not considered yet
+    pending = steer(now, pending, reservations, config.backfill.default_time_limit_s, decision.reasons)
     pending = _dependencies_met(pending, running, job_states or {}, decision)
     pending = hold_throttled(pending, running, decision.reasons)  # an array's tasks past its %N are not ranked
     carry = carry or CycleCarry()

@@ -6,6 +6,7 @@ import time
 
 from oneplus_contracts import JobSpec
 from oneplus_placement.diagnosis import Explanation
+from oneplus_placement.hosts import HostFilter
 
 from .capacity import whole_gpus
 from .model import ReasonCode
@@ -21,6 +22,9 @@ def where_usable(spec: JobSpec) -> str:
         parts.append(f"on {' or '.join(spec.resources.gpu_models)}")
     if spec.constraint:
         parts.append(f"on nodes with {spec.constraint}")
+    hosts = HostFilter.of(spec)
+    if hosts is not None:
+        parts.append(hosts.text)
     return (" " + " ".join(parts)) if parts else ""
 
 
@@ -37,7 +41,7 @@ def classify_failure(spec: JobSpec, explanation: Explanation | None, free_gpus: 
     need = whole_gpus(spec)
     if explanation is None:
         return "Resources", count_message(spec, free_gpus)
-    if explanation.constraint in ("constraint", "level"):  # a feature or a level the cluster does not have
+    if explanation.constraint in ("constraint", "level", "nodelist"):  # a feature, level or node the cluster lacks
         return "BadConstraints", explanation.message
     if explanation.constraint in _TOPOLOGY:
         return "Topology", explanation.message
@@ -64,6 +68,8 @@ def shape_key(spec: JobSpec) -> tuple[object, ...]:
         topo.exclusive,
         topo.nodes,
         spec.constraint,
+        tuple(spec.nodelist),
+        tuple(spec.exclude_nodes),
     )
 
 

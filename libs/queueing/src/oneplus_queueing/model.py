@@ -20,6 +20,8 @@ ReasonCode = Literal[
     "DependencyNeverSatisfied",  # a dependency can never be satisfied: the job is ended
     "BadConstraints",  # no node of the cluster has the features its --constraint asks for
     "JobArrayTaskLimit",  # its array already runs as many tasks as its %N allows (Slurm's reason)
+    "BeginTime",  # its --begin time has not come yet (Slurm's reason)
+    "Reservation",  # its --reservation has not started, has ended, is gone or does not admit it (Slurm's reason)
 ]
 PreemptionKind = Literal["priority", "reclaim"]
 

@@ -6,6 +6,7 @@ from collections.abc import Awaitable, Callable, Iterable, Sequence
 from dataclasses import dataclass
 
 from oneplus_contracts import JobSpec, NodeRecord
+from oneplus_contracts.slurm import compress_hostlist
 from oneplus_placement.explain import explain_pending
 from oneplus_placement.snapshot import ClusterSnapshot, ClusterState
 from oneplus_queueing.config import QueueConfig, QueueConfigError
@@ -47,9 +48,11 @@ class ClusterFacts:
     largest: int
     names: frozenset[str]  # GPU models and GPU names
     shape: tuple[NodeKey, ...]  # the live nodes' static shape, sorted: the empty cluster's identity
+    hosts: frozenset[str] = frozenset()  # every known node's name, lost ones too (--nodelist may name them)
 
     @classmethod
     def of(cls, nodes: Iterable[NodeRecord]) -> ClusterFacts:
+        nodes = tuple(nodes)
         live = tuple(n for n in nodes if n.status != "lost")
         return cls(
             live,
@@ -57,6 +60,7 @@ class ClusterFacts:
             max((len(n.topology.gpus) for n in live), default=0),
             frozenset({n.topology.gpu_model for n in live} | {g.name for n in live for g in n.topology.gpus}),
             tuple(sorted(admission_key(n) for n in live)),
+            frozenset(n.topology.node for n in nodes),
         )
 
 
@@ -94,7 +98,8 @@ class EmptyCluster:
             ]
             self._state = ClusterSnapshot.from_records("empty", healthy).thaw()
             self._key, self._verdicts = key, {}
-        shape = spec.model_dump_json(include={"ranks", "resources", "topology", "constraint"}) + str(mix_gpu_models)
+        what = {"ranks", "resources", "topology", "constraint", "nodelist", "exclude_nodes"}
+        shape = spec.model_dump_json(include=what) + str(mix_gpu_models)
         if shape not in self._verdicts:
             assert self._state is not None
             why = explain_pending(self._state.mutable_copy(), spec, mix_gpu_models=mix_gpu_models)
@@ -119,6 +124,13 @@ def admit(
     live = facts.live
     if not live:
         return  # no node has reported yet: the job waits, `jobs explain` says why
+    for field, hosts in (("--nodelist", spec.nodelist), ("--exclude", spec.exclude_nodes)):
+        unknown = [n for n in hosts if n not in facts.hosts]
+        if unknown:
+            raise Inadmissible(
+                f"{field} names node {unknown[0]!r}, which this cluster does not have (it has "
+                f"{compress_hostlist(facts.hosts)})"
+            )
     total = facts.total
     if spec.total_gpus > total:
         raise Inadmissible(

@@ -11,9 +11,11 @@ from __future__ import annotations
 import hashlib
 import logging
 import os
+import time
 from collections.abc import Mapping
 from dataclasses import dataclass
 
+from nats.js.errors import NoKeysError
 from oneplus_bus.archive import JobArchive
 from oneplus_bus.clusterview import QUEUES_KEY, live_queue_config
 from oneplus_bus.informer import StreamTail, kv_list_and_watch
@@ -31,10 +33,12 @@ from oneplus_contracts import (
     new_id,
     subjects,
 )
+from oneplus_contracts.advance import AdvanceReservation
 from oneplus_contracts.arrays import ArrayError, task_job_id
 from oneplus_jobformats.cloudevents import decode_submission
 from oneplus_jobformats.errors import JobFormatError
 from oneplus_jobformats.site import SiteMapError, site_from_env
+from oneplus_queueing.advance import AdvanceBook, AdvanceReservationError, check_job
 from oneplus_queueing.config import QueueConfig, QueueConfigError
 from pydantic import ValidationError
 
@@ -83,6 +87,7 @@ class Intake:
         self._facts: ClusterFacts | None = None  # what admission reads of the nodes, until their shape changes
         self._config: QueueConfig | None = None
         self._tails: list[StreamTail] = []
+        self.advance = AdvanceBook()  # the advance reservations, for --reservation's checks
         self.hot: HotView | None = None  # the service's copy of the hot view, once it follows the bucket
 
     async def start(self) -> None:
@@ -90,6 +95,9 @@ class Intake:
         self._nodes = {}
         self._tails.append(await kv_list_and_watch(self.svc.js, subjects.TOPOLOGY_KV, self._on_node, "intake-topology"))
         self._tails.append(await kv_list_and_watch(self.svc.js, subjects.QUEUES_KV, self._on_queues, "intake-queues"))
+        self._tails.append(
+            await kv_list_and_watch(self.svc.js, subjects.ADVANCE_RESERVATIONS_KV, self._on_advance, "intake-advance")
+        )
 
     async def stop(self) -> None:
         for tail in self._tails:
@@ -105,6 +113,23 @@ class Intake:
         rec = self._nodes[node] = NodeRecord.model_validate_json(value)
         if old is None or admission_key(old) != admission_key(rec):
             self._facts = None  # a heartbeat's update changes nothing admission reads: the facts stand
+
+    async def advance_reservations(self) -> list[AdvanceReservation]:
+        """The advance reservations: followed once started, else read from the bucket (a one-off intake)."""
+        if self._tails:
+            return self.advance.all
+        book = AdvanceBook()
+        kv = await self.svc.js.key_value(subjects.ADVANCE_RESERVATIONS_KV)
+        try:
+            for key in await kv.keys():
+                entry = await kv.get(key)
+                book.apply(key, entry.value)
+        except NoKeysError:
+            pass
+        return book.all
+
+    async def _on_advance(self, key: str, value: bytes | None) -> None:
+        self.advance.apply(key, value)  # an unreadable entry is left out: a job naming it is refused as unknown
 
     async def _on_queues(self, key: str, value: bytes | None) -> None:
         if key == QUEUES_KEY:
@@ -200,7 +225,16 @@ class Intake:
                 spec.array.check_size(site_from_env().max_array_size)  # Slurm's MaxArraySize, from the site file
             admit(spec, config, await self.cluster_facts(), self.empty_cluster)
             await refuse_dependency_cycle(job_id, spec, self.dependencies_of)
-        except (Inadmissible, QueueConfigError, ValidationError, ArrayError, SiteMapError) as exc:
+            if spec.reservation is not None:
+                check_job(spec, await self.advance_reservations(), time.time())
+        except (
+            Inadmissible,
+            QueueConfigError,
+            ValidationError,
+            ArrayError,
+            SiteMapError,
+            AdvanceReservationError,
+        ) as exc:
             return await self.reject(job_id, str(exc), source, spec.team, CANNOT_RUN, exc)
         event = JobAccepted(event_id=f"accepted-{job_id}", job_id=job_id, spec=spec, source=source, warnings=warnings)
         reported = await self.svc.ledger.report(event, traceparent=traceparent_of_current(), wait_s=self.accept_wait_s)

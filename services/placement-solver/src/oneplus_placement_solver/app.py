@@ -58,6 +58,7 @@ from oneplus_contracts.jobindex import HOLDING_STATES
 from oneplus_placement.live import LiveCapacity
 from oneplus_placement.reports import NodeReports
 from oneplus_placement.snapshot import ClusterState
+from oneplus_queueing.advance import AdvanceBook
 from oneplus_queueing.apply import evictions, record_evictions
 from oneplus_queueing.config import QueueConfig, QueueConfigError, default_config, load_queue_config
 from oneplus_queueing.cycle import schedule_cycle
@@ -152,6 +153,7 @@ class Solver:
         self.reports = NodeReports()  # what the nodes say runs on them (their heartbeats)
         self.config: QueueConfig = default_config()
         self.config_from_kv = False
+        self.advance = AdvanceBook()  # advance reservations, from their bucket (oneplus_queueing.advance)
         self.decision: CycleDecision | None = None
         self.carry = CycleCarry()  # nominations and the protected job, from one cycle to the next
         # States of jobs that dependencies name and that have left the hot view (archived: they never change).
@@ -233,6 +235,9 @@ class Solver:
         self.load_file_config()
         self._tails.append(await kv_list_and_watch(svc.js, subjects.TOPOLOGY_KV, self.on_node, "solver-topology"))
         self._tails.append(await kv_list_and_watch(svc.js, subjects.QUEUES_KV, self.on_queues, "solver-queues"))
+        self._tails.append(
+            await kv_list_and_watch(svc.js, subjects.ADVANCE_RESERVATIONS_KV, self.on_advance, "solver-advance")
+        )
         self._audit = ReservationAuditLog(svc.js)
         self._fence = StoreFence(state_kv, self.store)
         await self.sync_store()
@@ -509,6 +514,12 @@ class Solver:
                 self.config_from_kv = True
             except QueueConfigError as exc:
                 log.error("the stored queue config is refused, keeping the previous one: %s", exc)
+        self.wake.set()
+
+    async def on_advance(self, key: str, value: bytes | None) -> None:
+        problem = self.advance.apply(key, value)
+        if problem:
+            log.error("%s", problem)
         self.wake.set()
 
     def load_file_config(self) -> None:
@@ -827,6 +838,7 @@ class Solver:
             usage,
             carry=self.carry,
             job_states=job_states,
+            reservations=self.advance.all,
             # Replicas break ties among equally good nodes in different orders, so they collide less in Redis.
             seed=self.members.index(self.settings.replica) if len(self.members) > 1 else 0,
         )

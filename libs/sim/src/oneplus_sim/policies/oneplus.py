@@ -10,10 +10,11 @@ from __future__ import annotations
 import dataclasses
 import heapq
 import math
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from oneplus_contracts import Allocation, CheckpointPolicy, JobSpec, RankResources, TopologyConstraint
+from oneplus_contracts.advance import AdvanceReservation
 from oneplus_placement.snapshot import ClusterState
 from oneplus_queueing.apply import apply_decision
 from oneplus_queueing.config import (
@@ -107,8 +108,11 @@ class OnePlusPolicy:
         grace_s: float = 30.0,
         cycle_interval_s: float = DEFAULT_CYCLE_INTERVAL_S,
         leaf_required: bool = True,
+        reservations: Sequence[AdvanceReservation] = (),
     ) -> None:
         self.leaf_required = leaf_required
+        # Advance reservations, each known to the scheduler from its created_ts (when it was announced).
+        self.reservations = list(reservations)
         self.min_cycle_interval_s = cycle_interval_s
         self.seed = seed
         self.config = config or sim_queue_config()
@@ -159,6 +163,7 @@ class OnePlusPolicy:
             self.usage,
             seed=self.seed,
             carry=self._carry,
+            reservations=[r for r in self.reservations if r.created_ts <= now],
         )
         self.counters["batch_plans"] += decision.stats.batch_solves
         applied = apply_decision(decision, self._state, self._pending, self._running, self.usage)

@@ -1,0 +1,179 @@
+"""`oneplus reservation create|list|delete`: advance reservations and maintenance windows (Slurm's
+`scontrol create reservation`).
+
+They are stored in the `advance_reservations` KV bucket, which the placement-solver and the intake follow. A new one
+is checked here first (a start in the past, a node the cluster does not have, an overlap with one that holds the same
+nodes): a refused one changes nothing.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from typing import TYPE_CHECKING, Annotated, Any
+
+import typer
+from rich.console import Console
+
+from .render import Columns, error_console
+
+if TYPE_CHECKING:
+    from ..client import OnePlusClient
+
+app = typer.Typer(help="Advance reservations and maintenance windows: create, list, delete.")
+console = Console()
+err = error_console()
+NatsOpt = Annotated[str | None, typer.Option("--nats", envvar="NATS_URL", help="NATS server URL")]
+JsonOpt = Annotated[bool, typer.Option("--json", help="Print JSON")]
+COLUMNS = (
+    ("NAME", "name"),
+    ("STATE", "state"),
+    ("NODES", "nodes"),
+    ("START", "start"),
+    ("END", "end"),
+    ("USERS", "users"),
+    ("TEAMS", "teams"),
+    ("ACCOUNTS", "accounts"),
+    ("MAINT", "maint"),
+)
+_UNITS = {"s": 1, "m": 60, "min": 60, "h": 3600, "d": 86400}
+
+
+def _fail(message: str, code: int = 2) -> typer.Exit:
+    from rich.markup import escape
+
+    err.print(f"[red]error:[/] {escape(message)}", highlight=False)
+    return typer.Exit(code)
+
+
+def _call(nats: str | None, fn: Any) -> Any:
+    from oneplus_queueing.advance import AdvanceReservationError
+
+    from ..client import PlatformError, run_with_client
+
+    try:
+        return run_with_client(nats, None, fn)
+    except (PlatformError, AdvanceReservationError) as exc:
+        raise _fail(str(exc)) from None
+
+
+def parse_when(text: str, now: float) -> float:
+    """`now`, `now+2h` (s, m/min, h, d), Unix seconds, or an ISO time (`2027-01-15T09:30`, local unless it says)."""
+    from datetime import datetime
+
+    t = text.strip().lower()
+    if t == "now":
+        return now
+    if t.startswith("now+"):
+        return now + parse_duration(t[4:])
+    try:
+        return float(t)
+    except ValueError:
+        pass
+    try:
+        return datetime.fromisoformat(text.strip()).timestamp()
+    except ValueError:
+        raise ValueError(f"{text!r} is not a time (now, now+2h, Unix seconds or 2027-01-15T09:30)") from None
+
+
+def parse_duration(text: str) -> float:
+    """`90` (minutes, as Slurm's Duration), `90s`, `30m`, `2h`, `1d`."""
+    t = text.strip().lower()
+    num = t.rstrip("abcdefghijklmnopqrstuvwxyz")
+    unit = t[len(num) :]
+    if not num or unit not in ("", *_UNITS):
+        raise ValueError(f"{text!r} is not a duration (90 for minutes, or 90s, 30m, 2h, 1d)")
+    try:
+        value = float(num)
+    except ValueError:
+        raise ValueError(f"{text!r} is not a duration (90 for minutes, or 90s, 30m, 2h, 1d)") from None
+    if value <= 0:
+        raise ValueError(f"{text!r} is not a positive duration")
+    return value * (_UNITS[unit] if unit else 60)
+
+
+def _names(text: str | None) -> list[str]:
+    return [x.strip() for x in (text or "").split(",") if x.strip()]
+
+
+@app.command("create")
+def create(
+    name: Annotated[str, typer.Argument(help="The reservation's name (jobs name it with --reservation)")],
+    nodes: Annotated[str, typer.Option("--nodes", help="Nodes set aside: a hostlist, e.g. gpu[01-04]")],
+    start: Annotated[str, typer.Option("--start", help="now, now+2h, Unix seconds or 2027-01-15T09:30")] = "now",
+    duration: Annotated[
+        str | None, typer.Option("--duration", help="How long: 90 (minutes), 2h, 1d; or give --end")
+    ] = None,
+    end: Annotated[str | None, typer.Option("--end", help="When it ends (as --start)")] = None,
+    users: Annotated[str | None, typer.Option("--users", help="Users admitted, comma-separated")] = None,
+    teams: Annotated[str | None, typer.Option("--teams", help="Teams admitted, comma-separated")] = None,
+    accounts: Annotated[str | None, typer.Option("--accounts", help="Slurm accounts admitted")] = None,
+    maint: Annotated[bool, typer.Option("--maint", help="A maintenance window (Slurm's MAINT flag)")] = False,
+    nats: NatsOpt = None,
+    as_json: JsonOpt = False,
+) -> None:
+    """Set nodes aside from a start time for a duration (or to an end). Jobs with `--reservation NAME` of an
+    admitted user, team or account run there while it is active; other jobs stay off its nodes, and before it starts
+    use them only if their time limit ends them by its start, so the nodes are empty when it begins."""
+    from oneplus_contracts.advance import AdvanceReservation
+    from pydantic import ValidationError
+
+    now = time.time()
+    if (duration is None) == (end is None):
+        raise _fail("give one of --duration and --end")
+    try:
+        start_ts = parse_when(start, now)
+        end_ts = parse_when(end, now) if end is not None else start_ts + parse_duration(duration or "")
+        res = AdvanceReservation(
+            name=name,
+            nodes=nodes,  # a hostlist, expanded by the model
+            start_ts=start_ts,
+            end_ts=end_ts,
+            users=_names(users),
+            teams=_names(teams),
+            accounts=_names(accounts),
+            maint=maint,
+        )
+    except ValidationError as exc:
+        raise _fail("; ".join(e["msg"].removeprefix("Value error, ") for e in exc.errors())) from None
+    except ValueError as exc:
+        raise _fail(str(exc)) from None
+
+    async def go(c: OnePlusClient) -> Any:
+        return await c.create_advance_reservation(res, now)
+
+    stored = _call(nats, go)
+    if as_json:
+        print(stored.model_dump_json(indent=2))
+        return
+    console.print(f"reservation {stored.name} created", highlight=False)
+
+
+@app.command("list")
+def list_(nats: NatsOpt = None, as_json: JsonOpt = False) -> None:
+    """Every reservation: state (WAITING, ACTIVE, ENDED), nodes, window, who is admitted."""
+    from oneplus_queueing.advance import window_rows
+
+    async def go(c: OnePlusClient) -> Any:
+        return await c.advance_reservations()
+
+    rows = window_rows(time.time(), _call(nats, go))
+    if as_json:
+        print(json.dumps(rows, indent=2))
+        return
+    t = Columns("reservations", tuple(h for h, _ in COLUMNS))
+    for r in rows:
+        t.add_row(*(str(r[k]) if r[k] not in ("", None) else "-" for _, k in COLUMNS))
+    t.print(console)
+
+
+@app.command("delete")
+def delete(name: str, nats: NatsOpt = None) -> None:
+    """Delete a reservation; its jobs that still wait then say it does not exist."""
+
+    async def go(c: OnePlusClient) -> Any:
+        return await c.delete_advance_reservation(name)
+
+    if not _call(nats, go):
+        raise _fail(f"no reservation {name!r}")
+    console.print(f"reservation {name} deleted", highlight=False)
