@@ -16,6 +16,14 @@ PCIE_TIERS = ("PIX", "PXB", "PHB", "NODE", "SYS")
 TopologySource = Literal["nvml", "nvidia-smi", "preset", "synthetic"]
 
 
+class MigInstance(Strict):
+    """One MIG device (GPU instance with its compute instance) as `nvidia-smi -L` and NVML list it."""
+
+    profile: str = Field(description="e.g. 3g.40gb (compute slices g, memory)")
+    uuid: str = Field(description="MIG-<uuid>: what a container is handed")
+    device: int = Field(ge=0, description="The `Device N` number under its GPU")
+
+
 class GpuInfo(Strict):
     index: int = Field(ge=0)
     uuid: str | None = None
@@ -28,6 +36,9 @@ class GpuInfo(Strict):
     nvlinks_total: int = 0
     nvlinks_active: int = 0
     mig_enabled: bool = False
+    mig_instances: list[MigInstance] = Field(
+        default_factory=list, description="The MIG devices this GPU is split into (empty: used whole)"
+    )
     clique_id: int | None = None
     cluster_uuid: str | None = None
     healthy: bool = True

@@ -158,6 +158,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         default=os.environ.get("ONEPLUS_TOPOLOGY") or None,
         help="nvml (discover this host), an `nvidia-smi topo -m` file or a preset name; required unless --simulate",
     )
+    p.add_argument(
+        "--gpu-list",
+        default=os.environ.get("ONEPLUS_GPU_LIST") or None,
+        help="an `nvidia-smi -L` file: the GPUs' UUIDs and MIG instances (a --topology file or preset has neither)",
+    )
     p.add_argument("--leaf", default=os.environ.get("ONEPLUS_LEAF"))
     p.add_argument("--spine", default=os.environ.get("ONEPLUS_SPINE"))
     p.add_argument(
@@ -212,6 +217,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 def main() -> None:
     a = parse_args()
     topo = load_topology(a.topology, a.node)
+    if a.gpu_list:
+        from oneplus_topology.mig import apply_gpu_listing, parse_gpu_listing
+
+        with open(a.gpu_list, encoding="utf-8") as f:
+            topo = apply_gpu_listing(topo, parse_gpu_listing(f.read()))
     topo = topo.model_copy(
         update={"leaf": a.leaf or topo.leaf, "spine": a.spine or topo.spine, "address": a.address or topo.address}
     )
