@@ -38,6 +38,9 @@ class RankPlacement(Strict):
     node: str
     gpus: list[int]
     gpu_milli: int = Field(default=0, ge=0, le=1000, description="Share of each GPU; 0 for whole GPUs")
+    mig: list[str] = Field(
+        default_factory=list, description="UUIDs (MIG-...) of the MIG instances the rank holds; its gpus are then empty"
+    )
     cpus: float = 1.0
     memory_mb: int = 1024
 

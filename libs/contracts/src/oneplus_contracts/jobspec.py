@@ -9,7 +9,15 @@ from __future__ import annotations
 import re
 from typing import Annotated, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    SerializerFunctionWrapHandler,
+    field_validator,
+    model_serializer,
+    model_validator,
+)
 
 from .arrays import ArrayTask, JobArray
 from .features import parse_constraint
@@ -24,6 +32,8 @@ PullPolicy = Literal["Always", "IfNotPresent", "Never"]
 Framework = Literal["pytorchjob", "trainjob", "mpijob", "sbatch"]
 
 _NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
+# A MIG profile as NVIDIA names it: optional compute-instance part, GPU-instance slices, memory (3g.40gb, 1g.10gb+me).
+MIG_PROFILE_RE = re.compile(r"^(\d+c\.)?\d+g\.\d+gb(\+\w+)?$")
 _SIGNALS = {"SIGUSR1", "SIGUSR2", "SIGTERM", "SIGINT", "SIGHUP", "SIGQUIT", "SIGKILL", "SIGCONT"}
 
 
@@ -50,6 +60,37 @@ class RankResources(Strict):
         description="Allowed GPU models (substring match on the device name), e.g. ['H100']; a gang of several nodes "
         "keeps to one GPU model unless this lists several (or its queue sets mix_gpu_models)",
     )
+    mig: str | None = Field(
+        default=None,
+        description="One MIG instance of this profile a rank (e.g. 3g.40gb) instead of `gpus`; never with `gpus`",
+    )
+
+    @model_validator(mode="before")
+    @classmethod
+    def _mig_or_gpus(cls, data: object) -> object:
+        # A MIG rank holds one instance: counted as one GPU unit, and `gpus` is neither asked nor written back.
+        if isinstance(data, dict) and data.get("mig") is not None:
+            if "gpus" in data:
+                raise ValueError(
+                    f"mig={data['mig']!r} together with gpus={data['gpus']!r}: a rank asks one MIG instance or GPUs, "
+                    "not both; drop gpus"
+                )
+            return {**data, "gpus": 1}
+        return data
+
+    @model_serializer(mode="wrap")
+    def _without_implied_gpus(self, handler: SerializerFunctionWrapHandler) -> object:
+        data = handler(self)
+        if self.mig is not None and isinstance(data, dict):
+            data.pop("gpus", None)
+        return data
+
+    @field_validator("mig")
+    @classmethod
+    def _mig_profile(cls, v: str | None) -> str | None:
+        if v is not None and not MIG_PROFILE_RE.match(v):
+            raise ValueError(f"mig={v!r} is not a MIG profile name such as 3g.40gb or 1g.10gb")
+        return v
 
     @field_validator("gpus")
     @classmethod
@@ -235,6 +276,11 @@ class JobSpec(Strict):
 
     @model_validator(mode="after")
     def _coherent(self) -> JobSpec:
+        if self.resources.mig is not None and self.topology.group_gpus:
+            raise ValueError(
+                f"group_gpus={self.topology.group_gpus} with mig={self.resources.mig!r}: "
+                "MIG instances have no NVLink between them and never form a tensor-parallel group"
+            )
         if self.resources.gpus < 1 and self.ranks > 1 and self.topology.group_gpus:
             raise ValueError("group_gpus needs whole-GPU ranks")
         if self.topology.group_gpus and self.resources.gpus >= 1:

@@ -12,6 +12,7 @@ from .diagnosis import Explanation, diagnose, static_reason
 from .fgd import FragMeter
 from .fitters import Fitter, RankPick, fitter_for, ordered_gpus
 from .levels import DomainSearch, Plan
+from .mig import place_mig
 from .request import GangRequest, InvalidRequest
 from .snapshot import Holdings
 
@@ -49,6 +50,9 @@ def place_gang(
     `mix_gpu_models`: the job's queue lets a gang span nodes of several GPU models (else it keeps to one, unless its
     own gpu_models lists several).
     """
+    if spec.resources.mig is not None:  # MIG instances are their own units (mig.py), not GPUs of the level tree
+        got = place_mig(snapshot, spec)
+        return PlacementResult(got, None) if isinstance(got, Allocation) else PlacementResult(None, got)
     try:
         req = GangRequest.of(spec)
     except InvalidRequest as exc:

@@ -11,6 +11,7 @@ from collections.abc import Iterable, Sequence
 from oneplus_contracts import Allocation, NodeRecord
 
 from .layout import AllocationConflict, ClusterLike, Layout, NodeSlot, layout_of_cluster
+from .mig import mig_changes
 from .shape import bits, popcount
 
 # Names other packages import from here since before the layout moved to its own module.
@@ -44,6 +45,7 @@ class Holdings:
     free: list[int]
     free_count: list[int]
     leaf_free: list[int]
+    mig_held: list[frozenset[str]]  # UUIDs of the MIG instances held on each node
 
     def _init_empty(self, layout: Layout) -> None:
         n = len(layout.slots)
@@ -58,6 +60,7 @@ class Holdings:
         self.free = [0] * n
         self.free_count = [0] * n
         self.leaf_free = [0] * len(layout.leaf_nodes)
+        self.mig_held = [frozenset()] * n
         for i in range(n):
             self._refresh(i)
 
@@ -73,6 +76,7 @@ class Holdings:
         self.free = list(other.free)
         self.free_count = list(other.free_count)
         self.leaf_free = list(other.leaf_free)
+        self.mig_held = list(other.mig_held)
 
     def _refresh(self, i: int) -> None:
         slot = self.layout.slots[i]
@@ -150,7 +154,7 @@ class ClusterState(Holdings):
 
     def set_unhealthy(self, node: str, gpus: Iterable[int]) -> None:
         i = self.layout.index(node)
-        self.blocked[i] = self.layout.slots[i].shape.mask_of(list(gpus))
+        self.blocked[i] = self.layout.slots[i].shape.mask_of(list(gpus)) | _mig_mask(self.layout.slots[i])
         self._refresh(i)
 
     def block(self, node: str, gpus: Iterable[int]) -> None:
@@ -165,6 +169,8 @@ class ClusterState(Holdings):
     def apply(self, alloc: Allocation) -> None:
         """Take every GPU share, CPU and byte of memory of `alloc`, or raise and take nothing."""
         plan = self._plan(alloc, sign=1)
+        for i, uuids in mig_changes(self, alloc, sign=1).items():
+            self.mig_held[i] = self.mig_held[i] | uuids
         for i, (whole, shares, cpus, mem) in plan.items():
             self.whole[i] |= whole
             self._set_shares(i, shares)
@@ -176,6 +182,7 @@ class ClusterState(Holdings):
         """Whether `apply(alloc)` would succeed now (nothing is taken)."""
         try:
             self._plan(alloc, sign=1)
+            mig_changes(self, alloc, sign=1)
         except AllocationConflict:
             return False
         return True
@@ -183,6 +190,8 @@ class ClusterState(Holdings):
     def release(self, alloc: Allocation) -> None:
         """Give back what `alloc` holds; raise if it does not hold it."""
         plan = self._plan(alloc, sign=-1)
+        for i, uuids in mig_changes(self, alloc, sign=-1).items():
+            self.mig_held[i] = self.mig_held[i] - uuids
         for i, (whole, shares, cpus, mem) in plan.items():
             self.whole[i] &= ~whole
             self._set_shares(i, shares)
@@ -296,7 +305,13 @@ class ClusterSnapshot(Holdings):
 
 def _unhealthy_mask(slot: NodeSlot) -> int:
     bad = [g.index for g in slot.topology.gpus if not g.healthy]
-    return slot.shape.mask_of(bad) if bad else 0
+    return (slot.shape.mask_of(bad) if bad else 0) | _mig_mask(slot)
+
+
+def _mig_mask(slot: NodeSlot) -> int:
+    """GPUs split into MIG instances: never offered whole or as shares (their instances are, `mig.py`)."""
+    split = [g.index for g in slot.topology.gpus if g.mig_instances]
+    return slot.shape.mask_of(split) if split else 0
 
 
 def seeded_fill(snapshot: ClusterSnapshot, seed: int, pct: float) -> ClusterSnapshot:

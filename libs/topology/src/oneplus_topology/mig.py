@@ -12,13 +12,12 @@ from collections import Counter
 from dataclasses import dataclass, field
 
 from oneplus_contracts import MigInstance, NodeTopology
+from oneplus_contracts.jobspec import MIG_PROFILE_RE as PROFILE_RE
 
 from .errors import TopologyParseError
 
 _GPU_LINE = re.compile(r"^GPU\s+(\d+):\s*(.+?)\s*\(UUID:\s*(GPU-[0-9A-Za-z-]+)\)\s*$")
 _MIG_LINE = re.compile(r"^\s+MIG\s+(\S+)\s+Device\s+(\d+):\s*\(UUID:\s*(MIG-[0-9A-Za-z/-]+)\)\s*$")
-# A profile as NVIDIA names it: optional compute-instance part (2c.), GPU-instance slices, memory (1g.10gb, 1g.10gb+me).
-PROFILE_RE = re.compile(r"^(\d+c\.)?\d+g\.\d+gb(\+\w+)?$")
 
 
 @dataclass

@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Awaitable, Callable, Iterable, Sequence
 from dataclasses import dataclass
 
 from oneplus_contracts import JobSpec, NodeRecord
 from oneplus_placement.explain import explain_pending
+from oneplus_placement.mig import cluster_profiles
 from oneplus_placement.snapshot import ClusterSnapshot, ClusterState
 from oneplus_queueing.config import QueueConfig, QueueConfigError
 from oneplus_queueing.dependencies import MAX_CYCLE_WALK, dependency_cycle
@@ -18,13 +20,14 @@ class Inadmissible(ValueError):
     """The job can never run as asked; the message says why in terms the submitter can act on."""
 
 
-NodeKey = tuple[bool, str, int, str, str | None, str | None, tuple[str, ...]]
+NodeKey = tuple[bool, str, int, str, str | None, str | None, tuple[str, ...], tuple[str, ...]]
 
 
 def admission_key(n: NodeRecord) -> NodeKey:
     """What admission reads of a node: lost or not, and its static shape (heartbeats change none of it)."""
     t = n.topology
-    return (n.status == "lost", t.node, len(t.gpus), t.gpu_model, t.leaf, t.spine, tuple(t.features))
+    mig = tuple(m.uuid for g in t.gpus for m in g.mig_instances)
+    return (n.status == "lost", t.node, len(t.gpus), t.gpu_model, t.leaf, t.spine, tuple(t.features), mig)
 
 
 @dataclass(frozen=True)
@@ -36,6 +39,7 @@ class ClusterFacts:
     largest: int
     names: frozenset[str]  # GPU models and GPU names
     shape: tuple[NodeKey, ...]  # the live nodes' static shape, sorted: the empty cluster's identity
+    mig_profiles: Counter[str]  # MIG instances of each profile on the live nodes
 
     @classmethod
     def of(cls, nodes: Iterable[NodeRecord]) -> ClusterFacts:
@@ -46,6 +50,7 @@ class ClusterFacts:
             max((len(n.topology.gpus) for n in live), default=0),
             frozenset({n.topology.gpu_model for n in live} | {g.name for n in live for g in n.topology.gpus}),
             tuple(sorted(admission_key(n) for n in live)),
+            cluster_profiles(n.topology for n in live),
         )
 
 
@@ -108,6 +113,9 @@ def admit(
     live = facts.live
     if not live:
         return  # no node has reported yet: the job waits, `jobs explain` says why
+    if spec.resources.mig is not None:
+        _admit_mig(spec, facts)
+        return
     total = facts.total
     if spec.total_gpus > total:
         raise Inadmissible(
@@ -130,6 +138,19 @@ def admit(
         if why is not None:
             # What `jobs explain` would say of it on an idle cluster: waiting could never help.
             raise Inadmissible(f"can never run on this cluster, even with every GPU free: {why}")
+
+
+def _admit_mig(spec: JobSpec, facts: ClusterFacts) -> None:
+    """A MIG profile no node offers, or more ranks than the cluster has instances of it, can never run."""
+    profile = spec.resources.mig or ""
+    have = facts.mig_profiles
+    if not have[profile]:
+        offered = ", ".join(f"{p} x{n}" for p, n in sorted(have.items())) or "none (no GPU is in MIG mode)"
+        raise Inadmissible(f"mig={profile!r}: no node offers MIG instances of that profile; the cluster has {offered}")
+    if spec.ranks > have[profile]:
+        raise Inadmissible(
+            f"{spec.ranks} ranks of mig={profile!r} need {spec.ranks} instances; the cluster has {have[profile]}"
+        )
 
 
 async def refuse_dependency_cycle(

@@ -108,8 +108,9 @@ def container_env(computed: dict[str, str], given: dict[str, str] | None, *, gpu
     return env
 
 
-def gpu_device_request(gpus: list[int]) -> dict[str, Any]:
-    """The Docker API form of `--gpus device=...`: the NVIDIA toolkit mounts exactly these GPUs."""
+def gpu_device_request(gpus: list[int] | list[str]) -> dict[str, Any]:
+    """The Docker API form of `--gpus device=...`: the NVIDIA toolkit mounts exactly these GPUs (host indices) or
+    MIG instances (their MIG-... UUIDs)."""
     return {"Driver": "nvidia", "DeviceIDs": [str(g) for g in gpus], "Capabilities": [["gpu"]]}
 
 
@@ -140,8 +141,8 @@ def container_body(
         host["NanoCpus"] = nano_cpus
     if cmd.hosts:
         host["ExtraHosts"] = extra_hosts(cmd)
-    if gpu_node and placement.gpus:
-        host["DeviceRequests"] = [gpu_device_request(placement.gpus)]
+    if gpu_node and (placement.gpus or placement.mig):
+        host["DeviceRequests"] = [gpu_device_request(placement.mig or placement.gpus)]
         # NCCL over InfiniBand pins memory; the default memlock limit makes registration fail.
         host["Ulimits"] = [{"Name": "memlock", "Soft": -1, "Hard": -1}]
         host["IpcMode"] = "host"

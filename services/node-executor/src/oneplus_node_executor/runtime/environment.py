@@ -185,6 +185,13 @@ def validate_launch(cmd: LaunchRanks, topo: NodeTopology | None) -> None:
                 raise ValueError(
                     f"rank {p.rank} of job {cmd.job_id} asks for GPU(s) {missing}, node {topo.node} has {sorted(known)}"
                 )
+            instances = {m.uuid for g in topo.gpus for m in g.mig_instances}
+            unknown = [u for u in p.mig if u not in instances]
+            if unknown:
+                raise ValueError(
+                    f"rank {p.rank} of job {cmd.job_id} asks for MIG instance(s) {unknown} that node {topo.node} "
+                    f"does not have ({len(instances)} MIG instances there)"
+                )
     if cmd.nodes:
         if not 0 <= cmd.node_rank < len(cmd.nodes):
             raise ValueError(f"node_rank={cmd.node_rank} is outside the job's {len(cmd.nodes)} node(s)")
@@ -192,6 +199,18 @@ def validate_launch(cmd: LaunchRanks, topo: NodeTopology | None) -> None:
             raise ValueError(
                 f"node_rank={cmd.node_rank} names {cmd.nodes[cmd.node_rank]}, but this launch is for {cmd.node}"
             )
+
+
+def visible_devices(p: RankPlacement, *, in_container: bool) -> tuple[str, str]:
+    """CUDA_VISIBLE_DEVICES and NVIDIA_VISIBLE_DEVICES of a rank: its GPUs, or its MIG instances by UUID.
+
+    In a container the engine exposes only the rank's devices, which CUDA numbers from 0; outside one, CUDA is told
+    the host's indices (or the MIG UUIDs, which CUDA accepts as device names)."""
+    if p.mig:
+        return ",".join(str(i) for i in range(len(p.mig))) if in_container else ",".join(p.mig), ",".join(p.mig)
+    visible = range(len(p.gpus)) if in_container else p.gpus
+    # 'void' is the NVIDIA toolkit's word for "no GPU", where an empty value would mean "all".
+    return ",".join(str(i) for i in visible), ",".join(str(g) for g in p.gpus) or "void"
 
 
 def rank_environment(
@@ -211,12 +230,11 @@ def rank_environment(
         hca = nccl_ib_hca(rail_nics(topo, p.gpus))
         if hca and "NCCL_IB_HCA" not in env:
             env["NCCL_IB_HCA"] = hca
-        visible = range(len(p.gpus)) if in_container else p.gpus
+        devices = visible_devices(p, in_container=in_container)
         env.update(
             {
-                "CUDA_VISIBLE_DEVICES": ",".join(str(i) for i in visible),
-                # 'void' is the NVIDIA toolkit's word for "no GPU", where an empty value would mean "all".
-                "NVIDIA_VISIBLE_DEVICES": ",".join(str(g) for g in p.gpus) or "void",
+                "CUDA_VISIBLE_DEVICES": devices[0],
+                "NVIDIA_VISIBLE_DEVICES": devices[1],
                 "MASTER_ADDR": cmd.master_addr,
                 "MASTER_PORT": str(cmd.master_port),
                 "WORLD_SIZE": str(cmd.world_size),
