@@ -225,8 +225,8 @@ class Capacity:
 
 
 def whole_gpus(spec: JobSpec) -> int:
-    """Whole GPUs a gang needs; 0 for GPU shares (counting cannot rule those out)."""
-    return spec.ranks * spec.resources.whole_gpus
+    """Whole GPUs a gang needs; 0 for GPU shares and MIG instances (counting whole GPUs cannot rule those out)."""
+    return 0 if spec.resources.mig is not None else spec.ranks * spec.resources.whole_gpus
 
 
 def gpus_by_node(capacity: Capacity, alloc: Allocation) -> dict[int, int]:
