@@ -66,3 +66,20 @@ def test_a_mig_profile_no_node_offers_is_refused_with_the_profiles_there_are() -
     with pytest.raises(Inadmissible, match=r"4 ranks of mig='3g\.40gb' need 4 instances; the cluster has 3"):
         admit(mig("3g.40gb", 4), default_config(), nodes, EmptyCluster())
     admit(mig("3g.40gb", 3), default_config(), nodes, EmptyCluster())
+
+
+def test_a_share_is_refused_when_no_node_runs_mps_unless_its_queue_time_slices() -> None:
+    share = JobSpec.model_validate({"name": "s", "resources": {"gpus": 0.5}})
+    with pytest.raises(Inadmissible) as e:
+        admit(share, default_config(), NODES, EmptyCluster())
+    assert str(e.value) == (
+        "gpus=0.5 is a GPU share, which runs isolated under MPS, and no node runs MPS; ask whole GPUs, "
+        "or use a queue with sharing: time-slice (queue 'default' has sharing: mps)"
+    )
+    admit(share, load_queue_config("queues: [{name: default, sharing: time-slice}]\n"), NODES, EmptyCluster())
+    from oneplus_contracts import MpsDaemon
+
+    with_mps = [*NODES[:3], NodeRecord(topology=NODES[3].topology.model_copy(update={"mps": MpsDaemon()}))]
+    admit(share, default_config(), with_mps, EmptyCluster())
+    cpu_only = JobSpec.model_validate({"name": "c", "resources": {"gpus": 0.001}})
+    admit(cpu_only, default_config(), NODES, EmptyCluster())

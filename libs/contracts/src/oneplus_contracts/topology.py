@@ -62,6 +62,13 @@ class NicInfo(Strict):
     gpu_tiers: dict[int, str] = Field(default_factory=dict, description="PCIe tier to each GPU")
 
 
+class MpsDaemon(Strict):
+    """The node's MPS control daemon: GPU shares run under it with their limits, reached through these directories."""
+
+    pipe_directory: str = Field(default="/tmp/nvidia-mps", description="CUDA_MPS_PIPE_DIRECTORY of the daemon")
+    log_directory: str = Field(default="/var/log/nvidia-mps", description="CUDA_MPS_LOG_DIRECTORY of the daemon")
+
+
 class NodeTopology(Strict):
     node: str
     gpu_model: str = "unknown"
@@ -79,6 +86,9 @@ class NodeTopology(Strict):
         default_factory=list, description="Slurm-style node features (cluster YAML, executor --features)"
     )
     source: TopologySource = "nvidia-smi"
+    mps: MpsDaemon | None = Field(
+        default=None, description="Set when the node runs MPS (executor --mps-pipe-dir): GPU shares are isolated"
+    )
     address: str | None = Field(
         default=None, description="Where the other nodes reach this one (IP); jobs' containers resolve its name to it"
     )

@@ -27,7 +27,8 @@ def admission_key(n: NodeRecord) -> NodeKey:
     """What admission reads of a node: lost or not, and its static shape (heartbeats change none of it)."""
     t = n.topology
     mig = tuple(m.uuid for g in t.gpus for m in g.mig_instances)
-    return (n.status == "lost", t.node, len(t.gpus), t.gpu_model, t.leaf, t.spine, tuple(t.features), mig)
+    features = (*t.features, *(["mps"] if t.mps else []))
+    return (n.status == "lost", t.node, len(t.gpus), t.gpu_model, t.leaf, t.spine, features, mig)
 
 
 @dataclass(frozen=True)
@@ -40,6 +41,7 @@ class ClusterFacts:
     names: frozenset[str]  # GPU models and GPU names
     shape: tuple[NodeKey, ...]  # the live nodes' static shape, sorted: the empty cluster's identity
     mig_profiles: Counter[str]  # MIG instances of each profile on the live nodes
+    mps_nodes: int  # live nodes that run MPS (isolated GPU shares)
 
     @classmethod
     def of(cls, nodes: Iterable[NodeRecord]) -> ClusterFacts:
@@ -51,6 +53,7 @@ class ClusterFacts:
             frozenset({n.topology.gpu_model for n in live} | {g.name for n in live for g in n.topology.gpus}),
             tuple(sorted(admission_key(n) for n in live)),
             cluster_profiles(n.topology for n in live),
+            sum(1 for n in live if n.topology.mps is not None),
         )
 
 
@@ -116,6 +119,11 @@ def admit(
     if spec.resources.mig is not None:
         _admit_mig(spec, facts)
         return
+    if spec.resources.isolated_share and not facts.mps_nodes and spec.queue not in queues.timeslice_queues:
+        raise Inadmissible(
+            f"gpus={spec.resources.gpus:g} is a GPU share, which runs isolated under MPS, and no node runs MPS; "
+            f"ask whole GPUs, or use a queue with sharing: time-slice (queue {spec.queue!r} has sharing: mps)"
+        )
     total = facts.total
     if spec.total_gpus > total:
         raise Inadmissible(

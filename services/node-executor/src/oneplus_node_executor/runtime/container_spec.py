@@ -9,7 +9,8 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
-from oneplus_contracts import LaunchRanks, RankPlacement
+from oneplus_contracts import LaunchRanks, MpsDaemon, RankPlacement
+from oneplus_contracts.jobspec import is_isolated_share
 
 from .environment import checkpoint_marker
 from .synthetic import synthetic_command
@@ -124,8 +125,9 @@ def container_body(
     network_mode: str,
     cpuset: str | None,
     nano_cpus: int | None,
+    mps: MpsDaemon | None = None,
 ) -> dict[str, Any]:
-    """The body of `POST /containers/create` for one rank."""
+    """The body of `POST /containers/create` for one rank; `mps`: the node's MPS daemon, mounted for a GPU share."""
     host: dict[str, Any] = {
         "NetworkMode": network_mode,
         # Restarts are decided by the runtime (it must not restart a rank it stopped on purpose).
@@ -141,6 +143,9 @@ def container_body(
         host["NanoCpus"] = nano_cpus
     if cmd.hosts:
         host["ExtraHosts"] = extra_hosts(cmd)
+    if mps is not None and is_isolated_share(placement.gpu_milli):
+        # The share's CUDA client reaches the node's MPS control daemon through its pipe and log directories.
+        host["Binds"] = [f"{d}:{d}" for d in (mps.pipe_directory, mps.log_directory)]
     if gpu_node and (placement.gpus or placement.mig):
         host["DeviceRequests"] = [gpu_device_request(placement.mig or placement.gpus)]
         # NCCL over InfiniBand pins memory; the default memlock limit makes registration fail.
