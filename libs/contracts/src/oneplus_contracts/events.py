@@ -58,6 +58,7 @@ class RankPlacement(Strict):
             if data.get("sharing", 0) is None:
                 data.pop("sharing")
         return data
+
     cpus: float = 1.0
     memory_mb: int = 1024
 
