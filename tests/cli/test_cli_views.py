@@ -203,3 +203,25 @@ def test_an_unreachable_nats_is_one_line():
         assert len(lines) == 1, result.stderr
         assert "cannot reach NATS at nats://127.0.0.1:1" in lines[0]
         assert "Traceback" not in result.output
+
+
+def test_jobs_show_says_how_each_share_runs_and_names_mig_instances(fake: FakeClient, monkeypatch: pytest.MonkeyPatch):
+    from oneplus_contracts import Allocation, RankPlacement
+
+    alloc = Allocation(
+        ranks=[
+            RankPlacement(rank=0, node="l40s-0", gpus=[3], gpu_milli=500, sharing="time-slice"),
+            RankPlacement(rank=1, node="l40s-1", gpus=[0], gpu_milli=250, sharing="mps"),
+            RankPlacement(rank=2, node="a100-0", gpus=[], mig=["MIG-0c4e8f6d-2a5b-5d3e-9f1c-7b2a4d6e8f01"]),
+        ]
+    )
+    running = _record(LONG_ID, "RUNNING", allocation=alloc).model_dump(mode="json")
+
+    async def ops(subject: str, payload: dict[str, Any] | None = None) -> Any:
+        return running
+
+    monkeypatch.setattr(fake, "ops", ops)
+    out = run("jobs", "show", LONG_ID).stdout
+    assert "rank 0: l40s-0 GPUs [3] (500/1000 each, time-slice: no isolation)" in out
+    assert "rank 1: l40s-1 GPUs [0] (250/1000 each, MPS-isolated)" in out
+    assert "rank 2: a100-0 MIG MIG-0c4e8f6d-2a5b-5d3e-9f1c-7b2a4d6e8f01" in out

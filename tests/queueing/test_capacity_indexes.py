@@ -20,13 +20,20 @@ SHAPES = [(1, 1), (2, 1), (4, 1), (8, 1), (8, 2), (2, 3), (1, 5), (4, 4), (0.5, 
 def fresh(capacity: Capacity, s: JobSpec, seed: int) -> Allocation | None:
     """The decision with nothing kept between calls."""
     return place_gang(
-        capacity.state, s, job_id="x", seed=seed, keep_strong_boards=capacity.keep_strong_boards
+        capacity.state,
+        s,
+        job_id="x",
+        seed=seed,
+        keep_strong_boards=capacity.keep_strong_boards,
+        shares_need_mps=s.queue not in capacity.timeslice_queues,
     ).allocation
 
 
 def test_kept_capacities_decide_as_a_fresh_computation_through_places_releases_and_trials() -> None:
     rng = random.Random(7)
-    capacity = Capacity(ClusterState.from_cluster(synthetic_cluster(24, nodes_per_leaf=4)), CycleStats())
+    # Its nodes run no MPS: the shares' queue time-slices them (else no share would ever be placed here).
+    state = ClusterState.from_cluster(synthetic_cluster(24, nodes_per_leaf=4))
+    capacity = Capacity(state, CycleStats(), timeslice_queues=frozenset({"default"}))
     held: list[Allocation] = []
     compared = placed = 0
     for step in range(400):

@@ -23,6 +23,7 @@ NVML_ERROR_NOT_SUPPORTED = 3
 NVML_ERROR_TIMEOUT = 10
 NVML_ERROR_LIBRARY_NOT_FOUND = 12
 NVML_ERROR_FUNCTION_NOT_FOUND = 13
+NVML_ERROR_NOT_FOUND = 6
 _LEVEL = {"PIX": 10, "PXB": 20, "PHB": 30, "NODE": 40, "SYS": 50}
 
 
@@ -49,6 +50,12 @@ class c_nvmlGpuFabricInfoV_t(ctypes.Structure):
 @dataclass
 class _Handle:
     index: int
+
+
+@dataclass
+class _MigHandle:
+    parent: int
+    slot: int
 
 
 @dataclass
@@ -111,14 +118,22 @@ def make_fake_pynvml(
     mig: frozenset[int] = frozenset(),
     xids: list[tuple[int, int]] | None = None,
     name: str | None = None,
+    mig_listing: list[Any] | None = None,
 ) -> types.ModuleType:
-    """A `pynvml`-shaped module for the node `topo` describes."""
+    """A `pynvml`-shaped module for the node `topo` describes.
+
+    `mig_listing` (parsed `nvidia-smi -L`, `oneplus_topology.mig.parse_gpu_listing`) puts the listed GPUs in MIG mode
+    with those devices, in NVML's 7 slots per GPU with the listed ones first and empty slots after (NOT_FOUND).
+    """
     m = types.ModuleType("pynvml")
     n = len(topo.gpus)
     wiring = _wiring(topo)
     down = dict(down_links or {})
     kinds = {(lk.a, lk.b): lk.kind for lk in topo.links}
     pending_events = list(xids or [])
+    named = {g.index: g for g in (mig_listing or [])}
+    listed = {i: g for i, g in named.items() if g.instances}
+    mig = mig | frozenset(listed)
     state: dict[str, Any] = {"init": 0}
 
     consts = {
@@ -191,6 +206,24 @@ def make_fake_pynvml(
         info.cliqueId, info.state, info.status = fabric[1], 3, 0
         return NVML_SUCCESS
 
+    def mig_handle(h: _Handle, slot: int) -> _MigHandle:
+        i = handle_of(h)
+        if i not in listed:
+            raise NVMLError(NVML_ERROR_INVALID_ARGUMENT)
+        if slot >= len(listed[i].instances):
+            raise NVMLError(NVML_ERROR_NOT_FOUND)
+        return _MigHandle(i, slot)
+
+    def device_uuid(h: _Handle | _MigHandle) -> str:
+        if isinstance(h, _MigHandle):
+            return str(listed[h.parent].instances[h.slot].uuid)
+        return str(named[h.index].uuid) if h.index in named else f"GPU-{uuidlib.UUID(int=handle_of(h) + 1)}"
+
+    def device_name(h: _Handle | _MigHandle) -> str:
+        if isinstance(h, _MigHandle):  # NVML names a MIG device `<GPU name> MIG <profile>`
+            return f"{listed[h.parent].name} MIG {listed[h.parent].instances[h.slot].profile}"
+        return name or (named[h.index].name if h.index in named else f"NVIDIA {topo.gpu_model}")
+
     def nvmlEventSetWait_v2(events: object, timeout_ms: int) -> _Event:
         if not pending_events:
             raise NVMLError(NVML_ERROR_TIMEOUT)
@@ -202,8 +235,10 @@ def make_fake_pynvml(
         "nvmlShutdown": nvmlShutdown,
         "nvmlDeviceGetCount": lambda: need_init() and n,
         "nvmlDeviceGetHandleByIndex": lambda i: need_init() and _Handle(i),
-        "nvmlDeviceGetUUID": lambda h: f"GPU-{uuidlib.UUID(int=handle_of(h) + 1)}",
-        "nvmlDeviceGetName": lambda h: (handle_of(h), name or f"NVIDIA {topo.gpu_model}")[1],
+        "nvmlDeviceGetUUID": device_uuid,
+        "nvmlDeviceGetName": device_name,
+        "nvmlDeviceGetMaxMigDeviceCount": lambda h: 7 if handle_of(h) in mig else 0,
+        "nvmlDeviceGetMigDeviceHandleByIndex": mig_handle,
         "nvmlDeviceGetMemoryInfo": lambda h: (handle_of(h), _Memory(80 * 2**30))[1],
         "nvmlDeviceGetPciInfo": lambda h: _Pci(bus_id(handle_of(h)).encode()),
         "nvmlDeviceGetNvLinkState": nvmlDeviceGetNvLinkState,

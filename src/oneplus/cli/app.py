@@ -264,8 +264,12 @@ def jobs_show(job_id: str, nats: NatsOpt = None, team: TeamOpt = None, as_json: 
     if alloc:
         for r in alloc.get("ranks", []):
             milli = r.get("gpu_milli")
+            sharing = {"mps": ", MPS-isolated", "time-slice": ", time-slice: no isolation"}.get(
+                r.get("sharing") or "", ""
+            )
+            devices = f"MIG {', '.join(r['mig'])}" if r.get("mig") else f"GPUs {r['gpus']}"
             console.print(
-                f"  rank {r['rank']}: {r['node']} GPUs {r['gpus']}" + (f" ({milli}/1000 each)" if milli else ""),
+                f"  rank {r['rank']}: {r['node']} {devices}" + (f" ({milli}/1000 each{sharing})" if milli else ""),
                 highlight=False,
             )
         console.print(

@@ -75,6 +75,18 @@ def print_link_matrix(out: Console, topo: NodeTopology) -> None:
     print_lines(out, _caption(topo))
 
 
+def _mig_lines(topo: NodeTopology) -> list[str]:
+    """One line per GPU in MIG mode: its instances (placement units of `resources.mig`), never NVLink group members."""
+    out: list[str] = []
+    for g in topo.gpus:
+        if g.mig_instances:
+            parts = ", ".join(f"{i.device}:{i.profile} {i.uuid}" for i in g.mig_instances)
+            out.append(f"MIG GPU{g.index}: {parts}")
+        elif g.mig_enabled:
+            out.append(f"MIG GPU{g.index}: MIG mode, no instances")
+    return out
+
+
 def _caption(topo: NodeTopology) -> str:
     from oneplus_topology.analysis import numa_groups, nvlink_groups, pcie_switch_groups, rails
     from oneplus_topology.bandwidth import assumptions
@@ -94,6 +106,7 @@ def _caption(topo: NodeTopology) -> str:
         lines.append("Rails: " + ", ".join(f"GPU{g}: {'/'.join(n)}" for g, n in rail.items()))
     if topo.nics:
         lines.append("NICs: " + ", ".join(f"NIC{k}={nic.name}" for k, nic in enumerate(topo.nics)))
+    lines += _mig_lines(topo)
     lines += [f"note: {a}" for a in assumptions(topo.gpu_model)]
     return "\n".join(lines)
 
@@ -114,6 +127,9 @@ def topology_json(topo: NodeTopology) -> dict[str, Any]:
         "cpu_affinity": [g.cpu_affinity for g in topo.gpus],
         "pcie_switches": pcie_switch_groups(topo),
         "nics": [{"name": n.name, "numa": n.numa_node, "near_gpus": n.near_gpus} for n in topo.nics],
+        "mig": {
+            str(g.index): [i.model_dump(mode="json") for i in g.mig_instances] for g in topo.gpus if g.mig_instances
+        },
         "rails": {str(k): v for k, v in rails(topo).items()},
         "assumptions": assumptions(topo.gpu_model),
         "model": topo.model_dump(mode="json"),
@@ -125,9 +141,14 @@ def import_(
     file: Annotated[Path, typer.Argument(help="`nvidia-smi topo -m` output saved as text")],
     as_json: Annotated[bool, typer.Option("--json", help="Print JSON")] = False,
     node: Annotated[str | None, typer.Option("--node", help="Node name (default: the file name)")] = None,
+    gpu_list: Annotated[
+        Path | None,
+        typer.Option("--gpu-list", help="`nvidia-smi -L` output saved as text: GPU UUIDs and the MIG layout"),
+    ] = None,
 ) -> None:
-    """Read `nvidia-smi topo -m` text and print the node model."""
+    """Read `nvidia-smi topo -m` text (and optionally `nvidia-smi -L`) and print the node model."""
     from oneplus_topology.errors import TopologyParseError
+    from oneplus_topology.mig import apply_gpu_listing, parse_gpu_listing
     from oneplus_topology.smi import parse_topo_matrix
 
     try:
@@ -140,6 +161,13 @@ def import_(
         topo = parse_topo_matrix(text, node=node or file.stem)
     except TopologyParseError as e:
         raise _fail(f"{file}: {e}") from e
+    if gpu_list is not None:
+        try:
+            topo = apply_gpu_listing(topo, parse_gpu_listing(gpu_list.read_text(encoding="utf-8")))
+        except OSError as e:
+            raise _fail(f"{gpu_list}: cannot read: {e.strerror}") from e
+        except (TopologyParseError, ValueError) as e:
+            raise _fail(f"{gpu_list}: {e}") from e
     if as_json:
         print(json.dumps(topology_json(topo), indent=2))
     else:

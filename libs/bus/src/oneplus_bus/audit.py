@@ -142,6 +142,7 @@ def audit_history(entries: Sequence[ReservationAudit], cluster: str = "default")
 
 
 def _slots(ks: KeySpace, ranks: Sequence[RankPlacement]) -> tuple[tuple[str, int], ...]:
-    return tuple(
+    gpus = [
         (ks.gpu(r.node, g) if r.gpu_milli == 0 else ks.share(r.node, g), r.gpu_milli) for r in ranks for g in r.gpus
-    )
+    ]
+    return tuple(gpus + [(ks.mig(r.node, u), 0) for r in ranks for u in r.mig])

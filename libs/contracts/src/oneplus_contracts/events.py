@@ -6,7 +6,7 @@ import time
 import uuid
 from typing import Annotated, Literal
 
-from pydantic import Field, TypeAdapter
+from pydantic import Field, SerializerFunctionWrapHandler, TypeAdapter, model_serializer
 
 from .jobspec import Domain, JobSpec, Strict
 
@@ -38,6 +38,27 @@ class RankPlacement(Strict):
     node: str
     gpus: list[int]
     gpu_milli: int = Field(default=0, ge=0, le=1000, description="Share of each GPU; 0 for whole GPUs")
+    mig: list[str] = Field(
+        default_factory=list, description="UUIDs (MIG-...) of the MIG instances the rank holds; its gpus are then empty"
+    )
+    sharing: Literal["mps", "time-slice"] | None = Field(
+        default=None,
+        description="How a GPU share runs where it was placed: mps (isolated under the node's MPS daemon) or "
+        "time-slice (its queue allows it; no memory or compute isolation); null for whole GPUs",
+    )
+
+    @model_serializer(mode="wrap")
+    # No return annotation: pydantic then keeps one schema for input and output (no JobSpec-Input/-Output split).
+    def _without_unset(self, handler: SerializerFunctionWrapHandler):  # type: ignore[no-untyped-def]
+        # A whole-GPU rank has neither: left out, every stored allocation stays as small as before these keys.
+        data = handler(self)
+        if isinstance(data, dict):
+            if not data.get("mig", True):
+                data.pop("mig")
+            if data.get("sharing", 0) is None:
+                data.pop("sharing")
+        return data
+
     cpus: float = 1.0
     memory_mb: int = 1024
 

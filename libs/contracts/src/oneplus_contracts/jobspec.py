@@ -9,7 +9,16 @@ from __future__ import annotations
 import re
 from typing import Annotated, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    SerializerFunctionWrapHandler,
+    field_validator,
+    model_serializer,
+    model_validator,
+)
+from pydantic.config import JsonDict
 
 from .arrays import ArrayTask, JobArray
 from .features import parse_constraint
@@ -49,6 +58,16 @@ def host_names(field: str, v: object) -> list[str]:
     return list(dict.fromkeys(v))
 
 
+# A MIG profile as NVIDIA names it: optional compute-instance part, GPU-instance slices, memory (3g.40gb, 1g.10gb+me).
+MIG_PROFILE_RE = re.compile(r"^(\d+c\.)?\d+g\.\d+gb(\+\w+)?$")
+# The share CPU-only jobs are given (oneplus_jobformats.gang.CPU_ONLY_GPU_SHARE): not a GPU tenant to isolate.
+CPU_ONLY_MILLI = 1
+
+
+def is_isolated_share(gpu_milli: int) -> bool:
+    return gpu_milli > CPU_ONLY_MILLI
+
+
 _SIGNALS = {"SIGUSR1", "SIGUSR2", "SIGTERM", "SIGINT", "SIGHUP", "SIGQUIT", "SIGKILL", "SIGCONT"}
 
 
@@ -58,8 +77,16 @@ class Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=False, populate_by_name=True)
 
 
+def _gpus_or_mig(schema: JsonDict) -> None:
+    # A rank asks `gpus` or `mig` (which implies one unit): the schema says so instead of requiring `gpus`.
+    schema.pop("required", None)
+    schema["oneOf"] = [{"required": ["gpus"]}, {"required": ["mig"]}]
+
+
 class RankResources(Strict):
     """What one rank of the gang asks for."""
+
+    model_config = ConfigDict(**Strict.model_config, json_schema_extra=_gpus_or_mig)
 
     gpus: Annotated[float, Field(gt=0, le=64, description="GPUs per rank; a value below 1 is a share of one GPU")]
     cpus: Annotated[float, Field(gt=0, le=1024, description="CPUs reserved for the rank (a request)")] = 1.0
@@ -75,6 +102,57 @@ class RankResources(Strict):
         description="Allowed GPU models (substring match on the device name), e.g. ['H100']; a gang of several nodes "
         "keeps to one GPU model unless this lists several (or its queue sets mix_gpu_models)",
     )
+    gpu_memory_mb: Annotated[int, Field(gt=0, le=4 * 1024 * 1024)] | None = Field(
+        default=None,
+        description="GPU memory (MiB) a GPU share may pin, as openb pods carry it: its MPS limit "
+        "(CUDA_MPS_PINNED_DEVICE_MEM_LIMIT); only with gpus below 1",
+    )
+    mig: str | None = Field(
+        default=None,
+        description="One MIG instance of this profile a rank (e.g. 3g.40gb) instead of `gpus`; never with `gpus`",
+    )
+
+    @model_validator(mode="before")
+    @classmethod
+    def _mig_or_gpus(cls, data: object) -> object:
+        # A MIG rank holds one instance: counted as one GPU unit, and `gpus` is neither asked nor written back.
+        if isinstance(data, dict) and data.get("mig") is not None:
+            if "gpus" in data:
+                raise ValueError(
+                    f"mig={data['mig']!r} together with gpus={data['gpus']!r}: a rank asks one MIG instance or GPUs, "
+                    "not both; drop gpus"
+                )
+            return {**data, "gpus": 1}
+        return data
+
+    @model_serializer(mode="wrap")
+    # No return annotation: pydantic then keeps one schema for input and output (no JobSpec-Input/-Output split).
+    def _without_implied_gpus(self, handler: SerializerFunctionWrapHandler):  # type: ignore[no-untyped-def]
+        data = handler(self)
+        if isinstance(data, dict):
+            if self.mig is not None:
+                data.pop("gpus", None)
+            # Unset, the newer keys are left out: every stored record stays as small as before them.
+            for key in ("mig", "gpu_memory_mb"):
+                if data.get(key, 0) is None:
+                    data.pop(key)
+        return data
+
+    @model_validator(mode="after")
+    def _memory_of_a_share(self) -> RankResources:
+        if self.gpu_memory_mb is not None and (self.gpus >= 1 or self.mig is not None):
+            what = f"mig={self.mig!r}" if self.mig is not None else f"gpus={self.gpus:g}"
+            raise ValueError(
+                f"gpu_memory_mb={self.gpu_memory_mb} is the memory of a GPU share: it needs gpus below 1, not {what}"
+            )
+        return self
+
+    @field_validator("mig")
+    @classmethod
+    def _mig_profile(cls, v: str | None) -> str | None:
+        if v is not None and not MIG_PROFILE_RE.match(v):
+            raise ValueError(f"mig={v!r} is not a MIG profile name such as 3g.40gb or 1g.10gb")
+        return v
 
     @field_validator("gpus")
     @classmethod
@@ -93,6 +171,12 @@ class RankResources(Strict):
     def gpu_milli(self) -> int:
         """A share in thousandths of one GPU; 0 for whole-GPU ranks."""
         return 0 if self.gpus >= 1 else round(self.gpus * 1000)
+
+    @property
+    def isolated_share(self) -> bool:
+        """A GPU share that runs under MPS (or in a time-slicing queue): every share above the 0.001 that CPU-only
+        jobs are given (they do no GPU work to isolate)."""
+        return is_isolated_share(self.gpu_milli)
 
 
 def _unset(value: object) -> bool:
@@ -307,6 +391,11 @@ class JobSpec(Strict):
 
     @model_validator(mode="after")
     def _coherent(self) -> JobSpec:
+        if self.resources.mig is not None and self.topology.group_gpus:
+            raise ValueError(
+                f"group_gpus={self.topology.group_gpus} with mig={self.resources.mig!r}: "
+                "MIG instances have no NVLink between them and never form a tensor-parallel group"
+            )
         if self.resources.gpus < 1 and self.ranks > 1 and self.topology.group_gpus:
             raise ValueError("group_gpus needs whole-GPU ranks")
         if self.topology.group_gpus and self.resources.gpus >= 1:

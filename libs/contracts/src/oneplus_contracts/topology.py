@@ -17,6 +17,14 @@ PCIE_TIERS = ("PIX", "PXB", "PHB", "NODE", "SYS")
 TopologySource = Literal["nvml", "nvidia-smi", "preset", "synthetic"]
 
 
+class MigInstance(Strict):
+    """One MIG device (GPU instance with its compute instance) as `nvidia-smi -L` and NVML list it."""
+
+    profile: str = Field(description="e.g. 3g.40gb (compute slices g, memory)")
+    uuid: str = Field(description="MIG-<uuid>: what a container is handed")
+    device: int = Field(ge=0, description="The `Device N` number under its GPU")
+
+
 class GpuInfo(Strict):
     index: int = Field(ge=0)
     uuid: str | None = None
@@ -29,6 +37,9 @@ class GpuInfo(Strict):
     nvlinks_total: int = 0
     nvlinks_active: int = 0
     mig_enabled: bool = False
+    mig_instances: list[MigInstance] = Field(
+        default_factory=list, description="The MIG devices this GPU is split into (empty: used whole)"
+    )
     clique_id: int | None = None
     cluster_uuid: str | None = None
     healthy: bool = True
@@ -50,6 +61,13 @@ class NicInfo(Strict):
     numa_node: int | None = None
     near_gpus: list[int] = Field(default_factory=list, description="GPUs at PIX/PXB distance: this NIC's rail")
     gpu_tiers: dict[int, str] = Field(default_factory=dict, description="PCIe tier to each GPU")
+
+
+class MpsDaemon(Strict):
+    """The node's MPS control daemon: GPU shares run under it with their limits, reached through these directories."""
+
+    pipe_directory: str = Field(default="/tmp/nvidia-mps", description="CUDA_MPS_PIPE_DIRECTORY of the daemon")
+    log_directory: str = Field(default="/var/log/nvidia-mps", description="CUDA_MPS_LOG_DIRECTORY of the daemon")
 
 
 class NodeTopology(Strict):
@@ -74,6 +92,9 @@ class NodeTopology(Strict):
         default_factory=list, description="Slurm-style node features (cluster YAML, executor --features)"
     )
     source: TopologySource = "nvidia-smi"
+    mps: MpsDaemon | None = Field(
+        default=None, description="Set when the node runs MPS (executor --mps-pipe-dir): GPU shares are isolated"
+    )
     address: str | None = Field(
         default=None, description="Where the other nodes reach this one (IP); jobs' containers resolve its name to it"
     )

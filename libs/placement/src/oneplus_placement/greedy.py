@@ -13,7 +13,9 @@ from .exclusive import hold_whole_nodes
 from .fgd import FragMeter
 from .fitters import Fitter, RankPick, fitter_for, ordered_gpus
 from .levels import DomainSearch, Plan
+from .mig import place_mig
 from .request import GangRequest, InvalidRequest
+from .sharing import MPS_FEATURE, stamp_sharing, with_feature
 from .snapshot import Holdings
 
 
@@ -39,6 +41,7 @@ def place_gang(
     fgd: FragMeter | None = None,
     indexes: CapacityIndexes | None = None,
     mix_gpu_models: bool = False,
+    shares_need_mps: bool = False,
 ) -> PlacementResult:
     """Place every rank of `spec` or none; never changes `snapshot`.
 
@@ -48,8 +51,12 @@ def place_gang(
     fragmentation for that workload mix; None: best fit). `indexes`: capacities the caller keeps current across
     decisions on this same `snapshot` (it tells them which nodes it changed); None: computed here.
     `mix_gpu_models`: the job's queue lets a gang span nodes of several GPU models (else it keeps to one, unless its
-    own gpu_models lists several).
+    own gpu_models lists several). `shares_need_mps`: a GPU share goes only to nodes that run MPS (its queue does not
+    allow unisolated time-slicing).
     """
+    if spec.resources.mig is not None:  # MIG instances are their own units (mig.py), not GPUs of the level tree
+        got = place_mig(snapshot, spec)
+        return PlacementResult(got, None) if isinstance(got, Allocation) else PlacementResult(None, got)
     try:
         req = GangRequest.of(spec)
     except InvalidRequest as exc:
@@ -58,7 +65,12 @@ def place_gang(
         req = replace(req, keep_strong_boards=False)
     if mix_gpu_models:
         req = replace(req, one_kind=False)
-    return place_request(snapshot, req, seed=seed, fgd=fgd, indexes=indexes)
+    if shares_need_mps and spec.resources.isolated_share:
+        req = replace(req, features=with_feature(req.features, MPS_FEATURE))
+    result = place_request(snapshot, req, seed=seed, fgd=fgd, indexes=indexes)
+    if result.allocation is not None and spec.resources.isolated_share:
+        return PlacementResult(stamp_sharing(snapshot.layout, result.allocation), None)
+    return result
 
 
 def place_request(

@@ -113,7 +113,7 @@ class Layout:
                     memory_mb=topo.memory_mb,
                     nvlink_domain=topo.nvlink_domain,
                     topology=topo,
-                    features=node_features(topo.gpu_model, topo.features),
+                    features=node_features(topo.gpu_model, [*topo.features, *(["mps"] if topo.mps else [])]),
                 )
             )
         return cls(

@@ -11,6 +11,7 @@ from collections.abc import Iterable, Sequence
 from oneplus_contracts import Allocation, NodeRecord
 
 from .layout import AllocationConflict, ClusterLike, Layout, NodeSlot, layout_of_cluster
+from .mig import mig_changes
 from .shape import bits, popcount
 
 # Names other packages import from here since before the layout moved to its own module.
@@ -45,6 +46,7 @@ class Holdings:
     free_count: list[int]
     leaf_free: list[int]
     low_free: list[int]  # free GPUs per domain of the lowest site level (the same list as leaf_free when that is leaf)
+    mig_held: list[frozenset[str]]  # UUIDs of the MIG instances held on each node
 
     def _init_empty(self, layout: Layout) -> None:
         n = len(layout.slots)
@@ -60,6 +62,7 @@ class Holdings:
         self.free_count = [0] * n
         self.leaf_free = [0] * len(layout.leaf_nodes)
         self._init_low_free()
+        self.mig_held = [frozenset()] * n
         for i in range(n):
             self._refresh(i)
 
@@ -79,6 +82,7 @@ class Holdings:
             self.low_free = self.leaf_free
         else:
             self.low_free = list(other.low_free)
+        self.mig_held = list(other.mig_held)
 
     def _refresh(self, i: int) -> None:
         slot = self.layout.slots[i]
@@ -169,7 +173,7 @@ class ClusterState(Holdings):
 
     def set_unhealthy(self, node: str, gpus: Iterable[int]) -> None:
         i = self.layout.index(node)
-        self.blocked[i] = self.layout.slots[i].shape.mask_of(list(gpus))
+        self.blocked[i] = self.layout.slots[i].shape.mask_of(list(gpus)) | _mig_mask(self.layout.slots[i])
         self._refresh(i)
 
     def block(self, node: str, gpus: Iterable[int]) -> None:
@@ -184,6 +188,8 @@ class ClusterState(Holdings):
     def apply(self, alloc: Allocation) -> None:
         """Take every GPU share, CPU and byte of memory of `alloc`, or raise and take nothing."""
         plan = self._plan(alloc, sign=1)
+        for i, uuids in mig_changes(self, alloc, sign=1).items():
+            self.mig_held[i] = self.mig_held[i] | uuids
         for i, (whole, shares, cpus, mem) in plan.items():
             self.whole[i] |= whole
             self._set_shares(i, shares)
@@ -195,6 +201,7 @@ class ClusterState(Holdings):
         """Whether `apply(alloc)` would succeed now (nothing is taken)."""
         try:
             self._plan(alloc, sign=1)
+            mig_changes(self, alloc, sign=1)
         except AllocationConflict:
             return False
         return True
@@ -202,6 +209,8 @@ class ClusterState(Holdings):
     def release(self, alloc: Allocation) -> None:
         """Give back what `alloc` holds; raise if it does not hold it."""
         plan = self._plan(alloc, sign=-1)
+        for i, uuids in mig_changes(self, alloc, sign=-1).items():
+            self.mig_held[i] = self.mig_held[i] - uuids
         for i, (whole, shares, cpus, mem) in plan.items():
             self.whole[i] &= ~whole
             self._set_shares(i, shares)
@@ -315,7 +324,13 @@ class ClusterSnapshot(Holdings):
 
 def _unhealthy_mask(slot: NodeSlot) -> int:
     bad = [g.index for g in slot.topology.gpus if not g.healthy]
-    return slot.shape.mask_of(bad) if bad else 0
+    return (slot.shape.mask_of(bad) if bad else 0) | _mig_mask(slot)
+
+
+def _mig_mask(slot: NodeSlot) -> int:
+    """GPUs split into MIG instances: never offered whole or as shares (their instances are, `mig.py`)."""
+    split = [g.index for g in slot.topology.gpus if g.mig_instances]
+    return slot.shape.mask_of(split) if split else 0
 
 
 def seeded_fill(snapshot: ClusterSnapshot, seed: int, pct: float) -> ClusterSnapshot:

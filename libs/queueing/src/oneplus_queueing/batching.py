@@ -64,7 +64,11 @@ def plan_batches(
         window = [
             job
             for job in ranked
-            if job.job.queue == queue and job.job_id not in skip and now - job.job.submitted_ts < policy.max_wait_s
+            if job.job.queue == queue
+            and job.job_id not in skip
+            and now - job.job.submitted_ts < policy.max_wait_s
+            and job.job.spec.resources.mig is None  # MIG instances are not GPUs of the batch model: greedy places them
+            and not (job.job.spec.resources.isolated_share and queue not in config.timeslice_queues)  # needs MPS nodes
         ][: policy.window]
         if len(window) < 2:
             continue

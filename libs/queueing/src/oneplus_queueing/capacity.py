@@ -58,6 +58,7 @@ class Capacity:
     fgd: FragMeter | None = None  # the workload mix FGD measures fragmentation by
     fgd_queues: frozenset[str] = frozenset()  # queues whose `placement` is `fgd`
     mixing_queues: frozenset[str] = frozenset()  # queues whose gangs may span GPU models (`mix_gpu_models`)
+    timeslice_queues: frozenset[str] = frozenset()  # queues whose GPU shares may run unisolated (`sharing: time-slice`)
     # Per-node capacities kept current across this state's trials: every change to `state` goes through here.
     indexes: CapacityIndexes = field(default_factory=CapacityIndexes, repr=False)
 
@@ -78,6 +79,7 @@ class Capacity:
             fgd=fgd,
             indexes=self.indexes,
             mix_gpu_models=spec.queue in self.mixing_queues,
+            shares_need_mps=spec.queue not in self.timeslice_queues,
         )
 
     @classmethod
@@ -94,12 +96,14 @@ class Capacity:
             fgd=workload_meter(jobs) if fgd_queues else None,
             fgd_queues=fgd_queues,
             mixing_queues=config.mixing_queues,
+            timeslice_queues=config.timeslice_queues,
         )
 
     def derived(self, state: ClusterState) -> Capacity:
         """Another working state placed by the same policies (backfill's and the victim search's trial states)."""
         return Capacity(state, self.stats, keep_strong_boards=self.keep_strong_boards, fgd=self.fgd,
-                        fgd_queues=self.fgd_queues, mixing_queues=self.mixing_queues)  # fmt: skip
+                        fgd_queues=self.fgd_queues, mixing_queues=self.mixing_queues,
+                        timeslice_queues=self.timeslice_queues)  # fmt: skip
 
     def static_reason(self, spec: JobSpec) -> Explanation | None:
         """Why no node of the cluster could ever host the job (its model, size or features), or None."""
@@ -236,8 +240,8 @@ class Capacity:
 
 
 def whole_gpus(spec: JobSpec) -> int:
-    """Whole GPUs a gang needs; 0 for GPU shares (counting cannot rule those out)."""
-    return spec.ranks * spec.resources.whole_gpus
+    """Whole GPUs a gang needs; 0 for GPU shares and MIG instances (counting whole GPUs cannot rule those out)."""
+    return 0 if spec.resources.mig is not None else spec.ranks * spec.resources.whole_gpus
 
 
 def gpus_by_node(capacity: Capacity, alloc: Allocation) -> dict[int, int]:

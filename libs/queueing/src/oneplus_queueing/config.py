@@ -64,6 +64,12 @@ class QueueSpec(_Model):
         "hold back later ones of the queue) or strict-fifo (by priority, then submission; the first that waits "
         "holds back the rest of the queue); Kueue's queueing strategies",
     )
+    sharing: Literal["mps", "time-slice"] = Field(
+        default="mps",
+        description="How its GPU shares (gpus below 1) run: mps (isolated under the node's MPS daemon with their SM "
+        "and memory limits; only nodes that run MPS take them) or time-slice (any node, no memory or compute "
+        "isolation between the tenants of a GPU)",
+    )
     mix_gpu_models: bool = Field(
         default=False,
         description="Whether a gang of its jobs may span nodes of several GPU models; false: one model per gang "
@@ -276,6 +282,12 @@ class QueueConfig(_Model):
         """Queues whose gangs may span GPU models: `mix_gpu_models` set on the queue or on an ancestor."""
         mixing = {q.name for q in self.queues if q.mix_gpu_models}
         return frozenset(q.name for q in self.queues if mixing.intersection(self.path(q.name)))
+
+    @cached_property
+    def timeslice_queues(self) -> frozenset[str]:
+        """Queues whose GPU shares may run unisolated: `sharing: time-slice` set on the queue or on an ancestor."""
+        slicing = {q.name for q in self.queues if q.sharing == "time-slice"}
+        return frozenset(q.name for q in self.queues if slicing.intersection(self.path(q.name)))
 
     def path(self, name: str) -> tuple[str, ...]:
         """Queue names from the organisation down to `name`."""

@@ -250,7 +250,12 @@ class _Cycle:
         """The job's allocation and whether it took reserved GPUs, or None with the reason recorded."""
         spec = job.job.spec
         use_block = self.may_use_block(job)
-        key = (*shape_key(spec), use_block, spec.queue in self.capacity.mixing_queues)
+        key = (
+            *shape_key(spec),
+            use_block,
+            spec.queue in self.capacity.mixing_queues,
+            spec.queue in self.capacity.timeslice_queues,
+        )
         seen = self.failed.get(key)
         if seen is not None and seen[0] == self.capacity.version:
             self.capacity.stats.skipped_by_memo += 1

@@ -41,6 +41,14 @@ class KeySpace:
     def gpu(self, node: str, index: int) -> str:
         return f"{self.tag}:gpu:{node}:{index}"
 
+    def mig(self, node: str, uuid: str) -> str:
+        """A MIG instance is held whole under its own key beside its GPU's (the UUID, MIG-..., never an index)."""
+        return f"{self.tag}:gpu:{node}:{uuid}"
+
+    def mig_share(self, node: str, uuid: str) -> str:
+        # Never written: an instance is not shared; the gang script pairs every whole key with a share key.
+        return f"{self.tag}:share:{node}:{uuid}"
+
     def share(self, node: str, index: int) -> str:
         return f"{self.tag}:share:{node}:{index}"
 

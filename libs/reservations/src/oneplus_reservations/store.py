@@ -97,6 +97,10 @@ def _slots(ks: KeySpace, alloc: Allocation) -> tuple[list[str], list[str], list[
             gpu_keys.append(ks.gpu(rank.node, g))
             share_keys.append(ks.share(rank.node, g))
             milli.append(rank.gpu_milli)
+        for uuid in rank.mig:
+            gpu_keys.append(ks.mig(rank.node, uuid))
+            share_keys.append(ks.mig_share(rank.node, uuid))
+            milli.append(0)
     return gpu_keys, share_keys, milli
 
 

@@ -16,12 +16,13 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any, TypeVar
 
-from oneplus_contracts import GpuInfo, GpuLink, NodeTopology
+from oneplus_contracts import GpuInfo, GpuLink, MigInstance, NodeTopology
 
 from .bandwidth import link_gbps
 from .errors import NvmlUnavailable
 from .fabric import nvlink_domain_of
 from .gpu_models import canonical_model
+from .mig import profile_of_device_name
 from .smi import cpu_count, pcie_switch_ids
 from .sysfs import discover_nics
 
@@ -202,6 +203,7 @@ def _gpu(
     if (numa is None or numa < 0) and sysfs is not None:
         numa = _sysfs_numa(sysfs, bus)
     mig = nv.optional(lib.nvmlDeviceGetMigMode, h)
+    mig_on = bool(mig and mig[0] == getattr(lib, "NVML_DEVICE_MIG_ENABLE", 1))
     fabric = _fabric(nv, h)
     healthy, reason = _health(nv, h, xids)
     memory = nv.optional(lib.nvmlDeviceGetMemoryInfo, h)
@@ -216,12 +218,29 @@ def _gpu(
         cpu_affinity=cpu_list(affinity) if affinity is not None else None,
         nvlinks_total=links.total,
         nvlinks_active=links.active,
-        mig_enabled=bool(mig and mig[0] == getattr(lib, "NVML_DEVICE_MIG_ENABLE", 1)),
+        mig_enabled=mig_on,
+        mig_instances=_mig_instances(nv, h) if mig_on else [],
         clique_id=fabric[1] if fabric else None,
         cluster_uuid=fabric[0] if fabric else None,
         healthy=healthy,
         health_reason=reason,
     )
+
+
+def _mig_instances(nv: _Nvml, h: Any) -> list[MigInstance]:
+    """The MIG devices of a GPU in MIG mode, numbered as `nvidia-smi -L` numbers them (empty slots skipped)."""
+    lib = nv.lib
+    slots = nv.optional(getattr(lib, "nvmlDeviceGetMaxMigDeviceCount", _unsupported(lib)), h) or 0
+    out: list[MigInstance] = []
+    for slot in range(int(slots)):
+        mh = nv.optional(lib.nvmlDeviceGetMigDeviceHandleByIndex, h, slot)
+        if mh is None:
+            continue
+        profile = profile_of_device_name(_text(lib.nvmlDeviceGetName(mh)))
+        if profile is None:  # a name without a profile cannot be matched to a request: not offered
+            continue
+        out.append(MigInstance(profile=profile, uuid=_text(lib.nvmlDeviceGetUUID(mh)), device=len(out)))
+    return out
 
 
 def _unsupported(lib: ModuleType) -> Callable[..., Any]:

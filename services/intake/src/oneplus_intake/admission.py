@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Awaitable, Callable, Iterable, Sequence
 from dataclasses import dataclass
 
 from oneplus_contracts import JobSpec, NodeRecord
 from oneplus_contracts.slurm import compress_hostlist
 from oneplus_placement.explain import explain_pending
+from oneplus_placement.mig import cluster_profiles
 from oneplus_placement.snapshot import ClusterSnapshot, ClusterState
 from oneplus_queueing.config import QueueConfig, QueueConfigError
 from oneplus_queueing.dependencies import MAX_CYCLE_WALK, dependency_cycle
@@ -19,13 +21,26 @@ class Inadmissible(ValueError):
     """The job can never run as asked; the message says why in terms the submitter can act on."""
 
 
-NodeKey = tuple[bool, str, int, str, str | None, str | None, tuple[str, ...], str | None, tuple[tuple[str, str], ...]]
+NodeKey = tuple[
+    bool,
+    str,
+    int,
+    str,
+    str | None,
+    str | None,
+    tuple[str, ...],
+    str | None,
+    tuple[tuple[str, str], ...],
+    tuple[str, ...],
+]
 
 
 def admission_key(n: NodeRecord) -> NodeKey:
     """What admission reads of a node: lost or not, and its static shape (heartbeats change none of it), its levels
     included (a job naming a level the cluster lacks is refused)."""
     t = n.topology
+    mig = tuple(m.uuid for g in t.gpus for m in g.mig_instances)
+    features = (*t.features, *(["mps"] if t.mps else []))
     return (
         n.status == "lost",
         t.node,
@@ -33,9 +48,10 @@ def admission_key(n: NodeRecord) -> NodeKey:
         t.gpu_model,
         t.leaf,
         t.spine,
-        tuple(t.features),
+        features,
         t.nvlink_domain,
         tuple(t.levels.items()),
+        mig,
     )
 
 
@@ -48,6 +64,8 @@ class ClusterFacts:
     largest: int
     names: frozenset[str]  # GPU models and GPU names
     shape: tuple[NodeKey, ...]  # the live nodes' static shape, sorted: the empty cluster's identity
+    mig_profiles: Counter[str]  # MIG instances of each profile on the live nodes
+    mps_nodes: int  # live nodes that run MPS (isolated GPU shares)
     hosts: frozenset[str] = frozenset()  # every known node's name, lost ones too (--nodelist may name them)
 
     @classmethod
@@ -60,6 +78,8 @@ class ClusterFacts:
             max((len(n.topology.gpus) for n in live), default=0),
             frozenset({n.topology.gpu_model for n in live} | {g.name for n in live for g in n.topology.gpus}),
             tuple(sorted(admission_key(n) for n in live)),
+            cluster_profiles(n.topology for n in live),
+            sum(1 for n in live if n.topology.mps is not None),
             frozenset(n.topology.node for n in nodes),
         )
 
@@ -131,6 +151,14 @@ def admit(
                 f"{field} names node {unknown[0]!r}, which this cluster does not have (it has "
                 f"{compress_hostlist(facts.hosts)})"
             )
+    if spec.resources.mig is not None:
+        _admit_mig(spec, facts)
+        return
+    if spec.resources.isolated_share and not facts.mps_nodes and spec.queue not in queues.timeslice_queues:
+        raise Inadmissible(
+            f"gpus={spec.resources.gpus:g} is a GPU share, which runs isolated under MPS, and no node runs MPS; "
+            f"ask whole GPUs, or use a queue with sharing: time-slice (queue {spec.queue!r} has sharing: mps)"
+        )
     total = facts.total
     if spec.total_gpus > total:
         raise Inadmissible(
@@ -153,6 +181,19 @@ def admit(
         if why is not None:
             # What `jobs explain` would say of it on an idle cluster: waiting could never help.
             raise Inadmissible(f"can never run on this cluster, even with every GPU free: {why}")
+
+
+def _admit_mig(spec: JobSpec, facts: ClusterFacts) -> None:
+    """A MIG profile no node offers, or more ranks than the cluster has instances of it, can never run."""
+    profile = spec.resources.mig or ""
+    have = facts.mig_profiles
+    if not have[profile]:
+        offered = ", ".join(f"{p} x{n}" for p, n in sorted(have.items())) or "none (no GPU is in MIG mode)"
+        raise Inadmissible(f"mig={profile!r}: no node offers MIG instances of that profile; the cluster has {offered}")
+    if spec.ranks > have[profile]:
+        raise Inadmissible(
+            f"{spec.ranks} ranks of mig={profile!r} need {spec.ranks} instances; the cluster has {have[profile]}"
+        )
 
 
 async def refuse_dependency_cycle(

@@ -19,7 +19,7 @@ from faststream.nats import NatsMessage
 from oneplus_bus.metrics import add_metrics_port_argument
 from oneplus_bus.service import OneplusService
 from oneplus_bus.settings import BusSettings
-from oneplus_contracts import NODE_COMMAND_ADAPTER, CancelRanks, LaunchRanks, NodeTopology, subjects
+from oneplus_contracts import NODE_COMMAND_ADAPTER, CancelRanks, LaunchRanks, MpsDaemon, NodeTopology, subjects
 from oneplus_contracts.features import node_features
 
 from .gpu_health import GpuProbe, nvml_probe
@@ -169,6 +169,21 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         default=os.environ.get("ONEPLUS_TOPOLOGY") or None,
         help="nvml (discover this host), an `nvidia-smi topo -m` file or a preset name; required unless --simulate",
     )
+    p.add_argument(
+        "--gpu-list",
+        default=os.environ.get("ONEPLUS_GPU_LIST") or None,
+        help="an `nvidia-smi -L` file: the GPUs' UUIDs and MIG instances (a --topology file or preset has neither)",
+    )
+    p.add_argument(
+        "--mps-pipe-dir",
+        default=os.environ.get("ONEPLUS_MPS_PIPE_DIRECTORY") or None,
+        help="this node runs the MPS control daemon with this CUDA_MPS_PIPE_DIRECTORY: GPU shares run isolated here",
+    )
+    p.add_argument(
+        "--mps-log-dir",
+        default=os.environ.get("ONEPLUS_MPS_LOG_DIRECTORY") or None,
+        help="the MPS daemon's CUDA_MPS_LOG_DIRECTORY (default /var/log/nvidia-mps; only with --mps-pipe-dir)",
+    )
     p.add_argument("--leaf", default=os.environ.get("ONEPLUS_LEAF"))
     p.add_argument("--spine", default=os.environ.get("ONEPLUS_SPINE"))
     p.add_argument(
@@ -208,6 +223,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     a = p.parse_args(argv)
     if a.keep_finished < 0:
         p.error(f"--keep-finished {a.keep_finished}: the number of ended jobs to keep cannot be negative")
+    if a.mps_log_dir and not a.mps_pipe_dir:
+        p.error(f"--mps-log-dir {a.mps_log_dir}: a node runs MPS when --mps-pipe-dir names the daemon's pipe directory")
     missing = [flag for flag, value in (("--topology", a.topology), ("--runtime", a.runtime)) if value is None]
     if missing and not a.simulate:
         # Without this, a node deployed without flags would register a preset H100 whose jobs 'succeed'.
@@ -223,6 +240,14 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 def main() -> None:
     a = parse_args()
     topo = load_topology(a.topology, a.node)
+    if a.gpu_list:
+        from oneplus_topology.mig import apply_gpu_listing, parse_gpu_listing
+
+        with open(a.gpu_list, encoding="utf-8") as f:
+            topo = apply_gpu_listing(topo, parse_gpu_listing(f.read()))
+    if a.mps_pipe_dir:
+        mps = MpsDaemon(pipe_directory=a.mps_pipe_dir, **({"log_directory": a.mps_log_dir} if a.mps_log_dir else {}))
+        topo = topo.model_copy(update={"mps": mps})
     topo = topo.model_copy(
         update={"leaf": a.leaf or topo.leaf, "spine": a.spine or topo.spine, "address": a.address or topo.address}
     )

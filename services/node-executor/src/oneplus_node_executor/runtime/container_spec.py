@@ -9,7 +9,8 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
-from oneplus_contracts import LaunchRanks, RankPlacement
+from oneplus_contracts import LaunchRanks, MpsDaemon, RankPlacement
+from oneplus_contracts.jobspec import is_isolated_share
 
 from .environment import DEFAULT_IMEX_CHANNEL, checkpoint_marker, imex_environment
 from .synthetic import synthetic_command
@@ -108,8 +109,9 @@ def container_env(computed: dict[str, str], given: dict[str, str] | None, *, gpu
     return env
 
 
-def gpu_device_request(gpus: list[int]) -> dict[str, Any]:
-    """The Docker API form of `--gpus device=...`: the NVIDIA toolkit mounts exactly these GPUs."""
+def gpu_device_request(gpus: list[int] | list[str]) -> dict[str, Any]:
+    """The Docker API form of `--gpus device=...`: the NVIDIA toolkit mounts exactly these GPUs (host indices) or
+    MIG instances (their MIG-... UUIDs)."""
     return {"Driver": "nvidia", "DeviceIDs": [str(g) for g in gpus], "Capabilities": [["gpu"]]}
 
 
@@ -124,9 +126,11 @@ def container_body(
     cpuset: str | None,
     nano_cpus: int | None,
     imex_channel: int | None = DEFAULT_IMEX_CHANNEL,
+    mps: MpsDaemon | None = None,
 ) -> dict[str, Any]:
     """The body of `POST /containers/create` for one rank. On a GPU node, a job whose ranks span the trays of one
-    multi-node NVLink domain also gets the IMEX channel `imex_channel` (None: the node has none to give)."""
+    multi-node NVLink domain also gets the IMEX channel `imex_channel` (None: the node has none to give); `mps`: the
+    node's MPS daemon, mounted for a GPU share."""
     host: dict[str, Any] = {
         "NetworkMode": network_mode,
         # Restarts are decided by the runtime (it must not restart a rank it stopped on purpose).
@@ -142,9 +146,13 @@ def container_body(
         host["NanoCpus"] = nano_cpus
     if cmd.hosts:
         host["ExtraHosts"] = extra_hosts(cmd)
-    if gpu_node and placement.gpus:
-        env = {**env, **imex_environment(cmd, imex_channel)}
-        host["DeviceRequests"] = [gpu_device_request(placement.gpus)]
+    if mps is not None and is_isolated_share(placement.gpu_milli):
+        # The share's CUDA client reaches the node's MPS control daemon through its pipe and log directories.
+        host["Binds"] = [f"{d}:{d}" for d in (mps.pipe_directory, mps.log_directory)]
+    if gpu_node and (placement.gpus or placement.mig):
+        if placement.gpus:
+            env = {**env, **imex_environment(cmd, imex_channel)}
+        host["DeviceRequests"] = [gpu_device_request(placement.mig or placement.gpus)]
         # NCCL over InfiniBand pins memory; the default memlock limit makes registration fail.
         host["Ulimits"] = [{"Name": "memlock", "Soft": -1, "Hard": -1}]
         host["IpcMode"] = "host"

@@ -291,6 +291,7 @@ class DockerRuntime:
             cpuset=cpuset,
             nano_cpus=nano,
             imex_channel=self.imex_channel,
+            mps=self.topology.mps if self.topology is not None else None,
         )
         if slurm.is_batch_job(cmd.spec):  # the batch script on rank 0, holders elsewhere, srun mounted in all
             spool = slurm.prepare_spool(self.slurm_spool_root, cmd.job_id, cmd.token) if p.rank == 0 else None

@@ -9,6 +9,7 @@ from collections.abc import Iterable
 
 from oneplus_contracts import LaunchRanks, NodeTopology, RankPlacement
 from oneplus_contracts.arrays import array_environment
+from oneplus_contracts.jobspec import is_isolated_share
 
 from .slurm import allocation_environment as slurm_environment
 
@@ -33,6 +34,11 @@ PLATFORM_KEYS = frozenset(
         "ONEPLUS_CHECKPOINT_MARKER",
         "ONEPLUS_CHECKPOINT_SIGNAL",
         "ONEPLUS_GPU_MILLI",
+        "ONEPLUS_GPU_SHARING",
+        "CUDA_MPS_PIPE_DIRECTORY",
+        "CUDA_MPS_LOG_DIRECTORY",
+        "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE",
+        "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT",
         "ONEPLUS_RESUME",
         "ONEPLUS_RESUME_FROM_CHECKPOINT_TS",
     }
@@ -185,6 +191,13 @@ def validate_launch(cmd: LaunchRanks, topo: NodeTopology | None) -> None:
                 raise ValueError(
                     f"rank {p.rank} of job {cmd.job_id} asks for GPU(s) {missing}, node {topo.node} has {sorted(known)}"
                 )
+            instances = {m.uuid for g in topo.gpus for m in g.mig_instances}
+            unknown = [u for u in p.mig if u not in instances]
+            if unknown:
+                raise ValueError(
+                    f"rank {p.rank} of job {cmd.job_id} asks for MIG instance(s) {unknown} that node {topo.node} "
+                    f"does not have ({len(instances)} MIG instances there)"
+                )
     if cmd.nodes:
         if not 0 <= cmd.node_rank < len(cmd.nodes):
             raise ValueError(f"node_rank={cmd.node_rank} is outside the job's {len(cmd.nodes)} node(s)")
@@ -192,6 +205,41 @@ def validate_launch(cmd: LaunchRanks, topo: NodeTopology | None) -> None:
             raise ValueError(
                 f"node_rank={cmd.node_rank} names {cmd.nodes[cmd.node_rank]}, but this launch is for {cmd.node}"
             )
+
+
+def share_environment(
+    p: RankPlacement, gpu_memory_mb: int | None, topo: NodeTopology | None, *, in_container: bool
+) -> dict[str, str]:
+    """A GPU share's limits under the node's MPS daemon, or the word that it is time-sliced without isolation.
+
+    CUDA_MPS_ACTIVE_THREAD_PERCENTAGE is the share in percent of the GPU's SMs (rounded up: a 0.001 share still gets
+    1%); CUDA_MPS_PINNED_DEVICE_MEM_LIMIT caps the memory it may pin on its device (`<device>=<MiB>M`, the device as
+    CUDA numbers it where the rank runs)."""
+    mps = topo.mps if topo is not None else None
+    if mps is None:
+        return {"ONEPLUS_GPU_SHARING": "time-slice"}
+    env = {
+        "ONEPLUS_GPU_SHARING": "mps",
+        "CUDA_MPS_PIPE_DIRECTORY": mps.pipe_directory,
+        "CUDA_MPS_LOG_DIRECTORY": mps.log_directory,
+        "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE": str(max(1, -(-p.gpu_milli // 10))),
+    }
+    if gpu_memory_mb is not None:
+        devices = range(len(p.gpus)) if in_container else p.gpus
+        env["CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"] = ",".join(f"{d}={gpu_memory_mb}M" for d in devices)
+    return env
+
+
+def visible_devices(p: RankPlacement, *, in_container: bool) -> tuple[str, str]:
+    """CUDA_VISIBLE_DEVICES and NVIDIA_VISIBLE_DEVICES of a rank: its GPUs, or its MIG instances by UUID.
+
+    In a container the engine exposes only the rank's devices, which CUDA numbers from 0; outside one, CUDA is told
+    the host's indices (or the MIG UUIDs, which CUDA accepts as device names)."""
+    if p.mig:
+        return ",".join(str(i) for i in range(len(p.mig))) if in_container else ",".join(p.mig), ",".join(p.mig)
+    visible = range(len(p.gpus)) if in_container else p.gpus
+    # 'void' is the NVIDIA toolkit's word for "no GPU", where an empty value would mean "all".
+    return ",".join(str(i) for i in visible), ",".join(str(g) for g in p.gpus) or "void"
 
 
 def rank_environment(
@@ -211,12 +259,11 @@ def rank_environment(
         hca = nccl_ib_hca(rail_nics(topo, p.gpus))
         if hca and "NCCL_IB_HCA" not in env:
             env["NCCL_IB_HCA"] = hca
-        visible = range(len(p.gpus)) if in_container else p.gpus
+        devices = visible_devices(p, in_container=in_container)
         env.update(
             {
-                "CUDA_VISIBLE_DEVICES": ",".join(str(i) for i in visible),
-                # 'void' is the NVIDIA toolkit's word for "no GPU", where an empty value would mean "all".
-                "NVIDIA_VISIBLE_DEVICES": ",".join(str(g) for g in p.gpus) or "void",
+                "CUDA_VISIBLE_DEVICES": devices[0],
+                "NVIDIA_VISIBLE_DEVICES": devices[1],
                 "MASTER_ADDR": cmd.master_addr,
                 "MASTER_PORT": str(cmd.master_port),
                 "WORLD_SIZE": str(cmd.world_size),
@@ -248,6 +295,8 @@ def rank_environment(
             env.update(array_environment(cmd.spec.array_task))  # a task of a job array: SLURM_ARRAY_*
         if p.gpu_milli:
             env["ONEPLUS_GPU_MILLI"] = str(p.gpu_milli)
+            if is_isolated_share(p.gpu_milli):
+                env.update(share_environment(p, cmd.spec.resources.gpu_memory_mb, topo, in_container=in_container))
         if cmd.resume_from_checkpoint_ts is not None:
             env["ONEPLUS_RESUME"] = "1"
             env["ONEPLUS_RESUME_FROM_CHECKPOINT_TS"] = repr(cmd.resume_from_checkpoint_ts)
