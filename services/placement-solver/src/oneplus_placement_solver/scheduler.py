@@ -57,7 +57,7 @@ class Scheduler:
             wake.clear()
             t0 = time.monotonic()
             assumed = await self.cycle()
-            if assumed is not None:
+            if assumed is not None and assumed.gangs:
                 self.binder.submit(assumed)
             end = time.monotonic()
             not_before = end + cycle_rest(end - t0, s.schedule_duty)
