@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from collections.abc import Collection, Sequence
 from dataclasses import dataclass, field
 
@@ -47,6 +48,7 @@ class Binder:
         # Gangs reserved since the capacity model last read the store whole (see `recent_holds`).
         self.reserved_since_read: dict[str, tuple[int, Allocation]] = {}
         self.stale = False  # the store refused a gang another replica took: re-read it before the next cycle
+        self.last_bind_s = 0.0  # how long the last binding took: the scheduler's rest counts it (see Scheduler.run)
         self._tasks: set[asyncio.Task[int]] = set()
 
     # -- assume / forget -------------------------------------------------------------------------------------------
@@ -103,8 +105,10 @@ class Binder:
         if not assumed.gangs:
             return 0
         ctx = self.ctx
+        t0 = time.monotonic()
         unresolved = {rec.job_id for rec, _ in assumed.gangs}
         granted: dict[str, int] = {}  # job → token the store granted in this binding
+        forgot = False
         try:
             placed: list[tuple[JobRecord, Allocation, int]] = []
             # Every gang of the cycle in one round trip to the store; each is taken or refused on its own.
@@ -132,7 +136,7 @@ class Binder:
                         sp.set_attribute("oneplus.placed", False)
                         ctx.metrics.conflicts.labels("taken").inc()
                         log.info("reservation of %s refused: %s", job_id, res.reason)
-                        self.stale = True
+                        self.stale = forgot = True
                         unresolved.discard(job_id)
                         self.forget(job_id)
                         continue
@@ -149,6 +153,7 @@ class Binder:
                     placed.append((rec, alloc, token))
             for job_id in unresolved:
                 self.forget(job_id)  # not reserved: pending again
+                forgot = True
             unresolved.clear()
             await self.commit_placed(placed)
             await ctx.audit.flush()
@@ -157,12 +162,15 @@ class Binder:
             # Reserved ones stay held whatever happened: recorded now, or recorded (or freed) by reconcile.
             for job_id in unresolved:
                 self.forget(job_id)
+                forgot = True
             for job_id, token in granted.items():
                 if self.binding.get(job_id, (None,))[0] == token:
                     del self.binding[job_id]
             if len(self.reserved_since_read) > 100_000:
                 self.reserved_since_read.clear()  # a read of the store that never comes (no reconcile, no follower)
-            ctx.wake.set()  # forgotten gangs are pending again; placed ones may let the next in line move up
+            if forgot:
+                ctx.wake.set()  # their jobs are pending again
+            self.last_bind_s = time.monotonic() - t0
 
     async def commit_placed(self, placed: Sequence[tuple[JobRecord, Allocation, int]]) -> None:
         """Record `placed` for every gang in one commit; the reaction to each sends its launch commands.

@@ -60,7 +60,10 @@ class Scheduler:
             if assumed is not None and assumed.gangs:
                 self.binder.submit(assumed)
             end = time.monotonic()
-            not_before = end + cycle_rest(end - t0, s.schedule_duty)
+            # The rest counts the binding's time too (the last one's, as this one's is still out): a cycle freed of
+            # its round trips would otherwise run several times as often, each on a smaller batch, and the cycles'
+            # CPU would crowd out the owner folding the facts that free GPUs.
+            not_before = end + cycle_rest(end - t0 + self.binder.last_bind_s, s.schedule_duty)
 
     async def schedule_once(self) -> int:
         """One cycle and its binding, awaited: how many gangs were recorded placed."""
