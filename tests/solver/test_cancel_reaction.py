@@ -27,7 +27,7 @@ async def test_a_failed_reaction_does_not_skip_the_cancel_after_it_in_the_batch(
         async def store_down(_rec: object) -> None:
             raise RedisConnectionError("Error 111 connecting to 127.0.0.1:6379. Connect call failed")
 
-        monkeypatch.setattr(solver, "settle_many", store_down)
+        monkeypatch.setattr(solver.controller, "settle_many", store_down)
         # One batch, as the owner drains facts: the rank's end first (its settle fails), then the cancel.
         await solver.owner.commit(
             JobNodeFinished(
@@ -53,7 +53,7 @@ async def test_reconcile_ends_a_cancelled_pending_job_whose_reaction_never_ran(
         async def crashed(_rec: object) -> None:
             raise RuntimeError("the solver died before its reaction ran")
 
-        monkeypatch.setattr(solver, "cancel_all", crashed)  # the reaction to cancels
+        monkeypatch.setattr(solver.controller, "cancel_all", crashed)  # the reaction to cancels
         await solver.owner.commit(JobCancelRequested(job_id="x", reason="cancelled by alice", by="alice"))
         rec = solver.owner.index.get("x")
         assert rec.state == "ACCEPTED" and rec.cancel_requested

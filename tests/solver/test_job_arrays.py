@@ -8,6 +8,8 @@ of the same id.
 
 from __future__ import annotations
 
+import time
+
 from nats.aio.client import Client
 from oneplus_contracts import JobAccepted, JobCancelRequested, JobSpec
 from oneplus_jobformats.sbatch import parse_sbatch
@@ -99,3 +101,22 @@ async def test_dependencies_on_an_array_and_on_its_tasks(nc: Client, servers: Se
         await succeed(solver, "a_0")
         assert await solver.schedule_once() == 2  # all (every task of a succeeded) and b_0
         assert states(solver, "all")["all"] == "PLACED" and states(solver, "b_0")["b_0"] == "PLACED"
+
+
+async def test_a_dependency_on_an_array_reads_its_archived_tasks(
+    nc: Client, servers: Servers, cluster_name: str
+) -> None:
+    """A task already moved to the archive still counts: read before the cycle, its final state stands for it."""
+    async with solver_on_fresh_bus(nc, servers, f"{cluster_name}arc") as solver:
+        await add_nodes(nc, solver, 1)
+        await report(solver, JobAccepted(event_id="acc-a", job_id="a", spec=sweep("--array=0-1")))
+        assert await solver.schedule_once() == 2  # a_0 and a_1
+        await succeed(solver, "a_0")
+        assert [f.job_id for f in await solver.owner.expire(now=time.time() + 3600)] == ["a_0"]
+        assert solver.owner.index.get("a_0") is None and "a" in solver.owner.index.arrays  # a_1 still held
+        await report(solver, JobAccepted(event_id="acc-all", job_id="all", spec=sweep("--dependency=afterok:a")))
+        assert await solver.schedule_once() == 0
+        assert solver.decision is not None and solver.decision.reasons["all"].code == "Dependency"  # a_1 runs
+        await succeed(solver, "a_1")
+        assert await solver.schedule_once() == 1  # a_0 read from the archive as SUCCEEDED, a_1 from the working set
+        assert states(solver, "all")["all"] == "PLACED"

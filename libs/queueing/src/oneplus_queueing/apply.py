@@ -1,10 +1,10 @@
 """Carrying out a cycle's decision: the same steps for the solver, the simulator and the test harness.
 
 The victims of each preemption choice that still hold GPUs and are not already leaving are evicted once each, and
-counted against the preemption rate limit by their own GPUs; placements start on the cluster state. The simulator
-and the test harness keep their world in memory and call `apply_decision`, then do what their world does with a
-start or an eviction. The solver commits placements through Redis first (a commit can be refused), so it takes the
-evictions alone from `evictions` and `record_evictions`.
+counted against the preemption rate limit by their own GPUs; placements start on the cluster state. Every driver
+calls `apply_decision`, then does what its world does with a start or an eviction: the simulator and the test
+harness keep one `ClusterState` and start the jobs at once; the live solver passes its binder, which assumes each
+placement in the working set (kube-scheduler's assume) until the reservation store binds it or refuses it (forget).
 """
 
 from __future__ import annotations
@@ -12,7 +12,9 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
+from typing import Protocol
 
+from oneplus_contracts import Allocation
 from oneplus_placement.snapshot import ClusterState
 
 from .fairshare import UsageHistory
@@ -29,6 +31,12 @@ class Eviction:
 class Applied:
     started: list[RunningJob]
     evicted: list[Eviction]
+
+
+class Assumes(Protocol):
+    """A world that takes a decision's placements by job (the live solver's binder): held at once, bound later."""
+
+    def assume(self, job_id: str, alloc: Allocation) -> None: ...
 
 
 def evictions(decision: CycleDecision, running: Mapping[str, RunningJob]) -> list[Eviction]:
@@ -53,13 +61,14 @@ def record_evictions(usage: UsageHistory, now: float, evicted: Iterable[Eviction
 
 def apply_decision(
     decision: CycleDecision,
-    state: ClusterState,
+    state: ClusterState | Assumes,
     pending: Mapping[str, PendingJob],
     running: dict[str, RunningJob],
     usage: UsageHistory,
 ) -> Applied:
     """Apply `decision` to a world kept in memory: victims marked preempting (they hold their GPUs until they have
-    checkpointed and the driver releases them) and counted; placements applied to `state` and running from now."""
+    checkpointed and the driver releases them) and counted; placements applied to `state` (or assumed by it) and
+    running from now."""
     evicted = evictions(decision, running)
     for e in evicted:
         running[e.victim.job_id] = dataclasses.replace(e.victim, preempting=True)
@@ -67,7 +76,10 @@ def apply_decision(
     started: list[RunningJob] = []
     for job_id, alloc in decision.placements.items():
         job = pending[job_id]
-        state.apply(alloc)
+        if isinstance(state, ClusterState):
+            state.apply(alloc)
+        else:
+            state.assume(job_id, alloc)
         run = running[job_id] = RunningJob(job_id, job.spec, alloc, decision.now, None, job.preemptions)
         started.append(run)
     return Applied(started, evicted)

@@ -1,0 +1,81 @@
+"""What the solver's parts share: its ports (the bus, the reservation store, the job owner) and its role.
+
+kube-scheduler's framework hands every plugin a `Handle` onto the shared cache and clients; this is the solver's.
+The ports are set when the service starts; the role (`leading`, `members`) is written by membership only, and
+`store_ok` by the store's epoch guard and by a binding the store refused as reset.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from dataclasses import dataclass, field
+
+from oneplus_bus.audit import ReservationAuditLog
+from oneplus_bus.service import OneplusService
+from oneplus_contracts import JobEvent
+from oneplus_queueing.shards import replica_for
+from oneplus_reservations import ReservationStore
+
+from .fence import StoreFence
+from .memory import SolverMemory
+from .metrics import SolverMetrics
+from .owner import JobOwner
+from .settings import SolverSettings
+from .working_set import WorkingSet
+
+
+@dataclass
+class SolverContext:
+    svc: OneplusService
+    settings: SolverSettings
+    work: WorkingSet
+    metrics: SolverMetrics
+    # Held by a scheduling cycle's in-memory part (snapshot → decide → assume), never across a round trip; the store's
+    # epoch guard holds it while it rebuilds a reset store, so that no cycle assumes GPUs meanwhile.
+    cycle_lock: asyncio.Lock = field(default_factory=asyncio.Lock)
+    wake: asyncio.Event = field(default_factory=asyncio.Event)
+    leading: bool = False  # holds the owner lease: folds facts, writes records, reacts, reconciles
+    members: tuple[str, ...] = ()
+    store_ok: bool = False  # False while the reservation store is being rebuilt: nothing is placed
+    store_: ReservationStore | None = None
+    owner_: JobOwner | None = None
+    memory_: SolverMemory | None = None
+    audit_: ReservationAuditLog | None = None
+    fence_: StoreFence | None = None
+
+    @property
+    def store(self) -> ReservationStore:
+        assert self.store_ is not None, "solver not started"
+        return self.store_
+
+    @property
+    def owner(self) -> JobOwner:
+        assert self.owner_ is not None, "solver not started"
+        return self.owner_
+
+    @property
+    def memory(self) -> SolverMemory:
+        assert self.memory_ is not None, "solver not started"
+        return self.memory_
+
+    @property
+    def audit(self) -> ReservationAuditLog:
+        assert self.audit_ is not None, "solver not started"
+        return self.audit_
+
+    @property
+    def fence(self) -> StoreFence:
+        assert self.fence_ is not None, "solver not started"
+        return self.fence_
+
+    def mine(self, job_id: str) -> bool:
+        """Whether this replica places `job_id` (rendezvous hashing over the live replicas)."""
+        return len(self.members) <= 1 or replica_for(job_id, self.members) == self.settings.replica
+
+    async def record(self, *events: JobEvent) -> None:
+        """Record decisions: the owner commits them; a follower reports them as facts for the owner to fold."""
+        if self.leading:
+            await self.owner.commit(*events)
+            return
+        for event in events:
+            await self.svc.ledger.report(event)
