@@ -6,9 +6,15 @@ import asyncio
 import contextlib
 from collections.abc import Callable, Mapping, Sequence
 
+import pytest
 from nats.aio.client import Client
 from nats.js.errors import BucketNotFoundError, NotFoundError
 from oneplus_contracts import subjects
+
+# Tests that kill or pause processes and give the platform seconds to recover: under `--dist loadgroup` (what
+# `task test` runs) they all go to one pytest-xdist worker, one after another, so that no two of them share the
+# machine's cores at once; the other worker runs lighter tests beside them.
+FAULTS = pytest.mark.xdist_group("faults")
 
 
 class Servers:

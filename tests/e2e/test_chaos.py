@@ -27,11 +27,13 @@ from oneplus_contracts import (
     RankPlacement,
     RankReport,
 )
+from oneplus_testing import FAULTS
 
 from oneplus.chaos import ChaosConfig, ChaosRun, check_attempts, check_heartbeats, gpu_holds, render
 
 
 @pytest.mark.e2e
+@FAULTS
 @pytest.mark.timeout(420)
 async def test_no_job_lost_no_gpu_used_twice_nothing_wedged_whatever_fails(tmp_path: Path) -> None:
     cfg = ChaosConfig(gangs=60, seed=1, profile="ci", drain_timeout_s=120.0, workdir=tmp_path / "chaos")
