@@ -12,6 +12,7 @@ from __future__ import annotations
 import os
 import uuid
 from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
 
 import nats
 import pytest
@@ -28,6 +29,18 @@ def pytest_configure(config: pytest.Config) -> None:
     why = parallel_refusal(workers, os.environ)
     if why is not None:
         raise pytest.UsageError(why)
+
+
+@pytest.fixture(scope="session", autouse=True)
+def state_home(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
+    """A state folder per session (per xdist worker): executors made without a state dir keep their outbox under
+    $XDG_STATE_HOME, which would otherwise be the user's home, shared by every worker and every earlier run."""
+    home = tmp_path_factory.mktemp("state-home")
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("XDG_STATE_HOME", str(home))
+        for name in ("ONEPLUS_STATE_HOME", "ONEPLUS_STATE_DIR"):  # each would point every executor at one folder
+            mp.delenv(name, raising=False)
+        yield home
 
 
 @pytest.fixture(scope="session")

@@ -65,3 +65,12 @@ def test_each_worker_starts_nats_and_redis_of_its_own(tmp_path: Path) -> None:
     seen = {w: (tmp_path / w).read_text().split() for w in ("gw0", "gw1")}
     assert seen["gw0"][0] != seen["gw1"][0], seen  # NATS
     assert seen["gw0"][1] != seen["gw1"][1], seen  # Redis
+
+
+def test_state_files_stay_in_the_sessions_own_folder(state_home: Path) -> None:
+    """An executor made without a state dir (tests/e2e/test_trace_in_memory.py) keeps its outbox here, not in ~."""
+    from oneplus_node_executor.outbox import state_dir_from_env
+
+    assert os.environ["XDG_STATE_HOME"] == str(state_home)
+    assert state_dir_from_env("executor-mem-0").parent.parent == state_home
+    assert not state_dir_from_env("x").is_relative_to(Path.home() / ".local" / "state")
