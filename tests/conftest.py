@@ -1,7 +1,10 @@
 """Shared fixtures: a real NATS JetStream and a real Redis.
 
 When NATS_URL / REDIS_URL are set the tests use those servers (and wipe OnePlus's streams, buckets
-and keys there first); otherwise they start the embedded default from the wheels, once per session.
+and keys there first); otherwise they start the embedded default from the wheels, once per session. Under
+pytest-xdist (`-n 2`, what `task test` runs) a session is one worker: each worker gets its own embedded NATS
+and Redis, so the wipes of one never reach another; with NATS_URL / REDIS_URL set the run refuses more than
+one worker (the servers would be shared).
 """
 
 from __future__ import annotations
@@ -9,15 +12,35 @@ from __future__ import annotations
 import os
 import uuid
 from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
 
 import nats
 import pytest
 import redis.asyncio as aioredis
 from nats.aio.client import Client
 from oneplus_reservations import ReservationStore
-from oneplus_testing import Servers, wipe_bus
+from oneplus_testing import Servers, parallel_refusal, planned_workers, wipe_bus
 
 from oneplus.devstack import EmbeddedServers
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    workers = planned_workers(getattr(config.option, "dist", "no"), getattr(config.option, "tx", None) or [])
+    why = parallel_refusal(workers, os.environ)
+    if why is not None:
+        raise pytest.UsageError(why)
+
+
+@pytest.fixture(scope="session", autouse=True)
+def state_home(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
+    """A state folder per session (per xdist worker): executors made without a state dir keep their outbox under
+    $XDG_STATE_HOME, which would otherwise be the user's home, shared by every worker and every earlier run."""
+    home = tmp_path_factory.mktemp("state-home")
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("XDG_STATE_HOME", str(home))
+        for name in ("ONEPLUS_STATE_HOME", "ONEPLUS_STATE_DIR"):  # each would point every executor at one folder
+            mp.delenv(name, raising=False)
+        yield home
 
 
 @pytest.fixture(scope="session")

@@ -4,17 +4,50 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import Callable
+from collections.abc import Callable, Mapping, Sequence
 
+import pytest
 from nats.aio.client import Client
 from nats.js.errors import BucketNotFoundError, NotFoundError
 from oneplus_contracts import subjects
+
+# Tests that kill or pause processes and give the platform seconds to recover: under `--dist loadgroup` (what
+# `task test` runs) they all go to one pytest-xdist worker, one after another, so that no two of them share the
+# machine's cores at once; the other worker runs lighter tests beside them.
+FAULTS = pytest.mark.xdist_group("faults")
 
 
 class Servers:
     def __init__(self, nats_url: str, redis_url: str) -> None:
         self.nats_url = nats_url
         self.redis_url = redis_url
+
+
+def planned_workers(dist: str, tx: Sequence[str]) -> int:
+    """How many pytest-xdist workers a run starts, from its `--dist` and `--tx` options (`-n N` sets N x popen)."""
+    if dist == "no":
+        return 1
+    count = 0
+    for spec in tx:
+        times, star, _ = spec.partition("*")
+        count += int(times) if star and times.isdigit() else 1
+    return max(count, 1)
+
+
+def parallel_refusal(workers: int, env: Mapping[str, str]) -> str | None:
+    """Why this run must not go on, or None: parallel workers on shared NATS/Redis would wipe each other.
+
+    Every test starts from empty streams, buckets and keys under OnePlus's fixed names (`wipe_bus`); each worker's
+    own embedded servers keep that safe, shared servers named by NATS_URL / REDIS_URL do not."""
+    shared = [name for name in ("NATS_URL", "REDIS_URL") if env.get(name)]
+    if workers <= 1 or not shared:
+        return None
+    return (
+        f"{' and '.join(shared)} {'is' if len(shared) == 1 else 'are'} set and {workers} pytest-xdist workers were "
+        "asked for: the tests wipe OnePlus's streams, buckets and keys under fixed names, so workers sharing servers "
+        "would wipe each other; run serially against shared servers (`uv run task test:serial`, or -n 0), or unset "
+        "NATS_URL and REDIS_URL so that each worker starts its own"
+    )
 
 
 async def wipe_bus(nc: Client) -> None:

@@ -27,6 +27,7 @@ from oneplus_contracts import (
     RankPlacement,
     RankReport,
 )
+from oneplus_testing import FAULTS
 
 from oneplus.chaos import (
     FENCED_WRITES,
@@ -42,6 +43,7 @@ from oneplus.chaos import (
 
 
 @pytest.mark.e2e
+@FAULTS
 @pytest.mark.timeout(420)
 async def test_no_job_lost_no_gpu_used_twice_nothing_wedged_whatever_fails(tmp_path: Path) -> None:
     cfg = ChaosConfig(gangs=60, seed=1, profile="ci", drain_timeout_s=120.0, workdir=tmp_path / "chaos")

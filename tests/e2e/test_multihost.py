@@ -11,6 +11,7 @@ from dataclasses import asdict
 from pathlib import Path
 
 import pytest
+from oneplus_testing import FAULTS
 
 from oneplus.chaos import ChaosConfig, render
 from oneplus.multihost import MultiHostRun, lab_faults, sentinel_config
@@ -32,6 +33,7 @@ def test_the_sentinels_watch_the_primary_with_a_quorum_of_two() -> None:
 
 
 @pytest.mark.e2e
+@FAULTS
 @pytest.mark.timeout(480)
 async def test_across_hosts_no_job_lost_no_gpu_used_twice_whatever_fails(tmp_path: Path) -> None:
     why = NetLab.available()

@@ -13,13 +13,13 @@ from oneplus_placement_solver.launch import launch_commands
 from oneplus_placement_solver.memory import USAGE_SAVE_EVERY_S
 from oneplus_placement_solver.owner import JobOwner
 from oneplus_reservations import check_history
-from oneplus_testing import Servers
+from oneplus_testing import FAULTS, Servers
 from platform_fixture import fresh_platform, job_history, wait_terminal
 
 from oneplus.client import OnePlusClient
 from oneplus.workload import demo_workload
 
-pytestmark = pytest.mark.e2e
+pytestmark = [pytest.mark.e2e, FAULTS]
 
 
 async def default_usage(c: OnePlusClient, timeout: float = 5.0) -> float:

@@ -11,14 +11,14 @@ from pathlib import Path
 import pytest
 from oneplus_contracts import JobSpec
 from oneplus_reservations import check_history
-from oneplus_testing import Servers
+from oneplus_testing import FAULTS, Servers
 from platform_fixture import fresh_platform, job_history, wait_terminal
 from prometheus_client.parser import text_string_to_metric_families
 
 from oneplus.client import OnePlusClient
 from oneplus.devstack import Platform
 
-pytestmark = pytest.mark.e2e
+pytestmark = [pytest.mark.e2e, FAULTS]
 
 REPLICAS = ("placement-solver", "placement-solver-2")
 

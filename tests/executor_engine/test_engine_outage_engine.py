@@ -9,8 +9,9 @@ import pytest
 from executor_engine_support import EngineControl, launch, new_job_id, private_podman
 from oneplus_node_executor.runtime.base import EngineUnavailable
 from oneplus_node_executor.runtime.docker import DockerRuntime
+from oneplus_testing import FAULTS
 
-pytestmark = pytest.mark.engine
+pytestmark = [pytest.mark.engine, FAULTS]
 
 
 @pytest.fixture

@@ -1,0 +1,76 @@
+"""The suite runs under pytest-xdist (`task test`: -n 2): each worker has NATS and Redis of its own, and a run
+that would share servers between workers (NATS_URL / REDIS_URL set) is refused with one clear message."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from oneplus_testing import parallel_refusal, planned_workers
+
+REPO = Path(__file__).resolve().parents[2]
+TESTS = REPO / "tests"
+
+
+def run_pytest(args: list[str], tmp_path: Path, **env: str) -> subprocess.CompletedProcess[str]:
+    """pytest in a child process with the suite's conftest as a plugin, on test files outside tests/."""
+    # Not this run's servers nor its xdist worker identity (this test may itself run on a worker).
+    base = {k: v for k, v in os.environ.items() if k not in ("NATS_URL", "REDIS_URL") and not k.startswith("PYTEST_")}
+    base["PYTHONPATH"] = os.pathsep.join([str(TESTS), base.get("PYTHONPATH", "")])
+    argv = [sys.executable, "-m", "pytest", "-c", str(REPO / "pyproject.toml"), "-p", "conftest"]
+    argv += ["-p", "no:cacheprovider"]
+    return subprocess.run(
+        [*argv, *args], cwd=tmp_path, env={**base, **env}, capture_output=True, text=True, timeout=120, check=False
+    )
+
+
+def test_the_worker_count_comes_from_dist_and_tx() -> None:
+    assert planned_workers("no", []) == 1
+    assert planned_workers("load", ["popen", "popen"]) == 2  # what -n 2 sets
+    assert planned_workers("loadgroup", ["3*popen"]) == 3
+    assert planned_workers("load", []) == 1
+
+
+def test_shared_servers_refuse_more_than_one_worker_and_name_the_variable() -> None:
+    assert parallel_refusal(1, {"NATS_URL": "nats://h:4222", "REDIS_URL": "redis://h:6379"}) is None
+    assert parallel_refusal(2, {}) is None
+    assert parallel_refusal(2, {"NATS_URL": ""}) is None  # set but empty: the embedded default
+    why = parallel_refusal(2, {"REDIS_URL": "redis://h:6379"})
+    assert why is not None and why.startswith("REDIS_URL is set and 2 pytest-xdist workers")
+    assert "\n" not in why and "task test:serial" in why
+    both = parallel_refusal(4, {"NATS_URL": "nats://h:4222", "REDIS_URL": "redis://h:6379"})
+    assert both is not None and both.startswith("NATS_URL and REDIS_URL are set and 4 pytest-xdist workers")
+
+
+def test_a_parallel_run_against_shared_servers_stops_before_any_test(tmp_path: Path) -> None:
+    (tmp_path / "test_wipes.py").write_text("def test_x(servers):\n    raise AssertionError('must not run')\n")
+    done = run_pytest(["-n", "2", "test_wipes.py"], tmp_path, NATS_URL="nats://127.0.0.1:1")
+    assert done.returncode == pytest.ExitCode.USAGE_ERROR, done.stdout + done.stderr
+    assert "NATS_URL is set and 2 pytest-xdist workers were asked for" in done.stderr
+    assert "must not run" not in done.stdout
+
+
+def test_each_worker_starts_nats_and_redis_of_its_own(tmp_path: Path) -> None:
+    """--dist each: the same test on both workers; each writes the servers it got."""
+    (tmp_path / "test_where.py").write_text(
+        "from pathlib import Path\n"
+        "def test_where(servers, worker_id):\n"
+        f"    Path({str(tmp_path)!r}, worker_id).write_text(servers.nats_url + ' ' + servers.redis_url)\n"
+    )
+    done = run_pytest(["-n", "2", "--dist", "each", "-q", "test_where.py"], tmp_path)
+    assert done.returncode == 0, done.stdout + done.stderr
+    seen = {w: (tmp_path / w).read_text().split() for w in ("gw0", "gw1")}
+    assert seen["gw0"][0] != seen["gw1"][0], seen  # NATS
+    assert seen["gw0"][1] != seen["gw1"][1], seen  # Redis
+
+
+def test_state_files_stay_in_the_sessions_own_folder(state_home: Path) -> None:
+    """An executor made without a state dir (tests/e2e/test_trace_in_memory.py) keeps its outbox here, not in ~."""
+    from oneplus_node_executor.outbox import state_dir_from_env
+
+    assert os.environ["XDG_STATE_HOME"] == str(state_home)
+    assert state_dir_from_env("executor-mem-0").parent.parent == state_home
+    assert not state_dir_from_env("x").is_relative_to(Path.home() / ".local" / "state")
