@@ -56,7 +56,13 @@ async def wipe_bus(nc: Client) -> None:
     for name in subjects.STREAMS:
         with contextlib.suppress(NotFoundError):
             await js.delete_stream(name)
-    for bucket in (subjects.JOBS_KV, subjects.TOPOLOGY_KV, subjects.QUEUES_KV, subjects.SOLVER_STATE_KV):
+    for bucket in (
+        subjects.JOBS_KV,
+        subjects.TOPOLOGY_KV,
+        subjects.QUEUES_KV,
+        subjects.SOLVER_STATE_KV,
+        subjects.ADVANCE_RESERVATIONS_KV,
+    ):
         with contextlib.suppress(NotFoundError, BucketNotFoundError):
             await js.delete_key_value(bucket)
 
