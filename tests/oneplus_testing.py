@@ -45,7 +45,7 @@ def parallel_refusal(workers: int, env: Mapping[str, str]) -> str | None:
     return (
         f"{' and '.join(shared)} {'is' if len(shared) == 1 else 'are'} set and {workers} pytest-xdist workers were "
         "asked for: the tests wipe OnePlus's streams, buckets and keys under fixed names, so workers sharing servers "
-        "would wipe each other; run serially against shared servers (`uv run task test:serial`, or -n 0), or unset "
+        "would wipe each other; run serially against shared servers (`uv run task test`, or -n 0), or unset "
         "NATS_URL and REDIS_URL so that each worker starts its own"
     )
 

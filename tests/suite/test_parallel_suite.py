@@ -40,7 +40,7 @@ def test_shared_servers_refuse_more_than_one_worker_and_name_the_variable() -> N
     assert parallel_refusal(2, {"NATS_URL": ""}) is None  # set but empty: the embedded default
     why = parallel_refusal(2, {"REDIS_URL": "redis://h:6379"})
     assert why is not None and why.startswith("REDIS_URL is set and 2 pytest-xdist workers")
-    assert "\n" not in why and "task test:serial" in why
+    assert "\n" not in why and "uv run task test`" in why
     both = parallel_refusal(4, {"NATS_URL": "nats://h:4222", "REDIS_URL": "redis://h:6379"})
     assert both is not None and both.startswith("NATS_URL and REDIS_URL are set and 4 pytest-xdist workers")
 
