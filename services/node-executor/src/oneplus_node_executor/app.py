@@ -237,6 +237,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     return a
 
 
+def simulated_node(topo: NodeTopology) -> NodeTopology:
+    """A simulated node simulates an MPS daemon as it simulates its ranks, so GPU shares go to it as to whole GPUs (no
+    process runs; `jobs show` still says the job was simulated). A node whose runtime runs containers runs MPS only
+    when --mps-pipe-dir says so."""
+    return topo if topo.mps is not None else topo.model_copy(update={"mps": MpsDaemon()})
+
+
 def main() -> None:
     a = parse_args()
     topo = load_topology(a.topology, a.node)
@@ -248,6 +255,8 @@ def main() -> None:
     if a.mps_pipe_dir:
         mps = MpsDaemon(pipe_directory=a.mps_pipe_dir, **({"log_directory": a.mps_log_dir} if a.mps_log_dir else {}))
         topo = topo.model_copy(update={"mps": mps})
+    elif a.runtime == "simulated":
+        topo = simulated_node(topo)
     topo = topo.model_copy(
         update={"leaf": a.leaf or topo.leaf, "spine": a.spine or topo.spine, "address": a.address or topo.address}
     )

@@ -50,7 +50,7 @@ from oneplus_contracts import NODE_COMMAND_ADAPTER, CancelRanks, LaunchRanks, No
 from oneplus_reservations import DEFAULT_LEASE_S, RenewStatus, Reservation, ReservationStore, redis_client
 from opentelemetry import propagate
 
-from .app import DEFAULT_INBOX, make_runtime
+from .app import DEFAULT_INBOX, make_runtime, simulated_node
 from .node import KEEP_FINISHED, LEASE_S, NodeExecutor
 from .outbox import Outbox, state_dir_from_env
 
@@ -182,6 +182,7 @@ class SimulatedFleet:
         bad = [n for n in names if not n or _BAD_NAME.search(n)]
         if bad:
             raise ValueError(f"node name {bad[0]!r}: no dots, wildcards or spaces (it is a NATS subject token)")
+        nodes = [simulated_node(t) for t in nodes]
         if len(set(names)) != len(names):
             dup = next(n for n in names if names.count(n) > 1)
             raise ValueError(f"node {dup!r} appears twice in the fleet")
