@@ -26,6 +26,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import os
 from collections.abc import Callable, Mapping
 
 from nats.aio.client import Client
@@ -38,6 +39,7 @@ from oneplus_contracts import subjects
 from prometheus_client import CollectorRegistry, Counter
 
 from .acks import wait_acks
+from .streams import stream_replicas
 
 log = logging.getLogger("oneplus.fencing")
 
@@ -77,6 +79,22 @@ def is_fence(subject: str) -> bool:
 def refused_by_fence(exc: BaseException) -> bool:
     """A write the server refused because its expected sequence no longer holds."""
     return isinstance(exc, APIError) and exc.err_code == WRONG_LAST_SEQUENCE
+
+
+def fence_enabled(env: Mapping[str, str] | None = None) -> bool:
+    """ONEPLUS_OWNER_FENCE: `on`, `off` or `auto` (the default: on where streams have one replica). On a three-server
+    cluster (ONEPLUS_STREAM_REPLICAS=3) every fenced write was refused as 'wrong last sequence' (err 10164) right
+    after the owner fenced the streams, so the owner never wrote (the multi-host run): there, until that is
+    understood, ownership rests on the lease's clock guard alone, as before the fence."""
+    env = os.environ if env is None else env
+    mode = env.get("ONEPLUS_OWNER_FENCE", "auto").strip().lower() or "auto"
+    if mode == "on":
+        return True
+    if mode == "off":
+        return False
+    if mode != "auto":
+        raise ValueError(f"ONEPLUS_OWNER_FENCE={mode!r}: on, off or auto")
+    return stream_replicas(env) == 1
 
 
 class Deposed(RuntimeError):
@@ -132,9 +150,17 @@ class FencedPublisher:
 class OwnerFence:
     """This owner's epoch and the sequence of its fence message on each stream it writes."""
 
-    def __init__(self, js: JetStreamContext, nc: Client, me: str, metrics: CollectorRegistry | None = None) -> None:
+    def __init__(
+        self,
+        js: JetStreamContext,
+        nc: Client,
+        me: str,
+        metrics: CollectorRegistry | None = None,
+        enabled: bool | None = None,
+    ) -> None:
         self.js = js
         self.me = me
+        self.enabled = fence_enabled() if enabled is None else enabled
         self.publisher = FencedPublisher(nc)
         self.epoch = 0
         self.seqs: dict[str, int] = {}
@@ -166,6 +192,10 @@ class OwnerFence:
     async def establish(self, epoch: int | None = None) -> int:
         """Fence every stream the owner writes at `epoch` (the owner lease's revision; None: one above the newest
         epoch found, for an owner without a lease). Raises Deposed where a newer epoch is there already."""
+        if not self.enabled:  # writes carry no precondition: the lease's clock guard alone keeps one writer
+            self.epoch, self.seqs, self.deposed = epoch or 0, dict.fromkeys(FENCED_STREAMS, 0), False
+            log.warning("owner %s writes unfenced (ONEPLUS_OWNER_FENCE off, or auto on replicated streams)", self.me)
+            return self.epoch
         if epoch is None:
             epoch = max([(await self.last(s))[1] for s in FENCED_STREAMS]) + 1
         seqs: dict[str, int] = {}
@@ -200,6 +230,8 @@ class OwnerFence:
         """`base` and the preconditions of a write to `stream` by this owner."""
         if self.deposed:
             raise Deposed(f"owner {self.me} (epoch {self.epoch}) was deposed")
+        if not self.enabled:
+            return dict(base or {})
         return {
             **(base or {}),
             EXPECTED_SEQ: str(self.seqs[stream]),
