@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Annotated, Any
 import typer
 from rich.console import Console
 
+from .calls import call, fail
 from .render import Columns, error_console, print_lines
 
 if TYPE_CHECKING:
@@ -38,22 +39,6 @@ COLUMNS = (
     ("PLACEMENT", "placement"),
     ("QUEUEING", "queueing"),
 )
-
-
-def _fail(message: str, code: int = 2) -> typer.Exit:
-    from rich.markup import escape
-
-    err.print(f"[red]error:[/] {escape(message)}", highlight=False)
-    return typer.Exit(code)
-
-
-def _call(nats: str | None, fn: Any) -> Any:
-    from ..client import PlatformError, run_with_client
-
-    try:
-        return run_with_client(nats, None, fn)
-    except PlatformError as exc:
-        raise _fail(str(exc)) from None
 
 
 def _fmt(v: Any) -> str:
@@ -98,7 +83,7 @@ def queues(ctx: typer.Context, nats: NatsOpt = None, as_json: JsonOpt = False) -
 def queues_list(ctx: typer.Context, nats: NatsOpt = None, as_json: JsonOpt = False) -> None:
     """Every queue, organisations before their teams, with its use now."""
     as_json, nats = _parent(ctx, as_json, nats)
-    rows = _call(nats, _rows)
+    rows = call(nats, _rows)
     if as_json:
         print(json.dumps(rows, indent=2, default=str))
         return
@@ -114,11 +99,11 @@ def queues_show(ctx: typer.Context, name: str, nats: NatsOpt = None, as_json: Js
     async def go(c: OnePlusClient) -> tuple[list[dict[str, Any]], str | None]:
         return await _rows(c), await c.queue_config_text()
 
-    rows, stored = _call(nats, go)
+    rows, stored = call(nats, go)
     row = next((r for r in rows if r.get("queue") == name), None)
     if row is None:
         known = ", ".join(str(r.get("queue")) for r in rows) or "none"
-        raise _fail(f"no queue {name!r}; known queues: {known}")
+        raise fail(f"no queue {name!r}; known queues: {known}")
     spec: dict[str, Any] | None = None
     path: list[str] = []
     if stored is not None:
@@ -159,9 +144,9 @@ def read_queue_file(file: Path) -> QueueFile:
     try:
         text = file.read_text(encoding="utf-8")
     except OSError as exc:
-        raise _fail(f"cannot read {file}: {exc.strerror or exc}") from None
+        raise fail(f"cannot read {file}: {exc.strerror or exc}") from None
     except UnicodeDecodeError as exc:
-        raise _fail(f"{file}: not UTF-8 text ({exc.reason} at byte {exc.start})") from None
+        raise fail(f"{file}: not UTF-8 text ({exc.reason} at byte {exc.start})") from None
     from rich.markup import escape
 
     try:
@@ -177,7 +162,7 @@ def read_queue_file(file: Path) -> QueueFile:
 
 def apply_queue_file(nats: str | None, qf: QueueFile) -> None:
     """Store the file's config in the `queues` bucket (the services follow it)."""
-    _call(nats, lambda c: c.put_queue_config(qf.yaml_text))
+    call(nats, lambda c: c.put_queue_config(qf.yaml_text))
 
 
 @app.command("apply")

@@ -15,14 +15,14 @@ from typing import TYPE_CHECKING, Annotated, Any
 import typer
 from rich.console import Console
 
-from .render import Columns, error_console
+from .calls import call, fail
+from .render import Columns
 
 if TYPE_CHECKING:
     from ..client import OnePlusClient
 
 app = typer.Typer(help="Advance reservations and maintenance windows: create, list, delete.")
 console = Console()
-err = error_console()
 NatsOpt = Annotated[str | None, typer.Option("--nats", envvar="NATS_URL", help="NATS server URL")]
 JsonOpt = Annotated[bool, typer.Option("--json", help="Print JSON")]
 COLUMNS = (
@@ -37,24 +37,6 @@ COLUMNS = (
     ("MAINT", "maint"),
 )
 _UNITS = {"s": 1, "m": 60, "min": 60, "h": 3600, "d": 86400}
-
-
-def _fail(message: str, code: int = 2) -> typer.Exit:
-    from rich.markup import escape
-
-    err.print(f"[red]error:[/] {escape(message)}", highlight=False)
-    return typer.Exit(code)
-
-
-def _call(nats: str | None, fn: Any) -> Any:
-    from oneplus_queueing.advance import AdvanceReservationError
-
-    from ..client import PlatformError, run_with_client
-
-    try:
-        return run_with_client(nats, None, fn)
-    except (PlatformError, AdvanceReservationError) as exc:
-        raise _fail(str(exc)) from None
 
 
 def parse_when(text: str, now: float) -> float:
@@ -120,7 +102,7 @@ def create(
 
     now = time.time()
     if (duration is None) == (end is None):
-        raise _fail("give one of --duration and --end")
+        raise fail("give one of --duration and --end")
     try:
         start_ts = parse_when(start, now)
         end_ts = parse_when(end, now) if end is not None else start_ts + parse_duration(duration or "")
@@ -135,14 +117,14 @@ def create(
             maint=maint,
         )
     except ValidationError as exc:
-        raise _fail("; ".join(e["msg"].removeprefix("Value error, ") for e in exc.errors())) from None
+        raise fail("; ".join(e["msg"].removeprefix("Value error, ") for e in exc.errors())) from None
     except ValueError as exc:
-        raise _fail(str(exc)) from None
+        raise fail(str(exc)) from None
 
     async def go(c: OnePlusClient) -> Any:
         return await c.create_advance_reservation(res, now)
 
-    stored = _call(nats, go)
+    stored = call_reservation(nats, go)
     if as_json:
         print(stored.model_dump_json(indent=2))
         return
@@ -157,7 +139,7 @@ def list_(nats: NatsOpt = None, as_json: JsonOpt = False) -> None:
     async def go(c: OnePlusClient) -> Any:
         return await c.advance_reservations()
 
-    rows = window_rows(time.time(), _call(nats, go))
+    rows = window_rows(time.time(), call_reservation(nats, go))
     if as_json:
         print(json.dumps(rows, indent=2))
         return
@@ -174,6 +156,12 @@ def delete(name: str, nats: NatsOpt = None) -> None:
     async def go(c: OnePlusClient) -> Any:
         return await c.delete_advance_reservation(name)
 
-    if not _call(nats, go):
-        raise _fail(f"no reservation {name!r}")
+    if not call_reservation(nats, go):
+        raise fail(f"no reservation {name!r}")
     console.print(f"reservation {name} deleted", highlight=False)
+
+
+def call_reservation(nats: str | None, fn: Any) -> Any:
+    from oneplus_queueing.advance import AdvanceReservationError
+
+    return call(nats, fn, (AdvanceReservationError,))
