@@ -420,7 +420,7 @@ def parse_srun(args: Sequence[str], job_id: str | None = None, components: int =
             pass
         else:
             raise SrunError(f"srun: error: unrecognized option {arg!r} (OnePlus's srun takes -n, -N, "
-                            "--ntasks-per-node, -w, -l, --export, --gpus, --exact, --overlap and --het-group; see "
+                            "--ntasks-per-node, -w, -l, --export, --gpus, --exact and --overlap; see "
                             "docs/submitting.md)")  # fmt: skip
         i += 1
     argv = args[i:]
