@@ -2,12 +2,16 @@
 
 from __future__ import annotations
 
-from oneplus_contracts import Allocation, JobSpec, RankPlacement
+import pytest
+from oneplus_contracts import Allocation, JobSpec, NodeRecord, RankPlacement
+from oneplus_intake.admission import EmptyCluster, Inadmissible, admit
 from oneplus_jobformats.sbatch import parse_sbatch
 from oneplus_placement import place_gang
+from oneplus_placement.explain import explain_pending
 from oneplus_placement.request import GangRequest
 from oneplus_placement.snapshot import ClusterState
 from oneplus_queueing.capacity import whole_gpus
+from oneplus_queueing.config import default_config
 from placement_boards import preset_cluster
 
 H100 = "h100_sxm_8gpu_nvswitch_nv18"
@@ -98,3 +102,25 @@ def test_counting_sees_every_component() -> None:
     assert GangRequest.of(spec).ranks == 2  # as one request: the largest component, never more than the job needs
     single = parse_sbatch("#!/bin/sh\n#SBATCH -N2 --gpus-per-node=8\nsrun x\n", filename="s.sh", submit_dir="").spec
     assert single.components is None and "components" not in single.model_dump(mode="json")
+
+
+def test_explain_names_the_component_that_does_not_fit() -> None:
+    st = state()
+    for node in ("node-00", "node-01", "node-02", "node-04", "node-05", "node-06"):
+        fill(st, node, [0])
+    why = explain_pending(st, native_het(), ahead=["j-ahead"])
+    assert why.message.startswith("component 1 (2 rank(s)): ") and why.message.endswith("(j-ahead)")
+    fits = explain_pending(state(), native_het())
+    assert fits.fits_now and fits.message.startswith("fits now: 2 components, 16.001 GPUs on ")
+
+
+def test_admission_checks_each_component_and_the_whole_gang() -> None:
+    nodes = [NodeRecord(topology=t) for t in preset_cluster(H100, 3).nodes]  # type: ignore[arg-type]
+    admit(het_spec(), default_config(), nodes, EmptyCluster())  # a node for the driver, two for the trainers
+    with pytest.raises(Inadmissible, match=r"components ask 16.001 GPUs in all, more than the cluster has \(16"):
+        admit(het_spec(), default_config(), nodes[:2], EmptyCluster())  # each component needs nodes of its own
+    too_wide = het_spec(SCRIPT.replace("--nodes=2 --ntasks-per-node=1 --gpus-per-node=8", "--gpus-per-node=16"))
+    with pytest.raises(Inadmissible, match=r"^component 1: a rank asks for 16 GPUs but the largest node has 8"):
+        admit(too_wide, default_config(), nodes, EmptyCluster())
+    with pytest.raises(Inadmissible, match=r"^component 0: --nodelist names node 'gpu9'"):
+        admit(het_spec(SCRIPT.replace("--ntasks=1\n", "--ntasks=1 -w gpu9\n")), default_config(), nodes)
