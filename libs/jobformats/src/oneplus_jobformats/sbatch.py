@@ -127,7 +127,7 @@ def _heterogeneous(
         raise head.fail(array, "a heterogeneous job cannot be a job array (Slurm refuses it too)")
     fields = _translate(head, script, script_args, site, submit_dir, now)
     components = [_component(fields)]
-    warnings.extend(head.warnings)
+    warnings.extend(_of_component(head.warnings, 0))
     for n, shape in enumerate(shapes[1:], start=1):
         job = SbatchJob(shape, filename)
         own: dict[str, Any] = {}
@@ -138,13 +138,18 @@ def _heterogeneous(
         dependency_fields(job, own)
         where_fields(job, own, now)
         components.append(_component(own))
-        warnings.extend(w.replace("job ", f"component {n} ", 1) if w.startswith("job ") else w for w in job.warnings)
+        warnings.extend(_of_component(job.warnings, n))
     fields["components"] = components
     fields["ranks"] = sum(c["ranks"] for c in components)
     fields["resources"] = components[0]["resources"]
     fields["topology"] = components[0]["topology"]
     spec = spec_from_fields(fields, filename=filename, origin=_origin(head))
     return Translation(spec=spec, warnings=sorted(warnings, key=_by_line), kind="sbatch")
+
+
+def _of_component(warnings: list[str], n: int) -> list[str]:
+    """A remark on the whole job ("job asks for no GPU") said of the component it is about."""
+    return [f"component {n} {w[4:]}" if w.startswith("job ") else w for w in warnings]
 
 
 def _component(fields: dict[str, Any]) -> dict[str, Any]:
