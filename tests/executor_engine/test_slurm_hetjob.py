@@ -97,8 +97,10 @@ def test_gpu_variables_follow_each_components_gpus() -> None:
         (["--het-group", "0,3", "x"], r"--het-group=0,3: job job-het has no component 3"),
         (["--het-group=1-0", "x"], r"--het-group=1-0: the range 1-0 runs backwards"),
         (["--het-group=one", "x"], r"--het-group=one: expected a component number, a list or a range"),
+        (["--het-group=0", "-n1", "a", ":", "--het-group=1", "b"], r"':' starts another component of a heterogeneous "
+         r"step \(srun A : B\), which OnePlus does not run; start one srun per component"),
     ],
-)
+)  # fmt: skip
 def test_a_het_group_the_job_does_not_have_is_refused_in_one_line(args: list[str], said: str) -> None:
     with pytest.raises(SrunError, match=said) as caught:
         parse_srun(args, job_id="job-het", components=2)

@@ -426,6 +426,10 @@ def parse_srun(args: Sequence[str], job_id: str | None = None, components: int =
     argv = args[i:]
     if not argv:
         raise SrunError("srun: error: no command to run")
+    if components > 1 and ":" in argv:
+        # srun(1): ':' separates the components of a heterogeneous step; OnePlus runs one component per srun.
+        raise SrunError("srun: error: ':' starts another component of a heterogeneous step (srun A : B), which "
+                        "OnePlus does not run; start one srun per component (srun --het-group=N CMD &)")  # fmt: skip
     return SrunOptions(
         counts.get("ntasks"),
         counts.get("nodes"),
