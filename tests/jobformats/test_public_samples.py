@@ -38,6 +38,7 @@ from oneplus_node_executor.runtime.slurm import (
     plan_step,
     task_environment,
 )
+from oneplus_node_executor.runtime.slurm_het import het_groups
 
 ROOT = Path(__file__).resolve().parents[2]
 PUBLIC = Path(__file__).resolve().parent / "samples" / "public"
@@ -106,6 +107,8 @@ def load(path: Path, site: SiteMap | None = None):  # type: ignore[no-untyped-de
 def layout(spec: JobSpec) -> list[int]:
     """Ranks per node of a plausible allocation: a batch job's tasks per node as it asks; a Kubernetes job's pods
     one per node (each replica is one torchrun node / MPI worker whatever machine it lands on)."""
+    if spec.components is not None:  # a heterogeneous job: each component on nodes of its own, in order
+        return [count for part in spec.component_specs() for count in layout(part)]
     per_node = spec.slurm.ntasks_per_node if spec.slurm is not None else 1
     full, rest = divmod(spec.ranks, per_node)
     return [per_node] * full + ([rest] if rest else [])
@@ -115,16 +118,16 @@ def launches(spec: JobSpec) -> list[LaunchRanks]:
     counts = layout(spec)
     nodes = [f"node-{i}" for i in range(len(counts))]
     node_of_rank = [n for n, c in zip(nodes, counts, strict=True) for _ in range(c)]
-    width = spec.resources.whole_gpus
     out = []
     for index, node in enumerate(nodes):
         first = node_of_rank.index(node)
+        width = spec.rank_resources(first).whole_gpus  # a heterogeneous job's node holds one component's ranks
         ranks = [
             RankPlacement(
                 rank=r,
                 node=node,
                 gpus=list(range((r - first) * width, (r - first + 1) * width)) if width else [0],
-                gpu_milli=spec.resources.gpu_milli,
+                gpu_milli=spec.rank_resources(r).gpu_milli,
             )
             for r in range(first, first + counts[index])
         ]
@@ -181,7 +184,7 @@ def observed(path: Path, site: SiteMap | None = None) -> dict[str, Any]:
     if array is not None:
         out["array"] = array
     if spec.slurm is not None:
-        nodes = cmds[0].nodes
+        nodes = het_groups(cmds[0])[0].nodes  # a plain srun runs on component 0 (all nodes for a job of one)
         tasks = plan_step(parse_srun(["CMD"]), nodes, spec.slurm.ntasks_per_node, spec.slurm.ntasks)
         picked = [t for t in tasks if t.procid in {0, 1, tasks[-1].procid}]
         out["srun_step"] = {
@@ -311,6 +314,10 @@ SCRIPT_STEPS: dict[str, list[tuple[list[str], list[tuple[str, int]]]]] = {
             [(f"node-{i}", 8) for i in range(128)],
         )
     ],
+    "lcls2_submit_slac_hetjob.sh": [
+        (["-n", "1", "--het-group=0", "--exclusive", "bash", "-c", "CMD"], [("node-0", 1)]),
+        (["-n", "1", "--het-group=1", "--exclusive", "bash", "-c", "CMD"], [("node-1", 1)]),
+    ],
 }
 # srun options Slurm itself refuses without the plugin (pyxis): OnePlus's refusal is right.
 SCRIPT_STEPS_REFUSED: dict[str, tuple[list[str], str]] = {
@@ -336,7 +343,10 @@ def _steps() -> list[Any]:
 def _plan(name: str, argv: list[str]) -> list[tuple[str, int]]:
     spec = load(PUBLIC / name, SITE_MAPPED.get(name)).spec
     assert spec.slurm is not None
-    tasks = plan_step(parse_srun(argv), launches(spec)[0].nodes, spec.slurm.ntasks_per_node, spec.slurm.ntasks)
+    opts = parse_srun(argv, components=len(spec.components or [spec]))
+    groups = het_groups(launches(spec)[0])  # the job's nodes as one group, or its heterogeneous components
+    tasks = [t for n in opts.het_group or (0,) for t in plan_step(opts, groups[n].nodes, groups[n].ntasks_per_node,
+                                                                     groups[n].ntasks)]  # fmt: skip
     return [(n, sum(1 for t in tasks if t.node == n)) for n in dict.fromkeys(t.node for t in tasks)]
 
 

@@ -72,8 +72,9 @@ def sbatch(
         ),
     ] = None,
 ) -> None:
-    """Submit a batch script: oneplus sbatch OPTIONS... SCRIPT ARGS... (any sbatch option; they override the
-    script's #SBATCH directives). Without SCRIPT the script is read from standard input."""
+    """Submit a batch script: oneplus sbatch OPTIONS... [: OPTIONS...] SCRIPT ARGS... (any sbatch option; they
+    override the script's #SBATCH directives; ':' starts the next component of a heterogeneous job). Without SCRIPT
+    the script is read from standard input."""
     from oneplus_jobformats.errors import JobFormatError
     from oneplus_jobformats.sbatch import parse_sbatch
     from oneplus_jobformats.sbatch_options import split_command_line

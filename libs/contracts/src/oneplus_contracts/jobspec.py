@@ -286,6 +286,41 @@ class MpiLauncher(Strict):
     )
 
 
+class HetSlurm(Strict):
+    """A heterogeneous job component's Slurm allocation: what its `_HET_GROUP_<n>` variables and steps need."""
+
+    ntasks: Annotated[int, Field(ge=1)] = Field(description="SLURM_NTASKS_HET_GROUP_<n>: tasks of the component")
+    ntasks_per_node: Annotated[int, Field(ge=1)] = Field(description="Tasks per node a step of the component may use")
+    cpus_per_task: Annotated[int, Field(ge=1)] | None = Field(default=None, exclude_if=_unset)
+
+
+class HetComponent(Strict):
+    """One component of a heterogeneous job (Slurm `#SBATCH hetjob`, `sbatch a : b`): its ranks, what each asks
+    and where they go. The job's gang is its components' ranks in order (component 0's first); all are placed at
+    once or none, each component on nodes of its own."""
+
+    ranks: Annotated[int, Field(ge=1, le=4096)]
+    resources: RankResources
+    topology: TopologyConstraint = Field(default_factory=TopologyConstraint)
+    slurm: HetSlurm | None = Field(default=None, exclude_if=_unset)
+    nodelist: list[str] = Field(
+        default_factory=list, exclude_if=_unset, description="Slurm --nodelist of this component (beside the job's)"
+    )
+    constraint: str | None = Field(
+        default=None, exclude_if=_unset, description="Slurm --constraint of this component (instead of the job's)"
+    )
+
+    @field_validator("nodelist", mode="before")
+    @classmethod
+    def _nodelist(cls, v: object) -> object:
+        return host_names("nodelist", v)
+
+    @field_validator("constraint")
+    @classmethod
+    def _readable_constraint(cls, v: str | None) -> str | None:
+        return None if v is None else parse_constraint(v).text
+
+
 class JobSpec(Strict):
     schema_version: Literal["1"] = "1"
     name: str
@@ -358,6 +393,13 @@ class JobSpec(Strict):
         description="Slurm --reservation: run only inside this advance reservation, while it is active",
     )
 
+    components: list[HetComponent] | None = Field(
+        default=None,
+        exclude_if=_unset,
+        description="A heterogeneous job's components (Slurm hetjob), two or more: `ranks` is their sum, `resources` "
+        "and `topology` are component 0's; placed as one gang, all or nothing",
+    )
+
     @field_validator("nodelist", mode="before")
     @classmethod
     def _nodelist(cls, v: object) -> object:
@@ -391,6 +433,8 @@ class JobSpec(Strict):
 
     @model_validator(mode="after")
     def _coherent(self) -> JobSpec:
+        if self.components is not None:
+            return self._coherent_het()
         if self.resources.mig is not None and self.topology.group_gpus:
             raise ValueError(
                 f"group_gpus={self.topology.group_gpus} with mig={self.resources.mig!r}: "
@@ -432,6 +476,93 @@ class JobSpec(Strict):
             raise ValueError(f"memory_mb={r.memory_mb} (the request) is more than memory_limit_mb={r.memory_limit_mb}")
         return self
 
+    def _coherent_het(self) -> JobSpec:
+        """A heterogeneous job: each component is checked as a job of its own; the job's own fields mirror them."""
+        parts = self.components or []
+        if len(parts) < 2:
+            raise ValueError(f"components: a heterogeneous job has two or more components, not {len(parts)}")
+        if self.ranks != sum(c.ranks for c in parts):
+            raise ValueError(
+                f"ranks={self.ranks} is not the components' ranks ({'+'.join(str(c.ranks) for c in parts)})"
+            )
+        if self.resources != parts[0].resources or self.topology != parts[0].topology:
+            raise ValueError("resources and topology of a heterogeneous job are its component 0's")
+        if self.nodelist or self.constraint:
+            raise ValueError("a heterogeneous job's nodelist and constraint are its components' (components[n])")
+        if self.launcher is not None or self.array is not None or self.array_task is not None:
+            raise ValueError("a heterogeneous job cannot be an MPIJob or a job array")
+        for n, spec in enumerate(self.component_specs()):
+            try:
+                JobSpec.model_validate(spec.model_dump())
+            except ValueError as exc:
+                raise ValueError(f"components[{n}]: {_first_error(exc)}") from None
+        return self
+
+    def component_specs(self) -> list[JobSpec]:
+        """Each component as a job of its own (the job itself when it has none): what placement places."""
+        if self.components is None:
+            return [self]
+        out: list[JobSpec] = []
+        for c in self.components:
+            slurm = self.slurm
+            if slurm is not None and c.slurm is not None:
+                own = c.slurm
+                slurm = slurm.model_copy(
+                    update={
+                        "ntasks": own.ntasks,
+                        "ntasks_per_node": own.ntasks_per_node,
+                        "cpus_per_task": own.cpus_per_task,
+                    }
+                )
+            out.append(
+                self.model_copy(
+                    update={
+                        "ranks": c.ranks,
+                        "resources": c.resources,
+                        "topology": c.topology,
+                        "slurm": slurm,
+                        "nodelist": list(c.nodelist),
+                        "constraint": c.constraint,
+                        "components": None,
+                    }
+                )
+            )
+        return out
+
+    def component_offsets(self) -> list[int]:
+        """The first rank of each component ([0] for a job of one)."""
+        starts = [0]
+        for c in (self.components or [])[:-1]:
+            starts.append(starts[-1] + c.ranks)
+        return starts
+
+    def component_of(self, rank: int) -> int:
+        """Which component rank `rank` belongs to (0 for a job of one)."""
+        n = 0
+        for i, start in enumerate(self.component_offsets()):
+            if rank >= start:
+                n = i
+        return n
+
+    def rank_resources(self, rank: int) -> RankResources:
+        """What rank `rank` asks for: its component's resources."""
+        if self.components is None:
+            return self.resources
+        return self.components[self.component_of(rank)].resources
+
     @property
     def total_gpus(self) -> float:
+        if self.components is not None:
+            return sum(c.ranks * c.resources.gpus for c in self.components)
         return self.ranks * self.resources.gpus
+
+
+def _first_error(exc: ValueError) -> str:
+    """A pydantic error's first message, without its location header (a component's own check, said once)."""
+    errors = getattr(exc, "errors", None)
+    if callable(errors):
+        first = errors()[0]
+        where = ".".join(str(p) for p in first.get("loc", ()))
+        msg = str(first.get("msg", exc)).removeprefix("Value error, ")
+        return f"{where}: {msg}" if where else msg
+    return str(exc)

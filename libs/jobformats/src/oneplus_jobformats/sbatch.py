@@ -23,6 +23,7 @@ from .errors import JobFormatError, Translation, spec_from_fields
 from .priorities import priority_of
 from .quantities import slurm_time_s
 from .sbatch_gang import gang_fields
+from .sbatch_het import component_options, split_job_wide
 from .sbatch_options import UNUSED, Option, SbatchJob, dependency_fields, parse_tokens, script_directives
 from .sbatch_where import where_fields
 from .site import SiteMap, SiteMapError, apply_default_share, site_from_env
@@ -79,8 +80,20 @@ def parse_sbatch(
             filename=filename,
             where="line 1",
         )
+    parts = component_options(script.lstrip("\ufeff"), cli_args, filename)
+    when = time.time() if now is None else now
+    if len(parts) > 1:
+        return _heterogeneous(parts, script, script_args, filename, site, submit_dir, when)
     options, _ = _merge(script.lstrip("\ufeff"), cli_args, filename)
     job = SbatchJob(options, filename)
+    fields = _translate(job, script, script_args, site, submit_dir, when)
+    spec = spec_from_fields(fields, filename=filename, origin=_origin(job))
+    return Translation(spec=spec, warnings=sorted(job.warnings, key=_by_line), kind="sbatch")
+
+
+def _translate(
+    job: SbatchJob, script: str, script_args: Sequence[str], site: SiteMap, submit_dir: str | None, now: float
+) -> dict[str, Any]:
     fields: dict[str, Any] = {}
     _check_conflicts(job)
     _identity(job, fields, script, list(script_args), site)
@@ -90,11 +103,68 @@ def parse_sbatch(
     job.warnings.extend(apply_default_share(fields, site))
     dependency_fields(job, fields)
     _array(job, fields, site)
-    where_fields(job, fields, time.time() if now is None else now)
+    where_fields(job, fields, now)
     _batch(job, fields, submit_dir)
     _report_unused(job)
-    spec = spec_from_fields(fields, filename=filename, origin=_origin(job))
-    return Translation(spec=spec, warnings=sorted(job.warnings, key=_by_line), kind="sbatch")
+    return fields
+
+
+def _heterogeneous(
+    parts: list[dict[str, Option]],
+    script: str,
+    script_args: Sequence[str],
+    filename: str,
+    site: SiteMap,
+    submit_dir: str | None,
+    now: float,
+) -> Translation:
+    """A heterogeneous job (`#SBATCH hetjob`, `sbatch a : b`): one job whose gang is its components' ranks in order;
+    the job's own options from sbatch_het.split_job_wide, each component's shape read as a job's would be."""
+    job_wide, shapes, warnings = split_job_wide(parts)
+    head = SbatchJob({**job_wide, **shapes[0]}, filename)
+    array = head.raw("array")
+    if array is not None:
+        raise head.fail(array, "a heterogeneous job cannot be a job array (Slurm refuses it too)")
+    fields = _translate(head, script, script_args, site, submit_dir, now)
+    components = [_component(fields)]
+    warnings.extend(_of_component(head.warnings, 0))
+    for n, shape in enumerate(shapes[1:], start=1):
+        job = SbatchJob(shape, filename)
+        own: dict[str, Any] = {}
+        _check_conflicts(job)
+        gang_fields(job, own)
+        _limits(job, own)
+        job.warnings.extend(apply_default_share(own, site))
+        dependency_fields(job, own)
+        where_fields(job, own, now)
+        components.append(_component(own))
+        warnings.extend(_of_component(job.warnings, n))
+    fields["components"] = components
+    fields["ranks"] = sum(c["ranks"] for c in components)
+    fields["resources"] = components[0]["resources"]
+    fields["topology"] = components[0]["topology"]
+    spec = spec_from_fields(fields, filename=filename, origin=_origin(head))
+    return Translation(spec=spec, warnings=sorted(warnings, key=_by_line), kind="sbatch")
+
+
+def _of_component(warnings: list[str], n: int) -> list[str]:
+    """A remark on the whole job ("job asks for no GPU") said of the component it is about."""
+    return [f"component {n} {w[4:]}" if w.startswith("job ") else w for w in warnings]
+
+
+def _component(fields: dict[str, Any]) -> dict[str, Any]:
+    """One component of a heterogeneous job, from the fields its shape options gave (taken out of `fields`)."""
+    slurm = fields.get("slurm", {})
+    out: dict[str, Any] = {
+        "ranks": fields.pop("ranks"),
+        "resources": fields.pop("resources"),
+        "topology": fields.pop("topology", {}),
+        "slurm": {k: slurm[k] for k in ("ntasks", "ntasks_per_node", "cpus_per_task") if k in slurm},
+    }
+    for key in ("nodelist", "constraint"):
+        if key in fields:
+            out[key] = fields.pop(key)
+    return out
 
 
 def _batch(job: SbatchJob, fields: dict[str, Any], submit_dir: str | None) -> None:

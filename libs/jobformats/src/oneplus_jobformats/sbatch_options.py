@@ -132,6 +132,11 @@ UNUSED: dict[str, tuple[str, str | None]] = {
 }
 
 ALL = {**USED, **UNUSED}
+# A heterogeneous job's components: `#SBATCH hetjob` (`packjob`, its name before Slurm 20.02) in a script, `:` on the
+# command line. HETJOB names the separator's place among a script's options.
+HET_SEPARATORS = ("hetjob", "packjob")
+HETJOB = "hetjob"
+COMPONENT_SEPARATOR = ":"
 # Spellings sbatch takes that are not prefixes of one option: `--cluster` is `--clusters` (sbatch(1)).
 ALIASES = {"cluster": "clusters"}
 SHORT = {short: name for name, (_, short) in ALL.items() if short}
@@ -221,8 +226,14 @@ def parse_tokens(tokens: Sequence[str], where: str, *, stop_at_positional: bool)
 
 
 def split_command_line(argv: Sequence[str]) -> tuple[list[str], str | None, list[str]]:
-    """`sbatch [options] [script [args...]]` → (option words, script or None, script arguments)."""
-    _, rest = parse_tokens(argv, "command line", stop_at_positional=True)
+    """`sbatch [options] [: options ...] [script [args...]]` → (option words, script or None, script arguments).
+    A heterogeneous job's components stay apart in the option words, as `:` words (sbatch_het.py)."""
+    rest = list(argv)
+    while True:
+        _, rest = parse_tokens(rest, "command line", stop_at_positional=True)
+        if not rest or rest[0] != COMPONENT_SEPARATOR:
+            break
+        rest = rest[1:]
     consumed = list(argv[: len(argv) - len(rest)])
     if consumed and consumed[-1] == "--":
         consumed.pop()
@@ -249,6 +260,13 @@ def script_directives(script: str) -> list[Option]:
             tokens = shlex.split(line[7:], comments=True, posix=True)
         except ValueError as exc:
             raise JobFormatError(f"cannot split {line.strip()!r}: {exc}", where=where) from None
+        if tokens and tokens[0] in HET_SEPARATORS:
+            # `#SBATCH hetjob` ends one component of a heterogeneous job (sbatch_het.py splits them there).
+            if len(tokens) > 1:
+                raise JobFormatError(f"#SBATCH {tokens[0]} stands alone on its line (found {' '.join(tokens[1:])!r})",
+                                     where=where)  # fmt: skip
+            options.append(Option(HETJOB, None, where, f"#SBATCH {tokens[0]}"))
+            continue
         found, _ = parse_tokens(tokens, where, stop_at_positional=False)
         options.extend(found)
     return options

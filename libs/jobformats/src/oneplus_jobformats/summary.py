@@ -54,8 +54,33 @@ def dry_run_summary(spec: JobSpec, warnings: list[str], *, kind: str | None = No
         "begin_at": spec.begin_at,
         "spec": spec.model_dump(mode="json"),
     }
+    if spec.components is not None:
+        out["components"] = components_summary(spec)
     if kind is not None:
         out["format"] = kind
+    return out
+
+
+def components_summary(spec: JobSpec) -> list[dict[str, Any]]:
+    """A heterogeneous job's components, each as the checks read a job: its ranks, GPUs and where they go."""
+    out: list[dict[str, Any]] = []
+    for n, (start, part) in enumerate(zip(spec.component_offsets(), spec.component_specs(), strict=True)):
+        out.append(
+            {
+                "component": n,
+                "ranks": part.ranks,
+                "first_rank": start,
+                "gpus_per_rank": _number(part.resources.gpus),
+                "total_gpus": _number(part.total_gpus),
+                "cpus_per_rank": _number(part.resources.cpus),
+                "memory_mb_per_rank": part.resources.memory_mb,
+                "gpu_models": part.resources.gpu_models,
+                "ntasks": part.slurm.ntasks if part.slurm is not None else part.ranks,
+                "topology": part.topology.model_dump(mode="json"),
+                "nodelist": part.nodelist or None,
+                "constraint": part.constraint,
+            }
+        )
     return out
 
 

@@ -10,7 +10,7 @@ from oneplus_contracts import Allocation, JobSpec
 
 from .diagnosis import Explanation
 from .fitters import adapt, static_eligible
-from .greedy import place_request
+from .greedy import place_gang, place_request
 from .layout import AllocationConflict
 from .request import GangRequest, InvalidRequest
 from .snapshot import Holdings
@@ -38,6 +38,8 @@ def explain_pending(
     one victim is preferred to several. `mix_gpu_models`: the job's queue lets a gang span GPU models.
     """
     ahead_ids = tuple(a if isinstance(a, str) else a.job_id for a in ahead)
+    if spec.components is not None:
+        return _explain_het(snapshot, spec, ahead_ids, seed, mix_gpu_models)
     try:
         req = GangRequest.of(spec)
     except InvalidRequest as exc:
@@ -74,6 +76,26 @@ def explain_pending(
         elif any(p < spec.priority for _, _, p in preemptible):
             message += "; preempting every lower-priority preemptible job would still not make room"
     return replace(exp, message=message, ahead=ahead_ids, preempt_to_fit=victims)
+
+
+def _explain_het(
+    snapshot: Holdings, spec: JobSpec, ahead: tuple[str, ...], seed: int, mix_gpu_models: bool
+) -> Explanation:
+    """A heterogeneous job: placed as it will be (every component or none), or which component does not fit. No
+    preemption is suggested: the victim search works on one gang shape."""
+    got = place_gang(snapshot, spec, seed=seed, mix_gpu_models=mix_gpu_models)
+    queue = _ahead_phrase(ahead)
+    if got.allocation is not None:
+        where = ", ".join(got.allocation.nodes)
+        message = f"fits now: {len(spec.components or [])} components, {spec.total_gpus:g} GPUs on {where}"
+        message += f"; waiting because {queue}" if queue else "; it will be placed in the next cycle"
+        constraint = "queue" if ahead else "none"
+        return Explanation(
+            got.allocation.domain, constraint, spec.total_gpus, message, where, ahead=ahead, fits_now=True
+        )
+    exp = got.explanation
+    assert exp is not None
+    return replace(exp, message=exp.message + (f"; {queue}" if queue else ""), ahead=ahead)
 
 
 def _ahead_phrase(ahead: tuple[str, ...]) -> str:

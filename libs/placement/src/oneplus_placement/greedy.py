@@ -12,6 +12,7 @@ from .diagnosis import Explanation, diagnose, static_reason
 from .exclusive import hold_whole_nodes
 from .fgd import FragMeter
 from .fitters import Fitter, RankPick, fitter_for, ordered_gpus
+from .hetjob import place_components
 from .levels import DomainSearch, Plan
 from .mig import place_mig
 from .request import GangRequest, InvalidRequest
@@ -54,6 +55,14 @@ def place_gang(
     own gpu_models lists several). `shares_need_mps`: a GPU share goes only to nodes that run MPS (its queue does not
     allow unisolated time-slicing).
     """
+    if spec.components is not None:  # a heterogeneous job: each component as a job of its own, all or none
+        alloc, why = place_components(
+            snapshot,
+            spec,
+            lambda snap, part: place_gang(snap, part, job_id, seed, keep_strong_boards=keep_strong_boards, fgd=fgd,
+                                          mix_gpu_models=mix_gpu_models, shares_need_mps=shares_need_mps),
+        )  # fmt: skip
+        return PlacementResult(alloc, why)
     if spec.resources.mig is not None:  # MIG instances are their own units (mig.py), not GPUs of the level tree
         got = place_mig(snapshot, spec)
         return PlacementResult(got, None) if isinstance(got, Allocation) else PlacementResult(None, got)

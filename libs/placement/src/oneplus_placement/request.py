@@ -70,6 +70,10 @@ class GangRequest:
 
     @classmethod
     def of(cls, spec: JobSpec) -> GangRequest:
+        if spec.components is not None:
+            # A heterogeneous job is placed component by component (hetjob.py); as one request (counting, eligibility,
+            # preemption's levels) it is its largest component: never more than the job needs.
+            return cls.of(max(spec.component_specs(), key=lambda part: (part.total_gpus, part.ranks)))
         res = spec.resources
         k = res.whole_gpus
         group = spec.topology.group_gpus or 1

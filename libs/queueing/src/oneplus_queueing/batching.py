@@ -68,6 +68,7 @@ def plan_batches(
             and job.job_id not in skip
             and now - job.job.submitted_ts < policy.max_wait_s
             and job.job.spec.resources.mig is None  # MIG instances are not GPUs of the batch model: greedy places them
+            and job.job.spec.components is None  # a heterogeneous job's components are placed by greedy, together
             and not (job.job.spec.resources.isolated_share and queue not in config.timeslice_queues)  # needs MPS nodes
         ][: policy.window]
         if len(window) < 2:

@@ -241,6 +241,8 @@ class Capacity:
 
 def whole_gpus(spec: JobSpec) -> int:
     """Whole GPUs a gang needs; 0 for GPU shares and MIG instances (counting whole GPUs cannot rule those out)."""
+    if spec.components is not None:
+        return sum(whole_gpus(part) for part in spec.component_specs())
     return 0 if spec.resources.mig is not None else spec.ranks * spec.resources.whole_gpus
 
 

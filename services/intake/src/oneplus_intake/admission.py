@@ -118,7 +118,7 @@ class EmptyCluster:
             ]
             self._state = ClusterSnapshot.from_records("empty", healthy).thaw()
             self._key, self._verdicts = key, {}
-        what = {"ranks", "resources", "topology", "constraint", "nodelist", "exclude_nodes"}
+        what = {"ranks", "resources", "topology", "constraint", "nodelist", "exclude_nodes", "components"}
         shape = spec.model_dump_json(include=what) + str(mix_gpu_models)
         if shape not in self._verdicts:
             assert self._state is not None
@@ -151,6 +151,9 @@ def admit(
                 f"{field} names node {unknown[0]!r}, which this cluster does not have (it has "
                 f"{compress_hostlist(facts.hosts)})"
             )
+    if spec.components is not None:
+        _admit_het(spec, queues, facts, empty)
+        return
     if spec.resources.mig is not None:
         _admit_mig(spec, facts)
         return
@@ -180,6 +183,23 @@ def admit(
         why = empty.never_fits(spec, facts, mix_gpu_models=spec.queue in queues.mixing_queues)
         if why is not None:
             # What `jobs explain` would say of it on an idle cluster: waiting could never help.
+            raise Inadmissible(f"can never run on this cluster, even with every GPU free: {why}")
+
+
+def _admit_het(spec: JobSpec, queues: QueueConfig, facts: ClusterFacts, empty: EmptyCluster | None) -> None:
+    """A heterogeneous job: each component admitted as a job of its own, then the whole gang on an idle cluster."""
+    for n, part in enumerate(spec.component_specs()):
+        try:
+            admit(part, queues, facts)
+        except Inadmissible as exc:
+            raise Inadmissible(f"component {n}: {exc}") from exc
+    if spec.total_gpus > facts.total:
+        raise Inadmissible(
+            f"its components ask {spec.total_gpus:g} GPUs in all, more than the cluster has ({facts.total} GPUs)"
+        )
+    if empty is not None:
+        why = empty.never_fits(spec, facts, mix_gpu_models=spec.queue in queues.mixing_queues)
+        if why is not None:
             raise Inadmissible(f"can never run on this cluster, even with every GPU free: {why}")
 
 

@@ -136,7 +136,7 @@ def container_body(
         # Restarts are decided by the runtime (it must not restart a rank it stopped on purpose).
         "RestartPolicy": {"Name": "no"},
     }
-    limit = cmd.spec.resources.memory_limit_mb
+    limit = cmd.spec.rank_resources(placement.rank).memory_limit_mb  # a heterogeneous job: its component's
     if limit is not None:
         # A limit caps; the request (placement.memory_mb) only reserves: no limit, no cap (as Kubernetes).
         host["Memory"] = limit * 1024 * 1024

@@ -279,7 +279,7 @@ class DockerRuntime:
         host_cpus = await self._host_cpu_set()
         cpuset = self._cpuset_for(p) if self._cpuset_for else numa_cpuset(self.topology, p.gpus, host_cpus)
         # A CPU limit caps (NanoCpus); the request only reserves: no limit, no cap beyond the rank's cpuset.
-        cap = cmd.spec.resources.cpu_limit
+        cap = cmd.spec.rank_resources(p.rank).cpu_limit  # a heterogeneous job: its component's
         nano = int(min(cap, len(host_cpus)) * 1e9) if self.cpu_limit and cap is not None else None
         body = container_body(
             cmd,

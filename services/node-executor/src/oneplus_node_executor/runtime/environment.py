@@ -296,7 +296,8 @@ def rank_environment(
         if p.gpu_milli:
             env["ONEPLUS_GPU_MILLI"] = str(p.gpu_milli)
             if is_isolated_share(p.gpu_milli):
-                env.update(share_environment(p, cmd.spec.resources.gpu_memory_mb, topo, in_container=in_container))
+                pinned = cmd.spec.rank_resources(p.rank).gpu_memory_mb  # a heterogeneous job: its component's
+                env.update(share_environment(p, pinned, topo, in_container=in_container))
         if cmd.resume_from_checkpoint_ts is not None:
             env["ONEPLUS_RESUME"] = "1"
             env["ONEPLUS_RESUME_FROM_CHECKPOINT_TS"] = repr(cmd.resume_from_checkpoint_ts)

@@ -40,6 +40,7 @@ from oneplus_contracts import JobSpec, LaunchRanks, RankPlacement, subjects
 from oneplus_contracts.slurm import expand_hostlist
 from pydantic import BaseModel, ConfigDict
 
+from .slurm_het import HetGroup, HetGroupError, check_het_groups, het_environment, het_groups, parse_het_group
 from .slurm_shares import GpuAsk, GpuAskError, Shares, StepClaim, check_gpus
 from .slurm_tasks import (
     NodeStep,
@@ -164,10 +165,33 @@ def allocation_environment(cmd: LaunchRanks, placement: RankPlacement) -> dict[s
         "PATH": PATH,
         SPOOL_ENV: CONTAINER_SPOOL,
     }
-    if spec.resources.whole_gpus and gpus_here:  # a job without GPUs (its 0.001 share) has none, as in Slurm
+    whole_gpus = spec.resources.whole_gpus
+    cpus_per_task = slurm.cpus_per_task if slurm is not None else None
+    if spec.components is not None:
+        # A heterogeneous job: the plain variables are the container's own component's (the batch script's is
+        # component 0, as in Slurm), and every component's have the _HET_GROUP_<n> names.
+        groups = het_groups(cmd)
+        own = groups[spec.component_of(placement.rank)]
+        whole_gpus, cpus_per_task = own.resources.whole_gpus, own.cpus_per_task
+        node_ids = {n: i for i, n in enumerate(own.nodes)}
+        env.update(
+            {
+                "SLURM_JOB_NODELIST": ",".join(own.nodes),
+                "SLURM_NODELIST": ",".join(own.nodes),
+                "SLURM_JOB_NUM_NODES": str(len(own.nodes)),
+                "SLURM_NNODES": str(len(own.nodes)),
+                "SLURM_NTASKS": str(own.ntasks),
+                "SLURM_NPROCS": str(own.ntasks),
+                "SLURM_NTASKS_PER_NODE": str(own.ntasks_per_node),
+                "SLURM_TASKS_PER_NODE": tasks_per_node_text([own.ntasks_per_node] * len(own.nodes)),
+                "SLURM_NODEID": str(node_ids.get(cmd.node, 0)),
+            }
+        )
+        env.update(het_environment(cmd.job_id, groups, tasks_per_node_text))
+    if whole_gpus and gpus_here:  # a job without GPUs (its 0.001 share) has none, as in Slurm
         env["SLURM_GPUS_ON_NODE"] = str(gpus_here)
-    if slurm is not None and slurm.cpus_per_task:
-        env["SLURM_CPUS_PER_TASK"] = str(slurm.cpus_per_task)
+    if cpus_per_task:
+        env["SLURM_CPUS_PER_TASK"] = str(cpus_per_task)
     if slurm is not None and slurm.submit_dir:
         env["SLURM_SUBMIT_DIR"] = slurm.submit_dir
     if is_batch_rank(placement):
@@ -217,6 +241,7 @@ class SrunOptions:
     overlap: bool = False  # --overlap: shares the slots of running steps, holds none
     gpus: GpuAsk = field(default_factory=GpuAsk)  # -G/--gpus, --gpus-per-task, --gpus-per-node, --gres=gpu:N
     cpus_per_task: int | None = None  # -c: what an --exact task holds of its slot's CPUs (1 when not given)
+    het_group: tuple[int, ...] | None = None  # --het-group: the components the step runs on (None: component 0)
 
 
 _VALUED = {"-n": "ntasks", "--ntasks": "ntasks", "-N": "nodes", "--nodes": "nodes"}
@@ -312,9 +337,11 @@ def _export(text: str) -> tuple[bool, tuple[str, ...], tuple[tuple[str, str], ..
     return every, tuple(names), tuple(sets)
 
 
-def parse_srun(args: Sequence[str], job_id: str | None = None) -> SrunOptions:
+def parse_srun(args: Sequence[str], job_id: str | None = None, components: int = 1) -> SrunOptions:
     """srun's command line: the options OnePlus honours (-n, -N, --ntasks-per-node, -w, -l, --export, ...), then
-    the task's command. `job_id`, when given, is the job's: --jobid naming another job is refused."""
+    the task's command. `job_id`, when given, is the job's: --jobid naming another job is refused. `components`: the
+    job's heterogeneous components (--het-group names some of them; refused for a job of one)."""
+    het_group: tuple[int, ...] | None = None
     counts: dict[str, int] = {}
     label = False
     nodelist: tuple[str, ...] | None = None
@@ -341,13 +368,25 @@ def parse_srun(args: Sequence[str], job_id: str | None = None) -> SrunOptions:
                 raise SrunError(f"srun: error: {name} takes no value")
             label = True
         elif name == "--het-group":
-            job = f"job {job_id}" if job_id else "this batch job"
-            raise SrunError(f"srun: error: {arg}: {job} is not a heterogeneous job (it has one component); run the "
-                            "step without --het-group")  # fmt: skip
-        elif name in ("--exact", "--overlap"):
+            if components < 2:
+                job = f"job {job_id}" if job_id else "this batch job"
+                raise SrunError(f"srun: error: {arg}: {job} is not a heterogeneous job (it has one component); run "
+                                "the step without --het-group")  # fmt: skip
+            if not eq:
+                i += 1
+                if i >= len(args):
+                    raise SrunError(f"srun: error: {name} needs a value")
+                value = args[i]
+            try:
+                het_group = parse_het_group(f"--het-group={value}", value)
+                check_het_groups(f"--het-group={value}", het_group, job_id, components)
+            except HetGroupError as e:
+                raise SrunError(str(e)) from None
+        elif name in ("--exact", "--overlap", "--exclusive"):
             if eq:
                 raise SrunError(f"srun: error: {name} takes no value")
-            flags.add(name)
+            # srun(1): for a step, --exclusive implies --exact (Slurm 20.11 on): the step holds only what it asks.
+            flags.add("--exact" if name == "--exclusive" else name)
         elif name in _VALUED or name in _IGNORED_VALUED or name in _READ_VALUED or name in _GPU_VALUED:
             if eq:
                 given = value
@@ -387,6 +426,10 @@ def parse_srun(args: Sequence[str], job_id: str | None = None) -> SrunOptions:
     argv = args[i:]
     if not argv:
         raise SrunError("srun: error: no command to run")
+    if components > 1 and ":" in argv:
+        # srun(1): ':' separates the components of a heterogeneous step; OnePlus runs one component per srun.
+        raise SrunError("srun: error: ':' starts another component of a heterogeneous step (srun A : B), which "
+                        "OnePlus does not run; start one srun per component (srun --het-group=N CMD &)")  # fmt: skip
     return SrunOptions(
         counts.get("ntasks"),
         counts.get("nodes"),
@@ -402,6 +445,7 @@ def parse_srun(args: Sequence[str], job_id: str | None = None) -> SrunOptions:
         overlap="--overlap" in flags,
         gpus=GpuAsk(**gpus, option=" ".join(gpu_options)),
         cpus_per_task=counts.get("cpus-per-task"),
+        het_group=het_group,
     )
 
 
@@ -699,19 +743,42 @@ class StepServer:
         self._start_env: dict[str, str] | None = None
         self.nodes = list(cmd.nodes or [cmd.node])
         spec = cmd.spec
-        self.job_ntasks = spec.slurm.ntasks if spec.slurm is not None else cmd.world_size
-        # The solver may pack a CPU-only job on fewer nodes than --nodes asked for: their tasks still fit.
-        self.capacity = max(tasks_per_node(spec), -(-self.job_ntasks // len(self.nodes)))
-        self.shares = Shares(
-            {n: self.capacity for n in self.nodes}, cpus_per_slot=max(1, math.ceil(spec.resources.cpus))
-        )
-        self.gpus_per_slot = spec.resources.whole_gpus
+        # Each heterogeneous component (the whole job when it has one) is an allocation of its own to steps.
+        if spec.components is not None:
+            self.groups = [_GroupSlots.of(g) for g in het_groups(cmd)]
+        else:
+            ntasks = spec.slurm.ntasks if spec.slurm is not None else cmd.world_size
+            # The solver may pack a CPU-only job on fewer nodes than --nodes asked for: their tasks still fit.
+            capacity = max(tasks_per_node(spec), -(-ntasks // len(self.nodes)))
+            shares = Shares({n: capacity for n in self.nodes}, cpus_per_slot=max(1, math.ceil(spec.resources.cpus)))
+            self.groups = [_GroupSlots(self.nodes, ntasks, capacity, shares, spec.resources.whole_gpus)]
         self.changed = asyncio.Condition()
         self.requests: dict[str, asyncio.Task[None]] = {}  # request id → its step, while it runs
         self.running: dict[int, _Running] = {}  # step id → the step, while its tasks run
         tasks = getattr(runtime, "slurm_tasks", None)
         self.records: NodeTasks | None = tasks if isinstance(tasks, NodeTasks) else None
         self._signalling: set[asyncio.Task[int]] = set()
+
+    # The allocation of the batch script's component (the whole job when it has one): what a plain srun uses.
+    @property
+    def job_ntasks(self) -> int:
+        return self.groups[0].ntasks
+
+    @property
+    def capacity(self) -> int:
+        return self.groups[0].capacity
+
+    @property
+    def shares(self) -> Shares:
+        return self.groups[0].shares
+
+    @property
+    def gpus_per_slot(self) -> int:
+        return self.groups[0].gpus_per_slot
+
+    @gpus_per_slot.setter
+    def gpus_per_slot(self, value: int) -> None:
+        self.groups[0].gpus_per_slot = value
 
     async def run(self) -> None:
         """Serve requests until the batch container has ended, end the steps still running, then release the holders
@@ -910,26 +977,43 @@ class StepServer:
 
     # -- one step ----------------------------------------------------------------------------------------------
 
-    def _layout(self, opts: SrunOptions) -> list[StepTask]:
+    def _layout(self, opts: SrunOptions, group: int = 0) -> list[StepTask]:
         """The step's tasks where it starts soonest: as asked, or (with neither -w nor every node) on the nodes free
-        now first, so that `srun -N1 a &` then `srun -N1 b` run side by side on two nodes."""
-        tasks = plan_step(opts, self.nodes, self.capacity, self.job_ntasks)
-        if opts.cpus_per_task is not None and opts.cpus_per_task > self.shares.cpus_per_slot:
+        now first, so that `srun -N1 a &` then `srun -N1 b` run side by side on two nodes. On the nodes of one
+        heterogeneous component (`group`; the whole job when it has one)."""
+        g = self.groups[group]
+        tasks = plan_step(opts, g.nodes, g.capacity, g.ntasks)
+        if opts.cpus_per_task is not None and opts.cpus_per_task > g.shares.cpus_per_slot:
             raise SrunError(f"srun: error: --cpus-per-task={opts.cpus_per_task}: more CPUs per task than each of the "
-                            f"allocation's tasks has ({self.shares.cpus_per_slot})")  # fmt: skip
+                            f"allocation's tasks has ({g.shares.cpus_per_slot})")  # fmt: skip
         claim = _claim(opts, tasks)
-        if opts.overlap or opts.nodelist is not None or self.shares.fits(claim):
+        if opts.overlap or opts.nodelist is not None or g.shares.fits(claim):
             return tasks
         per_node = max(Counter(t.node for t in tasks).values())
-        free = [n for n in self.nodes if self.shares.node_fits(n, per_node, claim)]
+        free = [n for n in g.nodes if g.shares.node_fits(n, per_node, claim)]
         if not free:
             return tasks
-        order = free + [n for n in self.nodes if n not in free]
+        order = free + [n for n in g.nodes if n not in free]
         try:
-            moved = plan_step(opts, order, self.capacity, self.job_ntasks)
+            moved = plan_step(opts, order, g.capacity, g.ntasks)
         except SrunError:
             return tasks
-        return moved if self.shares.fits(_claim(opts, moved)) else tasks
+        return moved if g.shares.fits(_claim(opts, moved)) else tasks
+
+    def _layouts(self, opts: SrunOptions) -> list[list[StepTask]]:
+        """The step's tasks on each component it runs on (--het-group; component 0 without it, as Slurm)."""
+        return [self._layout(opts, n) for n in (opts.het_group or (0,))]
+
+    def _take(self, step_id: int, opts: SrunOptions, parts: list[list[StepTask]]) -> dict[str, tuple[int, ...]] | None:
+        """Every component's share of the step, or none (it waits)."""
+        groups = [self.groups[n] for n in (opts.het_group or (0,))]
+        claims = [_claim(opts, tasks) for tasks in parts]
+        if not all(g.shares.fits(c) for g, c in zip(groups, claims, strict=True)):
+            return None
+        slots: dict[str, tuple[int, ...]] = {}
+        for g, c in zip(groups, claims, strict=True):
+            slots.update(g.shares.take(step_id, c) or {})
+        return slots
 
     async def step(
         self,
@@ -941,9 +1025,10 @@ class StepServer:
         """Run one srun, printing what its tasks print as they print it (into `answer`); srun's exit status."""
         say = answer or SpoolAnswer(self.spool, "-")
         try:
-            opts = parse_srun(args, job_id=self.cmd.job_id)
-            tasks = self._layout(opts)
-            check_gpus(opts.gpus, Counter(t.node for t in tasks), self.gpus_per_slot, self.shares.slots_on)
+            opts = parse_srun(args, job_id=self.cmd.job_id, components=len(self.groups))
+            for n, part in zip(opts.het_group or (0,), self._layouts(opts), strict=True):
+                g = self.groups[n]
+                check_gpus(opts.gpus, Counter(t.node for t in part), g.gpus_per_slot, g.shares.slots_on)
         except (SrunError, GpuAskError) as e:
             say.err(f"{e}\n")
             return SRUN_USAGE_EXIT
@@ -952,8 +1037,8 @@ class StepServer:
         waited = False
         async with self.changed:
             while True:
-                tasks = self._layout(opts)
-                slots = self.shares.take(step_id, _claim(opts, tasks))
+                parts = self._layouts(opts)
+                slots = self._take(step_id, opts, parts)
                 if slots is not None:
                     break
                 if not waited:
@@ -962,11 +1047,13 @@ class StepServer:
                 await self.changed.wait()
         if waited:
             say.err(f"srun: Step created for StepId={self.cmd.job_id}.{step_id}\n")
+        tasks = _one_step(parts)
         try:
             return await self._run_step(step_id, opts, tasks, slots, cwd, exported, say)
         finally:
             async with self.changed:
-                self.shares.release(step_id)
+                for g in self.groups:
+                    g.shares.release(step_id)
                 self.changed.notify_all()
 
     async def _run_step(
@@ -1077,6 +1164,37 @@ class StepServer:
         except Exception as e:
             done = not isinstance(op, StepSignal)
             return StepProgress(done=done, error=f"srun: error: the step's tasks on {node} did not run: {e}")
+
+
+@dataclass
+class _GroupSlots:
+    """One heterogeneous component's part of the allocation as steps share it (the whole job when it has one)."""
+
+    nodes: list[str]
+    ntasks: int
+    capacity: int  # task slots per node
+    shares: Shares
+    gpus_per_slot: int
+
+    @classmethod
+    def of(cls, g: HetGroup) -> _GroupSlots:
+        nodes = g.nodes or ["-"]
+        capacity = max(g.ntasks_per_node, -(-g.ntasks // len(nodes)))
+        shares = Shares({n: capacity for n in nodes}, cpus_per_slot=max(1, math.ceil(g.resources.cpus)))
+        return cls(nodes, g.ntasks, capacity, shares, g.resources.whole_gpus)
+
+
+def _one_step(parts: list[list[StepTask]]) -> list[StepTask]:
+    """A step over several components is one step: task ids and node ids run on from one component to the next."""
+    if len(parts) == 1:
+        return parts[0]
+    out: list[StepTask] = []
+    nodes = 0
+    for tasks in parts:
+        for t in tasks:
+            out.append(StepTask(len(out), t.node, nodes + t.nodeid, t.localid))
+        nodes += len({t.node for t in tasks})
+    return out
 
 
 def _claim(opts: SrunOptions, tasks: Sequence[StepTask]) -> StepClaim:
