@@ -180,6 +180,10 @@ class MultiHostRun(ChaosRun):
     def fault_schedule(self) -> list[Fault]:
         return lab_faults(self.cfg.seed, tuple(n.name for n in DEMO_NODES))
 
+    @property
+    def witnesses_fence(self) -> bool:
+        return True  # two solver replicas on replicated streams: no write of a deposed owner may land there either
+
     # -- the world -----------------------------------------------------------------------------------------------------
     def platform_env(self) -> dict[str, str]:
         s = self.lab_servers
