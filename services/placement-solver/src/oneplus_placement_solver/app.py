@@ -129,7 +129,6 @@ class Solver:
         await svc.nc.subscribe(subjects.node_heartbeat("*"), cb=work.on_heartbeat_msg)
         await svc.nc.subscribe(subjects.ops_solver_reasons(ctx.settings.replica), cb=self.ops.on_reasons_request)
         if ctx.leading:
-            await self.store_sync.catch_up_audit()
             await self.controller.reconcile()
             self.membership.start_owner_loops()
         ctx.wake.set()
@@ -258,9 +257,6 @@ class Solver:
 
     async def release_many(self, releases: Iterable[Release]) -> None:
         await self.controller.release_many(list(releases))
-
-    async def catch_up_audit(self) -> None:
-        await self.store_sync.catch_up_audit()
 
     async def beat(self) -> None:
         await self.membership.beat()
