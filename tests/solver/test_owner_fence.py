@@ -7,6 +7,7 @@ the streams, as for an owner paused past its lease whose buffered publishes are 
 
 from __future__ import annotations
 
+import asyncio
 import json
 
 import pytest
@@ -138,3 +139,16 @@ async def test_a_refused_publish_is_an_error_not_a_hang(nc: Client) -> None:
     )
     with pytest.raises(Exception, match="wrong last sequence"):
         await fut
+
+
+async def test_a_commit_racing_the_takeovers_fence_waits_for_it_and_does_not_depose_the_owner(nc: Client) -> None:
+    """The multi-host lab: a binding committed while the new owner's bootstrap was fencing the streams; the commit
+    fenced at an epoch of its own (the old one + 1), met the lease's epoch and deposed the owner just taking over."""
+    _, old, new = await owners(nc)
+    await old.bootstrap(epoch=40)
+    deposed: list[bool] = []
+    new.fence.on_deposed = lambda: deposed.append(True)
+    await asyncio.gather(new.fence.establish(50), new.fence.ensure())
+    assert new.fence.epoch == 50 and not deposed and new.fence.established
+    for stream in FENCED_STREAMS:
+        assert (await new.fence.last(stream))[1] == 50

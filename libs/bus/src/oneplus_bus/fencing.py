@@ -180,6 +180,10 @@ class OwnerFence:
         self._in_flight: dict[str, list[asyncio.Future[PubAck] | None]] = {}
         self._next_lane: dict[str, int] = {}
         self._sending: dict[str, asyncio.Lock] = {}
+        # One establishment at a time: a commit racing a takeover's bootstrap waits for its fence instead of fencing
+        # at an epoch of its own (the multi-host lab: a binding's commit fenced at the old epoch + 1, met the lease's
+        # epoch the bootstrap had just written, and deposed the new owner).
+        self._establishing = asyncio.Lock()
         self.refused = Counter(
             "oneplus_owner_writes_refused",
             "Writes of this job owner the NATS server refused: a newer owner had fenced the stream",
@@ -206,6 +210,10 @@ class OwnerFence:
     async def establish(self, epoch: int | None = None) -> int:
         """Fence every lane of every stream the owner writes at `epoch` (the owner lease's revision; None: one above
         the newest epoch found, for an owner without a lease). Raises Deposed where a newer epoch is there already."""
+        async with self._establishing:
+            return await self._establish(epoch)
+
+    async def _establish(self, epoch: int | None) -> int:
         self._in_flight.clear()
         if not self.enabled:  # writes carry no precondition: the lease's clock guard alone keeps one writer
             self.epoch, self.deposed = epoch or 0, False
@@ -251,7 +259,11 @@ class OwnerFence:
         if self.deposed:
             raise Deposed(f"owner {self.me} (epoch {self.epoch}) was deposed")
         if not self.seqs:
-            await self.establish()
+            async with self._establishing:
+                if self.deposed:  # the establishment it waited for found a newer owner
+                    raise Deposed(f"owner {self.me} (epoch {self.epoch}) was deposed")
+                if not self.seqs:  # not fenced by the establishment it waited for (a takeover's)
+                    await self._establish(None)
 
     def headers(self, stream: str, base: Mapping[str, str] | None = None, lane: int = 0) -> dict[str, str]:
         """`base` and the preconditions of a write to `stream` by this owner, checked on `lane`."""
