@@ -13,9 +13,12 @@ import json
 import pytest
 from nats.aio.client import Client
 from nats.js import JetStreamContext
+from nats.js.api import PubAck
 from oneplus_bus.archive import JobArchive
 from oneplus_bus.fencing import (
     EPOCH_HEADER,
+    EXPECTED_SEQ_SUBJECT,
+    FENCE_LANES,
     FENCED_STREAMS,
     JOBS_KV_STREAM,
     SOLVER_STATE_STREAM,
@@ -152,3 +155,32 @@ async def test_a_commit_racing_the_takeovers_fence_waits_for_it_and_does_not_dep
     assert new.fence.epoch == 50 and not deposed and new.fence.established
     for stream in FENCED_STREAMS:
         assert (await new.fence.last(stream))[1] == 50
+
+
+async def test_writes_take_the_fence_lanes_in_turn_with_one_in_flight_per_lane(nc: Client) -> None:
+    """A replicated stream's leader refuses (10164) a write checking a fence subject another write in flight checks:
+    each lane takes its next write only once its previous one is acknowledged, and all of a long batch lands."""
+    _, old, _ = await owners(nc)
+    await old.bootstrap(epoch=3)
+    real = old.fence.publisher
+    last: dict[str, asyncio.Future[PubAck]] = {}
+    lanes: list[str] = []
+
+    class Spy:
+        async def publish(
+            self, subject: str, data: bytes, headers: dict[str, str], stream: str
+        ) -> asyncio.Future[PubAck]:
+            lane = headers[EXPECTED_SEQ_SUBJECT]
+            assert lane not in last or last[lane].done(), f"two writes in flight on {lane}"
+            lanes.append(lane)
+            last[lane] = await real.publish(subject, data, headers, stream)
+            return last[lane]
+
+    old.fence.publisher = Spy()  # type: ignore[assignment]
+    stream = subjects.ARCHIVE_STREAM
+    n = 2 * FENCE_LANES + 3
+    futures = [
+        await old.fence.publish(stream, f"{subjects.PREFIX}.archive.l{i}.SUCCEEDED.t.u", b"{}") for i in range(n)
+    ]
+    assert len(await old.fence.acks(stream, futures)) == n
+    assert lanes[: 2 * FENCE_LANES] == [fence_subject(stream, i % FENCE_LANES) for i in range(2 * FENCE_LANES)]
