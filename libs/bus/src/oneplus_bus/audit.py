@@ -138,8 +138,8 @@ def transition_audit(messages: Iterable[tuple[bytes, float, dict[str, str]]]) ->
             continue
         records[event.job_id] = after
         old, new = _hold(before), _hold(after)
-        if old == new or (old is not None and new is not None and old[0] == new[0]):
-            continue
+        if old == new or (old is not None and new is not None and old[0] == new[0] and old[1].ranks == new[1].ranks):
+            continue  # the same hold (a hold whose GPUs change under one token is released and taken again)
         epoch = int(headers.get(EPOCH_HEADER) or 0)
         if old is not None:
             out.append(ReservationAudit(op="release", job_id=event.job_id, token=old[0], reason=event.type,
