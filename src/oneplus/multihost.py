@@ -17,7 +17,9 @@ Faults, one after another with a seeded gap, each timed to recovery as in `onepl
 `jobs list`; the next `placed`): the NATS server leading the jobs stream SIGKILLed and restarted on its store; a
 NATS server cut off the network and healed; the Redis primary SIGKILLed (the sentinels promote the replica; the
 old primary comes back on its append-only file and is made a replica); the solver replica that holds the owner
-lease SIGKILLed, left down past the lease (the other replica takes it over), and restarted; every
+lease SIGKILLed, left down past the lease (the other replica takes it over), and restarted; the one that holds
+it then SIGSTOPped past its lease and resumed (the other takes over and fences the streams: none of the paused
+one's writes may land, `oneplus.chaos.FENCED_WRITES`); every
 service and executor restarted once (SIGTERM, then started again). The invariants are `oneplus.chaos`'s, read from
 the job stream, the nodes' heartbeats and the JetStream reservation audit.
 
@@ -161,6 +163,8 @@ def lab_faults(seed: int, nodes: tuple[str, ...], down_s: float = 10.0) -> list[
         Fault("nats-partition", cut, down_s, 0),
         Fault("redis-failover", "redis-1", down_s, 0),
         Fault("kill", "placement-solver", 3 * LEASE_S, 0),  # aimed at the lease holder; down past its lease
+        # Aimed at the lease holder too: SIGSTOPped past its lease, then resumed; the server refuses its writes.
+        Fault("pause-leader", "placement-solver", 3 * LEASE_S, 0),
     ]
     rng.shuffle(faults)
     faults.append(Fault("rolling-restart", "every service", 16.0, 0))  # down_s: the restarts spread over it
@@ -179,6 +183,10 @@ class MultiHostRun(ChaosRun):
 
     def fault_schedule(self) -> list[Fault]:
         return lab_faults(self.cfg.seed, tuple(n.name for n in DEMO_NODES))
+
+    @property
+    def witnesses_fence(self) -> bool:
+        return True  # two solver replicas on replicated streams: no write of a deposed owner may land there either
 
     # -- the world -----------------------------------------------------------------------------------------------------
     def platform_env(self) -> dict[str, str]:
@@ -226,7 +234,7 @@ class MultiHostRun(ChaosRun):
             f.target = await self.jobs_leader()
         elif f.kind == "redis-failover":
             f.target = await self.current_primary()
-        elif f.kind == "kill" and f.target in SOLVERS:
+        elif f.kind in ("kill", "pause-leader") and f.target in SOLVERS:
             f.target = await self.lease_holder() or f.target
             f.note = f"{f.target} held the owner lease"
 

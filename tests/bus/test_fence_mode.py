@@ -1,5 +1,5 @@
-"""ONEPLUS_OWNER_FENCE: the owner's server-checked write preconditions are on for one-replica streams (auto), and off
-on replicated ones until their refusals there are understood (docs/architecture.md#owner-fence)."""
+"""ONEPLUS_OWNER_FENCE: the owner's server-checked write preconditions are on by default, on one server and on a
+replicated cluster alike (docs/architecture.md#owner-fence); `off` leaves the lease's clock guard alone."""
 
 from __future__ import annotations
 
@@ -7,10 +7,10 @@ import pytest
 from oneplus_bus.fencing import EXPECTED_SEQ, FENCED_STREAMS, OwnerFence, fence_enabled
 
 
-def test_auto_fences_one_replica_streams_and_not_replicated_ones() -> None:
+def test_auto_fences_one_replica_and_replicated_streams() -> None:
     assert fence_enabled({}) is True
     assert fence_enabled({"ONEPLUS_STREAM_REPLICAS": "1"}) is True
-    assert fence_enabled({"ONEPLUS_STREAM_REPLICAS": "3"}) is False
+    assert fence_enabled({"ONEPLUS_STREAM_REPLICAS": "3"}) is True
     assert fence_enabled({"ONEPLUS_STREAM_REPLICAS": "3", "ONEPLUS_OWNER_FENCE": "on"}) is True
     assert fence_enabled({"ONEPLUS_OWNER_FENCE": "off"}) is False
 

@@ -21,10 +21,13 @@ import pytest
 from faststream.nats import NatsMessage
 from nats.aio.client import Client
 from nats.js.errors import APIError
+from oneplus_bus.archive import JobArchive
+from oneplus_bus.fencing import FENCE_LANES, FENCED_STREAMS
 from oneplus_bus.service import OneplusService
 from oneplus_bus.settings import BusSettings
 from oneplus_bus.streams import KV_HISTORY, ensure_kv, ensure_streams
-from oneplus_contracts import subjects
+from oneplus_contracts import JobAccepted, JobFinished, JobSpec, subjects
+from oneplus_placement_solver.owner import JobOwner, NotOwner
 
 from oneplus.devstack import find_nats_server, free_port, spawn, wait_port
 
@@ -178,6 +181,34 @@ async def _declare(js: Any, replicas: int) -> bool:
     await ensure_streams(js, replicas=replicas)
     await ensure_kv(js, replicas=replicas)
     return True
+
+
+async def test_the_owner_fence_holds_on_replicated_streams(admin: Client) -> None:
+    """On R3 streams a leader lets one expected-sequence check per subject be in flight (err 10164 for the next): the
+    owner's pipelined writes, spread over the fence lanes, all land; a deposed owner's are refused and none lands."""
+    js = admin.jetstream()
+    await until(lambda: _declare(js, 3))
+    state_kv = await js.key_value(subjects.SOLVER_STATE_KV)
+    old = JobOwner(js, JobArchive(js), min_age_s=0, state_kv=state_kv, nc=admin, me="old")
+    await old.bootstrap(epoch=100)
+    n = 3 * FENCE_LANES  # more writes in one batch than there are lanes: some wait for their lane's previous ack
+    spec = JobSpec(name="fenced", resources={"gpus": 1}, simulate={"duration_s": 60})  # type: ignore[arg-type]
+    recs = await old.commit(*[JobAccepted(event_id=f"r3-a-{i}", job_id=f"r3-{i}", spec=spec) for i in range(n)])
+    assert all(r is not None for r in recs) and len(old.index.pending) == n
+
+    new = JobOwner(js, JobArchive(js), min_age_s=0, state_kv=state_kv, nc=admin, me="new")
+    await new.bootstrap(epoch=101)
+    assert sorted(new.index.pending) == sorted(f"r3-{i}" for i in range(n)), "all the old owner landed is read"
+    before = {s: int((await js.stream_info(s)).state.last_seq or 0) for s in FENCED_STREAMS}
+    with pytest.raises(NotOwner):
+        await old.commit(
+            *[JobFinished(event_id=f"r3-f-{i}", job_id=f"r3-{i}", state="SUCCEEDED", reason="done") for i in range(n)]
+        )
+    assert {s: int((await js.stream_info(s)).state.last_seq or 0) for s in FENCED_STREAMS} == before
+    done = await new.commit(
+        *[JobFinished(event_id=f"r3-g-{i}", job_id=f"r3-{i}", state="SUCCEEDED", reason="done") for i in range(n)]
+    )
+    assert all(r is not None and r.state == "SUCCEEDED" for r in done)
 
 
 async def test_a_service_rides_out_the_loss_of_its_stream_leader(

@@ -1,7 +1,8 @@
 """The platform across hosts (issue 15): network namespaces made by the test, three NATS servers clustered, Redis with
 a replica and three sentinels, the services and the executors on hosts of their own; a short run of
 `oneplus.multihost` with every fault (the jobs stream's leader killed, a NATS server cut off and healed, a Redis
-failover, the solver killed, every process restarted once). Skipped, with the reason, where namespaces cannot be made.
+failover, the solver killed, the solver paused past its lease, every process restarted once); no write of a
+deposed owner lands on the replicated streams. Skipped, with the reason, where namespaces cannot be made.
 """
 
 from __future__ import annotations
@@ -13,11 +14,11 @@ from pathlib import Path
 import pytest
 from oneplus_testing import FAULTS
 
-from oneplus.chaos import ChaosConfig, render
+from oneplus.chaos import FENCED_WRITES, ChaosConfig, render
 from oneplus.multihost import MultiHostRun, lab_faults, sentinel_config
 from oneplus.netlab import NetLab
 
-KINDS = {"nats-leader-kill", "nats-partition", "redis-failover", "kill", "rolling-restart"}
+KINDS = {"nats-leader-kill", "nats-partition", "redis-failover", "kill", "pause-leader", "rolling-restart"}
 
 
 def test_the_fault_schedule_has_every_multihost_fault_and_restarts_last() -> None:
@@ -53,4 +54,5 @@ async def test_across_hosts_no_job_lost_no_gpu_used_twice_whatever_fails(tmp_pat
     assert all(f["recovery_list_s"] is not None for f in result.faults), result.faults
     broken = {name: v for name, v in result.invariants.items() if v}
     evidence = json.dumps(result.evidence, indent=1)
+    assert FENCED_WRITES in result.invariants
     assert not broken, f"{json.dumps(broken, indent=1)}\nlog lines: {evidence}\nlogs in {result.workdir}"

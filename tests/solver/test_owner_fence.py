@@ -7,14 +7,18 @@ the streams, as for an owner paused past its lease whose buffered publishes are 
 
 from __future__ import annotations
 
+import asyncio
 import json
 
 import pytest
 from nats.aio.client import Client
 from nats.js import JetStreamContext
+from nats.js.api import PubAck
 from oneplus_bus.archive import JobArchive
 from oneplus_bus.fencing import (
     EPOCH_HEADER,
+    EXPECTED_SEQ_SUBJECT,
+    FENCE_LANES,
     FENCED_STREAMS,
     JOBS_KV_STREAM,
     SOLVER_STATE_STREAM,
@@ -138,3 +142,45 @@ async def test_a_refused_publish_is_an_error_not_a_hang(nc: Client) -> None:
     )
     with pytest.raises(Exception, match="wrong last sequence"):
         await fut
+
+
+async def test_a_commit_racing_the_takeovers_fence_waits_for_it_and_does_not_depose_the_owner(nc: Client) -> None:
+    """The multi-host lab: a binding committed while the new owner's bootstrap was fencing the streams; the commit
+    fenced at an epoch of its own (the old one + 1), met the lease's epoch and deposed the owner just taking over."""
+    _, old, new = await owners(nc)
+    await old.bootstrap(epoch=40)
+    deposed: list[bool] = []
+    new.fence.on_deposed = lambda: deposed.append(True)
+    await asyncio.gather(new.fence.establish(50), new.fence.ensure())
+    assert new.fence.epoch == 50 and not deposed and new.fence.established
+    for stream in FENCED_STREAMS:
+        assert (await new.fence.last(stream))[1] == 50
+
+
+async def test_writes_take_the_fence_lanes_in_turn_with_one_in_flight_per_lane(nc: Client) -> None:
+    """A replicated stream's leader refuses (10164) a write checking a fence subject another write in flight checks:
+    each lane takes its next write only once its previous one is acknowledged, and all of a long batch lands."""
+    _, old, _ = await owners(nc)
+    await old.bootstrap(epoch=3)
+    real = old.fence.publisher
+    last: dict[str, asyncio.Future[PubAck]] = {}
+    lanes: list[str] = []
+
+    class Spy:
+        async def publish(
+            self, subject: str, data: bytes, headers: dict[str, str], stream: str
+        ) -> asyncio.Future[PubAck]:
+            lane = headers[EXPECTED_SEQ_SUBJECT]
+            assert lane not in last or last[lane].done(), f"two writes in flight on {lane}"
+            lanes.append(lane)
+            last[lane] = await real.publish(subject, data, headers, stream)
+            return last[lane]
+
+    old.fence.publisher = Spy()  # type: ignore[assignment]
+    stream = subjects.ARCHIVE_STREAM
+    n = 2 * FENCE_LANES + 3
+    futures = [
+        await old.fence.publish(stream, f"{subjects.PREFIX}.archive.l{i}.SUCCEEDED.t.u", b"{}") for i in range(n)
+    ]
+    assert len(await old.fence.acks(stream, futures)) == n
+    assert lanes[: 2 * FENCE_LANES] == [fence_subject(stream, i % FENCE_LANES) for i in range(2 * FENCE_LANES)]

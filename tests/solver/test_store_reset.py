@@ -12,7 +12,7 @@ import time
 
 from nats.aio.client import Client
 from oneplus_bus.audit import audit_history, read_audit
-from oneplus_contracts import JobAccepted, JobRequeued, NodeHeartbeat, RankReport, subjects
+from oneplus_contracts import JobAccepted, JobFinished, JobRequeued, NodeHeartbeat, RankReport, subjects
 from oneplus_reservations import EPOCH_SPAN, check_history
 from oneplus_testing import Servers
 from test_cycle_store_ops import add_nodes, solver_on_fresh_bus, spec
@@ -56,10 +56,13 @@ async def test_a_reset_store_is_rebuilt_under_the_running_jobs_tokens_and_new_to
         assert await store.renew_status("r-0", before["r-0"]) == "ok"
         assert await solver.schedule_once() == 0, "no GPU is free: nothing may go on the running jobs' GPUs"
 
-        # One running job ends; the last one waiting takes its node.
+        # One running job ends (its end committed, then its reservation freed); the last one waiting takes its node.
+        await solver.owner.commit(
+            JobFinished(event_id="f-r-0", job_id="r-0", state="SUCCEEDED", reason="done", token=before["r-0"])
+        )
         await solver.release("r-0", before["r-0"], "done")
         assert await solver.schedule_once() == 1
-        # The audit kept in JetStream still holds the first epoch's reservations, and sees no double use.
+        # The audit (the job transitions, and the restores) still holds the first epoch's reservations: no double use.
         await solver.audit.flush()
         # This test's jobs only: CI once saw another platform's `j-` reserves here, on the shared test bus.
         entries = [e for e in await read_audit(nc) if e.job_id.startswith("r-")]

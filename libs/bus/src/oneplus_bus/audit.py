@@ -1,28 +1,46 @@
 """The reservation audit on JetStream: what the solver reserved, put back and freed, beyond a reset of Redis.
 
 Redis' own history stream is exact (written by the same script as the reservation) but lives in the store a reset
-erases; this one is written by the solver right after each store operation, in the order it made them, and replays
-into the same check (`oneplus_reservations.check_history`), in the store's order (`store_at`). A solver killed
-between a store operation and its audit entry leaves that entry out: a lost reserve makes the check see less; a
-lost release would read as a double use when the GPUs are taken again, so the next owner writes the store
-history's recent releases again (`ReservationAuditLog.catch_up_releases`).
+erases. The audit that outlives it rides on the job transitions (`transition_audit`): a gang's hold begins with the
+`placed` event that records its reservation (job, token, ranks) and ends with the event that takes its record out of
+the holding states (finished, requeued, ...), in the job stream, with no append of its own. That order is the
+store's for what matters: the owner commits an attempt's end *before* it frees the reservation in Redis, and a
+`placed` is committed only *after* its reservation was granted, so a release that made a reserve possible always
+comes before that reserve's `placed` in the one stream the owner writes, whichever replica reserved.
+
+The ONEPLUS_AUDIT stream keeps what is not a transition: `restore` (the reservations put back into Redis after a
+reset, from the records) and entries a solver before this change wrote (`reserve`/`release`, replayed in the store's
+order, `store_at`). `read_audit` merges both by time; the replay (`audit_history`) never lets a restore bring back a
+hold the job stream had ended, nor counts a second reserve of one (job, token) as a double use.
 """
 
 from __future__ import annotations
 
 import asyncio
+import heapq
 import time
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from typing import Literal
 
 from nats.aio.client import Client
 from nats.js import JetStreamContext
 from nats.js.api import DeliverPolicy, PubAck
-from nats.js.errors import NotFoundError
-from oneplus_contracts import Allocation, RankPlacement, ReservationAudit, subjects
+from oneplus_contracts import (
+    Allocation,
+    IllegalTransition,
+    JobEvent,
+    JobRecord,
+    RankPlacement,
+    ReservationAudit,
+    apply_event,
+    parse_job_event,
+    subjects,
+)
+from oneplus_contracts.jobindex import HOLDING_STATES
 from oneplus_reservations import HistoryEntry, KeySpace, store_order
 
 from oneplus_bus.acks import wait_acks
+from oneplus_bus.fencing import EPOCH_HEADER, is_fence
 
 AuditOp = Literal["reserve", "restore", "release"]
 
@@ -63,53 +81,73 @@ class ReservationAuditLog:
         pending, self._pending = self._pending, []
         await wait_acks(pending)
 
-    async def catch_up_releases(self, history: Sequence[HistoryEntry], epoch: int) -> int:
-        """Write the store history's releases into the audit again, each at its place in the store's order.
-
-        A solver killed between a release and its entry's delivery leaves the audit holding GPUs the store freed,
-        and a later reserve of them reads as a double use. Releases are idempotent in the replay and deduplicated
-        by JetStream (same message id), so writing one the audit already has changes nothing."""
-        n = 0
-        for e in history:
-            if e.op == "release":
-                await self.record("release", e.job_id, e.token, reason="caught up from the store's history",
-                                  at=f"{epoch}:{e.entry_id}")  # fmt: skip
-                n += 1
-        await self.flush()
-        return n
-
-
-async def last_audit_ts(js: JetStreamContext) -> float | None:
-    """When the newest audit entry was written (its writer's clock); None when the audit is empty."""
-    try:
-        msg = await js.get_last_msg(subjects.AUDIT_STREAM, subjects.RESERVATION_AUDIT)
-    except NotFoundError:
-        return None
-    return ReservationAudit.model_validate_json(msg.data or b"{}").ts
-
 
 async def read_audit(nc: Client, *, timeout: float = 5.0) -> list[ReservationAudit]:
-    """Every audit entry kept, in order (an ordered consumer from the first)."""
+    """Every audit entry: the job transitions' (`transition_audit`) and the ONEPLUS_AUDIT stream's, merged by time."""
+    derived = transition_audit(await _read_ordered(nc, subjects.JOBS_STREAM, subjects.JOB_EVENTS_ALL, timeout))
+    recorded = [
+        ReservationAudit.model_validate_json(data)
+        for data, _, _ in await _read_ordered(nc, subjects.AUDIT_STREAM, subjects.RESERVATION_AUDIT, timeout)
+    ]
+    return list(heapq.merge(derived, recorded, key=lambda e: e.ts))
+
+
+async def _read_ordered(
+    nc: Client, stream: str, subject: str, timeout: float
+) -> list[tuple[bytes, float, dict[str, str]]]:
+    """Every message of `stream` in order (fence messages left out): (data, JetStream's timestamp, headers)."""
     js = nc.jetstream()
-    info = await js.stream_info(subjects.AUDIT_STREAM)
+    info = await js.stream_info(stream)
     last = info.state.last_seq
-    out: list[ReservationAudit] = []
+    out: list[tuple[bytes, float, dict[str, str]]] = []
     if info.state.messages == 0:
         return out
-    sub = await js.subscribe(
-        subjects.RESERVATION_AUDIT,
-        ordered_consumer=True,
-        deliver_policy=DeliverPolicy.ALL,
-        stream=subjects.AUDIT_STREAM,
-    )
+    sub = await js.subscribe(subject, ordered_consumer=True, deliver_policy=DeliverPolicy.ALL, stream=stream)
     try:
         while True:
             msg = await sub.next_msg(timeout=timeout)
-            out.append(ReservationAudit.model_validate_json(msg.data))
+            if not is_fence(msg.subject):
+                ts = msg.metadata.timestamp.timestamp() if msg.metadata.timestamp else 0.0
+                out.append((msg.data, ts, dict(msg.headers or {})))
             if msg.metadata.sequence.stream >= last:
                 return out
     finally:
         await sub.unsubscribe()
+
+
+def _hold(rec: JobRecord | None) -> tuple[int, Allocation] | None:
+    """The reservation `rec` holds (token and allocation), as the job index counts holders; None when none."""
+    if rec is None or rec.state not in HOLDING_STATES or rec.allocation is None or rec.token is None:
+        return None
+    return rec.token, rec.allocation
+
+
+def transition_audit(messages: Iterable[tuple[bytes, float, dict[str, str]]]) -> list[ReservationAudit]:
+    """The reserves and releases the job stream's events are, in its order: (data, timestamp, headers) of each
+    event. Folded with the owner's own `apply_event`: a hold begins when a record enters the holding states with a
+    token and ends when it leaves them (or its token changes); an event that does not apply is skipped, as the
+    owner skipped it."""
+    records: dict[str, JobRecord] = {}
+    out: list[ReservationAudit] = []
+    for data, ts, headers in messages:
+        event: JobEvent = parse_job_event(data)
+        before = records.get(event.job_id)
+        try:
+            after = apply_event(before, event)
+        except IllegalTransition:
+            continue
+        records[event.job_id] = after
+        old, new = _hold(before), _hold(after)
+        if old == new or (old is not None and new is not None and old[0] == new[0] and old[1].ranks == new[1].ranks):
+            continue  # the same hold (a hold whose GPUs change under one token is released and taken again)
+        epoch = int(headers.get(EPOCH_HEADER) or 0)
+        if old is not None:
+            out.append(ReservationAudit(op="release", job_id=event.job_id, token=old[0], reason=event.type,
+                                        epoch=epoch, ts=ts))  # fmt: skip
+        if new is not None:
+            out.append(ReservationAudit(op="reserve", job_id=event.job_id, token=new[0], ranks=list(new[1].ranks),
+                                        reason=event.type, epoch=epoch, ts=ts))  # fmt: skip
+    return out
 
 
 def store_ordered(entries: Sequence[ReservationAudit]) -> list[ReservationAudit]:
@@ -130,14 +168,22 @@ def audit_history(entries: Sequence[ReservationAudit], cluster: str = "default")
     """The entries as reservation history, for `check_history`: a release frees what its (job, token) held."""
     ks = KeySpace(cluster)
     held: dict[tuple[str, int], tuple[tuple[str, int], ...]] = {}
+    ended: set[tuple[str, int]] = set()  # holds released: a restore read after its release does not bring one back
     out: list[HistoryEntry] = []
     for n, e in enumerate(store_ordered(entries)):
-        if e.op == "release":
-            slots = held.pop((e.job_id, e.token), ())
+        holder = (e.job_id, e.token)
+        op = e.op
+        if op == "release":
+            slots = held.pop(holder, ())
+            ended.add(holder)
+        elif op == "restore" and holder in ended:
+            continue
         else:
+            # A hold reserved again (its transition and an older solver's own entry, both kept) is no second use.
+            op = "restore" if op == "reserve" and holder in held else op
             slots = _slots(ks, e.ranks)
-            held[(e.job_id, e.token)] = slots
-        out.append(HistoryEntry(e.op, e.job_id, e.token, slots, f"audit-{n + 1}"))
+            held[holder] = slots
+        out.append(HistoryEntry(op, e.job_id, e.token, slots, f"audit-{n + 1}"))
     return out
 
 

@@ -106,6 +106,7 @@ class Solver:
             me=ctx.settings.replica,
         )
         ctx.owner.on_applied(self.controller.react)
+        ctx.owner.settled_by_reaction = True  # react settles an attempt whose last node ended, at once
         ctx.owner.guard = self.membership.guard_commit
         ctx.owner.on_deposed = self.membership.deposed  # the server refused a write: a newer owner fenced the streams
         ctx.memory.fence = ctx.owner.fence
@@ -129,7 +130,6 @@ class Solver:
         await svc.nc.subscribe(subjects.node_heartbeat("*"), cb=work.on_heartbeat_msg)
         await svc.nc.subscribe(subjects.ops_solver_reasons(ctx.settings.replica), cb=self.ops.on_reasons_request)
         if ctx.leading:
-            await self.store_sync.catch_up_audit()
             await self.controller.reconcile()
             self.membership.start_owner_loops()
         ctx.wake.set()
@@ -258,9 +258,6 @@ class Solver:
 
     async def release_many(self, releases: Iterable[Release]) -> None:
         await self.controller.release_many(list(releases))
-
-    async def catch_up_audit(self) -> None:
-        await self.store_sync.catch_up_audit()
 
     async def beat(self) -> None:
         await self.membership.beat()

@@ -149,14 +149,13 @@ class Binder:
                     ctx.work.capacity.hold(job_id, token, alloc)
                     self.binding[job_id] = self.reserved_since_read[job_id] = (token, alloc)
                     ctx.metrics.placed_gang(rec, alloc, assumed.layout, assumed.now)
-                    await ctx.audit.record("reserve", job_id, token, alloc, at=res.at)
+                    # Audited by its `placed` event (oneplus_bus.audit.transition_audit): no append of its own.
                     placed.append((rec, alloc, token))
             for job_id in unresolved:
                 self.forget(job_id)  # not reserved: pending again
                 forgot = True
             unresolved.clear()
             await self.commit_placed(placed)
-            await ctx.audit.flush()
             return len(placed)
         finally:
             # Reserved ones stay held whatever happened: recorded now, or recorded (or freed) by reconcile.

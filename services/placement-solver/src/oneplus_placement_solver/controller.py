@@ -144,8 +144,9 @@ class Controller:
         """Free the GPUs of ended gangs, (job, token, reason) each, in one round trip to the store."""
         if not releases:
             return
+        # Audited by the event that ended the attempt, committed before this (oneplus_bus.audit.transition_audit).
         ctx = self.ctx
-        capacity, audit = ctx.work.capacity, ctx.audit
+        capacity = ctx.work.capacity
         try:
             freed_all = await ctx.store.release_many(releases)
         except RedisError as exc:
@@ -153,16 +154,8 @@ class Controller:
             # reconcile frees the reservations (or finds the store reset and rebuilds without them).
             log.warning("release of %s not confirmed by the reservation store (%s); reconcile frees them",
                         ", ".join(j for j, _, _ in releases), exc)  # fmt: skip
-            for job_id, token, reason in releases:
-                audited = token if token is not None else capacity.token_of(job_id)
-                if audited is not None:
-                    await audit.record("release", job_id, audited, reason=f"{reason} (store unreachable)")
             return
-        for (job_id, token, reason), freed in zip(releases, freed_all, strict=True):
-            # Audited whether or not the store still had it: a hold that ended across a store reset ends there too.
-            audited = freed if freed is not None else token if token is not None else capacity.token_of(job_id)
-            if audited is not None:
-                await audit.record("release", job_id, int(audited), reason=reason, at=freed.at if freed else "")
+        for (job_id, token, _reason), _freed in zip(releases, freed_all, strict=True):
             if token is None or capacity.token_of(job_id) == token:
                 capacity.release(job_id)  # after Redis: a cycle never offers GPUs that Redis would refuse
         ctx.wake.set()
@@ -347,7 +340,6 @@ class Controller:
         while True:
             await asyncio.sleep(self.ctx.settings.reconcile_interval_s)
             await self.reconcile()
-            await self.ctx.audit.flush()  # the releases of jobs that ended since the last cycle
 
     async def expire_loop(self) -> None:
         archived = 0  # jobs moved to the archive since the heap was last trimmed

@@ -133,7 +133,6 @@ class Membership:
             self.scheduler.carry = await ctx.memory.load_carry()
             self.scheduler.usage = None  # the stored history, carried on from the last owner
             await self.store_sync.sync_store()
-            await self.store_sync.catch_up_audit()
             await self.controller.reconcile()
         except BaseException:
             ctx.leading = False

@@ -22,7 +22,7 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence, Set
 from dataclasses import dataclass
 
 from nats.aio.client import Client
@@ -49,7 +49,7 @@ from oneplus_contracts import (
     subjects,
 )
 from oneplus_contracts.array_facts import expand_fact
-from oneplus_contracts.jobindex import FinishedJob, JobIndex
+from oneplus_contracts.jobindex import HOLDING_STATES, FinishedJob, JobIndex
 from prometheus_client import CollectorRegistry, Counter
 from pydantic import ValidationError
 
@@ -105,6 +105,9 @@ class JobOwner:
         self.stale = False  # a commit failed after publishing: the stream may hold events the index lacks
         self._cut_off: list[asyncio.Future[PubAck]] = []  # that commit's publishes whose outcome is not known yet
         self.unprojected: dict[str, JobRecord] = {}  # folded, but their hot-view write not confirmed yet
+        # Set where a listener settles an attempt as soon as its last node's end is folded (the solver's controller):
+        # that record's hot-view write is left to the settling commit, which writes the record it ends as instead.
+        self.settled_by_reaction = False
         self._lock = asyncio.Lock()
         self._listeners: list[OnApplied] = []
         # Awaited before every commit: raises NotOwner unless this replica holds the owner lease.
@@ -248,7 +251,7 @@ class JobOwner:
         `awaited[i]`: the reporter of `events[i]` waits to hear what became of it (`_tell_outcomes`)."""
         try:
             async with self._lock:
-                applied, out = await self._commit_locked(events, traceparents)
+                applied, out = await self._commit_locked(events, traceparents, awaited)
         except Deposed as exc:
             raise NotOwner(str(exc)) from exc
         if any(awaited):
@@ -258,7 +261,7 @@ class JobOwner:
         return out
 
     async def _commit_locked(
-        self, events: Sequence[JobEvent], traceparents: Sequence[str | None]
+        self, events: Sequence[JobEvent], traceparents: Sequence[str | None], awaited: Sequence[bool] = ()
     ) -> tuple[list[Applied], list[JobRecord | None]]:
         if self.guard is not None:
             await self.guard()
@@ -336,7 +339,13 @@ class JobOwner:
             self.applied.labels(event.type).inc()
             records.append(rec)
             applied.append(Applied(event, before, rec))
-        await self._project(records)
+        settling = {
+            rec.job_id
+            for i, rec in enumerate(out)
+            if rec is not None and self.settled_by_reaction and not (i < len(awaited) and awaited[i])
+            and events[i].type == "node_finished" and last_node_ended(rec)
+        }  # fmt: skip
+        await self._project(records, settling)
         return applied, out
 
     async def _settle_cut_off(self) -> None:
@@ -351,12 +360,17 @@ class JobOwner:
             else:
                 fut.cancel()
 
-    async def _project(self, records: Sequence[JobRecord]) -> None:
+    async def _project(self, records: Sequence[JobRecord], settling: Set[str] = frozenset()) -> None:
         """Write records to the `jobs` KV bucket (pipelined: one round trip for the batch). Records whose write is
-        not confirmed are kept and written again first next time: until then no sequence is saved as projected."""
+        not confirmed are kept and written again first next time: until then no sequence is saved as projected.
+
+        `settling`: jobs of these records whose attempt the reaction to this commit ends at once (its last node's
+        end folded); their write is left to the next commit, which is that end's (the record it ends as replaces
+        this one) or, should another come first, writes this one. Safe for a restart: the projected sequence is
+        saved only once no record is left unwritten, so a new owner replays the event from the job stream."""
         for rec in records:
             self.unprojected[rec.job_id] = rec
-        todo = list(self.unprojected.values())
+        todo = [rec for rec in self.unprojected.values() if rec.job_id not in settling]
         futures = [
             await self.fence.publish(JOBS_KV_STREAM, f"$KV.{subjects.JOBS_KV}.{rec.job_id}", self._json(rec))
             for rec in todo
@@ -580,3 +594,13 @@ async def fetch_batch(sub: JetStreamContext.PullSubscription, timeout: float) ->
 
 def _awaited(msg: Msg) -> bool:
     return bool((msg.headers or {}).get(subjects.AWAIT_FOLD_HEADER))
+
+
+def last_node_ended(rec: JobRecord) -> bool:
+    """Every node of the attempt has reported its end, and the record still holds the attempt: it ends next."""
+    return (
+        not rec.terminal
+        and rec.allocation is not None
+        and rec.state in HOLDING_STATES
+        and set(rec.nodes_done) >= set(rec.allocation.nodes)
+    )

@@ -1,15 +1,12 @@
-"""The reservation store and the capacity model kept in step: the store's epoch checked, a reset store rebuilt, the
-live reservations read into the capacity model, and a new owner's catch-up of the reservation audit."""
+"""The reservation store and the capacity model kept in step: the store's epoch checked, a reset store rebuilt, and
+the live reservations read into the capacity model."""
 
 from __future__ import annotations
 
 import logging
 import time
 
-from nats.errors import Error as NatsError
-from oneplus_bus.audit import last_audit_ts
 from prometheus_client import Counter
-from redis.exceptions import RedisError
 
 from .binder import Binder
 from .context import SolverContext
@@ -17,7 +14,6 @@ from .fence import StoreCheck
 
 log = logging.getLogger("oneplus.solver")
 
-AUDIT_CATCH_UP_MARGIN_S = 30.0  # clocks of the solver hosts and of Redis may disagree by this much
 STORE_REBUILD_LEASE_S = 60.0  # a rebuilt reservation lives this long unless its node renews it
 
 
@@ -108,24 +104,3 @@ class StoreSync:
         if marker is not None and marker >= self.ctx.fence.epoch:
             return
         await self.sync_store()
-
-    async def catch_up_audit(self) -> None:
-        """A new owner writes the releases a dead one may not have delivered to the audit (see `catch_up_releases`).
-
-        Those lie after the audit's newest entry (a lone solver's last) and at most a lease and a beat before
-        this takeover; the store's history is read from the earlier of the two, with a margin for clock skew."""
-        ctx = self.ctx
-        if not ctx.store_ok:
-            return  # a rebuilt store's history starts at the rebuild: there is nothing of the old one to catch up
-        try:
-            now_ms = await ctx.store.time_ms()
-            last = await last_audit_ts(ctx.svc.js)
-            since_ms = now_ms - int((3 * ctx.settings.lease_ttl_s + AUDIT_CATCH_UP_MARGIN_S) * 1000)
-            if last is not None:
-                since_ms = min(since_ms, int((last - AUDIT_CATCH_UP_MARGIN_S) * 1000))
-            history = await ctx.store.history(since_ms=max(since_ms, 1))
-            n = await ctx.audit.catch_up_releases(history, ctx.fence.epoch)
-        except (RedisError, NatsError, TimeoutError) as exc:
-            log.warning("the reservation audit was not caught up from the store's history: %s", exc)
-            return
-        log.info("reservation audit caught up: %d release(s) of the store's history written again", n)
