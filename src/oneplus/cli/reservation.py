@@ -1,9 +1,10 @@
 """`oneplus reservation create|list|delete`: advance reservations and maintenance windows (Slurm's
 `scontrol create reservation`).
 
-They are stored in the `advance_reservations` KV bucket, which the placement-solver and the intake follow. A new one
-is checked here first (a start in the past, a node the cluster does not have, an overlap with one that holds the same
-nodes): a refused one changes nothing.
+They are stored in the `advance_reservations` KV bucket, which the placement-solver and the intake follow. The intake
+creates and deletes them (`oneplus.ops.reservation.*`, the HTTP API's `/v1/reservations` too) after its checks (a start
+in the past, a node the cluster does not have, an overlap with one that holds the same nodes, a GPU count the cluster
+cannot hold then): a refused one changes nothing, and the CLI prints the intake's one line.
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ COLUMNS = (
     ("NAME", "name"),
     ("STATE", "state"),
     ("NODES", "nodes"),
+    ("GPUS", "gpus"),
     ("START", "start"),
     ("END", "end"),
     ("USERS", "users"),
@@ -81,7 +83,11 @@ def _names(text: str | None) -> list[str]:
 @app.command("create")
 def create(
     name: Annotated[str, typer.Argument(help="The reservation's name (jobs name it with --reservation)")],
-    nodes: Annotated[str, typer.Option("--nodes", help="Nodes set aside: a hostlist, e.g. gpu[01-04]")],
+    nodes: Annotated[str | None, typer.Option("--nodes", help="Nodes set aside: a hostlist, e.g. gpu[01-04]")] = None,
+    gpus: Annotated[
+        int | None,
+        typer.Option("--gpus", help="Or a GPU count (Slurm's TRES=gres/gpu=N): whole nodes free then are picked"),
+    ] = None,
     start: Annotated[str, typer.Option("--start", help="now, now+2h, Unix seconds or 2027-01-15T09:30")] = "now",
     duration: Annotated[
         str | None, typer.Option("--duration", help="How long: 90 (minutes), 2h, 1d; or give --end")
@@ -94,21 +100,26 @@ def create(
     nats: NatsOpt = None,
     as_json: JsonOpt = False,
 ) -> None:
-    """Set nodes aside from a start time for a duration (or to an end). Jobs with `--reservation NAME` of an
-    admitted user, team or account run there while it is active; other jobs stay off its nodes, and before it starts
-    use them only if their time limit ends them by its start, so the nodes are empty when it begins."""
-    from oneplus_contracts.advance import AdvanceReservation
+    """Set nodes (or GPUs: whole nodes holding --gpus) aside from a start time for a duration (or to an end).
+    Jobs with `--reservation NAME` of an admitted user, team or account run there while it is active; other jobs
+    stay off its nodes, and before it starts use them only if their time limit ends them by its start, so the nodes
+    are empty when it begins."""
+    from oneplus_contracts.advance import AdvanceReservationRequest
+    from oneplus_contracts.slurm import compress_hostlist
     from pydantic import ValidationError
 
     now = time.time()
     if (duration is None) == (end is None):
         raise fail("give one of --duration and --end")
+    if (nodes is None) == (gpus is None):
+        raise fail("give one of --nodes and --gpus")
     try:
         start_ts = parse_when(start, now)
         end_ts = parse_when(end, now) if end is not None else start_ts + parse_duration(duration or "")
-        res = AdvanceReservation(
+        req = AdvanceReservationRequest(
             name=name,
-            nodes=nodes,  # a hostlist, expanded by the model
+            nodes=nodes or [],  # a hostlist, expanded by the model
+            gpus=gpus,
             start_ts=start_ts,
             end_ts=end_ts,
             users=_names(users),
@@ -122,13 +133,14 @@ def create(
         raise fail(str(exc)) from None
 
     async def go(c: OnePlusClient) -> Any:
-        return await c.create_advance_reservation(res, now)
+        return await c.create_reservation(req)
 
     stored = call_reservation(nats, go)
     if as_json:
         print(stored.model_dump_json(indent=2))
         return
-    console.print(f"reservation {stored.name} created", highlight=False)
+    picked = f" on {compress_hostlist(stored.nodes)}" if gpus is not None else ""
+    console.print(f"reservation {stored.name} created{picked}", highlight=False)
 
 
 @app.command("list")

@@ -13,6 +13,7 @@ from .commands import (
     NodeCommand,
     PreemptionRequest,
     PreemptRanks,
+    SignalRanks,
     SubmitReply,
 )
 from .events import (
@@ -120,6 +121,7 @@ __all__ = [
     "RankReport",
     "RankResources",
     "ReservationAudit",
+    "SignalRanks",
     "SimulatedRun",
     "SubmitReply",
     "TopologyConstraint",

@@ -38,6 +38,7 @@ from oneplus_contracts import (
     PreemptRanks,
     RankPlacement,
     RankReport,
+    SignalRanks,
     subjects,
 )
 from oneplus_contracts.events import Fault
@@ -464,6 +465,20 @@ class NodeExecutor:
         self.stop_reasons[cmd.job_id] = (f"cancelled: {cmd.reason}", "job")
         try:
             await self.runtime.stop(cmd.job_id, grace_s=STOP_GRACE_S)
+        except EngineUnavailable as exc:
+            await self.engine_down(exc)
+            raise  # not acknowledged: the command comes back once the engine may answer
+
+    async def signal(self, cmd: SignalRanks) -> None:
+        """`scancel --signal`: the signal reaches the job's ranks here (a batch job's script) and the tasks of its
+        running srun steps here; the job goes on (its end is the processes' own)."""
+        if self.tokens.get(cmd.job_id) != cmd.token:
+            return  # stale: the ranks of that token are gone
+        log.info("%s: %s to %s (by %s)", self.node, cmd.signal, cmd.job_id, cmd.by or "unknown")
+        try:
+            await self.runtime.signal(cmd.job_id, cmd.signal)
+        except LookupError:
+            log.info("%s: %s has no ranks left to signal", self.node, cmd.job_id)
         except EngineUnavailable as exc:
             await self.engine_down(exc)
             raise  # not acknowledged: the command comes back once the engine may answer
