@@ -433,6 +433,13 @@ class OnePlusClient:
                 out.append(AdvanceReservation.model_validate_json(entry.value))
         return out
 
+    async def reservations(self) -> list[dict[str, Any]]:
+        """Every advance reservation as the intake lists it (`oneplus.ops.reservation.list`): name, state (WAITING,
+        ACTIVE, ENDED), nodes, GPUs, window, who is admitted; a team may ask too."""
+        result: dict[str, Any] = await self.ops(subjects.OPS_RESERVATION_LIST, {})
+        rows: list[dict[str, Any]] = result["reservations"]
+        return rows
+
     async def create_advance_reservation(self, res: AdvanceReservation, now: float | None = None) -> AdvanceReservation:
         """Create it through the intake (`oneplus.ops.reservation.create`), which checks it against the others and
         the cluster's nodes (`oneplus_queueing.advance.check_new`) and stores it; `now` is the intake's clock now."""

@@ -173,6 +173,23 @@ def delete(name: str, nats: NatsOpt = None) -> None:
     console.print(f"reservation {name} deleted", highlight=False)
 
 
+def queue_section(reservations: list[dict[str, Any]], queue_rows: list[dict[str, Any]]) -> Columns | None:
+    """`oneplus queue`'s reservations: those active or to come, with how many pending jobs wait on each (their
+    reason is Reservation and its message names it); None when there are none."""
+    from oneplus_queueing.advance import live_rows
+
+    live = live_rows(reservations, queue_rows)
+    if not live:
+        return None
+    t = Columns("reservations", ("RESERVATION", "STATE", "NODES", "GPUS", "START", "END", "MAINT", "WAITING"))
+    for r in live:
+        gpus = "-" if r.get("gpus") in (None, "") else str(r["gpus"])
+        maint = "yes" if r.get("maint") else "-"
+        t.add_row(str(r["name"]), str(r["state"]), str(r["nodes"]), gpus, str(r["start"]), str(r["end"]), maint,
+                  str(r["waiting"]))  # fmt: skip
+    return t
+
+
 def call_reservation(nats: str | None, fn: Any) -> Any:
     from oneplus_queueing.advance import AdvanceReservationError
 

@@ -7,6 +7,7 @@ Both are node filters on the job's spec (`nodelist` / `exclude_nodes`), read by 
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterable, Mapping, Sequence
 
 from oneplus_contracts import JobSpec
@@ -205,6 +206,29 @@ def window_rows(now: float, reservations: Iterable[AdvanceReservation]) -> list[
             }
         )
     return rows
+
+
+_WAITS_ON = re.compile(r"\breservation (\S+?)[ ,:;)]")  # the name in a pending job's Reservation message
+
+
+def waiting_on(queue_rows: Iterable[Mapping[str, object]]) -> dict[str, int]:
+    """How many pending jobs of the queue's rows wait on each reservation (their reason is `Reservation` and its
+    message names it): what `oneplus queue` and the dashboard show beside each reservation."""
+    counts: dict[str, int] = {}
+    for row in queue_rows:
+        if row.get("reason") == "Reservation":
+            found = _WAITS_ON.search(f"{row.get('message') or ''} ")
+            if found:
+                counts[found.group(1)] = counts.get(found.group(1), 0) + 1
+    return counts
+
+
+def live_rows(
+    reservations: Iterable[Mapping[str, object]], queue_rows: Iterable[Mapping[str, object]]
+) -> list[dict[str, object]]:
+    """The reservations active or to come (`window_rows` rows, not ENDED), each with `waiting`: its pending jobs."""
+    waiting = waiting_on(queue_rows)
+    return [dict(r) | {"waiting": waiting.get(str(r["name"]), 0)} for r in reservations if r.get("state") != "ENDED"]
 
 
 class AdvanceBook:

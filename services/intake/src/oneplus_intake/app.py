@@ -208,14 +208,16 @@ class IntakeService:
         return {"job_id": rec.job_id, "signal": sig, "nodes": nodes}
 
     # --- advance reservations (reservations.py) -----------------------------------------------------------------
+    # The team a client puts in every ops payload names the caller; it is no field of the reservation.
     async def reservation_create(self, payload: dict[str, Any], headers: dict[str, str]) -> dict[str, Any]:
-        return await self.reservations.create(payload, self.tenant(headers, {}))
+        caller = self.tenant(headers, payload)
+        return await self.reservations.create({k: v for k, v in payload.items() if k != "team"}, caller)
 
     async def reservation_list(self, payload: dict[str, Any], headers: dict[str, str]) -> dict[str, Any]:
         return await self.reservations.list()
 
     async def reservation_delete(self, payload: dict[str, Any], headers: dict[str, str]) -> dict[str, Any]:
-        return await self.reservations.delete(payload, self.tenant(headers, {}))
+        return await self.reservations.delete(payload, self.tenant(headers, payload))
 
 
 def build_intake(

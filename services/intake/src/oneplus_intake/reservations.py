@@ -65,7 +65,7 @@ class ReservationOps:
     @staticmethod
     def operator(caller: Caller, what: str) -> None:
         if caller.team is not None:
-            raise OpsError(f"{what} is an operator's: team {caller.team!r} may not (use a platform token)", 403)
+            raise OpsError(f"{what} is an operator's: team {caller.team!r} may not", 403)
 
     async def create(self, payload: dict[str, Any], caller: Caller) -> dict[str, Any]:
         """Check the request against the stored reservations and the cluster's nodes, then store it (the name is
