@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 from executor_fakes import NODE, executor, placed, spec
 from oneplus_bus.service import OpsError
-from oneplus_contracts import CancelRanks, JobPreempting, LaunchRanks, PreemptRanks
+from oneplus_contracts import NODE_COMMAND_ADAPTER, CancelRanks, JobPreempting, LaunchRanks, PreemptRanks, SignalRanks
 from oneplus_node_executor.node import LAUNCH_FAILED_EXIT, LOST_EXIT, WATCH_TRIES
 from oneplus_node_executor.runtime.base import EngineUnavailable, LaunchFailed, RanksExit
 from oneplus_node_executor.runtime.simulated import SimulatedRuntime
@@ -90,6 +90,23 @@ class ExitsAfterCheckpoint(SimulatedRuntime):
     def _mark_checkpoint(self, job: Any) -> None:
         super()._mark_checkpoint(job)
         job.stopped.set()
+
+
+async def test_a_signal_command_reaches_the_running_ranks_and_the_job_goes_on() -> None:
+    rt = SimulatedRuntime()
+    ex, svc, store = executor(rt)
+    await ex.launch(await placed(svc, store, "j-sig", spec(simulate={"duration_s": 30, "checkpoint_after_s": None})))
+    assert await ex.outbox.flush(5)
+    wire = SignalRanks(job_id="j-sig", node=NODE, token=1, signal="SIGUSR1", by="ana").model_dump_json()
+    cmd = NODE_COMMAND_ADAPTER.validate_json(wire)  # as the executor reads it off the commands stream
+    assert isinstance(cmd, SignalRanks)
+    await ex.signal(cmd)
+    assert "received SIGUSR1" in await rt.logs("j-sig", None, follow=False)
+    assert svc.ledger.records["j-sig"].state == "RUNNING" and "j-sig" in ex.tokens  # not ended by it
+    # A stale token's signal (the job was placed again) is not delivered.
+    await ex.signal(SignalRanks(job_id="j-sig", node=NODE, token=7, signal="SIGUSR2"))
+    assert "received SIGUSR2" not in await rt.logs("j-sig", None, follow=False)
+    await rt.close()
 
 
 @pytest.mark.parametrize("runtime_class", [SimulatedRuntime, ExitsAfterCheckpoint])
