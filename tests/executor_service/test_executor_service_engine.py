@@ -194,6 +194,53 @@ async def test_a_job_runs_as_containers_with_its_environment_labels_cpuset_and_l
     assert f"{node} {expected[1]}" in out.output
 
 
+# -- b2) scancel --signal on a batch job: the script and its running srun step's task get it; the job goes on ---------
+
+SIGNALLED_BATCH = """#!/bin/sh
+#SBATCH --nodes=1
+#SBATCH --ntasks=1
+#SBATCH --mem=64M
+trap 'echo "batch shell: USR1"' USR1
+srun sh -c 'trap "echo task: USR1" USR1; echo ready; while :; do sleep 0.1; done' &
+while :; do sleep 0.2; done
+"""
+
+
+async def test_scancel_signal_reaches_the_batch_script_and_a_running_steps_task_without_ending_the_job(
+    stack: Stack,
+) -> None:
+    from oneplus_jobformats.sbatch import parse_sbatch
+
+    spec = parse_sbatch(SIGNALLED_BATCH, filename="signalled.sh", submit_dir="/home/me").spec
+    node = stack.node.name
+    logs_subject = f"{subjects.PREFIX}.ops.node.{node}.logs"
+
+    async def logged(c: OnePlusClient, job: str, *lines: str, timeout: float = 60) -> list[str]:
+        deadline = time.monotonic() + timeout
+        while True:
+            got = (await c.ops(logs_subject, {"job_id": job, "rank": 0}))["lines"]
+            if set(lines) <= set(got):
+                return list(got)
+            assert time.monotonic() < deadline, f"{lines} never all logged: {got}"
+            await asyncio.sleep(0.2)
+
+    async with OnePlusClient.connect(stack.nats_url) as c:
+        job = await submit(c, spec)
+        await until_state(c, job, "RUNNING")
+        await logged(c, job, "ready")  # the step's task runs (its output streams through the batch script's)
+        got = await asyncio.to_thread(
+            CliRunner().invoke, cli, ["scancel", "--signal=USR1", job, "--nats", stack.nats_url]
+        )
+        assert got.exit_code == 0 and got.output == "", got.output
+        lines = await logged(c, job, "task: USR1", "batch shell: USR1")
+        assert lines.count("task: USR1") == 1 and lines.count("batch shell: USR1") == 1, lines
+        assert (await c.get_job(job)).state == "RUNNING"  # the signal did not end it
+        got = await asyncio.to_thread(CliRunner().invoke, cli, ["scancel", job, "--nats", stack.nats_url])
+        assert got.exit_code == 0, got.output
+        done = (await wait_terminal(c, [job], timeout=60, platform=stack.platform))[job]
+        assert done.state == "CANCELLED", (done.reason, done.node_reasons)
+
+
 # -- c) a missing image ----------------------------------------------------------------------------------------------
 
 
