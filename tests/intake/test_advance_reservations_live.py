@@ -183,6 +183,20 @@ async def test_a_gpu_count_picks_whole_nodes_and_the_cli_and_http_api_refuse_in_
     status, answer = await asyncio.to_thread(http, intake, "DELETE", "/v1/reservations/big", TEAM_TOKEN)
     assert (status, answer["error"]) == (403, "deleting a reservation is an operator's: team 'nlp' may not")
 
+    # Over HTTP too, --reservation naming none or one that does not admit the team is refused in one line.
+    for name, says in [
+        ("nope", "--reservation nope: no such reservation"),
+        ("big", "--reservation big does not admit user ana (team nlp)"),
+    ]:
+        body = job(name, team="nlp").model_dump_json(exclude_none=True).encode()
+        status, answer = await asyncio.to_thread(http, intake, "POST", "/v1/jobs", TEAM_TOKEN, body)
+        assert (status, answer["error"]) == (422, says), answer
+    # A job naming a reservation created a moment ago is accepted (the intake reads the bucket for a name it lacks).
+    quick = {"name": "quick", "nodes": "gpu03", "start_ts": start, "end_ts": start + 60, "users": ["ana"]}
+    assert (await asyncio.to_thread(http, intake, "POST", "/v1/reservations", ADMIN, quick))[0] == 201
+    assert await submit(url, job("quick")) == (True, None)
+    assert (await asyncio.to_thread(http, intake, "DELETE", "/v1/reservations/quick", ADMIN))[0] == 200
+
     # A job waiting for it is counted beside it in `oneplus queue` (the solver's reason names it).
     assert (await submit(url, job("big", team="ops")))[0]
     deadline = time.monotonic() + 30
