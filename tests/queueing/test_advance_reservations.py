@@ -172,15 +172,19 @@ def test_a_gpu_count_takes_the_smallest_node_that_holds_it_else_the_largest_node
     assert pick_nodes("r", 4, NOW, NOW + HOUR, GPUS_OF, []) == ["l40s-0"]  # no 8-GPU node spent on 4 GPUs
     assert pick_nodes("r", 5, NOW, NOW + HOUR, GPUS_OF, []) == ["a100-0"]
     assert pick_nodes("r", 16, NOW, NOW + HOUR, GPUS_OF, []) == ["a100-0", "a100-1"]
-    assert pick_nodes("r", 20, NOW, NOW + HOUR, GPUS_OF, []) == ["a100-0", "a100-1", "h100-0"]
+    # The last node only tops the count up: the smallest that does it, no third 8-GPU node for 4 more GPUs.
+    assert pick_nodes("r", 20, NOW, NOW + HOUR, GPUS_OF, []) == ["a100-0", "a100-1", "l40s-0"]
+    assert pick_nodes("r", 12, NOW, NOW + HOUR, GPUS_OF, []) == ["a100-0", "l40s-0"]
+    assert pick_nodes("r", 23, NOW, NOW + HOUR, GPUS_OF, []) == ["a100-0", "a100-1", "h100-0"]
     # Deterministic: the same ask on the same cluster picks the same nodes, whatever order the nodes came in.
     shuffled = dict(reversed(list(GPUS_OF.items())))
-    assert pick_nodes("r", 20, NOW, NOW + HOUR, shuffled, []) == ["a100-0", "a100-1", "h100-0"]
+    assert pick_nodes("r", 20, NOW, NOW + HOUR, shuffled, []) == ["a100-0", "a100-1", "l40s-0"]
 
 
 def test_a_gpu_count_skips_nodes_another_reservation_holds_in_that_window_only() -> None:
     held = window("maint", ["a100-0", "a100-1"], NOW + HOUR, hours=2)
     assert pick_nodes("r", 16, NOW, NOW + 2 * HOUR, GPUS_OF, [held]) == ["h100-0", "l40s-0", "l40s-1"]
+    assert pick_nodes("r", 12, NOW, NOW + 2 * HOUR, GPUS_OF, [held]) == ["h100-0", "l40s-0"]
     # Before the other window: its nodes are free.
     assert pick_nodes("r", 16, NOW - 0, NOW + HOUR, GPUS_OF, [held]) == ["a100-0", "a100-1"]
 

@@ -83,8 +83,8 @@ def pick_nodes(
 ) -> list[str]:
     """Whole nodes holding at least `gpus` GPUs that no other reservation holds in [start_ts, end_ts) (Slurm's
     `TRES=gres/gpu=N`). Deterministic: the smallest node that holds them all, else the largest nodes first (by
-    name on ties) until the count is reached, so a reservation takes as few nodes, and as few spare GPUs, as it can.
-    """
+    name on ties) until the count is reached, the last one swapped for the smallest that still reaches it; so a
+    reservation takes few nodes and few spare GPUs."""
     held: dict[str, str] = {}
     for other in existing:
         if other.name != name and other.start_ts < end_ts and start_ts < other.end_ts:
@@ -100,7 +100,10 @@ def pick_nodes(
         picked.append(n)
         total += g
         if total >= gpus:
-            return sorted(picked)
+            # The last node only tops the count up: the smallest free node that still does it (fewer spare GPUs).
+            need = gpus - (total - g)
+            last = min((free[m], m) for m in free if m not in picked[:-1] and free[m] >= need)[1]
+            return sorted([*picked[:-1], last])
     in_all = sum(g for g in gpus_of.values() if g > 0)
     held_note = ""
     if held:
