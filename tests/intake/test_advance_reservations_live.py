@@ -81,6 +81,9 @@ async def test_create_list_refuse_and_delete(intake: IntakeProcess) -> None:
         (["maint1", "--nodes", "gpu09", "--duration", "1h"], "error: reservation maint1 already exists"),
         (["nobody", "--nodes", "gpu03", "--duration", "1h"], "error: reservation nobody: admits nobody"),
         (["bad", "--nodes", "gpu03", "--duration", "soon"], "error: 'soon' is not a duration"),
+        (["g", "--gpus", "8", "--duration", "1h"], "error: reservation g: the cluster has no nodes to hold GPUs"),
+        (["both", "--nodes", "gpu03", "--gpus", "8", "--duration", "1h"], "error: give one of --nodes and --gpus"),
+        (["neither", "--duration", "1h"], "error: give one of --nodes and --gpus"),
     ]:  # fmt: skip
         who = [] if "nobody" in args else ["--teams", "ops"]
         code, _, err = await cli_run(url, "create", *args, *who)
