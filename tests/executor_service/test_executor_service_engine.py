@@ -241,6 +241,37 @@ async def test_scancel_signal_reaches_the_batch_script_and_a_running_steps_task_
         assert done.state == "CANCELLED", (done.reason, done.node_reasons)
 
 
+TIMED_BATCH = """#!/bin/sh
+#SBATCH --nodes=1
+#SBATCH --ntasks=1
+#SBATCH --mem=64M
+srun sh -c 'trap "echo TERM > /tmp/step-got-term; exit 0" TERM; echo ready; while :; do sleep 0.1; done'
+"""
+
+
+async def test_a_batch_job_past_its_time_limit_ends_and_its_running_steps_task_gets_sigterm_first(
+    stack: Stack,
+) -> None:
+    from oneplus_jobformats.sbatch import parse_sbatch
+
+    spec = parse_sbatch(TIMED_BATCH, filename="timed.sh", submit_dir="/home/me").spec
+    spec = spec.model_copy(update={"time_limit_s": 4})  # --time takes minutes at least: the spec's seconds here
+    async with OnePlusClient.connect(stack.nats_url) as c:
+        job = await submit(c, spec)
+        done = (await wait_terminal(c, [job], timeout=90, platform=stack.platform))[job]
+    assert done.state == "FAILED", (done.state, done.reason, done.node_reasons)
+    assert done.node_reasons[stack.node.name].startswith("time limit reached: stopped after 4 s (--time)")
+    (batch,) = await containers_of(stack.engine_url, job)
+
+    async def read(docker: aiodocker.Docker) -> bytes:
+        tar = await docker.containers.container(batch["Id"]).get_archive("/tmp/step-got-term")
+        member = tar.extractfile(tar.getmembers()[0])
+        assert member is not None
+        return member.read()
+
+    assert await engine(stack.engine_url, read) == b"TERM\n"  # the step's task trapped SIGTERM before the kill
+
+
 # -- c) a missing image ----------------------------------------------------------------------------------------------
 
 

@@ -9,7 +9,7 @@ import pytest
 from executor_fakes import NODE, executor, placed, spec
 from oneplus_bus.service import OpsError
 from oneplus_contracts import NODE_COMMAND_ADAPTER, CancelRanks, JobPreempting, LaunchRanks, PreemptRanks, SignalRanks
-from oneplus_node_executor.node import LAUNCH_FAILED_EXIT, LOST_EXIT, WATCH_TRIES
+from oneplus_node_executor.node import LAUNCH_FAILED_EXIT, LOST_EXIT, STOP_GRACE_S, WATCH_TRIES
 from oneplus_node_executor.runtime.base import EngineUnavailable, LaunchFailed, RanksExit
 from oneplus_node_executor.runtime.simulated import SimulatedRuntime
 from oneplus_testing import until
@@ -106,6 +106,31 @@ async def test_a_signal_command_reaches_the_running_ranks_and_the_job_goes_on() 
     # A stale token's signal (the job was placed again) is not delivered.
     await ex.signal(SignalRanks(job_id="j-sig", node=NODE, token=7, signal="SIGUSR2"))
     assert "received SIGUSR2" not in await rt.logs("j-sig", None, follow=False)
+    await rt.close()
+
+
+class RecordsStops(SimulatedRuntime):
+    def __init__(self) -> None:
+        super().__init__()
+        self.stops: list[tuple[str, float]] = []
+
+    async def stop(self, job_id: str, grace_s: float) -> None:
+        self.stops.append((job_id, grace_s))
+        await super().stop(job_id, grace_s)
+
+
+async def test_a_job_past_its_time_limit_is_stopped_as_a_cancel_stops_it_with_the_reason() -> None:
+    rt = RecordsStops()
+    ex, svc, store = executor(rt)
+    await ex.launch(await placed(svc, store, "j-late", spec(time_limit_s=1, simulate={"duration_s": 30})))
+    await ex.launch(await placed(svc, store, "j-quick", spec(time_limit_s=30, simulate={"duration_s": 0.1})))
+    await until(lambda: "node_finished" in svc.ledger.types("j-late"))
+    rec = svc.ledger.records["j-late"]
+    assert rec.node_reasons[NODE] == "time limit reached: stopped after 1 s (--time)"
+    assert rec.nodes_done == {NODE: 143}  # failed, as Slurm's TIMEOUT, whatever the ranks exit on SIGTERM
+    assert rt.stops == [("j-late", STOP_GRACE_S)]  # SIGTERM, SIGKILL after the stop grace: a step's tasks too
+    await until(lambda: "node_finished" in svc.ledger.types("j-quick"))
+    assert "j-quick" not in ex.deadlines and "j-late" not in ex.deadlines  # a job ended in time leaves no timer
     await rt.close()
 
 
