@@ -145,13 +145,18 @@ def create(
 
 @app.command("list")
 def list_(nats: NatsOpt = None, as_json: JsonOpt = False) -> None:
-    """Every reservation: state (WAITING, ACTIVE, ENDED), nodes, window, who is admitted."""
+    """Every reservation: state (WAITING, ACTIVE, ENDED), nodes, GPUs, window, who is admitted."""
     from oneplus_queueing.advance import window_rows
 
-    async def go(c: OnePlusClient) -> Any:
-        return await c.advance_reservations()
+    from ..client import PlatformError
 
-    rows = window_rows(time.time(), call_reservation(nats, go))
+    async def go(c: OnePlusClient) -> Any:
+        try:
+            return await c.reservations()  # the intake's list: a team's NATS user may ask it too
+        except PlatformError:
+            return window_rows(time.time(), await c.advance_reservations())  # no intake answers: the bucket itself
+
+    rows = call_reservation(nats, go)
     if as_json:
         print(json.dumps(rows, indent=2))
         return
