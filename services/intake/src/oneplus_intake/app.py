@@ -49,7 +49,7 @@ class IntakeService:
         registry = getattr(svc, "metrics", None)
         self.metrics = None if registry is None else IntakeMetrics(registry, self._hot_rows)
         self.intake.metrics = self.metrics
-        self.reservations = ReservationOps(svc, lambda: self.intake._nodes)
+        self.reservations = ReservationOps(svc, self.intake.nodes)
 
     def _hot_rows(self) -> Any:
         return list(self.hot.rows.values()) if self.hot is not None else None

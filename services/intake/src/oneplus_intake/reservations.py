@@ -7,7 +7,7 @@ cluster cannot hold in that window). Creating and deleting are an operator's (a 
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 from nats.js.errors import InvalidKeyError, KeyNotFoundError, KeyWrongLastSequenceError, NoKeysError
@@ -37,9 +37,9 @@ def validation_line(exc: ValidationError) -> str:
 
 
 class ReservationOps:
-    """The intake's reservation handlers over its bus; `nodes` gives the cluster's nodes the intake follows."""
+    """The intake's reservation handlers over its bus; `nodes` gives the cluster's nodes (the intake's copy)."""
 
-    def __init__(self, svc: OneplusService, nodes: Callable[[], dict[str, NodeRecord] | None]) -> None:
+    def __init__(self, svc: OneplusService, nodes: Callable[[], Awaitable[list[NodeRecord]]]) -> None:
         self.svc = svc
         self.nodes = nodes
 
@@ -77,7 +77,7 @@ class ReservationOps:
             raise OpsError(validation_line(exc), 400) from None
         now = time.time()
         existing = await self.stored()
-        known = self.nodes()
+        known = {r.topology.node: r for r in await self.nodes()}
         try:
             nodes = req.nodes
             if req.gpus is not None:
@@ -87,7 +87,7 @@ class ReservationOps:
                 gpus_of = {n: len(r.topology.gpus) for n, r in known.items() if r.status != "lost"}
                 nodes = pick_nodes(req.name, req.gpus, req.start_ts, req.end_ts, gpus_of, existing)
             res = req.reservation(nodes, now)
-            check_new(res, existing, now, known_nodes=None if known is None else list(known))
+            check_new(res, existing, now, known_nodes=list(known))
         except AdvanceReservationError as exc:
             raise OpsError(str(exc), exc.code) from None
         try:
