@@ -259,6 +259,19 @@ async def test_a_deferred_reconcile_adopts_running_ranks_once_the_engine_answers
     await until(lambda: "node_finished" in svc.ledger.types("j-adopt"))
 
 
+async def test_ranks_adopted_after_a_restart_keep_their_time_limit_from_the_jobs_record() -> None:
+    rt = RecordsStops()
+    ex, svc, store = executor(rt)
+    cmd = await placed(svc, store, "j-adopt-late", spec(time_limit_s=1, simulate={"duration_s": 30}))
+    await rt.launch(cmd, {})  # started by the executor before its restart
+    ex.reconciled = False
+    await ex.check_engine()
+    assert ex.tokens == {"j-adopt-late": 1} and ex.deadlines["j-adopt-late"][0] == 1
+    await until(lambda: "node_finished" in svc.ledger.types("j-adopt-late"))
+    rec = svc.ledger.records["j-adopt-late"]
+    assert rec.node_reasons[NODE] == "time limit reached: stopped after 1 s (--time)" and rt.stops
+
+
 async def test_the_logs_endpoint_refuses_bad_requests_by_name() -> None:
     ex, _, _ = executor(SimulatedRuntime())
     with pytest.raises(OpsError, match="job_id is required"):

@@ -383,14 +383,28 @@ class NodeExecutor:
     def limit_time(self, cmd: LaunchRanks) -> None:
         """The job's time limit (`--time`, `time_limit_s`) counts from its ranks' start here; at its end they are
         stopped as a cancel stops them: its running srun steps' tasks get SIGTERM, SIGKILL after the stop grace."""
-        limit = cmd.spec.time_limit_s
-        if limit is None:
-            return
-        old = self.deadlines.pop(cmd.job_id, None)
+        if cmd.spec.time_limit_s is not None:
+            self.set_deadline(cmd.job_id, cmd.token, cmd.spec.time_limit_s, cmd.spec.time_limit_s)
+
+    def set_deadline(self, job_id: str, token: int, limit_s: float, after_s: float) -> None:
+        old = self.deadlines.pop(job_id, None)
         if old is not None:
             old[1].cancel()
-        handle = asyncio.get_running_loop().call_later(limit, self.time_up, cmd.job_id, cmd.token, limit)
-        self.deadlines[cmd.job_id] = (cmd.token, handle)
+        handle = asyncio.get_running_loop().call_later(max(0.0, after_s), self.time_up, job_id, token, limit_s)
+        self.deadlines[job_id] = (token, handle)
+
+    async def limit_adopted_time(self, job_id: str, token: int) -> None:
+        """Ranks adopted after a restart keep their time limit, counted from the job's start in its record."""
+        try:
+            rec, _ = await self.svc.ledger.get(job_id)
+        except Exception as exc:
+            log.warning("%s: reading the record of %s failed, its time limit is not kept: %s", self.node, job_id, exc)
+            return
+        if rec is None or rec.token != token or rec.spec.time_limit_s is None or self.tokens.get(job_id) != token:
+            return
+        limit = rec.spec.time_limit_s
+        started = rec.started_ts or rec.placed_ts or time.time()
+        self.set_deadline(job_id, token, limit, started + limit - time.time())
 
     def time_up(self, job_id: str, token: int, limit_s: float) -> None:
         if self.deadlines.get(job_id, (None,))[0] == token:
@@ -601,6 +615,7 @@ class NodeExecutor:
                 gpus = self.local_gpus(alloc.ranks) if alloc is not None else {}
                 self.start_watch(ranks.job_id, ranks.token, gpus, alive=not ranks.exited)
                 if not ranks.exited:
+                    await self.limit_adopted_time(ranks.job_id, ranks.token)
                     await self.resume_launcher(ranks.job_id, ranks.token)
         for orphan in plan.orphans:
             log.warning("%s: removed orphan ranks of %s (token %s)", self.node, orphan.job_id, orphan.token)
@@ -637,6 +652,8 @@ class NodeExecutor:
             gpus = await self.recorded_gpus(job_id, ranks.token)
             log.info("%s: adopting %s (token %s) while the reservation store is reset", self.node, job_id, ranks.token)
             self.start_watch(job_id, ranks.token, gpus, alive=not ranks.exited)
+            if not ranks.exited:
+                await self.limit_adopted_time(job_id, ranks.token)
             adopted += 1
         if not self.store_reset and adopted:
             log.warning(
