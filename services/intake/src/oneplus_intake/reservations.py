@@ -6,6 +6,7 @@ cluster cannot hold in that window). Creating and deleting are an operator's (a 
 
 from __future__ import annotations
 
+import asyncio
 import time
 from collections.abc import Awaitable, Callable
 from typing import Any
@@ -42,25 +43,31 @@ class ReservationOps:
     def __init__(self, svc: OneplusService, nodes: Callable[[], Awaitable[list[NodeRecord]]]) -> None:
         self.svc = svc
         self.nodes = nodes
+        self.writing = asyncio.Lock()  # one create at a time here; replicas are settled by the bucket's order
 
     async def _bucket(self) -> Any:
         return await self.svc.js.key_value(subjects.ADVANCE_RESERVATIONS_KV)
 
     async def stored(self) -> list[AdvanceReservation]:
         """Every stored reservation, read from the bucket now (a create checks against the latest)."""
+        return [res for res, _ in await self._stored_with_revisions()]
+
+    async def _stored_with_revisions(self) -> list[tuple[AdvanceReservation, int]]:
         kv = await self._bucket()
-        book = AdvanceBook()
         try:
             keys = await kv.keys()
         except NoKeysError:
             return []
+        out: list[tuple[AdvanceReservation, int]] = []
         for key in keys:
             try:
                 entry = await kv.get(key)
             except KeyNotFoundError:
                 continue  # deleted between the listing and the read
-            book.apply(key, entry.value)
-        return book.all
+            book = AdvanceBook()
+            if entry.value and book.apply(key, entry.value) is None:
+                out.append((book.by_name[key], int(entry.revision or 0)))
+        return out
 
     @staticmethod
     def operator(caller: Caller, what: str) -> None:
@@ -75,6 +82,10 @@ class ReservationOps:
             req = AdvanceReservationRequest.model_validate(payload)
         except ValidationError as exc:
             raise OpsError(validation_line(exc), 400) from None
+        async with self.writing:
+            return await self._create(req)
+
+    async def _create(self, req: AdvanceReservationRequest) -> dict[str, Any]:
         now = time.time()
         existing = await self.stored()
         known = {r.topology.node: r for r in await self.nodes()}
@@ -90,10 +101,18 @@ class ReservationOps:
             check_new(res, existing, now, known_nodes=list(known))
         except AdvanceReservationError as exc:
             raise OpsError(str(exc), exc.code) from None
+        kv = await self._bucket()
         try:
-            await (await self._bucket()).create(res.name, res.model_dump_json().encode())
+            revision = await kv.create(res.name, res.model_dump_json().encode())
         except KeyWrongLastSequenceError:
             raise OpsError(f"reservation {res.name} already exists; delete it first", 409) from None
+        # Another intake may have stored an overlapping one meanwhile: the one written first stands.
+        earlier = [other for other, rev in await self._stored_with_revisions() if rev < revision]
+        try:
+            check_new(res, earlier, now)
+        except AdvanceReservationError as exc:
+            await kv.delete(res.name, last=revision)
+            raise OpsError(str(exc), exc.code) from None
         return dict(res.model_dump(mode="json"))
 
     async def list(self) -> dict[str, Any]:
