@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING, Any, Literal, TypeVar
 if TYPE_CHECKING:
     from nats.aio.client import Client
     from oneplus_contracts import JobRecord, JobSpec, NodeRecord, SubmitReply
-    from oneplus_contracts.advance import AdvanceReservation
+    from oneplus_contracts.advance import AdvanceReservation, AdvanceReservationRequest
     from pydantic import TypeAdapter
 
 SUBMIT_EVENT_TYPE = "io.oneplus.job.submit"  # oneplus_jobformats.cloudevents.SUBMIT_EVENT_TYPE (a test checks it)
@@ -433,46 +433,47 @@ class OnePlusClient:
                 out.append(AdvanceReservation.model_validate_json(entry.value))
         return out
 
-    async def create_advance_reservation(self, res: AdvanceReservation, now: float) -> AdvanceReservation:
-        """Check it against the others and the cluster's nodes (`oneplus_queueing.advance.check_new`), then store it;
-        the solver and the intake follow the bucket. A name taken meanwhile is refused by the store itself."""
-        from nats.js.errors import KeyWrongLastSequenceError
-        from oneplus_queueing.advance import AdvanceReservationError, check_new
+    async def reservations(self) -> list[dict[str, Any]]:
+        """Every advance reservation as the intake lists it (`oneplus.ops.reservation.list`): name, state (WAITING,
+        ACTIVE, ENDED), nodes, GPUs, window, who is admitted; a team may ask too."""
+        result: dict[str, Any] = await self.ops(subjects.OPS_RESERVATION_LIST, {})
+        rows: list[dict[str, Any]] = result["reservations"]
+        return rows
 
-        existing = await self.advance_reservations()
-        check_new(res, existing, now, known_nodes=await self._node_names())
-        stored = res.model_copy(update={"created_ts": now})
-        try:
-            await (await self._advance_bucket()).create(res.name, stored.model_dump_json().encode())
-        except KeyWrongLastSequenceError:
-            raise AdvanceReservationError(f"reservation {res.name} already exists; delete it first") from None
-        return stored
+    async def create_advance_reservation(self, res: AdvanceReservation, now: float | None = None) -> AdvanceReservation:
+        """Create it through the intake (`oneplus.ops.reservation.create`), which checks it against the others and
+        the cluster's nodes (`oneplus_queueing.advance.check_new`) and stores it; `now` is the intake's clock now."""
+        from oneplus_contracts.advance import AdvanceReservationRequest
 
-    async def _node_names(self) -> list[str] | None:
-        """The nodes the registry stored (the `topology` bucket's keys); None when there is no such bucket."""
-        from nats.js.errors import BucketNotFoundError, NoKeysError
+        fields = res.model_dump(include={"name", "nodes", "start_ts", "end_ts", "users", "teams", "accounts", "maint"})
+        return await self.create_reservation(AdvanceReservationRequest.model_validate(fields))
 
-        try:
-            kv = await self.nc.jetstream().key_value(subjects.TOPOLOGY_KV)
-            return list(await kv.keys())
-        except NoKeysError:
-            return []
-        except BucketNotFoundError:
-            return None
+    async def create_reservation(self, req: AdvanceReservationRequest) -> AdvanceReservation:
+        """Create a reservation of nodes or of a GPU count (the intake picks whole nodes for it); a refusal is a
+        PlatformError of one line, the same the HTTP API answers."""
+        from oneplus_contracts.advance import AdvanceReservation
+
+        stored = await self.ops(subjects.OPS_RESERVATION_CREATE, req.model_dump(mode="json", exclude_none=True))
+        return AdvanceReservation.model_validate(stored)
 
     async def delete_advance_reservation(self, name: str) -> bool:
-        """Delete it; False when there is none of that name."""
-        from nats.js.errors import KeyNotFoundError
-
-        kv = await self._advance_bucket()
+        """Delete it through the intake; False when there is none of that name."""
         try:
-            entry = await kv.get(name)
-        except KeyNotFoundError:
-            return False
-        if not entry.value:
-            return False
-        await kv.delete(name)
+            await self.ops(subjects.OPS_RESERVATION_DELETE, {"name": name})
+        except PlatformError as exc:
+            if str(exc) == f"no reservation {name!r}":
+                return False
+            raise
         return True
+
+    async def signal(self, job_id: str, signal: str, team: str | None = None) -> dict[str, Any]:
+        """`scancel --signal`: send `signal` to the running job's processes (batch script, ranks, srun steps' tasks)
+        on every node it runs on, without ending it."""
+        payload: dict[str, Any] = {"job_id": job_id, "signal": signal, "by": submitting_user()}
+        if team:
+            payload["team"] = team
+        result: dict[str, Any] = await self.ops(subjects.OPS_JOB_SIGNAL, payload)
+        return result
 
     async def node_op(self, subject: str, node: str, **extra: Any) -> dict[str, Any]:
         result: dict[str, Any] = await self.ops(subject, {"node": node, **extra})

@@ -26,7 +26,7 @@ from oneplus_contracts import (
     SubmitReply,
     subjects,
 )
-from oneplus_contracts.advance import AdvanceReservation
+from oneplus_contracts.advance import AdvanceReservation, AdvanceReservationRequest
 from oneplus_intake.openapi import render as render_openapi
 from pydantic import BaseModel, TypeAdapter
 
@@ -43,6 +43,7 @@ MODELS: dict[str, type[BaseModel] | TypeAdapter[Any]] = {
     "NodeRecord": NodeRecord,
     "FactOutcome": FactOutcome,
     "AdvanceReservation": AdvanceReservation,
+    "AdvanceReservationRequest": AdvanceReservationRequest,
 }
 
 # channel id → (address, message schema, description, who sends, who receives)
@@ -93,8 +94,9 @@ CHANNELS: dict[str, tuple[str, str, str, str, str]] = {
     "nodeCommands": (
         "oneplus.cmd.node.{node}.{kind}",
         "NodeCommand",
-        "Launch, preempt or cancel one node's ranks (fencing token checked), stream ONEPLUS_COMMANDS",
-        "placement-solver, preemption",
+        "Launch, preempt, cancel or signal (scancel --signal) one node's ranks (fencing token checked), stream"
+        " ONEPLUS_COMMANDS",
+        "placement-solver, preemption, intake (signal)",
         "node-executor",
     ),
     "preemptionRequests": (

@@ -112,6 +112,14 @@ class FakeClient:
     async def list_jobs(self, team: str | None = None, **_: Any) -> list[JobRecord]:
         return [_record(LONG_ID, "ACCEPTED")]
 
+    async def reservations(self) -> list[dict[str, Any]]:
+        row = {"nodes": "gpu[01-02]", "start": "2027-01-15T09:00:00Z", "end": "2027-01-15T11:00:00Z", "users": "",
+               "teams": "ops", "accounts": "", "maint": True}  # fmt: skip
+        return [
+            row | {"name": "maint", "state": "WAITING", "gpus": 16},
+            row | {"name": "old", "state": "ENDED", "gpus": None},
+        ]
+
     async def ops(self, subject: str, payload: dict[str, Any] | None = None) -> Any:
         self.ops_calls.append(subject)
         if subject == subjects.OPS_JOB_SHOW:
@@ -162,6 +170,11 @@ def test_queue_squeue_and_jobs_show_agree_on_the_reason_and_keep_the_id_whole(fa
     assert show.exit_code == 0, show.output
     for out in (queue.stdout, squeue.stdout, show.stdout):
         assert LONG_ID in out and "(Topology)" in out and "…" not in out
+    # Then the reservations active or to come (an ENDED one is not), and how many pending jobs wait on each.
+    section = queue.stdout.split("RESERVATION", 1)[1].splitlines()
+    assert [line.split() for line in section[1:] if line.strip()] == [
+        ["maint", "WAITING", "gpu[01-02]", "16", "2027-01-15T09:00:00Z", "2027-01-15T11:00:00Z", "yes", "0"]
+    ]
     assert "reason: Topology: no NVLink domain has 8 free GPUs" in show.stdout
     assert json.loads(run("jobs", "show", LONG_ID, "--json").stdout)["job_id"] == LONG_ID
 

@@ -203,6 +203,19 @@ async def test_dashboard_shows_cluster_queue_job_and_live_updates(servers: Serve
             text = await explain.inner_text()
             assert "message" in text and "needs GPUs" in text and "8" in text, text
             assert await page.locator(f'#holding tr[data-job="{ids["train-a"]}"]').count() == 1
+            # An advance reservation to come shows in the Reservations table (deleted again: it would keep jobs
+            # without a time limit off its node).
+            from oneplus_contracts.advance import AdvanceReservationRequest
+
+            await c.create_reservation(
+                AdvanceReservationRequest(name="dash-maint", gpus=8, start_ts=time.time() + 7200,
+                                          end_ts=time.time() + 10800, teams=["ops"], maint=True)
+            )  # fmt: skip
+            res_row = page.locator('#reservations tr[data-reservation="dash-maint"]')
+            await res_row.wait_for(timeout=15_000)
+            assert (await res_row.locator("td.reservation-state").inner_text()).strip() == "WAITING"
+            assert (await res_row.locator("td.waiting").inner_text()).strip() == "0"
+            assert await c.delete_advance_reservation("dash-maint")
             # Its waiting time counts from its submission (it stayed 0:00).
             await page.wait_for_function(
                 f"""() => {{ const td = document.querySelector('#pending tr[data-job="{pending}"] td:nth-child(6)');

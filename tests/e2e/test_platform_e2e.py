@@ -216,3 +216,67 @@ async def test_explain_says_which_constraint_blocks_and_cancel_ends_a_pending_jo
         await c.cancel(first.job_id)
         (rec,) = (await wait_terminal(c, [reply.job_id], timeout=30)).values()
     assert rec.state == "CANCELLED" and rec.allocation is None
+
+
+async def test_scancel_signal_reaches_the_running_job_and_leaves_it_running_and_bad_asks_are_one_line(
+    platform, servers
+) -> None:  # type: ignore[no-untyped-def]
+    from typer.testing import CliRunner
+
+    from oneplus.cli.app import app as cli
+
+    def scancel(*args: str) -> tuple[int, str]:
+        got = CliRunner().invoke(cli, ["scancel", *args, "--nats", servers.nats_url])
+        return got.exit_code, got.stderr
+
+    async with OnePlusClient.connect(servers.nats_url) as c:
+        reply = await c.submit(
+            JobSpec(name="signalled", resources={"gpus": 1}, simulate={"duration_s": 60, "checkpoint_after_s": None}),  # type: ignore[arg-type]
+            msg_id="signal-1",
+        )
+        assert reply.ok and reply.job_id
+        job_id = reply.job_id
+        deadline = time.monotonic() + 30
+        rec = await c.get_job(job_id)
+        while rec.state != "RUNNING":
+            assert time.monotonic() < deadline and not rec.terminal, rec
+            await asyncio.sleep(0.2)
+            rec = await c.get_job(job_id)
+        assert rec.allocation is not None
+        node = rec.allocation.nodes[0]
+
+        assert await asyncio.to_thread(scancel, "--signal=USR1", job_id) == (0, "")  # silent, as scancel
+        logs_subject = f"{subjects.PREFIX}.ops.node.{node}.logs"
+        deadline = time.monotonic() + 15
+        while "received SIGUSR1" not in (await c.ops(logs_subject, {"job_id": job_id}))["lines"]:
+            assert time.monotonic() < deadline, "the executor never delivered the signal"
+            await asyncio.sleep(0.2)
+        assert (await c.get_job(job_id)).state == "RUNNING"  # a signal does not end the job
+        assert await asyncio.to_thread(scancel, "-s", "10", job_id) == (0, "")  # a number, with -s: SIGUSR1 again
+
+        # Bad asks: one line each, naming the value; nothing changes.
+        code, err = await asyncio.to_thread(scancel, "--signal=NOPE", job_id)
+        assert (code, err) == (2, "scancel: error: --signal 'NOPE' is not a signal (USR1, SIGTERM, 10, ...)\n")
+        code, err = await asyncio.to_thread(scancel, "-s", "USR1", "j-nosuchjob")
+        assert (code, err) == (1, "scancel: error: Signal job error on job id j-nosuchjob: no job 'j-nosuchjob'\n")
+        with pytest.raises(Exception, match=r"^--signal 'SIGWHAT' is not a signal"):
+            await c.signal(job_id, "SIGWHAT")  # the intake checks it too (the HTTP API's and any client's ask)
+
+        waiting = await c.submit(
+            JobSpec(name="waits", resources={"gpus": 1}, dependencies=[{"type": "afterok", "job_ids": [job_id]}]),  # type: ignore[arg-type,list-item]
+            msg_id="signal-2",
+        )
+        assert waiting.ok and waiting.job_id
+        code, err = await asyncio.to_thread(scancel, "-s", "USR1", waiting.job_id)
+        assert (code, err) == (1, f"scancel: error: Signal job error on job id {waiting.job_id}: job {waiting.job_id} "
+                                  "is ACCEPTED: it has no running processes to signal\n")  # fmt: skip
+        assert (await c.get_job(waiting.job_id)).state == "ACCEPTED"
+        await c.cancel(waiting.job_id)
+
+        # Without --signal, scancel cancels as before; an ended job has nothing to signal.
+        assert await asyncio.to_thread(scancel, job_id) == (0, "")
+        (done,) = (await wait_terminal(c, [job_id], timeout=30)).values()
+        assert done.state == "CANCELLED"
+        code, err = await asyncio.to_thread(scancel, "-s", "USR1", job_id)
+        assert (code, err) == (1, f"scancel: error: Signal job error on job id {job_id}: job {job_id} already "
+                                  "CANCELLED: nothing to signal\n")  # fmt: skip

@@ -194,6 +194,84 @@ async def test_a_job_runs_as_containers_with_its_environment_labels_cpuset_and_l
     assert f"{node} {expected[1]}" in out.output
 
 
+# -- b2) scancel --signal on a batch job: the script and its running srun step's task get it; the job goes on ---------
+
+SIGNALLED_BATCH = """#!/bin/sh
+#SBATCH --nodes=1
+#SBATCH --ntasks=1
+#SBATCH --mem=64M
+trap 'echo "batch shell: USR1"' USR1
+srun sh -c 'trap "echo task: USR1" USR1; echo ready; while :; do sleep 0.1; done' &
+while :; do sleep 0.2; done
+"""
+
+
+async def test_scancel_signal_reaches_the_batch_script_and_a_running_steps_task_without_ending_the_job(
+    stack: Stack,
+) -> None:
+    from oneplus_jobformats.sbatch import parse_sbatch
+
+    spec = parse_sbatch(SIGNALLED_BATCH, filename="signalled.sh", submit_dir="/home/me").spec
+    node = stack.node.name
+    logs_subject = f"{subjects.PREFIX}.ops.node.{node}.logs"
+
+    async def logged(c: OnePlusClient, job: str, *lines: str, timeout: float = 60) -> list[str]:
+        deadline = time.monotonic() + timeout
+        while True:
+            got = (await c.ops(logs_subject, {"job_id": job, "rank": 0}))["lines"]
+            if set(lines) <= set(got):
+                return list(got)
+            assert time.monotonic() < deadline, f"{lines} never all logged: {got}"
+            await asyncio.sleep(0.2)
+
+    async with OnePlusClient.connect(stack.nats_url) as c:
+        job = await submit(c, spec)
+        await until_state(c, job, "RUNNING")
+        await logged(c, job, "ready")  # the step's task runs (its output streams through the batch script's)
+        got = await asyncio.to_thread(
+            CliRunner().invoke, cli, ["scancel", "--signal=USR1", job, "--nats", stack.nats_url]
+        )
+        assert got.exit_code == 0 and got.output == "", got.output
+        lines = await logged(c, job, "task: USR1", "batch shell: USR1")
+        assert lines.count("task: USR1") == 1 and lines.count("batch shell: USR1") == 1, lines
+        assert (await c.get_job(job)).state == "RUNNING"  # the signal did not end it
+        got = await asyncio.to_thread(CliRunner().invoke, cli, ["scancel", job, "--nats", stack.nats_url])
+        assert got.exit_code == 0, got.output
+        done = (await wait_terminal(c, [job], timeout=60, platform=stack.platform))[job]
+        assert done.state == "CANCELLED", (done.reason, done.node_reasons)
+
+
+TIMED_BATCH = """#!/bin/sh
+#SBATCH --nodes=1
+#SBATCH --ntasks=1
+#SBATCH --mem=64M
+srun sh -c 'trap "echo TERM > /tmp/step-got-term; exit 0" TERM; echo ready; while :; do sleep 0.1; done'
+"""
+
+
+async def test_a_batch_job_past_its_time_limit_ends_and_its_running_steps_task_gets_sigterm_first(
+    stack: Stack,
+) -> None:
+    from oneplus_jobformats.sbatch import parse_sbatch
+
+    spec = parse_sbatch(TIMED_BATCH, filename="timed.sh", submit_dir="/home/me").spec
+    spec = spec.model_copy(update={"time_limit_s": 4})  # --time takes minutes at least: the spec's seconds here
+    async with OnePlusClient.connect(stack.nats_url) as c:
+        job = await submit(c, spec)
+        done = (await wait_terminal(c, [job], timeout=90, platform=stack.platform))[job]
+    assert done.state == "FAILED", (done.state, done.reason, done.node_reasons)
+    assert done.node_reasons[stack.node.name].startswith("time limit reached: stopped after 4 s (--time)")
+    (batch,) = await containers_of(stack.engine_url, job)
+
+    async def read(docker: aiodocker.Docker) -> bytes:
+        tar = await docker.containers.container(batch["Id"]).get_archive("/tmp/step-got-term")
+        member = tar.extractfile(tar.getmembers()[0])
+        assert member is not None
+        return member.read()
+
+    assert await engine(stack.engine_url, read) == b"TERM\n"  # the step's task trapped SIGTERM before the kill
+
+
 # -- c) a missing image ----------------------------------------------------------------------------------------------
 
 

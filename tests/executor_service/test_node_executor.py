@@ -8,8 +8,8 @@ from typing import Any
 import pytest
 from executor_fakes import NODE, executor, placed, spec
 from oneplus_bus.service import OpsError
-from oneplus_contracts import CancelRanks, JobPreempting, LaunchRanks, PreemptRanks
-from oneplus_node_executor.node import LAUNCH_FAILED_EXIT, LOST_EXIT, WATCH_TRIES
+from oneplus_contracts import NODE_COMMAND_ADAPTER, CancelRanks, JobPreempting, LaunchRanks, PreemptRanks, SignalRanks
+from oneplus_node_executor.node import LAUNCH_FAILED_EXIT, LOST_EXIT, STOP_GRACE_S, WATCH_TRIES
 from oneplus_node_executor.runtime.base import EngineUnavailable, LaunchFailed, RanksExit
 from oneplus_node_executor.runtime.simulated import SimulatedRuntime
 from oneplus_testing import until
@@ -90,6 +90,48 @@ class ExitsAfterCheckpoint(SimulatedRuntime):
     def _mark_checkpoint(self, job: Any) -> None:
         super()._mark_checkpoint(job)
         job.stopped.set()
+
+
+async def test_a_signal_command_reaches_the_running_ranks_and_the_job_goes_on() -> None:
+    rt = SimulatedRuntime()
+    ex, svc, store = executor(rt)
+    await ex.launch(await placed(svc, store, "j-sig", spec(simulate={"duration_s": 30, "checkpoint_after_s": None})))
+    assert await ex.outbox.flush(5)
+    wire = SignalRanks(job_id="j-sig", node=NODE, token=1, signal="SIGUSR1", by="ana").model_dump_json()
+    cmd = NODE_COMMAND_ADAPTER.validate_json(wire)  # as the executor reads it off the commands stream
+    assert isinstance(cmd, SignalRanks)
+    await ex.signal(cmd)
+    assert "received SIGUSR1" in await rt.logs("j-sig", None, follow=False)
+    assert svc.ledger.records["j-sig"].state == "RUNNING" and "j-sig" in ex.tokens  # not ended by it
+    # A stale token's signal (the job was placed again) is not delivered.
+    await ex.signal(SignalRanks(job_id="j-sig", node=NODE, token=7, signal="SIGUSR2"))
+    assert "received SIGUSR2" not in await rt.logs("j-sig", None, follow=False)
+    await rt.close()
+
+
+class RecordsStops(SimulatedRuntime):
+    def __init__(self) -> None:
+        super().__init__()
+        self.stops: list[tuple[str, float]] = []
+
+    async def stop(self, job_id: str, grace_s: float) -> None:
+        self.stops.append((job_id, grace_s))
+        await super().stop(job_id, grace_s)
+
+
+async def test_a_job_past_its_time_limit_is_stopped_as_a_cancel_stops_it_with_the_reason() -> None:
+    rt = RecordsStops()
+    ex, svc, store = executor(rt)
+    await ex.launch(await placed(svc, store, "j-late", spec(time_limit_s=1, simulate={"duration_s": 30})))
+    await ex.launch(await placed(svc, store, "j-quick", spec(time_limit_s=30, simulate={"duration_s": 0.1})))
+    await until(lambda: "node_finished" in svc.ledger.types("j-late"))
+    rec = svc.ledger.records["j-late"]
+    assert rec.node_reasons[NODE] == "time limit reached: stopped after 1 s (--time)"
+    assert rec.nodes_done == {NODE: 143}  # failed, as Slurm's TIMEOUT, whatever the ranks exit on SIGTERM
+    assert rt.stops == [("j-late", STOP_GRACE_S)]  # SIGTERM, SIGKILL after the stop grace: a step's tasks too
+    await until(lambda: "node_finished" in svc.ledger.types("j-quick"))
+    assert "j-quick" not in ex.deadlines and "j-late" not in ex.deadlines  # a job ended in time leaves no timer
+    await rt.close()
 
 
 @pytest.mark.parametrize("runtime_class", [SimulatedRuntime, ExitsAfterCheckpoint])
@@ -215,6 +257,19 @@ async def test_a_deferred_reconcile_adopts_running_ranks_once_the_engine_answers
     await ex.check_engine()
     assert ex.reconciled and ex.tokens == {"j-adopt": 1}
     await until(lambda: "node_finished" in svc.ledger.types("j-adopt"))
+
+
+async def test_ranks_adopted_after_a_restart_keep_their_time_limit_from_the_jobs_record() -> None:
+    rt = RecordsStops()
+    ex, svc, store = executor(rt)
+    cmd = await placed(svc, store, "j-adopt-late", spec(time_limit_s=1, simulate={"duration_s": 30}))
+    await rt.launch(cmd, {})  # started by the executor before its restart
+    ex.reconciled = False
+    await ex.check_engine()
+    assert ex.tokens == {"j-adopt-late": 1} and ex.deadlines["j-adopt-late"][0] == 1
+    await until(lambda: "node_finished" in svc.ledger.types("j-adopt-late"))
+    rec = svc.ledger.records["j-adopt-late"]
+    assert rec.node_reasons[NODE] == "time limit reached: stopped after 1 s (--time)" and rt.stops
 
 
 async def test_the_logs_endpoint_refuses_bad_requests_by_name() -> None:

@@ -188,6 +188,28 @@ def test_queue_view_splits_pending_from_holders() -> None:
     assert q["pending"][0]["reason"] == "Resources"
     assert [r["job_id"] for r in q["holding"]] == ["j-r"]
     assert q["holding"][0]["colour"] == colour_of("j-r")
+    assert q["reservations"] == []
+
+
+def test_queue_view_shows_reservations_active_or_to_come_with_the_jobs_waiting_on_each() -> None:
+    from oneplus_contracts.advance import AdvanceReservation
+    from oneplus_queueing.advance import window_rows
+
+    rows: list[dict[str, Any]] = [
+        {"job_id": "j-w", "st": "PD", "name": "w", "gpus": "8", "where": "(Reservation)", "reason": "Reservation",
+         "message": "waiting for reservation maint to start at X (in 1h 00m)"},
+    ]  # fmt: skip
+    made = [
+        AdvanceReservation(name="maint", nodes=["h100-0"], start_ts=NOW + 3600, end_ts=NOW + 7200, teams=["ops"],
+                           maint=True),
+        AdvanceReservation(name="past", nodes=["h100-1"], start_ts=NOW - 7200, end_ts=NOW - 3600, users=["ana"]),
+        AdvanceReservation(name="now", nodes=["h100-1"], start_ts=NOW - 60, end_ts=NOW + 60, users=["ana"], gpus=8),
+    ]  # fmt: skip
+    q = queue_view(rows, NOW, None, window_rows(NOW, made))
+    assert [(r["name"], r["state"], r["waiting"], r["gpus"], r["maint"]) for r in q["reservations"]] == [
+        ("now", "ACTIVE", 0, 8, False),
+        ("maint", "WAITING", 1, None, True),
+    ]
 
 
 def test_job_view_placement_timeline_and_events_in_order() -> None:

@@ -128,6 +128,19 @@ class FakeJobs:
         team = caller_of(headers, payload.get("team")).team
         return {"job_id": payload["job_id"], "state": "RUNNING", "cancel_requested": True, "team": team}
 
+    async def job_signal(self, payload: dict[str, Any], headers: dict[str, str]) -> dict[str, Any]:
+        team = caller_of(headers, payload.get("team")).team
+        return {"job_id": payload["job_id"], "signal": payload["signal"], "nodes": [], "team": team}
+
+    async def reservation_list(self, payload: dict[str, Any], headers: dict[str, str]) -> dict[str, Any]:
+        return {"reservations": [], "team": caller_of(headers).team}
+
+    async def reservation_create(self, payload: dict[str, Any], headers: dict[str, str]) -> dict[str, Any]:
+        return {"name": payload.get("name"), "team": caller_of(headers).team}
+
+    async def reservation_delete(self, payload: dict[str, Any], headers: dict[str, str]) -> dict[str, Any]:
+        return {"name": payload["name"], "deleted": True, "team": caller_of(headers).team}
+
 
 class NobodyAnswers:
     """The dashboard's bus: nobody answers its requests (503), which is past the authentication this file tests."""
@@ -170,6 +183,10 @@ SECURED = [
     ("POST", "/v1/jobs"),
     ("GET", "/v1/jobs/j-000000000001"),
     ("DELETE", "/v1/jobs/j-000000000001"),
+    ("POST", "/v1/jobs/j-000000000001/signal"),
+    ("GET", "/v1/reservations"),
+    ("POST", "/v1/reservations"),
+    ("DELETE", "/v1/reservations/maint"),
     ("GET", "/v1/nodes"),
     ("GET", "/v1/queue"),
     ("GET", "/v1/queues"),
@@ -234,6 +251,16 @@ async def test_the_team_is_the_tokens_and_a_header_or_parameter_naming_another_i
         assert r.status == 403 and answer["code"] == "wrong_team" and "the token is team 'nlp'" in answer["error"]
     r = await c.post("/v1/jobs", headers=bearer(NLP, Oneplus_Team="vision"), data=b"{}")
     assert r.status == 403 and intake.callers == [Caller(team="vision")]  # never reached the intake
+    # The new routes take the token's team the same way (the intake then refuses a team's reservation writes).
+    r = await c.post("/v1/jobs/j-000000000001/signal", headers=bearer(NLP), json={"signal": "USR1"})
+    assert r.status == 202 and (await r.json())["team"] == "nlp"
+    r = await c.post("/v1/reservations", headers=bearer(VISION), json={"name": "r"})
+    assert r.status == 201 and (await r.json()) == {"name": "r", "team": "vision"}
+    r = await c.delete("/v1/reservations/r", headers=bearer(ADMIN))
+    assert r.status == 200 and (await r.json())["team"] is None
+    r = await c.post("/v1/reservations", headers=bearer(ADMIN), data=b"[1, 2]")
+    answer = await r.json()
+    assert (r.status, answer["error"]) == (400, "the body must be a JSON object, got list")
 
 
 async def test_a_platform_token_acts_for_the_team_its_header_names_or_for_every_team(client: Any) -> None:

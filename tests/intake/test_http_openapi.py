@@ -26,6 +26,10 @@ def test_the_document_is_openapi_3_1_with_every_operation_and_error_answer() -> 
         ("POST", "/v1/jobs"),
         ("GET", "/v1/jobs/{job_id}"),
         ("DELETE", "/v1/jobs/{job_id}"),
+        ("POST", "/v1/jobs/{job_id}/signal"),
+        ("GET", "/v1/reservations"),
+        ("POST", "/v1/reservations"),
+        ("DELETE", "/v1/reservations/{name}"),
         ("GET", "/v1/nodes"),
         ("GET", "/v1/queue"),
         ("GET", "/v1/queues"),
@@ -39,7 +43,9 @@ def test_the_document_is_openapi_3_1_with_every_operation_and_error_answer() -> 
                 assert (ref == "#/components/schemas/ErrorAnswer") == (int(status) >= 400), (method, path, status)
     error = doc["components"]["schemas"]["ErrorAnswer"]
     assert set(error["properties"]) == {"ok", "code", "error"} and error["additionalProperties"] is False
-    assert {"JobRecord", "JobSpec", "NodeRecord"} <= set(doc["components"]["schemas"])
+    assert {"JobRecord", "JobSpec", "NodeRecord", "AdvanceReservation", "AdvanceReservationRequest"} <= set(
+        doc["components"]["schemas"]
+    )
     # schemathesis reads it (every $ref resolves, every operation loads).
     schema = schemathesis.openapi.from_dict(doc)
     assert len([r for r in schema.get_all_operations() if isinstance(r, Ok)]) == len(ops)

@@ -108,3 +108,46 @@ async def test_gangs_of_a_team_run_to_the_end_with_every_service_on_its_own_perm
     assert platform.dead() == {}
     refused = [line for line in (platform.workdir / "nats-server.log").read_text().splitlines() if "Violation" in line]
     assert refused == [], "a service needed a subject its NATS user may not use:\n" + "\n".join(refused[:10])
+
+
+async def test_reservations_and_scancel_signal_work_on_the_services_own_permissions(platform: SecuredPlatform) -> None:
+    """The intake writes the reservation bucket and sends a team's signal to its job's node; a team lists the
+    reservations and signals its own job only (another team's is 404); no service needs a subject it may not use."""
+    from oneplus_contracts import subjects
+    from oneplus_contracts.advance import AdvanceReservationRequest
+
+    node = NODES[1].name
+    async with (
+        OnePlusClient.connect(platform.nats.url("admin")) as admin,
+        OnePlusClient.connect(platform.nats.url("nlp-ci")) as nlp,
+        OnePlusClient.connect(platform.nats.url("vision-ci")) as vision,
+    ):
+        await wait_for_platform(admin, len(NODES), timeout=120)
+        start = time.time() + 7200
+        made = await admin.create_reservation(
+            AdvanceReservationRequest(name="secured", nodes=[node], start_ts=start, end_ts=start + 3600, teams=["nlp"])
+        )
+        assert made.nodes == [node]
+        assert [(r["name"], r["state"]) for r in await nlp.reservations()] == [("secured", "WAITING")]
+
+        reply = await nlp.submit(
+            JobSpec.model_validate({"name": "sig", "resources": {"gpus": 1}, "simulate": {"duration_s": 60}}),
+            msg_id=uuid.uuid4().hex,
+        )
+        assert reply.ok and reply.job_id, reply.error
+        deadline = time.monotonic() + 60
+        while (rec := await nlp.get_job(reply.job_id)).state != "RUNNING":
+            assert time.monotonic() < deadline and not rec.terminal, rec
+            await asyncio.sleep(0.3)
+        with pytest.raises(Exception, match=f"^no job '{reply.job_id}'$"):
+            await vision.signal(reply.job_id, "USR1")
+        sent = await nlp.signal(reply.job_id, "USR1")
+        assert sent["signal"] == "SIGUSR1" and rec.allocation is not None and sent["nodes"] == rec.allocation.nodes
+        logs = f"{subjects.PREFIX}.ops.node.{sent['nodes'][0]}.logs"
+        while "received SIGUSR1" not in (await admin.ops(logs, {"job_id": reply.job_id}))["lines"]:
+            assert time.monotonic() < deadline, "the executor never delivered the signal"
+            await asyncio.sleep(0.3)
+        await nlp.cancel(reply.job_id)
+        assert await admin.delete_advance_reservation("secured")
+    refused = [line for line in (platform.workdir / "nats-server.log").read_text().splitlines() if "Violation" in line]
+    assert refused == [], "a service needed a subject its NATS user may not use:\n" + "\n".join(refused[:10])

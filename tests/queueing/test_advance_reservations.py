@@ -4,8 +4,17 @@ while it is active and, before it starts, unless their time limit ends them by i
 from __future__ import annotations
 
 import pytest
-from oneplus_contracts.advance import AdvanceReservation
-from oneplus_queueing.advance import AdvanceReservationError, check_job, check_new
+from oneplus_contracts.advance import AdvanceReservation, AdvanceReservationRequest
+from oneplus_queueing.advance import (
+    AdvanceReservationError,
+    check_job,
+    check_new,
+    check_window,
+    live_rows,
+    pick_nodes,
+    waiting_on,
+    window_rows,
+)
 from oneplus_queueing.config import default_config
 from oneplus_queueing.cycle import schedule_cycle
 from oneplus_queueing.fairshare import UsageHistory
@@ -152,3 +161,85 @@ def test_sbatch_reservation_names_one() -> None:
     assert tr.spec.reservation == "maint1" and not tr.warnings
     with pytest.raises(JobFormatError, match="names one reservation"):
         parse_sbatch("#!/bin/bash\n#SBATCH --gpus=1 --reservation=a,b\necho\n")
+
+
+# --- a reservation by GPU count (Slurm's TRES=gres/gpu=N): whole nodes picked at creation ---------------------------
+
+GPUS_OF = {"a100-0": 8, "a100-1": 8, "h100-0": 8, "l40s-0": 4, "l40s-1": 4, "cpu-0": 0}
+
+
+def test_a_gpu_count_takes_the_smallest_node_that_holds_it_else_the_largest_nodes_first() -> None:
+    assert pick_nodes("r", 4, NOW, NOW + HOUR, GPUS_OF, []) == ["l40s-0"]  # no 8-GPU node spent on 4 GPUs
+    assert pick_nodes("r", 5, NOW, NOW + HOUR, GPUS_OF, []) == ["a100-0"]
+    assert pick_nodes("r", 16, NOW, NOW + HOUR, GPUS_OF, []) == ["a100-0", "a100-1"]
+    # The last node only tops the count up: the smallest that does it, no third 8-GPU node for 4 more GPUs.
+    assert pick_nodes("r", 20, NOW, NOW + HOUR, GPUS_OF, []) == ["a100-0", "a100-1", "l40s-0"]
+    assert pick_nodes("r", 12, NOW, NOW + HOUR, GPUS_OF, []) == ["a100-0", "l40s-0"]
+    assert pick_nodes("r", 23, NOW, NOW + HOUR, GPUS_OF, []) == ["a100-0", "a100-1", "h100-0"]
+    # Deterministic: the same ask on the same cluster picks the same nodes, whatever order the nodes came in.
+    shuffled = dict(reversed(list(GPUS_OF.items())))
+    assert pick_nodes("r", 20, NOW, NOW + HOUR, shuffled, []) == ["a100-0", "a100-1", "l40s-0"]
+
+
+def test_a_gpu_count_skips_nodes_another_reservation_holds_in_that_window_only() -> None:
+    held = window("maint", ["a100-0", "a100-1"], NOW + HOUR, hours=2)
+    assert pick_nodes("r", 16, NOW, NOW + 2 * HOUR, GPUS_OF, [held]) == ["h100-0", "l40s-0", "l40s-1"]
+    assert pick_nodes("r", 12, NOW, NOW + 2 * HOUR, GPUS_OF, [held]) == ["h100-0", "l40s-0"]
+    # Before the other window: its nodes are free.
+    assert pick_nodes("r", 16, NOW - 0, NOW + HOUR, GPUS_OF, [held]) == ["a100-0", "a100-1"]
+
+
+def test_a_gpu_count_the_cluster_cannot_hold_then_is_refused_in_one_line_naming_it() -> None:
+    held = window("maint", ["a100-0", "a100-1", "h100-0"], NOW, hours=4)
+    with pytest.raises(AdvanceReservationError) as err:
+        pick_nodes("big", 16, NOW + HOUR, NOW + 2 * HOUR, GPUS_OF, [held])
+    message = str(err.value)
+    assert message == (
+        "reservation big: 16 GPUs asked but only 8 are free of other reservations from 2027-01-15T09:00:00Z to "
+        "2027-01-15T10:00:00Z (the cluster has 32; a100-[0-1],h100-0 held by reservation maint)"
+    ), message
+    assert err.value.code == 409 and "\n" not in message
+    with pytest.raises(AdvanceReservationError, match=r"^reservation huge: 33 GPUs asked but only 32 are free"):
+        pick_nodes("huge", 33, NOW, NOW + HOUR, GPUS_OF, [])
+
+
+def test_a_window_in_the_past_is_refused_before_any_node_is_picked() -> None:
+    with pytest.raises(AdvanceReservationError, match=r"^reservation old ends at 2027-01-15T07:00:00Z, which is in"):
+        check_window("old", NOW - 2 * HOUR, NOW - HOUR, NOW)
+    with pytest.raises(AdvanceReservationError, match=r"^reservation late starts at 2027-01-15T07:00:00Z, which is"):
+        check_window("late", NOW - HOUR, NOW + HOUR, NOW)
+    check_window("now", NOW - 30, NOW + HOUR, NOW)  # a start within a minute's slack is now
+
+
+def test_a_request_names_nodes_or_a_gpu_count_one_of_them() -> None:
+    base = {"name": "r", "start_ts": NOW, "end_ts": NOW + HOUR, "teams": ["ops"]}
+    for extra, says in [
+        ({}, "reservation r: give nodes or a GPU count, one of them"),
+        ({"nodes": "n[0-1]", "gpus": 8}, "reservation r: give nodes or a GPU count, one of them"),
+        ({"gpus": 0}, "greater than or equal to 1"),
+        ({"gpus": 8, "end_ts": 1e300}, "less than or equal to 253402300799"),
+    ]:
+        with pytest.raises(ValidationError, match=says):
+            AdvanceReservationRequest.model_validate(base | extra)
+    req = AdvanceReservationRequest.model_validate(base | {"gpus": 16})
+    stored = req.reservation(["a100-0", "a100-1"], NOW)
+    assert (stored.nodes, stored.gpus, stored.created_ts) == (["a100-0", "a100-1"], 16, NOW)
+    assert (
+        "gpus"
+        not in AdvanceReservationRequest.model_validate(base | {"nodes": "n0"})
+        .reservation(["n0"], NOW)
+        .model_dump(exclude_none=True)
+        and '"gpus"' not in window("w", ["n0"], NOW).model_dump_json()
+    )
+
+
+def test_queue_rows_waiting_on_a_reservation_are_counted_beside_it() -> None:
+    rows = [
+        {"job_id": "a", "reason": "Reservation", "message": "waiting for reservation r1 to start at X (in 1h 00m)"},
+        {"job_id": "b", "reason": "Reservation", "message": "waiting for reservation r1 to start at X (in 1h 00m)"},
+        {"job_id": "c", "reason": "Reservation", "message": "reservation gone does not exist (deleted?)"},
+        {"job_id": "d", "reason": "Priority", "message": "behind reservation r1 users"},
+    ]
+    assert waiting_on(rows) == {"r1": 2, "gone": 1}
+    listed = window_rows(NOW, [window("r1", ["n1"], NOW + HOUR), window("old", ["n0"], NOW - 3 * HOUR)])
+    assert [(r["name"], r["state"], r["waiting"]) for r in live_rows(listed, rows)] == [("r1", "WAITING", 2)]

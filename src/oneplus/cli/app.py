@@ -151,8 +151,19 @@ def submit(
 
 @app.command()
 def queue(nats: NatsOpt = None, team: TeamOpt = None, as_json: JsonOpt = False) -> None:
-    """Pending and running jobs, squeue-like, with the reason a pending job waits."""
-    rows = call(nats, team, lambda c: c.queue())
+    """Pending and running jobs, squeue-like, with the reason a pending job waits; then the advance reservations
+    active or to come, with how many of the pending jobs wait on each."""
+    from .reservation import queue_section
+
+    async def both(c: OnePlusClient) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+        rows = await c.queue()
+        try:
+            reservations = await c.reservations()
+        except PlatformError:
+            reservations = []  # an intake that does not answer: the queue shows without them
+        return rows, reservations
+
+    rows, reservations = call(nats, team, both)
     if as_json:
         dump(rows)
         return
@@ -161,6 +172,10 @@ def queue(nats: NatsOpt = None, team: TeamOpt = None, as_json: JsonOpt = False) 
         where = reason_cell(r) if r.get("st") in ("PD", "RQ") else str(r.get("where", ""))
         t.add_row(*(str(r.get(k, "")) for k in ("job_id", "queue", "name", "user", "st", "time", "gpus")), where)
     t.print(console)
+    section = queue_section(reservations, rows)
+    if section is not None:
+        console.print()
+        section.print(console)
 
 
 @jobs_app.command("list")

@@ -1,9 +1,10 @@
 """`oneplus reservation create|list|delete`: advance reservations and maintenance windows (Slurm's
 `scontrol create reservation`).
 
-They are stored in the `advance_reservations` KV bucket, which the placement-solver and the intake follow. A new one
-is checked here first (a start in the past, a node the cluster does not have, an overlap with one that holds the same
-nodes): a refused one changes nothing.
+They are stored in the `advance_reservations` KV bucket, which the placement-solver and the intake follow. The intake
+creates and deletes them (`oneplus.ops.reservation.*`, the HTTP API's `/v1/reservations` too) after its checks (a start
+in the past, a node the cluster does not have, an overlap with one that holds the same nodes, a GPU count the cluster
+cannot hold then): a refused one changes nothing, and the CLI prints the intake's one line.
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ COLUMNS = (
     ("NAME", "name"),
     ("STATE", "state"),
     ("NODES", "nodes"),
+    ("GPUS", "gpus"),
     ("START", "start"),
     ("END", "end"),
     ("USERS", "users"),
@@ -81,7 +83,11 @@ def _names(text: str | None) -> list[str]:
 @app.command("create")
 def create(
     name: Annotated[str, typer.Argument(help="The reservation's name (jobs name it with --reservation)")],
-    nodes: Annotated[str, typer.Option("--nodes", help="Nodes set aside: a hostlist, e.g. gpu[01-04]")],
+    nodes: Annotated[str | None, typer.Option("--nodes", help="Nodes set aside: a hostlist, e.g. gpu[01-04]")] = None,
+    gpus: Annotated[
+        int | None,
+        typer.Option("--gpus", help="Or a GPU count (Slurm's TRES=gres/gpu=N): whole nodes free then are picked"),
+    ] = None,
     start: Annotated[str, typer.Option("--start", help="now, now+2h, Unix seconds or 2027-01-15T09:30")] = "now",
     duration: Annotated[
         str | None, typer.Option("--duration", help="How long: 90 (minutes), 2h, 1d; or give --end")
@@ -94,21 +100,26 @@ def create(
     nats: NatsOpt = None,
     as_json: JsonOpt = False,
 ) -> None:
-    """Set nodes aside from a start time for a duration (or to an end). Jobs with `--reservation NAME` of an
-    admitted user, team or account run there while it is active; other jobs stay off its nodes, and before it starts
-    use them only if their time limit ends them by its start, so the nodes are empty when it begins."""
-    from oneplus_contracts.advance import AdvanceReservation
+    """Set nodes (or GPUs: whole nodes holding --gpus) aside from a start time for a duration (or to an end).
+    Jobs with `--reservation NAME` of an admitted user, team or account run there while it is active; other jobs
+    stay off its nodes, and before it starts use them only if their time limit ends them by its start, so the nodes
+    are empty when it begins."""
+    from oneplus_contracts.advance import AdvanceReservationRequest
+    from oneplus_contracts.slurm import compress_hostlist
     from pydantic import ValidationError
 
     now = time.time()
     if (duration is None) == (end is None):
         raise fail("give one of --duration and --end")
+    if (nodes is None) == (gpus is None):
+        raise fail("give one of --nodes and --gpus")
     try:
         start_ts = parse_when(start, now)
         end_ts = parse_when(end, now) if end is not None else start_ts + parse_duration(duration or "")
-        res = AdvanceReservation(
+        req = AdvanceReservationRequest(
             name=name,
-            nodes=nodes,  # a hostlist, expanded by the model
+            nodes=nodes or [],  # a hostlist, expanded by the model
+            gpus=gpus,
             start_ts=start_ts,
             end_ts=end_ts,
             users=_names(users),
@@ -122,24 +133,30 @@ def create(
         raise fail(str(exc)) from None
 
     async def go(c: OnePlusClient) -> Any:
-        return await c.create_advance_reservation(res, now)
+        return await c.create_reservation(req)
 
     stored = call_reservation(nats, go)
     if as_json:
         print(stored.model_dump_json(indent=2))
         return
-    console.print(f"reservation {stored.name} created", highlight=False)
+    picked = f" on {compress_hostlist(stored.nodes)}" if gpus is not None else ""
+    console.print(f"reservation {stored.name} created{picked}", highlight=False)
 
 
 @app.command("list")
 def list_(nats: NatsOpt = None, as_json: JsonOpt = False) -> None:
-    """Every reservation: state (WAITING, ACTIVE, ENDED), nodes, window, who is admitted."""
+    """Every reservation: state (WAITING, ACTIVE, ENDED), nodes, GPUs, window, who is admitted."""
     from oneplus_queueing.advance import window_rows
 
-    async def go(c: OnePlusClient) -> Any:
-        return await c.advance_reservations()
+    from ..client import PlatformError
 
-    rows = window_rows(time.time(), call_reservation(nats, go))
+    async def go(c: OnePlusClient) -> Any:
+        try:
+            return await c.reservations()  # the intake's list: a team's NATS user may ask it too
+        except PlatformError:
+            return window_rows(time.time(), await c.advance_reservations())  # no intake answers: the bucket itself
+
+    rows = call_reservation(nats, go)
     if as_json:
         print(json.dumps(rows, indent=2))
         return
@@ -159,6 +176,23 @@ def delete(name: str, nats: NatsOpt = None) -> None:
     if not call_reservation(nats, go):
         raise fail(f"no reservation {name!r}")
     console.print(f"reservation {name} deleted", highlight=False)
+
+
+def queue_section(reservations: list[dict[str, Any]], queue_rows: list[dict[str, Any]]) -> Columns | None:
+    """`oneplus queue`'s reservations: those active or to come, with how many pending jobs wait on each (their
+    reason is Reservation and its message names it); None when there are none."""
+    from oneplus_queueing.advance import live_rows
+
+    live = live_rows(reservations, queue_rows)
+    if not live:
+        return None
+    t = Columns("reservations", ("RESERVATION", "STATE", "NODES", "GPUS", "START", "END", "MAINT", "WAITING"))
+    for r in live:
+        gpus = "-" if r.get("gpus") in (None, "") else str(r["gpus"])
+        maint = "yes" if r.get("maint") else "-"
+        t.add_row(str(r["name"]), str(r["state"]), str(r["nodes"]), gpus, str(r["start"]), str(r["end"]), maint,
+                  str(r["waiting"]))  # fmt: skip
+    return t
 
 
 def call_reservation(nats: str | None, fn: Any) -> Any:

@@ -240,13 +240,29 @@ def squeue_text(
 def scancel(
     ctx: typer.Context,
     job_ids: Annotated[list[str] | None, typer.Argument(help="Job ids to cancel")] = None,
+    signal: Annotated[
+        str | None,
+        typer.Option(
+            "--signal",
+            "-s",
+            help="Send this signal (USR1, SIGTERM, 10) to the job's running processes instead of cancelling it",
+        ),
+    ] = None,
     nats: NatsOpt = None,
     team: TeamOpt = None,
 ) -> None:
-    """Cancel jobs; like scancel, silent on success."""
+    """Cancel jobs, or with --signal send them a signal (the batch script, the ranks and the running srun steps'
+    tasks get it; the job goes on); like scancel, silent on success."""
     _no_extras("scancel", ctx)
     if not job_ids:
         raise _fail("scancel", "No job identification provided", 2)
+    if signal is not None:
+        from oneplus_contracts.commands import signal_name
+
+        try:
+            signal = signal_name(signal)
+        except ValueError as exc:
+            raise _fail("scancel", str(exc), 2) from None
 
     async def cancel_all(c: OnePlusClient) -> list[tuple[str, str | None]]:
         from ..client import PlatformError
@@ -254,7 +270,10 @@ def scancel(
         out: list[tuple[str, str | None]] = []
         for job_id in job_ids or []:
             try:
-                await c.cancel(job_id, team)
+                if signal is not None:
+                    await c.signal(job_id, signal, team)
+                else:
+                    await c.cancel(job_id, team)
                 out.append((job_id, None))
             except PlatformError as exc:
                 out.append((job_id, str(exc)))
@@ -262,7 +281,8 @@ def scancel(
 
     failed = [(j, e) for j, e in _call("scancel", nats, team, cancel_all) if e]
     for job_id, error in failed:
-        print(f"scancel: error: Kill job error on job id {job_id}: {error}", file=sys.stderr)
+        what = "Signal job error" if signal is not None else "Kill job error"
+        print(f"scancel: error: {what} on job id {job_id}: {error}", file=sys.stderr)
     if failed:
         raise typer.Exit(1)
 

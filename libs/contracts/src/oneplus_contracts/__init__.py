@@ -13,6 +13,7 @@ from .commands import (
     NodeCommand,
     PreemptionRequest,
     PreemptRanks,
+    SignalRanks,
     SubmitReply,
 )
 from .events import (
@@ -124,6 +125,7 @@ __all__ = [
     "RankReport",
     "RankResources",
     "ReservationAudit",
+    "SignalRanks",
     "SimulatedRun",
     "SubmitReply",
     "TopologyConstraint",

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import signal as _signal
 import time
 from typing import Annotated, Literal
 
@@ -57,7 +58,28 @@ class CancelRanks(_Command):
     reason: str = "cancelled"
 
 
-NodeCommand = Annotated[LaunchRanks | PreemptRanks | CancelRanks, Field(discriminator="kind")]
+def signal_name(raw: object) -> str:
+    """A signal as `SIGUSR1`, from `USR1`, `SIGUSR1`, `usr1` or its number (`10`); ValueError naming the value."""
+    text = str(raw if raw is not None else "").strip()
+    try:
+        if text.isdigit():
+            return _signal.Signals(int(text)).name
+        upper = text.upper()
+        return _signal.Signals[upper if upper.startswith("SIG") else "SIG" + upper].name
+    except (KeyError, ValueError):
+        raise ValueError(f"--signal {text[:32]!r} is not a signal (USR1, SIGTERM, 10, ...)") from None
+
+
+class SignalRanks(_Command):
+    """`scancel --signal`: deliver a signal to the job's running processes here (the batch script, the ranks, the
+    running srun steps' tasks) without ending the job."""
+
+    kind: Literal["signal"] = "signal"
+    signal: str = Field(description="The signal's name, e.g. SIGUSR1")
+    by: str = ""
+
+
+NodeCommand = Annotated[LaunchRanks | PreemptRanks | CancelRanks | SignalRanks, Field(discriminator="kind")]
 NODE_COMMAND_ADAPTER: TypeAdapter[NodeCommand] = TypeAdapter(NodeCommand)
 
 

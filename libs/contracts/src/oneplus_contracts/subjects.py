@@ -68,6 +68,11 @@ def ops_solver_reasons(replica: str) -> str:
 
 
 OPS_JOB_CANCEL = f"{PREFIX}.ops.job.cancel"
+OPS_JOB_SIGNAL = f"{PREFIX}.ops.job.signal"  # scancel --signal: the intake sends SignalRanks to the job's nodes
+# Advance reservations, created and deleted through the intake (its checks are the server's, for CLI and HTTP alike).
+OPS_RESERVATION_CREATE = f"{PREFIX}.ops.reservation.create"
+OPS_RESERVATION_LIST = f"{PREFIX}.ops.reservation.list"
+OPS_RESERVATION_DELETE = f"{PREFIX}.ops.reservation.delete"
 OPS_NODE_LIST = f"{PREFIX}.ops.node.list"
 OPS_NODE_DRAIN = f"{PREFIX}.ops.node.drain"
 OPS_NODE_CORDON = f"{PREFIX}.ops.node.cordon"

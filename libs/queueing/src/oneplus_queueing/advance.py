@@ -7,7 +7,8 @@ Both are node filters on the job's spec (`nodelist` / `exclude_nodes`), read by 
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+import re
+from collections.abc import Iterable, Mapping, Sequence
 
 from oneplus_contracts import JobSpec
 from oneplus_contracts.advance import AdvanceReservation
@@ -20,12 +21,27 @@ START_SLACK_S = 60.0  # a start this far in the past still counts as "now" (a cl
 
 
 class AdvanceReservationError(ValueError):
-    """A reservation that cannot be created, or a job that cannot use the one it names; one line, naming it."""
+    """A reservation that cannot be created, or a job that cannot use the one it names; one line, naming it.
+    `code`: the HTTP-like status of the refusal (400 a bad value, 409 a conflict with what exists)."""
+
+    def __init__(self, message: str, code: int = 400) -> None:
+        super().__init__(message)
+        self.code = code
 
 
 def _wait(seconds: float) -> str:
     h, rest = divmod(int(max(0.0, seconds) + 0.999), 3600)
     return f"{h}h {rest // 60:02d}m" if h else f"{rest // 60}m {rest % 60:02d}s"
+
+
+def check_window(name: str, start_ts: float, end_ts: float, now: float) -> None:
+    """Refuse a window that has ended or that starts in the past (beyond a minute's slack)."""
+    if end_ts <= now:
+        raise AdvanceReservationError(f"reservation {name} ends at {fmt_ts(end_ts)}, which is in the past")
+    if start_ts < now - START_SLACK_S:
+        raise AdvanceReservationError(
+            f"reservation {name} starts at {fmt_ts(start_ts)}, which is in the past; start it now or later"
+        )
 
 
 def check_new(
@@ -36,12 +52,7 @@ def check_new(
 ) -> None:
     """Refuse a reservation in the past, on nodes the cluster does not have, with a taken name, or overlapping in
     time one that holds any of the same nodes."""
-    if new.end_ts <= now:
-        raise AdvanceReservationError(f"reservation {new.name} ends at {fmt_ts(new.end_ts)}, which is in the past")
-    if new.start_ts < now - START_SLACK_S:
-        raise AdvanceReservationError(
-            f"reservation {new.name} starts at {fmt_ts(new.start_ts)}, which is in the past; start it now or later"
-        )
+    check_window(new.name, new.start_ts, new.end_ts, now)
     if known_nodes is not None:
         known = set(known_nodes)
         unknown = [n for n in new.nodes if n not in known]
@@ -52,13 +63,57 @@ def check_new(
             )
     for other in existing:
         if other.name == new.name:
-            raise AdvanceReservationError(f"reservation {new.name} already exists; delete it first")
+            raise AdvanceReservationError(f"reservation {new.name} already exists; delete it first", 409)
         shared = set(other.nodes) & set(new.nodes)
         if shared and new.start_ts < other.end_ts and other.start_ts < new.end_ts:
             raise AdvanceReservationError(
                 f"reservation {new.name} overlaps reservation {other.name} on {compress_hostlist(shared)} "
-                f"({fmt_ts(other.start_ts)} to {fmt_ts(other.end_ts)})"
+                f"({fmt_ts(other.start_ts)} to {fmt_ts(other.end_ts)})",
+                409,
             )
+
+
+def pick_nodes(
+    name: str,
+    gpus: int,
+    start_ts: float,
+    end_ts: float,
+    gpus_of: Mapping[str, int],
+    existing: Iterable[AdvanceReservation],
+) -> list[str]:
+    """Whole nodes holding at least `gpus` GPUs that no other reservation holds in [start_ts, end_ts) (Slurm's
+    `TRES=gres/gpu=N`). Deterministic: the smallest node that holds them all, else the largest nodes first (by
+    name on ties) until the count is reached, the last one swapped for the smallest that still reaches it; so a
+    reservation takes few nodes and few spare GPUs."""
+    held: dict[str, str] = {}
+    for other in existing:
+        if other.name != name and other.start_ts < end_ts and start_ts < other.end_ts:
+            for n in other.nodes:
+                held.setdefault(n, other.name)
+    free = {n: g for n, g in gpus_of.items() if n not in held and g > 0}
+    whole = sorted((g, n) for n, g in free.items() if g >= gpus)
+    if whole:
+        return [whole[0][1]]
+    picked: list[str] = []
+    total = 0
+    for n, g in sorted(free.items(), key=lambda kv: (-kv[1], kv[0])):
+        picked.append(n)
+        total += g
+        if total >= gpus:
+            # The last node only tops the count up: the smallest free node that still does it (fewer spare GPUs).
+            need = gpus - (total - g)
+            last = min((free[m], m) for m in free if m not in picked[:-1] and free[m] >= need)[1]
+            return sorted([*picked[:-1], last])
+    in_all = sum(g for g in gpus_of.values() if g > 0)
+    held_note = ""
+    if held:
+        by = sorted(set(held.values()))
+        held_note = f"; {compress_hostlist(held)} held by reservation {', '.join(by)}"
+    raise AdvanceReservationError(
+        f"reservation {name}: {gpus} GPUs asked but only {total} are free of other reservations from "
+        f"{fmt_ts(start_ts)} to {fmt_ts(end_ts)} (the cluster has {in_all}{held_note})",
+        409,
+    )
 
 
 def account_of(spec: JobSpec) -> str | None:
@@ -150,9 +205,33 @@ def window_rows(now: float, reservations: Iterable[AdvanceReservation]) -> list[
                 "teams": ",".join(r.teams),
                 "accounts": ",".join(r.accounts),
                 "maint": r.maint,
+                "gpus": r.gpus,
             }
         )
     return rows
+
+
+_WAITS_ON = re.compile(r"\breservation (\S+?)[ ,:;)]")  # the name in a pending job's Reservation message
+
+
+def waiting_on(queue_rows: Iterable[Mapping[str, object]]) -> dict[str, int]:
+    """How many pending jobs of the queue's rows wait on each reservation (their reason is `Reservation` and its
+    message names it): what `oneplus queue` and the dashboard show beside each reservation."""
+    counts: dict[str, int] = {}
+    for row in queue_rows:
+        if row.get("reason") == "Reservation":
+            found = _WAITS_ON.search(f"{row.get('message') or ''} ")
+            if found:
+                counts[found.group(1)] = counts.get(found.group(1), 0) + 1
+    return counts
+
+
+def live_rows(
+    reservations: Iterable[Mapping[str, object]], queue_rows: Iterable[Mapping[str, object]]
+) -> list[dict[str, object]]:
+    """The reservations active or to come (`window_rows` rows, not ENDED), each with `waiting`: its pending jobs."""
+    waiting = waiting_on(queue_rows)
+    return [dict(r) | {"waiting": waiting.get(str(r["name"]), 0)} for r in reservations if r.get("state") != "ENDED"]
 
 
 class AdvanceBook:

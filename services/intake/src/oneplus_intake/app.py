@@ -18,13 +18,15 @@ from oneplus_bus.broker import whole_message_subscriber
 from oneplus_bus.service import OneplusService, OpsError, RawJson
 from oneplus_bus.settings import BusSettings
 from oneplus_bus.tenancy import Caller, TenancyError, caller_of
-from oneplus_contracts import JobCancelRequested, JobRecord, subjects
+from oneplus_contracts import JobCancelRequested, JobRecord, SignalRanks, subjects
+from oneplus_contracts.commands import signal_name
 
 from . import joblist
 from .deliveries import NatsDeliveryLedger
 from .hotview import HotView
 from .http_api import JobsApi
 from .metrics import IntakeMetrics
+from .reservations import ReservationOps
 from .settings import IntakeSettings, submit_workers
 from .submissions import Intake, job_id_for
 from .web import HttpServer, IntakeHttp
@@ -47,6 +49,7 @@ class IntakeService:
         registry = getattr(svc, "metrics", None)
         self.metrics = None if registry is None else IntakeMetrics(registry, self._hot_rows)
         self.intake.metrics = self.metrics
+        self.reservations = ReservationOps(svc, self.intake.nodes)
 
     def _hot_rows(self) -> Any:
         return list(self.hot.rows.values()) if self.hot is not None else None
@@ -179,6 +182,43 @@ class IntakeService:
         )
         return {"job_id": job_id, "state": rec.state, "cancel_requested": True}
 
+    async def job_signal(self, payload: dict[str, Any], headers: dict[str, str]) -> dict[str, Any]:
+        """`scancel --signal`: the signal goes to every node the job runs on (SignalRanks on the commands stream);
+        each executor delivers it to the job's batch script, ranks and running srun steps' tasks there."""
+        rec, caller = await self.visible_job(payload, headers)
+        raw = payload.get("signal")
+        try:
+            sig = signal_name(raw)
+        except ValueError as exc:
+            raise OpsError(str(exc), 400) from None
+        if rec.terminal:
+            raise OpsError(f"job {rec.job_id} already {rec.state}: nothing to signal", 409)
+        if rec.allocation is None or rec.token is None or rec.state not in ("STARTING", "RUNNING"):
+            raise OpsError(f"job {rec.job_id} is {rec.state}: it has no running processes to signal", 409)
+        by = caller.user if caller.bound and caller.user else str(payload.get("by") or "unknown")
+        nodes = sorted(set(rec.allocation.nodes))
+        for node in nodes:
+            cmd = SignalRanks(job_id=rec.job_id, node=node, token=rec.token, signal=sig, by=by)
+            await self.svc.js.publish(
+                subjects.node_command(node, "signal"),
+                cmd.model_dump_json().encode(),
+                headers={"Nats-Msg-Id": cmd.command_id},
+                stream=subjects.COMMANDS_STREAM,
+            )
+        return {"job_id": rec.job_id, "signal": sig, "nodes": nodes}
+
+    # --- advance reservations (reservations.py) -----------------------------------------------------------------
+    # The team a client puts in every ops payload names the caller; it is no field of the reservation.
+    async def reservation_create(self, payload: dict[str, Any], headers: dict[str, str]) -> dict[str, Any]:
+        caller = self.tenant(headers, payload)
+        return await self.reservations.create({k: v for k, v in payload.items() if k != "team"}, caller)
+
+    async def reservation_list(self, payload: dict[str, Any], headers: dict[str, str]) -> dict[str, Any]:
+        return await self.reservations.list()
+
+    async def reservation_delete(self, payload: dict[str, Any], headers: dict[str, str]) -> dict[str, Any]:
+        return await self.reservations.delete(payload, self.tenant(headers, payload))
+
 
 def build_intake(
     settings: BusSettings | None = None, intake_settings: IntakeSettings | None = None
@@ -198,6 +238,10 @@ def build_intake(
     svc.ops("job-show", subjects.OPS_JOB_SHOW)(it.job_show)
     svc.ops("job-list", f"{subjects.PREFIX}.ops.job.list")(it.job_list)
     svc.ops("job-cancel", subjects.OPS_JOB_CANCEL)(it.job_cancel)
+    svc.ops("job-signal", subjects.OPS_JOB_SIGNAL)(it.job_signal)
+    svc.ops("reservation-create", subjects.OPS_RESERVATION_CREATE)(it.reservation_create)
+    svc.ops("reservation-list", subjects.OPS_RESERVATION_LIST)(it.reservation_list)
+    svc.ops("reservation-delete", subjects.OPS_RESERVATION_DELETE)(it.reservation_delete)
     return svc, it
 
 

@@ -3,6 +3,10 @@
     GET    /v1/jobs          one page of jobs: state (repeatable or a comma list), since, user, team, limit, cursor
     GET    /v1/jobs/{id}     one job, live or archived
     DELETE /v1/jobs/{id}     cancel it: 202 with the state it had
+    POST   /v1/jobs/{id}/signal  send its running processes a signal (scancel --signal): 202, the job goes on
+    GET    /v1/reservations      every advance reservation with its state (anyone)
+    POST   /v1/reservations      create one (nodes or a GPU count; a platform caller): 201 with what was stored
+    DELETE /v1/reservations/{name}  delete one (a platform caller)
     GET    /v1/nodes         one page of nodes (the topology-registry's `node-list`)
     GET    /v1/queue         one page of squeue-like rows (the placement-solver's `queue-list`)
     GET    /v1/queues        every queue with its guarantee, use and fair share (the solver's `queues-list`)
@@ -85,6 +89,14 @@ class JobOps(Protocol):
 
     async def job_cancel(self, payload: dict[str, Any], headers: dict[str, str]) -> dict[str, Any]: ...
 
+    async def job_signal(self, payload: dict[str, Any], headers: dict[str, str]) -> dict[str, Any]: ...
+
+    async def reservation_create(self, payload: dict[str, Any], headers: dict[str, str]) -> dict[str, Any]: ...
+
+    async def reservation_list(self, payload: dict[str, Any], headers: dict[str, str]) -> dict[str, Any]: ...
+
+    async def reservation_delete(self, payload: dict[str, Any], headers: dict[str, str]) -> dict[str, Any]: ...
+
 
 def caller_headers(request: web.Request) -> dict[str, str]:
     # Nats-Request-Info is what the NATS server says about a caller; over HTTP it would be the caller's own claim.
@@ -129,6 +141,18 @@ def _job_id(request: web.Request) -> str:
     return job_id
 
 
+async def _json_body(request: web.Request) -> dict[str, Any]:
+    """The request's JSON object; a 400 naming what is wrong otherwise."""
+    raw = await request.read()
+    try:
+        body = json.loads(raw) if raw.strip() else {}
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise ApiError(400, f"the body is not JSON: {exc}") from None
+    if not isinstance(body, dict):
+        raise ApiError(400, f"the body must be a JSON object, got {type(body).__name__}")
+    return body
+
+
 class JobsApi:
     """The routes of the HTTP API; `add_routes` puts them on an application."""
 
@@ -142,6 +166,12 @@ class JobsApi:
         app.router.add_get("/v1/jobs", self._route("GET /v1/jobs", self.list_jobs))
         app.router.add_get("/v1/jobs/{job_id}", self._route("GET /v1/jobs/{id}", self.show_job))
         app.router.add_delete("/v1/jobs/{job_id}", self._route("DELETE /v1/jobs/{id}", self.cancel_job))
+        app.router.add_post("/v1/jobs/{job_id}/signal", self._route("POST /v1/jobs/{id}/signal", self.signal_job))
+        app.router.add_get("/v1/reservations", self._route("GET /v1/reservations", self.list_reservations))
+        app.router.add_post("/v1/reservations", self._route("POST /v1/reservations", self.create_reservation))
+        app.router.add_delete(
+            "/v1/reservations/{name}", self._route("DELETE /v1/reservations/{name}", self.delete_reservation)
+        )
         app.router.add_get("/v1/nodes", self._route("GET /v1/nodes", self.list_nodes))
         app.router.add_get("/v1/queue", self._route("GET /v1/queue", self.queue_rows))
         app.router.add_get("/v1/queues", self._route("GET /v1/queues", self.list_queues))
@@ -184,6 +214,22 @@ class JobsApi:
     async def cancel_job(self, request: web.Request) -> tuple[int, Any]:
         payload = _team(request, {"job_id": _job_id(request), "by": "http"})
         return 202, await self.jobs.job_cancel(payload, caller_headers(request))
+
+    async def signal_job(self, request: web.Request) -> tuple[int, Any]:
+        body = await _json_body(request)
+        payload = _team(request, {"job_id": _job_id(request), "signal": body.get("signal"), "by": "http"})
+        return 202, await self.jobs.job_signal(payload, caller_headers(request))
+
+    # --- advance reservations: the intake's own handlers (reservations.py) ------------------------------------
+    async def list_reservations(self, request: web.Request) -> tuple[int, Any]:
+        return 200, await self.jobs.reservation_list({}, caller_headers(request))
+
+    async def create_reservation(self, request: web.Request) -> tuple[int, Any]:
+        return 201, await self.jobs.reservation_create(await _json_body(request), caller_headers(request))
+
+    async def delete_reservation(self, request: web.Request) -> tuple[int, Any]:
+        payload = {"name": request.match_info["name"][:128]}
+        return 200, await self.jobs.reservation_delete(payload, caller_headers(request))
 
     # --- nodes and queues: the owning service's ops subject -----------------------------------------
     async def list_nodes(self, request: web.Request) -> tuple[int, Any]:

@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from oneplus_contracts import SCHEMA_VERSION, JobRecord, JobSpec, JobState, NodeRecord
+from oneplus_contracts.advance import AdvanceReservation, AdvanceReservationRequest
 from pydantic import BaseModel, ConfigDict, Field, RootModel
 from pydantic.json_schema import JsonSchemaMode, models_json_schema
 
@@ -50,6 +51,40 @@ class CancelAnswer(Answer):
     job_id: str
     state: JobState = Field(description="The job's state when its cancellation was requested")
     cancel_requested: bool
+
+
+class SignalBody(Answer):
+    signal: str = Field(description="The signal: USR1, SIGUSR1 or its number")
+
+
+class SignalAnswer(Answer):
+    job_id: str
+    signal: str = Field(description="The signal sent, as SIGUSR1")
+    nodes: list[str] = Field(description="The nodes it was sent to: the job's executors deliver it there")
+
+
+class ReservationRow(Answer):
+    """One advance reservation as `oneplus reservation list --json` shows it."""
+
+    name: str
+    state: Literal["WAITING", "ACTIVE", "ENDED"]
+    nodes: str = Field(description="Its nodes, a Slurm hostlist")
+    gpus: int | None = Field(description="The GPU count it was created for (its nodes were picked for it)")
+    start: str = Field(description="When it starts (UTC, ISO-8601)")
+    end: str = Field(description="When it ends (UTC, ISO-8601)")
+    users: str
+    teams: str
+    accounts: str
+    maint: bool
+
+
+class Reservations(Answer):
+    reservations: list[ReservationRow] = Field(description="By start time, then name")
+
+
+class ReservationDeleted(Answer):
+    name: str
+    deleted: bool
 
 
 class NodePage(Answer):
@@ -117,6 +152,12 @@ MODELS: list[tuple[type[BaseModel], JsonSchemaMode]] = [
     (JobPage, "serialization"),
     (JobRecord, "serialization"),
     (CancelAnswer, "serialization"),
+    (SignalBody, "validation"),
+    (SignalAnswer, "serialization"),
+    (AdvanceReservationRequest, "validation"),
+    (AdvanceReservation, "serialization"),
+    (Reservations, "serialization"),
+    (ReservationDeleted, "serialization"),
     (NodePage, "serialization"),
     (QueueRows, "serialization"),
     (Queues, "serialization"),
@@ -189,9 +230,11 @@ def document() -> dict[str, Any]:
         why = {
             400: "A parameter or the body is wrong, or the header's team and the `team` parameter disagree",
             401: "No bearer token, or an unknown one (`WWW-Authenticate: Bearer`)",
-            403: "The job, the `Oneplus-Team` header or the `team` parameter names another team than the token's",
-            404: "No such job (another team's job does not exist, as far as the caller knows)",
-            409: "The job has already ended",
+            403: "The job, the `Oneplus-Team` header or the `team` parameter names another team than the token's; "
+            "or a team token creates or deletes a reservation (an operator's)",
+            404: "No such job (another team's job does not exist, as far as the caller knows), or reservation",
+            409: "The job has already ended (or, for a signal, is not running); a reservation overlaps another on "
+            "the same nodes, its name is taken, or the cluster cannot hold its GPUs then",
             413: "The body is too large",
             422: "The job cannot run here (no such queue, more GPUs than the cluster has...)",
             503: "The service that answers this (topology-registry, placement-solver) is not running",
@@ -266,6 +309,52 @@ def document() -> dict[str, Any]:
                     "202": answer(CancelAnswer, "Cancellation requested"),
                     **errors(400, 401, 403, 404, 409),
                 },
+            },
+        },
+        "/v1/jobs/{job_id}/signal": {
+            "post": {
+                "operationId": "signalJob",
+                "summary": "Send a running job's processes a signal (scancel --signal): its batch script, ranks and "
+                "running srun steps' tasks get it; the job goes on",
+                "parameters": [JOB_ID, TEAM_QUERY, TEAM_HEADER],
+                "security": SECURED,
+                "requestBody": {"required": True, "content": {"application/json": {"schema": ref(SignalBody)}}},
+                "responses": {
+                    "202": answer(SignalAnswer, "The signal was sent to the job's nodes"),
+                    **errors(400, 401, 403, 404, 409),
+                },
+            },
+        },
+        "/v1/reservations": {
+            "get": {
+                "operationId": "listReservations",
+                "summary": "Every advance reservation with its state (WAITING, ACTIVE, ENDED)",
+                "parameters": [TEAM_HEADER],
+                "security": SECURED,
+                "responses": {"200": answer(Reservations, "The reservations"), **errors(401)},
+            },
+            "post": {
+                "operationId": "createReservation",
+                "summary": "Set nodes, or whole nodes holding a GPU count, aside for a window (scontrol create "
+                "reservation); an operator's (a platform token)",
+                "security": SECURED,
+                "requestBody": {
+                    "required": True,
+                    "content": {"application/json": {"schema": ref(AdvanceReservationRequest)}},
+                },
+                "responses": {
+                    "201": answer(AdvanceReservation, "Created: what was stored, its nodes picked for a GPU count"),
+                    **errors(400, 401, 403, 409),
+                },
+            },
+        },
+        "/v1/reservations/{name}": {
+            "delete": {
+                "operationId": "deleteReservation",
+                "summary": "Delete an advance reservation; an operator's (a platform token)",
+                "parameters": [_param("name", "path", "The reservation's name", {"type": "string"})],
+                "security": SECURED,
+                "responses": {"200": answer(ReservationDeleted, "Deleted"), **errors(401, 403, 404)},
             },
         },
         "/v1/nodes": {

@@ -114,9 +114,10 @@ class Intake:
         if old is None or admission_key(old) != admission_key(rec):
             self._facts = None  # a heartbeat's update changes nothing admission reads: the facts stand
 
-    async def advance_reservations(self) -> list[AdvanceReservation]:
-        """The advance reservations: followed once started, else read from the bucket (a one-off intake)."""
-        if self._tails:
+    async def advance_reservations(self, named: str | None = None) -> list[AdvanceReservation]:
+        """The advance reservations: followed once started, else read from the bucket (a one-off intake). `named`:
+        one the followed copy lacks is read from the bucket after all (created a moment ago, its watch not yet in)."""
+        if self._tails and (named is None or named in self.advance.by_name):
             return self.advance.all
         book = AdvanceBook()
         kv = await self.svc.js.key_value(subjects.ADVANCE_RESERVATIONS_KV)
@@ -226,7 +227,7 @@ class Intake:
             admit(spec, config, await self.cluster_facts(), self.empty_cluster)
             await refuse_dependency_cycle(job_id, spec, self.dependencies_of)
             if spec.reservation is not None:
-                check_job(spec, await self.advance_reservations(), time.time())
+                check_job(spec, await self.advance_reservations(spec.reservation), time.time())
         except (
             Inadmissible,
             QueueConfigError,

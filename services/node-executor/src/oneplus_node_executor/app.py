@@ -19,7 +19,15 @@ from faststream.nats import NatsMessage
 from oneplus_bus.metrics import add_metrics_port_argument
 from oneplus_bus.service import OneplusService
 from oneplus_bus.settings import BusSettings
-from oneplus_contracts import NODE_COMMAND_ADAPTER, CancelRanks, LaunchRanks, MpsDaemon, NodeTopology, subjects
+from oneplus_contracts import (
+    NODE_COMMAND_ADAPTER,
+    CancelRanks,
+    LaunchRanks,
+    MpsDaemon,
+    NodeTopology,
+    SignalRanks,
+    subjects,
+)
 from oneplus_contracts.features import node_features
 
 from .gpu_health import GpuProbe, nvml_probe
@@ -91,6 +99,8 @@ def create_executor(
                 await ex.launch(cmd)
             elif isinstance(cmd, CancelRanks):
                 await ex.cancel(cmd)
+            elif isinstance(cmd, SignalRanks):
+                await ex.signal(cmd)
             else:
                 ex.start_preempt(cmd)
 

@@ -46,7 +46,7 @@ from oneplus_bus.deadletter import _is_poison, _publish_dead_letter
 from oneplus_bus.metrics import add_metrics_port_argument
 from oneplus_bus.service import OneplusService
 from oneplus_bus.settings import BusSettings
-from oneplus_contracts import NODE_COMMAND_ADAPTER, CancelRanks, LaunchRanks, NodeTopology, subjects
+from oneplus_contracts import NODE_COMMAND_ADAPTER, CancelRanks, LaunchRanks, NodeTopology, SignalRanks, subjects
 from oneplus_reservations import DEFAULT_LEASE_S, RenewStatus, Reservation, ReservationStore, redis_client
 from opentelemetry import propagate
 
@@ -371,6 +371,8 @@ class SimulatedFleet:
                 await ex.launch(cmd)
             elif isinstance(cmd, CancelRanks):
                 await ex.cancel(cmd)
+            elif isinstance(cmd, SignalRanks):
+                await ex.signal(cmd)
             else:
                 ex.start_preempt(cmd)
 

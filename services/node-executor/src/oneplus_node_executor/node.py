@@ -38,6 +38,7 @@ from oneplus_contracts import (
     PreemptRanks,
     RankPlacement,
     RankReport,
+    SignalRanks,
     subjects,
 )
 from oneplus_contracts.events import Fault
@@ -59,6 +60,7 @@ log = logging.getLogger("oneplus.executor")
 LAUNCH_FAILED_EXIT = 127
 LOST_EXIT = 137
 LEASE_S = 30.0
+TIME_LIMIT_EXIT = 143  # a job stopped at its time limit has failed (Slurm's TIMEOUT), whatever its ranks then exit
 STOP_GRACE_S = 10.0  # SIGTERM → SIGKILL, for cancel and after a preemption's checkpoint wait
 KEEP_FINISHED = 16  # ended jobs whose ranks (and logs) stay on the node for `oneplus logs`
 WATCH_TRIES = 5  # unexpected errors while following a job's ranks before the executor gives up on them
@@ -108,6 +110,9 @@ class NodeExecutor:
         self.preempting: dict[str, asyncio.Event] = {}  # job → set when its checkpoint handshake is over
         self.ended: dict[str, asyncio.Event] = {}  # job → set when all its local ranks have exited
         self.handshakes: set[asyncio.Task[None]] = set()
+        # job → (token, its time limit's end here): Slurm's TIMEOUT
+        self.deadlines: dict[str, tuple[int, asyncio.TimerHandle]] = {}
+        self.timed_out: set[tuple[str, int]] = set()  # attempts stopped at their time limit
         self.finished = FinishedRanks(keep_finished)
         self.remember_ends = remember_ends
         self.engine_ok = True
@@ -210,6 +215,7 @@ class NodeExecutor:
             await self.node_finished(cmd.job_id, cmd.token, LAUNCH_FAILED_EXIT, f"launch failed: {exc}")
             return
         self.start_watch(cmd.job_id, cmd.token, gpus)
+        self.limit_time(cmd)
         self.serve_slurm_steps(slurm.start_step_server(self.runtime, cmd, lambda: self.svc.nc))
         if asyncio.get_running_loop().time() - leased_at > LEASE_S / 4:  # a slow start (an image pull): renew now
             try:
@@ -374,6 +380,44 @@ class NodeExecutor:
         # A Slurm batch job's srun service on its batch node, again after a restart (runtime/slurm.py).
         self.serve_slurm_steps(slurm.resume_step_server(self.runtime, job_id, token, lambda: self.svc.nc))
 
+    def limit_time(self, cmd: LaunchRanks) -> None:
+        """The job's time limit (`--time`, `time_limit_s`) counts from its ranks' start here; at its end they are
+        stopped as a cancel stops them: its running srun steps' tasks get SIGTERM, SIGKILL after the stop grace."""
+        if cmd.spec.time_limit_s is not None:
+            self.set_deadline(cmd.job_id, cmd.token, cmd.spec.time_limit_s, cmd.spec.time_limit_s)
+
+    def set_deadline(self, job_id: str, token: int, limit_s: float, after_s: float) -> None:
+        old = self.deadlines.pop(job_id, None)
+        if old is not None:
+            old[1].cancel()
+        handle = asyncio.get_running_loop().call_later(max(0.0, after_s), self.time_up, job_id, token, limit_s)
+        self.deadlines[job_id] = (token, handle)
+
+    async def limit_adopted_time(self, job_id: str, token: int) -> None:
+        """Ranks adopted after a restart keep their time limit, counted from the job's start in its record."""
+        try:
+            rec, _ = await self.svc.ledger.get(job_id)
+        except Exception as exc:
+            log.warning("%s: reading the record of %s failed, its time limit is not kept: %s", self.node, job_id, exc)
+            return
+        if rec is None or rec.token != token or rec.spec.time_limit_s is None or self.tokens.get(job_id) != token:
+            return
+        limit = rec.spec.time_limit_s
+        started = rec.started_ts or rec.placed_ts or time.time()
+        self.set_deadline(job_id, token, limit, started + limit - time.time())
+
+    def time_up(self, job_id: str, token: int, limit_s: float) -> None:
+        if self.deadlines.get(job_id, (None,))[0] == token:
+            del self.deadlines[job_id]
+        if self.closing or self.tokens.get(job_id) != token or job_id in self.stopping:
+            return  # ended, another attempt's, or being stopped already
+        log.info("%s: %s reached its time limit (%g s): stopping it", self.node, job_id, limit_s)
+        self.stop_reasons.setdefault(job_id, (f"time limit reached: stopped after {limit_s:g} s (--time)", "job"))
+        self.timed_out.add((job_id, token))
+        task = asyncio.create_task(self.stop_ranks(job_id, STOP_GRACE_S), name=f"time-limit:{job_id}")
+        self.stopping[job_id] = task
+        task.add_done_callback(lambda t: self.stopping.pop(job_id, None) if self.stopping.get(job_id) is t else None)
+
     def serve_slurm_steps(self, task: asyncio.Task[None] | None) -> None:
         if task is not None:
             self.handshakes.add(task)
@@ -431,6 +475,11 @@ class NodeExecutor:
                 await asyncio.sleep(self.heartbeat_s)
         if self.alive.get(job_id, (None,))[0] == token:
             del self.alive[job_id]  # no lease renewed, no GPU reported for ranks that have exited
+        if self.deadlines.get(job_id, (None,))[0] == token:
+            self.deadlines.pop(job_id)[1].cancel()  # ended before its time limit
+        if (job_id, token) in self.timed_out:
+            self.timed_out.discard((job_id, token))
+            code = code or TIME_LIMIT_EXIT  # its ranks may exit 0 on SIGTERM: the job still did not finish in time
         ended = self.ended.pop(job_id, None)
         if ended is not None:
             ended.set()  # a preemption handshake under way stops waiting for an acknowledgement
@@ -464,6 +513,20 @@ class NodeExecutor:
         self.stop_reasons[cmd.job_id] = (f"cancelled: {cmd.reason}", "job")
         try:
             await self.runtime.stop(cmd.job_id, grace_s=STOP_GRACE_S)
+        except EngineUnavailable as exc:
+            await self.engine_down(exc)
+            raise  # not acknowledged: the command comes back once the engine may answer
+
+    async def signal(self, cmd: SignalRanks) -> None:
+        """`scancel --signal`: the signal reaches the job's ranks here (a batch job's script) and the tasks of its
+        running srun steps here; the job goes on (its end is the processes' own)."""
+        if self.tokens.get(cmd.job_id) != cmd.token:
+            return  # stale: the ranks of that token are gone
+        log.info("%s: %s to %s (by %s)", self.node, cmd.signal, cmd.job_id, cmd.by or "unknown")
+        try:
+            await self.runtime.signal(cmd.job_id, cmd.signal)
+        except LookupError:
+            log.info("%s: %s has no ranks left to signal", self.node, cmd.job_id)
         except EngineUnavailable as exc:
             await self.engine_down(exc)
             raise  # not acknowledged: the command comes back once the engine may answer
@@ -552,6 +615,7 @@ class NodeExecutor:
                 gpus = self.local_gpus(alloc.ranks) if alloc is not None else {}
                 self.start_watch(ranks.job_id, ranks.token, gpus, alive=not ranks.exited)
                 if not ranks.exited:
+                    await self.limit_adopted_time(ranks.job_id, ranks.token)
                     await self.resume_launcher(ranks.job_id, ranks.token)
         for orphan in plan.orphans:
             log.warning("%s: removed orphan ranks of %s (token %s)", self.node, orphan.job_id, orphan.token)
@@ -588,6 +652,8 @@ class NodeExecutor:
             gpus = await self.recorded_gpus(job_id, ranks.token)
             log.info("%s: adopting %s (token %s) while the reservation store is reset", self.node, job_id, ranks.token)
             self.start_watch(job_id, ranks.token, gpus, alive=not ranks.exited)
+            if not ranks.exited:
+                await self.limit_adopted_time(job_id, ranks.token)
             adopted += 1
         if not self.store_reset and adopted:
             log.warning(
@@ -774,6 +840,8 @@ class NodeExecutor:
         self.closing = True
         for t in [*self.watchers.values(), *self.handshakes, *self.stopping.values()]:
             t.cancel()
+        for _, deadline in self.deadlines.values():
+            deadline.cancel()
         # Running ranks stay for the next executor to adopt; ended ones were only kept for their logs.
         for job_id, token in self.finished.drain():
             with contextlib.suppress(Exception):

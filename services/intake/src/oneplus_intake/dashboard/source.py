@@ -143,13 +143,22 @@ class DashboardSource:
 
     async def queue(self) -> dict[str, Any]:
         async def fetch() -> dict[str, Any]:
-            rows, jobs = await asyncio.gather(
-                self._pages(subjects.OPS_QUEUE_LIST, {"limit": QUEUE_PAGE}, "rows"), self.holders()
+            rows, jobs, reservations = await asyncio.gather(
+                self._pages(subjects.OPS_QUEUE_LIST, {"limit": QUEUE_PAGE}, "rows"), self.holders(), self.reservations()
             )
-            return views.queue_view(rows, time.time(), views.job_colours(jobs))
+            return views.queue_view(rows, time.time(), views.job_colours(jobs), reservations)
 
         result: dict[str, Any] = await self.cache.get("queue", fetch)
         return result
+
+    async def reservations(self) -> list[dict[str, Any]]:
+        """The advance reservations (the intake's own list); none when it cannot answer: the queue shows without."""
+        try:
+            result = await self.ops(subjects.OPS_RESERVATION_LIST, {})
+        except DashboardError:
+            return []
+        rows: list[dict[str, Any]] = result.get("reservations", []) if isinstance(result, dict) else []
+        return rows
 
     async def explain(self, job_id: str) -> dict[str, Any]:
         async def fetch() -> dict[str, Any]:

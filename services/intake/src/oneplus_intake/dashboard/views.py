@@ -18,6 +18,7 @@ from typing import Any
 from oneplus_contracts import JobRecord, NodeRecord
 from oneplus_contracts.jobindex import HOLDING_STATES
 from oneplus_placement.tree import node_levels
+from oneplus_queueing.advance import live_rows
 from oneplus_topology import nvlink_domains, nvlink_groups
 
 NO_LEAF = "(no leaf)"
@@ -265,10 +266,14 @@ def cluster_view(nodes: Iterable[NodeRecord], jobs: Sequence[JobRecord], now: fl
 
 
 def queue_view(
-    rows: Sequence[Mapping[str, Any]], now: float, colours: Mapping[str, str] | None = None
+    rows: Sequence[Mapping[str, Any]],
+    now: float,
+    colours: Mapping[str, str] | None = None,
+    reservations: Sequence[Mapping[str, Any]] = (),
 ) -> dict[str, Any]:
     """The solver's squeue rows split into pending (serving order, with reason) and holding jobs (`colours`: the
-    cluster picture's, `job_colours`). A pending row's `time` is how long it has waited since submission."""
+    cluster picture's, `job_colours`), and the advance reservations active or to come with their waiting jobs. A
+    pending row's `time` is how long it has waited since submission."""
     colours = colours or {}
     pending = [dict(r) for r in rows if r.get("st") == "PD"]
     holding = [
@@ -276,7 +281,7 @@ def queue_view(
         for r in rows
         if r.get("st") != "PD"
     ]
-    return {"ts": now, "pending": pending, "holding": holding}
+    return {"ts": now, "pending": pending, "holding": holding, "reservations": live_rows(reservations, rows)}
 
 
 def _event_summary(ev: Mapping[str, Any]) -> str:

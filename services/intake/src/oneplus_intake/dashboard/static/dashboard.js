@@ -248,6 +248,20 @@ function renderQueue(q) {
   fill(document.querySelector("#holding tbody"), ...q.holding.map((r) => h("tr", { "data-job": r.job_id },
     h("td", {}, jobLink(r.job_id, r.colour)), h("td", {}, r.name), h("td", {}, r.queue), h("td", {}, r.user),
     h("td", {}, r.st), h("td", {}, r.gpus), h("td", {}, r.time), h("td", {}, r.where))));
+  renderReservations(q.reservations || []);
+}
+
+// Advance reservations active or to come (oneplus reservation list), with the pending jobs waiting on each.
+function renderReservations(list) {
+  document.getElementById("reservations-count").textContent = `(${list.length})`;
+  const admits = (r) => [r.users && `users ${r.users}`, r.teams && `teams ${r.teams}`,
+    r.accounts && `accounts ${r.accounts}`].filter(Boolean).join("; ");
+  const rows = list.map((r) => h("tr", { "data-reservation": r.name, class: "reservation-row" },
+    h("td", {}, r.name), h("td", { class: "reservation-state" }, r.state), h("td", {}, r.nodes),
+    h("td", {}, r.gpus == null ? "" : String(r.gpus)), h("td", {}, r.start), h("td", {}, r.end),
+    h("td", {}, admits(r)), h("td", {}, r.maint ? "maint" : ""), h("td", { class: "waiting" }, String(r.waiting))));
+  if (!list.length) rows.push(h("tr", {}, h("td", { colspan: 9, class: "model" }, "no reservation active or to come")));
+  fill(document.querySelector("#reservations tbody"), ...rows);
 }
 
 // ---- job -------------------------------------------------------------------------------------------
