@@ -3,6 +3,7 @@ the share of groups inside one domain, and each NVL72-aware policy's defining tr
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
@@ -237,3 +238,29 @@ def test_a_replay_with_tp_groups_reports_their_share_for_every_policy(tmp_path: 
         figs = rep["policies"][name]  # type: ignore[index]
         assert figs["tp_groups"] > 0
     assert rep["policies"]["oneplus"]["tp_in_nvlink_domain_pct"] == 100.0  # type: ignore[index]
+
+
+def test_the_cli_flag_turns_the_rule_on_and_the_table_shows_the_share(tmp_path: Path) -> None:
+    from typer.testing import CliRunner
+
+    from oneplus.cli.sim import app
+
+    cluster = tmp_path / "c.yaml"
+    cluster.write_text(
+        "name: two-racks\nfabric: {nodes_per_leaf: 8, oversubscription: 2.0}\nnode_groups:\n"
+        "  - {prefix: gb200, count: 16, topology: gb200_nvl72_compute_tray_4gpu, nodes_per_nvlink_domain: 8}\n"
+    )
+    trace = tmp_path / "philly.csv"
+    rows = ["timestamp,duration,num_gpus,gpu_time,cluster"]
+    rows += [f"2017-10-09 07:{k:02d}:00,600.0,{g},0,vc0" for k, g in enumerate([16, 8, 1, 32])]
+    trace.write_text("\n".join(rows) + "\n")
+    out = tmp_path / "r.json"
+    args = ["run", "--cluster", str(cluster), "--trace", str(trace), "--policy", "oneplus,slurm-block"]
+    res = CliRunner().invoke(app, [*args, "--tp-groups", "--json", str(out)])
+    assert res.exit_code == 0, res.output
+    assert "tp_in_nvlink_domain_pct" in res.output
+    report = json.loads(out.read_text())
+    assert "tp_groups" in report["rules"]
+    assert report["policies"]["slurm-block"]["tp_in_nvlink_domain_pct"] == 100.0
+    plain = CliRunner().invoke(app, [*args, "--json", str(out)])
+    assert plain.exit_code == 0 and "tp_in_nvlink_domain_pct" not in plain.output
