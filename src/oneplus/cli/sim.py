@@ -18,7 +18,15 @@ if TYPE_CHECKING:
     from rich.progress import Progress
 
 # oneplus_sim.policies.POLICY_NAMES and oneplus_sim.fgd.POLICIES, for the help texts (tests/cli keeps them equal).
-POLICY_NAMES = ("oneplus", "k8s-default", "slurm-tree", "kueue-tas", "fifo-firstfit")
+POLICY_NAMES = (
+    "oneplus",
+    "k8s-default",
+    "slurm-tree",
+    "kueue-tas",
+    "fifo-firstfit",
+    "slurm-block",
+    "kueue-tas-slices",
+)
 TIME_LIMIT_MODELS = ("user", "oracle")  # oneplus_sim.estimates.TIME_LIMIT_MODELS
 SCORERS = ("fgd", "bestfit", "random", "dotprod", "gpuclustering", "gpupacking", "oneplus")
 
@@ -90,6 +98,14 @@ def run(
             "time; docs/simulator.md) or `oracle` (the exact run time)"
         ),
     ] = "user",
+    tp_groups: Annotated[
+        bool,
+        typer.Option(
+            "--tp-groups",
+            help="Give jobs of >= 8 GPUs tensor-parallel groups of 8, 16 or 32 GPUs (seeded rule, docs/simulator.md); "
+            "the report adds the share of TP groups inside one NVLink domain",
+        ),
+    ] = False,
 ) -> None:
     """Replay a trace with several policies in one process and write their figures as JSON."""
     from oneplus_sim.cluster import ClusterError
@@ -114,6 +130,7 @@ def run(
             load,
             oneplus_config=oneplus_config,
             time_limits=time_limits,
+            tp_groups=tp_groups,
         )
         with _progress() as bar:
             tasks: dict[str, Any] = {}
@@ -164,10 +181,13 @@ def _oneplus_config(path: Path) -> QueueConfig:
 def _table(report: dict[str, Any]) -> None:
     t = Table(title="trace replay")
     t.add_column("policy")
-    for k in SHOWN:
+    shown = list(SHOWN)
+    if any("tp_groups" in figs for figs in report["policies"].values()):
+        shown[shown.index("comm_slowdown_avg") + 1 : shown.index("comm_slowdown_avg") + 1] = ["tp_in_nvlink_domain_pct"]
+    for k in shown:
         t.add_column(k, justify="right")
     for name, figs in report["policies"].items():
-        t.add_row(name, *(str(figs[k]) for k in SHOWN))
+        t.add_row(name, *(str(figs.get(k, "-")) for k in shown))
     print_whole(console, t)  # every column whole even when piped (rich assumes 80): a cut figure is worse
 
 

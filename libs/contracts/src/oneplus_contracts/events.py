@@ -46,6 +46,11 @@ class RankPlacement(Strict):
         description="How a GPU share runs where it was placed: mps (isolated under the node's MPS daemon) or "
         "time-slice (its queue allows it; no memory or compute isolation); null for whole GPUs",
     )
+    gpu_memory_mb: int | None = Field(
+        default=None,
+        ge=1,
+        description="GPU memory (MiB) the share pins on its GPU (the job's resources.gpu_memory_mb); null: none asked",
+    )
 
     @model_serializer(mode="wrap")
     # No return annotation: pydantic then keeps one schema for input and output (no JobSpec-Input/-Output split).
@@ -57,6 +62,8 @@ class RankPlacement(Strict):
                 data.pop("mig")
             if data.get("sharing", 0) is None:
                 data.pop("sharing")
+            if data.get("gpu_memory_mb", 0) is None:
+                data.pop("gpu_memory_mb")
         return data
 
     cpus: float = 1.0

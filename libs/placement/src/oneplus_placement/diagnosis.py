@@ -136,6 +136,14 @@ def static_reason(snap: Holdings, req: GangRequest) -> Explanation | None:
                 f"each tensor-parallel group of {req.group} GPUs must sit inside one NVLink domain; the largest "
                 f"NVLink domain here has {widest.shape.largest_domain} GPUs ({widest.name})",
             )
+    if req.shared and req.gpu_memory_mb:
+        known = [g.memory_mb for s in by_model for g in s.topology.gpus if g.memory_mb is not None]
+        if known and max(known) < req.gpu_memory_mb:
+            return _never(
+                req,
+                "gpu_memory",
+                f"a share pins {req.gpu_memory_mb} MiB of GPU memory; the largest GPU here has {max(known)} MiB",
+            )
     most_cpu = max(s.cpus for s in by_model)
     if most_cpu + 1e-9 < req.unit_cpus:
         return _never(req, "cpu", f"a rank needs {req.unit_cpus:g} CPUs; the largest node has {most_cpu:g}")

@@ -72,6 +72,7 @@ def static_eligible(layout: Layout, req: GangRequest) -> tuple[bool, ...]:
         req.unit_gpus,
         req.group,
         req.shared,
+        req.gpu_memory_mb,
         req.unit_cpus,
         req.unit_memory_mb,
         req.segment,
@@ -90,7 +91,7 @@ def static_eligible(layout: Layout, req: GangRequest) -> tuple[bool, ...]:
 def eligible_kinds(layout: Layout, req: GangRequest) -> tuple[str, ...]:
     """The GPU models (exact names) of the nodes that could host one unit of the request, sorted."""
     key = ("kinds", req.models, req.kind, req.features, req.hosts, req.unit_gpus, req.group, req.shared,
-           req.unit_cpus, req.unit_memory_mb, req.segment, req.segment_level, req.tp)  # fmt: skip
+           req.gpu_memory_mb, req.unit_cpus, req.unit_memory_mb, req.segment, req.segment_level, req.tp)  # fmt: skip
     got = layout.cache.get(key)
     if got is None:
         eligible = static_eligible(layout, req)
@@ -109,7 +110,7 @@ def _could_host(layout: Layout, slot: NodeSlot, req: GangRequest) -> bool:
     if slot.cpus + 1e-9 < req.unit_cpus or slot.memory_mb < req.unit_memory_mb:
         return False
     if req.shared:
-        return slot.shape.n > 0
+        return slot.shape.n > 0 and _memory_could_hold(slot, req.gpu_memory_mb)
     if solo(layout, req, slot.index):
         per_group = req.segment
         return (
@@ -118,6 +119,13 @@ def _could_host(layout: Layout, slot: NodeSlot, req: GangRequest) -> bool:
             and slot.memory_mb >= req.unit_memory_mb * per_group
         )
     return slot.shape.capacity(slot.shape.full, req.unit_gpus, req.group) > 0
+
+
+def _memory_could_hold(slot: NodeSlot, need: int | None) -> bool:
+    """Some GPU of the node has the memory a share asks (or does not say how much it has)."""
+    if not need:
+        return True
+    return any(g.memory_mb is None or g.memory_mb >= need for g in slot.topology.gpus)
 
 
 def static_units(layout: Layout, req: GangRequest, slot: NodeSlot) -> int:
@@ -323,6 +331,27 @@ class ShareFitter(Fitter):
         el, sched = self.eligible, self.snap.schedulable
         return [i for i in range(len(el)) if el[i] and sched[i]]
 
+    def memory_room(self, i: int, p: int) -> int | None:
+        """Shares of this request GPU p of node i still has memory for; None when unlimited (no memory asked, or the
+        topology gives none for the GPU)."""
+        need = self.req.gpu_memory_mb
+        if not need:
+            return None
+        left = self.snap.gpu_memory_left(i, p)
+        return None if left is None else max(0, left // need)
+
+    def _fresh_room(self, i: int, p: int) -> int:
+        room = FULL_SHARE // self.req.milli
+        mem = self.memory_room(i, p)
+        return room if mem is None else min(room, mem)
+
+    def _per_fresh(self, i: int) -> int:
+        """Shares one newly opened GPU of node i takes: by compute share, and by its memory when the share asks some."""
+        per = FULL_SHARE // self.req.milli
+        if self.req.gpu_memory_mb:
+            per = min((self._fresh_room(i, p) for p in bits(self.snap.free[i])), default=per)
+        return per
+
     def _rooms(self, i: int) -> tuple[list[tuple[int, int]], int]:
         """(position, ranks it can take) of shared GPUs fullest first; and the count of whole free GPUs."""
         snap, milli = self.snap, self.req.milli
@@ -331,6 +360,8 @@ class ShareFitter(Fitter):
         if shares is not None:
             for p in bits(snap.share_mask[i] & ~snap.blocked[i]):
                 room = (FULL_SHARE - shares[p]) // milli
+                mem = self.memory_room(i, p)
+                room = room if mem is None else min(room, mem)
                 if room > 0:
                     shared.append((-shares[p], p, room))
         shared.sort()
@@ -340,24 +371,24 @@ class ShareFitter(Fitter):
         if self.req.exclusive and not self.snap.idle(i):
             return 0
         shared, fresh = self._rooms(i)
-        gpu_cap = (sum(r for _, r in shared) + fresh * (FULL_SHARE // self.req.milli)) // self.req.ranks_per_unit
+        gpu_cap = (sum(r for _, r in shared) + fresh * self._per_fresh(i)) // self.req.ranks_per_unit
         return self.spread_cap(min(gpu_cap, self.resource_cap(i))) if gpu_cap else 0
 
     def class_key(self, i: int) -> tuple[object, ...]:
         snap = self.snap
-        return (id(self.layout.slots[i].shape), snap.free[i], snap.shares[i], snap.blocked[i])
+        memory = snap.gpu_mem_used[i] if self.req.gpu_memory_mb else None
+        return (id(self.layout.slots[i].shape), snap.free[i], snap.shares[i], snap.blocked[i], memory)
 
     def fit_part(self, i: int, units: int) -> tuple[float, ...]:
         """Fewest whole GPUs newly opened for shares, then the node with the fewest free whole GPUs."""
         shared, _ = self._rooms(i)
         in_shared = sum(r for _, r in shared)
         ranks = units * self.req.ranks_per_unit
-        fresh = math.ceil(max(0, ranks - in_shared) / (FULL_SHARE // self.req.milli))
+        fresh = math.ceil(max(0, ranks - in_shared) / max(self._per_fresh(i), 1))
         return (float(fresh), float(self.snap.free_count[i]))
 
     def pick(self, i: int, units: int, rails: frozenset[int] | None) -> list[RankPick]:
         shape = self.layout.slots[i].shape
-        per_gpu = FULL_SHARE // self.req.milli
         shared, _ = self._rooms(i)
         slots: list[tuple[int, int]] = list(shared)
         free = self.snap.free[i]
@@ -366,7 +397,10 @@ class ShareFitter(Fitter):
             if not slots:
                 p_mask = shape.top(free, 1)[0]
                 free &= ~p_mask
-                slots.append((p_mask.bit_length() - 1, per_gpu))
+                p = p_mask.bit_length() - 1
+                if room := self._fresh_room(i, p):
+                    slots.append((p, room))
+                continue
             p, room = slots[0]
             out.append(RankPick(i, 1 << p, self.req.milli))
             slots[0] = (p, room - 1)
@@ -491,11 +525,12 @@ class FgdShareFitter(FgdFitter, ShareFitter):
         the score of the whole placement as a sort key; and the node's state before it."""
         state = FgdState(self, self.meter, i)
         left, milli = list(state.left), self.req.milli
+        mem = [self.memory_room(i, p) for p in range(len(left))]
         chosen: list[int] = []
         for _ in range(units * self.req.ranks_per_unit):
             best: tuple[tuple[float, ...], int] | None = None
             for p, x in enumerate(left):
-                if x < milli:
+                if x < milli or mem[p] == 0:
                     continue
                 trial = list(left)
                 trial[p] -= milli
@@ -506,6 +541,9 @@ class FgdShareFitter(FgdFitter, ShareFitter):
                 break
             chosen.append(best[1])
             left[best[1]] -= milli
+            room = mem[best[1]]
+            if room is not None:
+                mem[best[1]] = room - 1
         return chosen, state.score(left, len(chosen)), state
 
     def fit_part(self, i: int, units: int) -> tuple[float, ...]:

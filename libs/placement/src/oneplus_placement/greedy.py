@@ -147,6 +147,7 @@ def materialise(fitter: Fitter, req: GangRequest, plan: Plan, solver: str = "gre
             node=layout.slots[p.node].name,
             gpus=ordered_gpus(layout.slots[p.node].shape, p.mask),
             gpu_milli=p.milli,
+            gpu_memory_mb=req.gpu_memory_mb if p.milli else None,
             cpus=req.cpus,
             memory_mb=req.memory_mb,
         )

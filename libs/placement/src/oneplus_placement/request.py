@@ -67,6 +67,8 @@ class GangRequest:
     tp: int = 1
     # Slurm --nodelist/--exclude: the nodes the gang may use; None: any node.
     hosts: HostFilter | None = None
+    # GPU memory (MiB) each share pins on its GPU: a share fits only where the GPU's memory left holds it.
+    gpu_memory_mb: int | None = None
 
     @classmethod
     def of(cls, spec: JobSpec) -> GangRequest:
@@ -112,6 +114,7 @@ class GangRequest:
             one_kind=not _allows_mixing(spec),
             group_domain=spec.topology.group_domain,
             hosts=HostFilter.of(spec),
+            gpu_memory_mb=res.gpu_memory_mb if res.gpu_milli else None,
         )
 
     def on_layout(self, level_names: Sequence[str], multi_node: bool) -> GangRequest:
@@ -168,6 +171,7 @@ class GangRequest:
             self.unit_gpus,
             self.group,
             self.milli,
+            self.gpu_memory_mb,
             self.unit_cpus,
             self.unit_memory_mb,
             self.exclusive,

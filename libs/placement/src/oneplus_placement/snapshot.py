@@ -47,6 +47,7 @@ class Holdings:
     leaf_free: list[int]
     low_free: list[int]  # free GPUs per domain of the lowest site level (the same list as leaf_free when that is leaf)
     mig_held: list[frozenset[str]]  # UUIDs of the MIG instances held on each node
+    gpu_mem_used: list[tuple[int, ...] | None]  # MiB of GPU memory pinned by shares, per GPU position (None: none)
 
     def _init_empty(self, layout: Layout) -> None:
         n = len(layout.slots)
@@ -63,6 +64,7 @@ class Holdings:
         self.leaf_free = [0] * len(layout.leaf_nodes)
         self._init_low_free()
         self.mig_held = [frozenset()] * n
+        self.gpu_mem_used = [None] * n
         for i in range(n):
             self._refresh(i)
 
@@ -83,6 +85,7 @@ class Holdings:
         else:
             self.low_free = list(other.low_free)
         self.mig_held = list(other.mig_held)
+        self.gpu_mem_used = list(other.gpu_mem_used)
 
     def _refresh(self, i: int) -> None:
         slot = self.layout.slots[i]
@@ -123,6 +126,14 @@ class Holdings:
 
     def mem_free(self, i: int) -> int:
         return self.layout.slots[i].memory_mb - self.mem_used[i]
+
+    def gpu_memory_left(self, i: int, pos: int) -> int | None:
+        """MiB of GPU memory left for shares on node i's GPU at `pos`; None when the topology gives no GPU memory."""
+        total = gpu_memory_total(self.layout.slots[i], pos)
+        if total is None:
+            return None
+        used = self.gpu_mem_used[i]
+        return total - (used[pos] if used is not None else 0)
 
     def share_used(self, i: int, pos: int) -> int:
         s = self.shares[i]
@@ -188,8 +199,11 @@ class ClusterState(Holdings):
     def apply(self, alloc: Allocation) -> None:
         """Take every GPU share, CPU and byte of memory of `alloc`, or raise and take nothing."""
         plan = self._plan(alloc, sign=1)
+        gpu_memory = self._gpu_memory_plan(alloc, sign=1)
         for i, uuids in mig_changes(self, alloc, sign=1).items():
             self.mig_held[i] = self.mig_held[i] | uuids
+        for i, gmem in gpu_memory.items():
+            self.gpu_mem_used[i] = gmem if any(gmem) else None
         for i, (whole, shares, cpus, mem) in plan.items():
             self.whole[i] |= whole
             self._set_shares(i, shares)
@@ -201,6 +215,7 @@ class ClusterState(Holdings):
         """Whether `apply(alloc)` would succeed now (nothing is taken)."""
         try:
             self._plan(alloc, sign=1)
+            self._gpu_memory_plan(alloc, sign=1)
             mig_changes(self, alloc, sign=1)
         except AllocationConflict:
             return False
@@ -209,14 +224,41 @@ class ClusterState(Holdings):
     def release(self, alloc: Allocation) -> None:
         """Give back what `alloc` holds; raise if it does not hold it."""
         plan = self._plan(alloc, sign=-1)
+        gpu_memory = self._gpu_memory_plan(alloc, sign=-1)
         for i, uuids in mig_changes(self, alloc, sign=-1).items():
             self.mig_held[i] = self.mig_held[i] - uuids
+        for i, gmem in gpu_memory.items():
+            self.gpu_mem_used[i] = gmem if any(gmem) else None
         for i, (whole, shares, cpus, mem) in plan.items():
             self.whole[i] &= ~whole
             self._set_shares(i, shares)
             self.cpu_used[i] = max(0.0, self.cpu_used[i] - cpus)
             self.mem_used[i] = max(0, self.mem_used[i] - mem)
             self._refresh(i)
+
+    def _gpu_memory_plan(self, alloc: Allocation, sign: int) -> dict[int, tuple[int, ...]]:
+        """Per node, the GPU memory shares pin once `alloc` is taken (1) or given back (-1); raises when a GPU whose
+        memory the topology gives would hold more than it has. Checked before anything changes."""
+        out: dict[int, list[int]] = {}
+        for r in alloc.ranks:
+            if not (r.gpu_milli and r.gpu_memory_mb):
+                continue
+            i = self.layout.index(r.node)
+            shape = self.layout.slots[i].shape
+            cur = out.setdefault(i, list(self.gpu_mem_used[i] or (0,) * shape.n))
+            for p in bits(shape.mask_of(r.gpus)):
+                cur[p] += sign * r.gpu_memory_mb
+        for i, cur in out.items():
+            slot = self.layout.slots[i]
+            for p, used in enumerate(cur):
+                total = gpu_memory_total(slot, p)
+                if sign > 0 and total is not None and used > total:
+                    raise AllocationConflict(
+                        f"GPU {slot.shape.indexes[p]} on {slot.name}: shares would pin {used} MiB of its {total} MiB"
+                    )
+                if sign < 0 and used < 0:
+                    raise AllocationConflict(f"{slot.name}: releasing GPU memory that no share pins")
+        return {i: tuple(cur) for i, cur in out.items()}
 
     def _set_shares(self, i: int, shares: tuple[int, ...] | None) -> None:
         if shares is None:
@@ -320,6 +362,12 @@ class ClusterSnapshot(Holdings):
         state = self.thaw()
         state.release(alloc)
         return state.snapshot()
+
+
+def gpu_memory_total(slot: NodeSlot, pos: int) -> int | None:
+    """MiB of memory of the node's GPU at shape position `pos`, as discovered (None when the topology does not say)."""
+    index = slot.shape.indexes[pos]
+    return next((g.memory_mb for g in slot.topology.gpus if g.index == index), None)
 
 
 def _unhealthy_mask(slot: NodeSlot) -> int:

@@ -13,7 +13,8 @@ import itertools
 from collections.abc import Collection, Sequence
 from dataclasses import dataclass
 
-from oneplus_contracts import Allocation
+from oneplus_contracts import Allocation, JobSpec
+from oneplus_placement.mig import free_instances, instances
 from oneplus_placement.request import GangRequest
 from oneplus_placement.snapshot import ClusterSnapshot, ClusterState
 
@@ -175,9 +176,10 @@ def search_victims(
     if budget <= 0:
         return None
     restart = config.preemption.restart_cost_s
+    spec = preemptor.job.spec
     cands = [
         Candidate(
-            e.job, kind, e.job.lost_work_gpu_s(now) + e.job.gpus * restart, gpus_by_node(capacity, e.job.allocation)
+            e.job, kind, e.job.lost_work_gpu_s(now) + e.job.gpus * restart, _held(capacity, e.job.allocation, spec)
         )
         for e, kind in pool.grounds(preemptor, ledger)
         if now >= e.protected_for(kind)
@@ -218,7 +220,8 @@ def _domains(
     capacity: Capacity, preemptor: RankedJob, cands: list[Candidate], config: QueueConfig
 ) -> list[tuple[float, DomainKey, list[Candidate]]]:
     """Every domain a candidate touches where enough GPUs could be freed, with a lower bound on its cost."""
-    need = whole_gpus(preemptor.job.spec)
+    spec = preemptor.job.spec
+    need = _need(spec)
     out: list[tuple[float, DomainKey, list[Candidate]]] = []
     names = capacity.layout.level_names  # node, the site's levels (nvlink, leaf, spine, ...), cluster
     for level in GangRequest.of(preemptor.job.spec).levels(names):
@@ -229,12 +232,39 @@ def _domains(
         for key, in_domain in touched.items():
             nodes = set(capacity.domain_nodes(key))
             gain = [(c, sum(g for i, g in c.on_node.items() if i in nodes)) for c in in_domain]
-            short = need - capacity.free_in(key)
+            short = need - _free(capacity, key, spec)
             if sum(g for _, g in gain) < short:
                 continue
             in_domain = sorted(in_domain, key=lambda c: (c.cost, c.job.job_id))[: config.preemption.max_candidates]
             out.append((_fractional_bound(gain, short), key, in_domain))
     out.sort(key=lambda t: (t[0], names.index(t[1][0]), t[1][1]))
+    return out
+
+
+# A MIG preemptor counts in instances of its profile: only gangs holding such instances can free what it needs.
+def _need(spec: JobSpec) -> int:
+    return spec.ranks if spec.resources.mig is not None else whole_gpus(spec)
+
+
+def _free(capacity: Capacity, key: DomainKey, spec: JobSpec) -> int:
+    profile = spec.resources.mig
+    if profile is None:
+        return capacity.free_in(key)
+    return sum(len(free_instances(capacity.state, i, profile)) for i in capacity.domain_nodes(key))
+
+
+def _held(capacity: Capacity, alloc: Allocation, spec: JobSpec) -> dict[int, int]:
+    """Per node, what `alloc` would free for `spec`: whole GPUs, or instances of its MIG profile."""
+    profile = spec.resources.mig
+    if profile is None:
+        return gpus_by_node(capacity, alloc)
+    out: dict[int, int] = {}
+    for r in alloc.ranks:
+        if r.mig:
+            i = capacity.node_index(r.node)
+            mine = {m.uuid for _, m in instances(capacity.layout.slots[i].topology, profile)}
+            if got := sum(u in mine for u in r.mig):
+                out[i] = out.get(i, 0) + got
     return out
 
 
@@ -264,7 +294,7 @@ class _Search:
         self.ledger = ledger
         self.budget = budget
         self.seed = seed
-        self.need = whole_gpus(preemptor.job.spec)
+        self.need = _need(preemptor.job.spec)
         self.memo: dict[frozenset[str], Allocation | None] = {}
 
     def placeable(self, victims: Sequence[Candidate]) -> Allocation | None:
@@ -284,7 +314,7 @@ class _Search:
         self, key: DomainKey, cands: list[Candidate]
     ) -> tuple[float, tuple[Candidate, ...], Allocation] | None:
         nodes = set(self.capacity.domain_nodes(key))
-        short = self.need - self.capacity.free_in(key)
+        short = self.need - _free(self.capacity, key, self.preemptor.job.spec)
         freed = {c.job.job_id: sum(g for i, g in c.on_node.items() if i in nodes) for c in cands}
         if len(cands) <= self.config.preemption.exact_search_max:
             return self._exact(cands, freed, short)

@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from typing import Protocol
 
 from .cluster import SimCluster
-from .comm import IdealRing, allocation_ring_gbps, slowdown
+from .comm import IdealRing, allocation_ring_gbps, slowdown, tp_slowdown
 from .state import MILLI, Occupancy, Placement
 from .trace import SimJob
 
@@ -63,6 +63,8 @@ class JobRecord:
     # (gpu-weighted ideal work of the segment, slowdown, B, B*, tightest?)
     segments: list[tuple[float, float, float, float, bool]] = field(default_factory=list)
     placements: list[tuple[tuple[int, tuple[int, ...]], ...]] = field(default_factory=list)
+    # Per start of a job with TP groups: (groups inside one NVLink domain, groups)
+    tp_groups: list[tuple[int, int]] = field(default_factory=list)
 
 
 @dataclass
@@ -270,9 +272,15 @@ class Simulation:
         rec.wait_s += self.now - rec.queued_since
         if rec.first_start_s is None:
             rec.first_start_s = self.now
-        b = allocation_ring_gbps(self.cluster, placement.slots) if job.is_multi_gpu else 0.0
-        b_star = self.ideal(job.ranks, job.gpus_per_rank) if job.is_multi_gpu else 0.0
-        s = slowdown(job.comm_fraction, b_star, b)
+        if job.tp_group and job.is_multi_gpu:
+            s, b, b_star, inside, groups = tp_slowdown(
+                self.cluster, self.ideal, job.comm_fraction, job.tp_group, job.gpus_per_rank, placement.slots
+            )
+            rec.tp_groups.append((inside, groups))
+        else:
+            b = allocation_ring_gbps(self.cluster, placement.slots) if job.is_multi_gpu else 0.0
+            b_star = self.ideal(job.ranks, job.gpus_per_rank) if job.is_multi_gpu else 0.0
+            s = slowdown(job.comm_fraction, b_star, b)
         epoch = self._epochs.get(job.job_id, 0) + 1
         self._epochs[job.job_id] = epoch
         end = self.now + job.remaining_s * s

@@ -42,6 +42,13 @@ def figures(res: SimResult) -> dict[str, object]:
             slowed += w * s
             multi += 1
             tight += is_tight
+    tp_inside = sum(i for r in done for i, _ in r.tp_groups)
+    tp_total = sum(n for r in done for _, n in r.tp_groups)
+    tp_weight = tp_slowed = 0.0
+    for r in done:
+        if r.tp_groups:
+            tp_weight += sum(w for w, *_ in r.segments)
+            tp_slowed += sum(w * s for w, s, *_ in r.segments)
     span = max(res.end_s - res.start_s, 1e-9)
     ms = res.cycle_ms
     return {
@@ -56,6 +63,15 @@ def figures(res: SimResult) -> dict[str, object]:
         "frag_pct": _r(100 * res.unusable_free_gpu_s / res.free_gpu_s) if res.free_gpu_s else 0.0,
         "tightest_domain_pct": _r(100 * tight / multi) if multi else 100.0,
         "comm_slowdown_avg": _r(slowed / weight, 4) if weight else 1.0,
+        **(
+            {
+                "tp_groups": tp_total,
+                "tp_in_nvlink_domain_pct": _r(100 * tp_inside / tp_total),
+                "comm_slowdown_tp_avg": _r(tp_slowed / tp_weight, 4) if tp_weight else 1.0,
+            }
+            if tp_total
+            else {}
+        ),
         "p95_wait_by_priority": {str(p): _r(percentile(v, 95)) for p, v in sorted(by_prio.items())},
         "preemptions": res.preemptions,
         "lost_gpu_hours": _r(sum(r.lost_gpu_s for r in done) / 3600),

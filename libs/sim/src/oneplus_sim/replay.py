@@ -11,6 +11,7 @@ from pathlib import Path
 from oneplus_queueing.config import QueueConfig
 
 from .cluster import SimCluster, load_cluster
+from .comm import TP_SHARE
 from .engine import SimResult, Simulation
 from .estimates import assign_time_limits
 from .metrics import figures
@@ -31,6 +32,7 @@ class ReplaySpec:
     rules: TraceRules | None = None
     oneplus_config: QueueConfig | None = None  # None: sim_queue_config()
     time_limits: str = "user"  # `user`: the seeded model of oneplus_sim.estimates; `oracle`: the run time
+    tp_groups: bool = False  # TraceRules.tp_groups: jobs of >= 8 GPUs get tensor-parallel groups
 
 
 @dataclass
@@ -48,7 +50,7 @@ def prepare_jobs(spec: ReplaySpec, cluster: SimCluster) -> tuple[list[SimJob], d
     else:
         raw, source, dropped = list(spec.trace), "in-memory", {}
     jobs = cut(raw, spec.window, spec.max_jobs, spec.load)
-    rules = spec.rules or TraceRules(seed=spec.seed)
+    rules = spec.rules or TraceRules(seed=spec.seed, tp_groups=spec.tp_groups)
     rules.apply(jobs, cluster.max_node_gpus)
     fit: list[SimJob] = []
     rejected: list[SimJob] = []
@@ -99,6 +101,8 @@ def run_replay(spec: ReplaySpec, on_progress: Callable[[str, int, int], None] | 
         "preempt_grace_s": spec.preempt_grace_s,
         "policies": {},
     }
+    if rules.tp_groups:
+        report["tp_comm_share"] = TP_SHARE  # share of a TP job's communication in its groups (oneplus_sim.comm)
     if "oneplus" in spec.policies:
         from .policies.oneplus import sim_queue_config
 

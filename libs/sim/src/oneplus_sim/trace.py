@@ -41,6 +41,8 @@ class SimJob:
     preemptible: bool = True
     checkpoint_interval_s: float | None = None
     comm_fraction: float = 0.0
+    # GPUs per tensor-parallel group (TraceRules.tp_groups); 0: no TP group, one ring over the whole job
+    tp_group: int = 0
     # Set by estimates.assign_time_limits; None: the run time itself (oracle)
     time_limit_s: float | None = None
     # Progress, in seconds of ideal (trace) run time
@@ -80,10 +82,23 @@ class TraceRules:
     checkpoint_interval_s: float = 1800.0
     comm_fraction_small: tuple[float, float] = (0.1, 0.3)
     comm_fraction_multi_node: tuple[float, float] = (0.3, 0.5)
+    # Give jobs of >= 8 GPUs tensor-parallel groups (TP_GROUP_SIZES), as on an NVL72 cluster (`--tp-groups`).
+    tp_groups: bool = False
 
     def describe(self) -> dict[str, str]:
         low, normal, high = self.class_shares
-        return {
+        tp = (
+            {
+                "tp_groups": (
+                    f"a job of N GPUs gets a tensor-parallel group of G GPUs, G drawn uniformly (Random(seed/tp/job)) "
+                    f"from the two largest of {list(TP_GROUP_SIZES)} that divide N (N=8: 8; N=16: 8 or 16; N=24: 8; "
+                    f"N>=32 and a multiple of 32: 16 or 32); jobs with no such divisor (N<8, N=12) have none"
+                )
+            }
+            if self.tp_groups
+            else {}
+        )
+        return tp | {
             "seed": str(self.seed),
             "priority": (
                 f"per virtual cluster (Philly `cluster`, Tiresias: all one VC): VCs sorted by name are shuffled by "
@@ -122,6 +137,8 @@ class TraceRules:
             job.checkpoint_interval_s = self.checkpoint_interval_s if checkpoints else None
             lo, hi = self.comm_fraction_multi_node if ranks > 1 else self.comm_fraction_small
             job.comm_fraction = rng.uniform(lo, hi) if job.is_multi_gpu else 0.0
+            if self.tp_groups:
+                job.tp_group = tp_group_of(job, self.seed)
 
     def _vc_classes(self, vcs: list[str]) -> dict[str, str]:
         rng = random.Random(f"{self.seed}/vc")
@@ -140,6 +157,18 @@ class TraceRules:
 
 
 _QOS_CLASS = {"BE": "low", "Burstable": "normal", "LS": "high"}
+
+TP_GROUP_SIZES = (8, 16, 32)  # the TP degrees of issue 41: inside one NVL72 rack, spanning 2 to 8 trays
+
+
+def tp_group_of(job: SimJob, seed: int) -> int:
+    """GPUs per TP group of `job` under the `tp_groups` rule: one of the two largest sizes that divide it, drawn from
+    Random(seed/tp/job) (its own stream, so turning the rule on changes nothing else); 0 when none divides it."""
+    n = job.whole_gpus
+    fits = [g for g in TP_GROUP_SIZES if n and n % g == 0]
+    if not fits:
+        return 0
+    return random.Random(f"{seed}/tp/{job.job_id}").choice(fits[-2:])
 
 
 def split_ranks(job: SimJob, node_gpus: int) -> tuple[int, int]:

@@ -6,8 +6,9 @@ from oneplus_queueing.config import QueueConfig
 
 from ..engine import Policy
 from .baselines import FifoFirstFit, K8sDefault, KueueTas, SlurmTree
+from .nvlink import KueueTasSlices, SlurmBlock
 
-BASELINES = ("k8s-default", "slurm-tree", "kueue-tas", "fifo-firstfit")
+BASELINES = ("k8s-default", "slurm-tree", "kueue-tas", "fifo-firstfit", "slurm-block", "kueue-tas-slices")
 POLICY_NAMES = ("oneplus", *BASELINES)
 
 
@@ -21,6 +22,10 @@ def make_policy(name: str, seed: int = 0, oneplus_config: QueueConfig | None = N
         return KueueTas()
     if name == "fifo-firstfit":
         return FifoFirstFit()
+    if name == "slurm-block":
+        return SlurmBlock()
+    if name == "kueue-tas-slices":
+        return KueueTasSlices()
     if name == "oneplus":
         from .oneplus import OnePlusPolicy
 
@@ -28,4 +33,14 @@ def make_policy(name: str, seed: int = 0, oneplus_config: QueueConfig | None = N
     raise ValueError(f"unknown policy {name!r}; choose from {', '.join(POLICY_NAMES)}")
 
 
-__all__ = ["BASELINES", "POLICY_NAMES", "FifoFirstFit", "K8sDefault", "KueueTas", "SlurmTree", "make_policy"]
+__all__ = [
+    "BASELINES",
+    "POLICY_NAMES",
+    "FifoFirstFit",
+    "K8sDefault",
+    "KueueTas",
+    "KueueTasSlices",
+    "SlurmBlock",
+    "SlurmTree",
+    "make_policy",
+]

@@ -78,6 +78,8 @@ def job_spec(job: SimJob, grace_s: float, leaf_required: bool = False) -> JobSpe
     topology = TopologyConstraint(domain="leaf", mode="required") if leaf_required and job.ranks > 1 else None
     if job.exclusive:
         topology = (topology or TopologyConstraint()).model_copy(update={"exclusive": True})
+    if job.tp_group and not job.gpu_milli:  # each TP group inside one NVLink domain, as the user would ask
+        topology = (topology or TopologyConstraint()).model_copy(update={"group_gpus": job.tp_group})
     return JobSpec(
         name=job.job_id,
         priority_class=job.priority_class,
