@@ -528,7 +528,7 @@ def test_a_mig_node_shows_each_gpus_mode_and_instances_with_the_job_holding_each
     view = cluster_view([n], [mig_job("j-mig", n.topology.node, [held])], NOW)
     (row,) = [r for leaf in view["leaves"] for r in leaf["nodes"]]
 
-    layout = row["mig"]
+    layout = row["mig_layout"]
     assert [(g["index"], g["mig_enabled"], len(g["instances"])) for g in layout] == [
         (0, True, 4),
         (1, True, 2),
@@ -549,23 +549,33 @@ def test_a_mig_node_shows_each_gpus_mode_and_instances_with_the_job_holding_each
     assert layout[0]["uuid"] == gpu0.uuid
 
     # On the tile: GPU 0 is held through its instance (3 of its 7 listed compute slices), with room left: shared.
+    # GPU 1 is split but nothing holds an instance: not free (placement never hands a split GPU out whole).
     tiles = {g["index"]: g for d in row["domains"] for g in d["gpus"]}
     assert (tiles[0]["state"], tiles[0]["mig_enabled"], tiles[0]["mig_instances"]) == ("held", True, 4)
     assert tiles[0]["held_milli"] == 1000 * 3 // 7
     assert tiles[0]["job_id"] == "j-mig"
-    assert (tiles[1]["state"], tiles[1]["mig_enabled"]) == ("free", True)
+    assert (tiles[1]["state"], tiles[1]["mig_enabled"]) == ("mig", True)
     assert (tiles[2]["state"], tiles[2]["mig_enabled"], tiles[2]["mig_instances"]) == ("free", False, 0)
-    assert (row["held"], row["shared"]) == (1, 1)
+    assert (row["total"], row["held"], row["shared"], row["mig"], row["free"]) == (8, 1, 1, 1, 6)
+    # A MIG instance held takes nothing from a whole-GPU gang: the six whole GPUs are not fragmented.
+    (nv,) = row["domains"]
+    assert (nv["fragmented"], nv["state"], nv["largest_free_nvlink_group"]) == (0, "partial", 6)
     assert set(view["jobs"]) == {"j-mig"}
 
     detail = node_detail(view, "a100-mig")
-    assert detail is not None and detail["node"]["mig"] == layout
+    assert detail is not None and detail["node"]["mig_layout"] == layout
     assert [(p["level"], p["name"]) for p in detail["path"]] == [("spine", "sp"), ("leaf", "leaf-m")]
     assert set(detail["jobs"]) == {"j-mig"}
+
+    # Nothing held: the split GPUs are idle with the rest; a whole-GPU job beside them fragments the whole GPUs only.
+    idle = cluster_view([n], [], NOW)["leaves"][0]["nodes"][0]["domains"][0]
+    assert (idle["state"], idle["mig"], idle["free"]) == ("idle", 2, 6)
+    busy = cluster_view([n], [job("j-w", "RUNNING", {"a100-mig": [2, 3]})], NOW)["leaves"][0]["nodes"][0]
+    assert (busy["held"], busy["free"], busy["mig"], busy["fragmented"]) == (2, 4, 2, 4)
 
 
 def test_a_node_with_no_gpu_in_mig_mode_has_no_layout() -> None:
     view = cluster_view([two_pairs()], [], NOW)
     (row,) = [r for leaf in view["leaves"] for r in leaf["nodes"]]
-    assert row["mig"] == []
+    assert row["mig_layout"] == []
     assert all(not g["mig_enabled"] for d in row["domains"] for g in d["gpus"])

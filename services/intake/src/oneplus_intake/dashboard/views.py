@@ -76,7 +76,8 @@ def job_colours(jobs: Iterable[JobRecord]) -> dict[str, str]:
     return {job_id: _colour(slot) for job_id, slot in slots.items()}
 
 
-COUNTS = ("total", "free", "held", "unhealthy", "unavailable", "fragmented", "shared")
+# total = free + held + unhealthy + unavailable + mig; fragmented is a part of free, shared a part of held.
+COUNTS = ("total", "free", "held", "unhealthy", "unavailable", "mig", "fragmented", "shared")
 
 
 def _counts() -> dict[str, int]:
@@ -188,6 +189,7 @@ def _domain(
     counts = _counts()
     gpu_rows: list[dict[str, Any]] = []
     free: set[int] = set()
+    whole_held = 0
     for index in gpus:
         layout = (mig or {}).get(index)
         instances: list[Mapping[str, Any]] = list(layout["instances"]) if layout else []
@@ -204,11 +206,14 @@ def _domain(
             state = "unhealthy"
         elif not node.schedulable:
             state = "unavailable"
+        elif instances:
+            state = "mig"  # its instances are free for MIG jobs; the GPU is never handed out whole (snapshot)
         else:
             state = "free"
             free.add(index)
         counts["total"] += 1
         counts[state] += 1
+        whole_held += bool(holders) and not instances
         share = sum(int(h["milli"]) for h in holders)
         if holders and share < 1000:
             counts["shared"] += 1  # held, by shares (or MIG instances) that leave room for a job asking a part
@@ -225,16 +230,17 @@ def _domain(
                 "mig_instances": len(instances),
             }
         )
-    if counts["held"] and counts["free"]:
+    # Only a job on whole GPUs (or shares of them) breaks the domain: a MIG GPU never was part of a whole-GPU gang.
+    if whole_held and counts["free"]:
         counts["fragmented"] = counts["free"]
-    if counts["free"] == counts["total"]:
+    if counts["free"] + counts["mig"] == counts["total"]:
         state = "idle"
-    elif not counts["free"]:
+    elif not counts["free"] and not counts["mig"]:
         state = "full" if counts["held"] else "down"
     elif counts["fragmented"]:
         state = "fragmented"
     else:
-        state = "partial"  # free GPUs beside unhealthy or unavailable ones, no job among them
+        state = "partial"  # free GPUs beside unhealthy, unavailable or MIG-held ones, no whole-GPU job among them
     # The biggest all-to-all NVLink set still free here: what a gang packed into one NVLink group could get.
     largest = max((len(free.intersection(g)) for g in groups), default=0) if kind == "nvlink" else 0
     return {
@@ -282,7 +288,7 @@ def node_view(
         "last_heartbeat": node.last_heartbeat,
         "domains": rows,
         # Every GPU's MIG mode and instances, each with the jobs holding it; empty when no GPU is in MIG mode.
-        "mig": layout if mig else [],
+        "mig_layout": layout if mig else [],
         "frag_pct": _frag_pct(counts),
         **counts,
     }

@@ -79,6 +79,7 @@ function counts(c, extra) {
     c.shared ? [" · ", h("span", { class: "c-shared", title: "held GPUs whose shares leave room for a fractional job" }, `${c.shared} shared`)] : null,
     c.unhealthy ? [" · ", h("span", { class: "c-bad" }, `${c.unhealthy} unhealthy`)] : null,
     c.unavailable ? [" · ", h("span", { class: "c-off" }, `${c.unavailable} unavailable`)] : null,
+    c.mig ? [" · ", h("span", { class: "c-mig", title: "GPUs split into MIG instances, none held: their instances are free, the GPU is not free whole" }, `${c.mig} MIG`)] : null,
     extra || null);
 }
 
@@ -147,8 +148,8 @@ function renderNode(node, jobs, focus) {
   return h("div", { class: `node st-${status}`, "data-node": node.name },
     h("div", { class: "node-head" }, h("a", { href: "#/node/" + encodeURIComponent(node.name), class: "node-link" },
       h("b", {}, node.name)), " ", h("span", { class: "model" }, node.gpu_model),
-      node.mig && node.mig.length ? h("span", { class: "badge mig-badge", title: "GPUs in MIG mode: the node's page lists the instances" },
-        `MIG ×${node.mig.filter((g) => g.mig_enabled).length}`) : null,
+      node.mig_layout && node.mig_layout.length ? h("span", { class: "badge mig-badge", title: "GPUs in MIG mode: the node's page lists the instances" },
+        `MIG ×${node.mig_layout.filter((g) => g.mig_enabled).length}`) : null,
       node.nvlink_domain ? h("span", { class: "model" }, ` · NVL domain ${node.nvlink_domain}`) : null,
       " ", h("span", { class: "badge st-" + status, title: node.reason || "" }, status)),
     h("div", { class: "domains" }, node.domains.map((d) => renderDomain(node, d, jobs, focus))),
@@ -361,7 +362,7 @@ function renderNodePage(v) {
       : h("span", { class: "model" }, "in no named domain")));
   fill(document.getElementById("node-card"), renderNode(n, v.jobs, null));
   const rows = [];
-  for (const g of n.mig) {
+  for (const g of n.mig_layout) {
     if (!g.mig_enabled) {
       rows.push(h("tr", { class: "mig-gpu off", "data-gpu": g.index }, h("td", {}, g.index), h("td", {}, "disabled"),
         h("td", { colspan: 4, class: "model" }, "whole GPU")));
@@ -377,7 +378,7 @@ function renderNodePage(v) {
     h("td", {}, m.device), h("td", {}, m.profile), h("td", { class: "uuid" }, m.uuid), h("td", {}, holderCell(m.holders, v.jobs)))));
   }
   const sec = document.getElementById("node-mig");
-  sec.hidden = !n.mig.length;
+  sec.hidden = !n.mig_layout.length;
   fill(document.querySelector("#node-mig tbody"), ...rows);
 }
 
