@@ -355,7 +355,8 @@ function renderNodePage(v) {
   const status = n.cordoned ? "cordoned" : n.draining ? "draining" : n.status;
   fill(document.getElementById("node-head"),
     h("h2", { "data-node": n.name }, n.name, " ", h("span", { class: "badge st-" + status, title: n.reason || "" }, status)),
-    h("p", {}, `${n.gpu_model} · ${n.total} GPUs · ${n.held} held · ${n.free} free`),
+    h("p", {}, `${n.gpu_model} · ${n.total} GPUs · ${n.held} held · ${n.free} free` +
+      (n.mig ? ` · ${n.mig} split into MIG instances, none held` : "")),
     h("p", { class: "path" }, v.path.length ? v.path.map((p, i) => [i ? " → " : "",
       h("span", { class: "path-step", "data-level": p.level, "data-group": p.name },
         h("span", { class: "level" }, LEVEL_WORDS[p.level] || p.level), ` ${p.name} (${p.gpus_in_use}/${p.gpus} GPUs in use)`)])
