@@ -169,6 +169,15 @@ async def test_dashboard_shows_cluster_queue_job_and_live_updates(servers: Serve
             assert colour_a != colour_free
             summary = await page.inner_text("#cluster-summary")
             assert "32 GPUs" in summary and "14 held" in summary and "fragmented" in summary
+            assert await page.get_attribute("#cluster-summary .levels", "data-levels") == "leaf,spine"
+            # The site's level tree (placement's): spine-0 holds both leaves, each with the GPUs its jobs hold.
+            groups = await page.eval_on_selector_all(
+                "#cluster-leaves .group",
+                "els => els.map(e => [e.dataset.level, e.dataset.group, +e.dataset.gpus, +e.dataset.inUse])",
+            )
+            assert groups == [["spine", "spine-0", 32, 14], ["leaf", "leaf-0", 16, 12], ["leaf", "leaf-1", 16, 2]]
+            under = '#cluster-leaves .group[data-group="spine-0"] .group[data-group="leaf-0"] .node'
+            assert await page.eval_on_selector_all(under, "els => els.map(e => e.dataset.node)") == ["h100-0", "h100-1"]
             await page.screenshot(path=str(shots / "cluster.png"), full_page=True)
 
             # --- live: a job submitted now shows up without a reload -----------------------------------------
@@ -259,7 +268,23 @@ async def test_dashboard_shows_cluster_queue_job_and_live_updates(servers: Serve
             assert await page.locator("#job-placement tr[data-rank]").count() == 1
             await page.wait_for_selector(f'#job-map .gpu[data-job="{ids["train-a"]}"]', timeout=10_000)
             assert await page.locator(f'#job-map .gpu[data-job="{ids["train-a"]}"]').count() == 4
+            # Its nodes in the level tree, cut down to them.
+            assert await page.eval_on_selector_all("#job-map .group", "els => els.map(e => e.dataset.group)") == [
+                "spine-0",
+                "leaf-0",
+            ]
             await page.screenshot(path=str(shots / "job.png"), full_page=True)
+
+            # --- its node's page: where the node sits in the tree; no MIG table on a node without MIG -----------
+            await page.click("#job-map .node-link")
+            await page.wait_for_selector("#node-head .path-step", timeout=10_000)
+            path = await page.eval_on_selector_all(
+                "#node-head .path-step", "els => els.map(e => [e.dataset.level, e.dataset.group])"
+            )
+            assert path == [["spine", "spine-0"], ["leaf", "leaf-0"]]
+            assert await page.locator(f'#node-card .gpu[data-job="{ids["train-a"]}"]').count() == 4
+            assert await page.locator("#node-mig").is_hidden()
+            await page.screenshot(path=str(shots / "node.png"), full_page=True)
 
             assert errors == [], errors
         assert platform.dead() == {}

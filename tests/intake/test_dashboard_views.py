@@ -4,6 +4,7 @@ a job's page, the cache in front of the platform, and the routes' answers."""
 from __future__ import annotations
 
 import asyncio
+from pathlib import Path
 from typing import Any
 
 from aiohttp import web
@@ -27,10 +28,18 @@ from oneplus_intake.dashboard.views import (
     colour_of,
     job_colours,
     job_view,
+    node_detail,
     pending_view,
     queue_view,
 )
+from oneplus_placement.tree import build_levels
 from oneplus_topology import degrade, load_preset
+from oneplus_topology.cluster import load_cluster
+from oneplus_topology.mig import apply_gpu_listing, parse_gpu_listing
+
+ROOT = Path(__file__).resolve().parents[2]
+NVL72 = ROOT / "bench" / "clusters" / "nvl72_2rack_h100.yaml"
+MIG_LISTING = ROOT / "data" / "topologies" / "dgx_a100_8gpu_mig_smi_L.txt"
 
 NOW = 1_700_000_000.0
 
@@ -357,6 +366,16 @@ async def test_routes_serve_the_page_the_static_files_and_json() -> None:
         r = await client.get("/ui/api/cluster")
         body = await r.json()
         assert r.status == 200 and body["ok"] and body["result"]["summary"]["total"] == 4
+        r = await client.get("/ui/api/node/pairs-0")
+        body = await r.json()
+        assert r.status == 200 and body["result"]["node"]["name"] == "pairs-0"
+        assert [p["level"] for p in body["result"]["path"]] == ["leaf"]  # its spine is unnamed: one node, left out
+        r = await client.get("/ui/api/node/nope-0")
+        assert (r.status, (await r.json())["error"]) == (404, "no node 'nope-0'")
+        r = await client.get("/ui/api/node/..%2Fetc")
+        assert r.status in (400, 404)
+        r = await client.get("/ui/api/node/-bad")
+        assert (r.status, (await r.json())["error"]) == (400, "not a node name: '-bad'")
         r = await client.get("/ui/api/explain/j-nope")
         assert (r.status, (await r.json())["ok"]) == (404, False)
         r = await client.get("/ui/api/explain/a.>")
@@ -371,3 +390,192 @@ def test_a_node_shows_its_domain_at_each_level_of_the_site() -> None:
     view = cluster_view([NodeRecord(topology=tray)], [], NOW)
     (row,) = [n for leaf in view["leaves"] for n in leaf["nodes"]]
     assert row["levels"] == {"nvlink": "gb200-nvl0", "leaf": "leaf0", "spine": "spine0"}
+
+
+def _group(tree: list[dict[str, Any]], *path: str) -> dict[str, Any]:
+    """The group reached by names from the top of the tree."""
+    groups, found = tree, None
+    for name in path:
+        found = next((g for g in groups if g["name"] == name), None)
+        assert found is not None, f"no {name} among {[g['name'] for g in groups]}"
+        groups = found["children"]
+    assert found is not None
+    return found
+
+
+def test_the_tree_of_an_nvl72_cluster_frames_each_rack_of_trays_in_its_nvlink_domain() -> None:
+    cluster = load_cluster(NVL72)
+    nodes = [NodeRecord(topology=t) for t in cluster.nodes]
+    jobs = [
+        job("j-tp", "RUNNING", {"gb200-00": [0, 1, 2, 3], "gb200-01": [0, 1, 2, 3]}),
+        job("j-h", "RUNNING", {"h100-03": [0, 1]}),
+    ]
+    view = cluster_view(nodes, jobs, NOW)
+
+    assert view["levels"] == [lv.name for lv in build_levels(cluster.nodes)] == ["nvlink", "leaf", "spine"]
+    tree = view["tree"]
+    assert [(g["level"], g["name"]) for g in tree] == [("spine", "spine0")]
+    spine = tree[0]
+    assert (spine["node_count"], spine["gpus"], spine["gpus_in_use"]) == (44, 36 * 4 + 8 * 8, 10)
+    assert [(g["level"], g["name"]) for g in spine["children"]] == [
+        ("leaf", "leaf0"),
+        ("leaf", "leaf1"),
+        ("leaf", "leaf2"),
+    ]
+    # Each rack's 18 trays are one multi-node NVLink domain under its leaf.
+    rack0 = _group(tree, "spine0", "leaf0", "gb200-nvl0")
+    assert (rack0["level"], rack0["node_count"], rack0["gpus"], rack0["gpus_in_use"]) == ("nvlink", 18, 72, 8)
+    assert rack0["nodes"] == sorted(f"gb200-{i:02d}" for i in range(18))
+    assert (rack0["held"], rack0["free"]) == (8, 64)
+    rack1 = _group(tree, "spine0", "leaf1", "gb200-nvl1")
+    assert (rack1["node_count"], rack1["gpus_in_use"], rack1["children"]) == (18, 0, [])
+    assert rack1["nodes"][0] == "gb200-18"
+    # An H100 board is no one-tray NVLink domain: the boards hang from their leaf directly.
+    leaf2 = _group(tree, "spine0", "leaf2")
+    assert leaf2["children"] == []
+    assert leaf2["nodes"] == [f"h100-{i:02d}" for i in range(8)]
+    assert (leaf2["gpus"], leaf2["gpus_in_use"]) == (64, 2)
+    # Every node appears exactly once in the tree.
+    seen: list[str] = []
+
+    def walk(groups: list[dict[str, Any]]) -> None:
+        for g in groups:
+            seen.extend(g["nodes"])
+            walk(g["children"])
+
+    walk(tree)
+    assert sorted(seen) == sorted(t.node for t in cluster.nodes)
+
+    detail = node_detail(view, "gb200-01")
+    assert detail is not None
+    assert [(p["level"], p["name"], p["gpus_in_use"]) for p in detail["path"]] == [
+        ("spine", "spine0", 10),
+        ("leaf", "leaf0", 8),
+        ("nvlink", "gb200-nvl0", 8),
+    ]
+    assert set(detail["jobs"]) == {"j-tp"}
+    assert node_detail(view, "gb200-99") is None
+
+
+def _tray(name: str, zone: str, spine: str, leaf: str, rack: str, nvlink: str) -> NodeRecord:
+    topo = load_preset("gb200_nvl72_compute_tray_4gpu", node=name).model_copy(
+        update={"levels": {"nvlink": nvlink, "rack": rack, "leaf": leaf, "spine": spine, "zone": zone}}
+    )
+    return NodeRecord(topology=topo)
+
+
+def test_the_tree_has_every_level_the_site_names_from_zone_down_to_the_nvlink_domain() -> None:
+    nodes = [
+        _tray("t-0", "z-a", "sp-1", "lf-1", "rk-1", "nvl-1"),
+        _tray("t-1", "z-a", "sp-1", "lf-1", "rk-1", "nvl-1"),
+        _tray("t-2", "z-a", "sp-1", "lf-1", "rk-2", "nvl-2"),
+        _tray("t-3", "z-b", "sp-2", "lf-2", "rk-3", "nvl-3"),
+    ]
+    view = cluster_view(nodes, [job("j-z", "RUNNING", {"t-2": [0, 1, 2]})], NOW)
+
+    assert view["levels"] == ["nvlink", "rack", "leaf", "spine", "zone"]
+    tree = view["tree"]
+    assert [g["name"] for g in tree] == ["z-a", "z-b"]
+    chain = [tree[0]]
+    for name in ("sp-1", "lf-1", "rk-2", "nvl-2"):
+        chain.append(next(g for g in chain[-1]["children"] if g["name"] == name))
+    assert [(g["level"], g["name"], g["node_count"], g["gpus"], g["gpus_in_use"]) for g in chain] == [
+        ("zone", "z-a", 3, 12, 3),
+        ("spine", "sp-1", 3, 12, 3),
+        ("leaf", "lf-1", 3, 12, 3),
+        ("rack", "rk-2", 1, 4, 3),
+        ("nvlink", "nvl-2", 1, 4, 3),
+    ]
+    assert chain[-1]["nodes"] == ["t-2"] and chain[-1]["children"] == []
+    assert [g["name"] for g in chain[3 - 1]["children"]] == ["rk-1", "rk-2"]
+    assert _group(tree, "z-a", "sp-1", "lf-1", "rk-1", "nvl-1")["nodes"] == ["t-0", "t-1"]
+    assert _group(tree, "z-b", "sp-2", "lf-2", "rk-3", "nvl-3")["gpus_in_use"] == 0
+    assert [p["level"] for p in (node_detail(view, "t-3") or {})["path"]] == ["zone", "spine", "leaf", "rack", "nvlink"]
+
+
+def test_a_node_without_levels_hangs_from_its_own_leaf_and_the_one_spine() -> None:
+    view = cluster_view([node("h100_sxm_8gpu_nvswitch_nv18", "solo-0", None)], [], NOW)
+    assert view["levels"] == ["leaf", "spine"]
+    # Neither is named by the site: a single node's unnamed domains are the node itself.
+    assert [(g["level"], g["nodes"]) for g in view["tree"]] == [("cluster", ["solo-0"])]
+
+
+def mig_node(name: str = "a100-mig") -> NodeRecord:
+    """A DGX A100 with the imported `nvidia-smi -L`: GPU 0 as 3g.40gb + 2g.20gb + 2x 1g.10gb, GPU 1 as 2x 3g.40gb."""
+    topo = load_preset("dgx_a100_8gpu_nv12_12nic", node=name).model_copy(update={"leaf": "leaf-m", "spine": "sp"})
+    return NodeRecord(topology=apply_gpu_listing(topo, parse_gpu_listing(MIG_LISTING.read_text(encoding="utf-8"))))
+
+
+def mig_job(job_id: str, node_name: str, uuids: list[str]) -> JobRecord:
+    ranks = [RankPlacement(rank=i, node=node_name, gpus=[], mig=[u]) for i, u in enumerate(uuids)]
+    spec = JobSpec.model_validate({"name": f"n-{job_id}", "ranks": len(uuids), "resources": {"mig": "3g.40gb"}})
+    return JobRecord(
+        job_id=job_id,
+        spec=spec,
+        state="RUNNING",
+        submitted_ts=NOW - 60,
+        updated_ts=NOW,
+        allocation=Allocation(ranks=ranks),
+        token=3,
+    )
+
+
+def test_a_mig_node_shows_each_gpus_mode_and_instances_with_the_job_holding_each() -> None:
+    n = mig_node()
+    listing = parse_gpu_listing(MIG_LISTING.read_text(encoding="utf-8"))
+    gpu0, gpu1 = listing[0], listing[1]
+    held = gpu0.instances[0].uuid  # GPU 0's 3g.40gb
+    view = cluster_view([n], [mig_job("j-mig", n.topology.node, [held])], NOW)
+    (row,) = [r for leaf in view["leaves"] for r in leaf["nodes"]]
+
+    layout = row["mig_layout"]
+    assert [(g["index"], g["mig_enabled"], len(g["instances"])) for g in layout] == [
+        (0, True, 4),
+        (1, True, 2),
+        *[(i, False, 0) for i in range(2, 8)],
+    ]
+    first = layout[0]
+    assert [(i["device"], i["profile"], i["uuid"]) for i in first["instances"]] == [
+        (i.device, i.profile, i.uuid) for i in gpu0.instances
+    ]
+    assert [i["profile"] for i in first["instances"]] == ["3g.40gb", "2g.20gb", "1g.10gb", "1g.10gb"]
+    assert first["instances"][0]["job_id"] == "j-mig"
+    assert first["instances"][0]["holders"] == [
+        {"job_id": "j-mig", "token": 3, "state": "RUNNING", "rank": 0, "mig": held}
+    ]
+    assert [i["job_id"] for i in first["instances"][1:]] == [None, None, None]
+    assert (first["held"], first["free"]) == (1, 3)
+    assert [i["uuid"] for i in layout[1]["instances"]] == [i.uuid for i in gpu1.instances]
+    assert layout[0]["uuid"] == gpu0.uuid
+
+    # On the tile: GPU 0 is held through its instance (3 of its 7 listed compute slices), with room left: shared.
+    # GPU 1 is split but nothing holds an instance: not free (placement never hands a split GPU out whole).
+    tiles = {g["index"]: g for d in row["domains"] for g in d["gpus"]}
+    assert (tiles[0]["state"], tiles[0]["mig_enabled"], tiles[0]["mig_instances"]) == ("held", True, 4)
+    assert tiles[0]["held_milli"] == 1000 * 3 // 7
+    assert tiles[0]["job_id"] == "j-mig"
+    assert (tiles[1]["state"], tiles[1]["mig_enabled"]) == ("mig", True)
+    assert (tiles[2]["state"], tiles[2]["mig_enabled"], tiles[2]["mig_instances"]) == ("free", False, 0)
+    assert (row["total"], row["held"], row["shared"], row["mig"], row["free"]) == (8, 1, 1, 1, 6)
+    # A MIG instance held takes nothing from a whole-GPU gang: the six whole GPUs are not fragmented.
+    (nv,) = row["domains"]
+    assert (nv["fragmented"], nv["state"], nv["largest_free_nvlink_group"]) == (0, "partial", 6)
+    assert set(view["jobs"]) == {"j-mig"}
+
+    detail = node_detail(view, "a100-mig")
+    assert detail is not None and detail["node"]["mig_layout"] == layout
+    assert [(p["level"], p["name"]) for p in detail["path"]] == [("spine", "sp"), ("leaf", "leaf-m")]
+    assert set(detail["jobs"]) == {"j-mig"}
+
+    # Nothing held: the split GPUs are idle with the rest; a whole-GPU job beside them fragments the whole GPUs only.
+    idle = cluster_view([n], [], NOW)["leaves"][0]["nodes"][0]["domains"][0]
+    assert (idle["state"], idle["mig"], idle["free"]) == ("idle", 2, 6)
+    busy = cluster_view([n], [job("j-w", "RUNNING", {"a100-mig": [2, 3]})], NOW)["leaves"][0]["nodes"][0]
+    assert (busy["held"], busy["free"], busy["mig"], busy["fragmented"]) == (2, 4, 2, 4)
+
+
+def test_a_node_with_no_gpu_in_mig_mode_has_no_layout() -> None:
+    view = cluster_view([two_pairs()], [], NOW)
+    (row,) = [r for leaf in view["leaves"] for r in leaf["nodes"]]
+    assert row["mig_layout"] == []
+    assert all(not g["mig_enabled"] for d in row["domains"] for g in d["gpus"])

@@ -2,7 +2,9 @@
 
 Static files (index.html, dashboard.js, dashboard.css: no build step) and JSON under `/ui/api/`:
 
-  GET /ui/api/cluster             leaves → nodes → NVLink domains → GPUs, holders and health, fragmentation counts
+  GET /ui/api/cluster             the site's level tree (any depth) and leaves → nodes → NVLink domains → GPUs,
+                                  holders and health, fragmentation counts, each GPU's MIG instances
+  GET /ui/api/node/{name}         one node: its row, its domains from the top of the level tree, its MIG layout
   GET /ui/api/queue               pending jobs (serving order, with reason) and the jobs holding GPUs
   GET /ui/api/explain/{job_id}    why one pending job waits (the solver's `oneplus jobs explain`)
   GET /ui/api/job/{job_id}        one job: record, placement, milestones, events in stream order
@@ -32,6 +34,7 @@ __all__ = ["STATIC_DIR", "Dashboard", "DashboardError", "DashboardSource", "moun
 
 STATIC_DIR = Path(__file__).parent / "static"
 _JOB_ID = re.compile(r"^[A-Za-z0-9_-]{1,128}$")  # a NATS subject token: no dots, no wildcards
+_NODE_NAME = re.compile(r"^[A-Za-z0-9]([A-Za-z0-9._-]{0,252})$")  # a hostname
 _NO_CACHE = {"Cache-Control": "no-store"}
 COOKIE_MAX_AGE_S = 12 * 3600
 LOGIN_PAGE = """<!doctype html>
@@ -82,6 +85,7 @@ class Dashboard:
         app.router.add_post("/ui/logout", self.logout)
         app.router.add_get("/ui/api/cluster", self.cluster)
         app.router.add_get("/ui/api/queue", self.queue)
+        app.router.add_get("/ui/api/node/{name}", self.node)
         app.router.add_get("/ui/api/explain/{job_id}", self.explain)
         app.router.add_get("/ui/api/job/{job_id}", self.job)
         app.router.add_static("/ui/static", STATIC_DIR, follow_symlinks=False)
@@ -134,6 +138,12 @@ class Dashboard:
 
     async def queue(self, request: web.Request) -> web.Response:
         return await self._answer(self.source.queue())
+
+    async def node(self, request: web.Request) -> web.Response:
+        name = request.match_info["name"]
+        if not _NODE_NAME.match(name):
+            return _json(400, {"ok": False, "error": f"not a node name: {name[:130]!r}"})
+        return await self._answer(self.source.node(name))
 
     def _job_id(self, request: web.Request) -> str:
         job_id = request.match_info["job_id"]

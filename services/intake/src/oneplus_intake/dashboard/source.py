@@ -141,6 +141,13 @@ class DashboardSource:
         result: dict[str, Any] = await self.cache.get("cluster", fetch)
         return result
 
+    async def node(self, name: str) -> dict[str, Any]:
+        """One node's page, from the cluster picture (the same cached answer: no request of its own)."""
+        found = views.node_detail(await self.cluster(), name)
+        if found is None:
+            raise DashboardError(f"no node {name!r}", 404)
+        return found
+
     async def queue(self) -> dict[str, Any]:
         async def fetch() -> dict[str, Any]:
             rows, jobs, reservations = await asyncio.gather(

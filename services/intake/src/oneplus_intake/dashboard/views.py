@@ -12,12 +12,13 @@ it, and what is left is smaller than the domain: the free capacity the scheduler
 from __future__ import annotations
 
 import hashlib
+import re
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 from oneplus_contracts import JobRecord, NodeRecord
 from oneplus_contracts.jobindex import HOLDING_STATES
-from oneplus_placement.tree import node_levels
+from oneplus_placement.tree import Level, build_levels, node_levels
 from oneplus_queueing.advance import live_rows
 from oneplus_topology import nvlink_domains, nvlink_groups
 
@@ -75,7 +76,8 @@ def job_colours(jobs: Iterable[JobRecord]) -> dict[str, str]:
     return {job_id: _colour(slot) for job_id, slot in slots.items()}
 
 
-COUNTS = ("total", "free", "held", "unhealthy", "unavailable", "fragmented", "shared")
+# total = free + held + unhealthy + unavailable + mig; fragmented is a part of free, shared a part of held.
+COUNTS = ("total", "free", "held", "unhealthy", "unavailable", "mig", "fragmented", "shared")
 
 
 def _counts() -> dict[str, int]:
@@ -110,6 +112,60 @@ def holdings(jobs: Iterable[JobRecord]) -> dict[tuple[str, int], list[dict[str, 
     return out
 
 
+def mig_holdings(jobs: Iterable[JobRecord]) -> dict[tuple[str, str], list[dict[str, Any]]]:
+    """(node, MIG instance UUID) → the jobs holding that instance (a rank's `mig` in its allocation)."""
+    out: dict[tuple[str, str], list[dict[str, Any]]] = {}
+    for rec in jobs:
+        if rec.state not in HOLDING_STATES or rec.allocation is None:
+            continue
+        for rank in rec.allocation.ranks:
+            for uuid in rank.mig:
+                holder = {"job_id": rec.job_id, "token": rec.token, "state": rec.state, "rank": rank.rank, "mig": uuid}
+                out.setdefault((rank.node, uuid), []).append(holder)
+    return out
+
+
+_SLICES = re.compile(r"^(\d+)g\.")
+
+
+def _slices(profile: str) -> int:
+    """Compute slices of a MIG profile (`3g.40gb` → 3): what a held instance fills of its GPU's tile."""
+    m = _SLICES.match(profile)
+    return int(m.group(1)) if m else 1
+
+
+def mig_layout(node: NodeRecord, mig_held: Mapping[tuple[str, str], list[dict[str, Any]]]) -> list[dict[str, Any]]:
+    """Each GPU of the node: its MIG mode and instances (device, profile, UUID, the jobs holding it), as `oneplus
+    nodes show` lists them; GPUs not in MIG mode have `mig_enabled` false and no instances."""
+    name = node.topology.node
+    rows: list[dict[str, Any]] = []
+    for g in sorted(node.topology.gpus, key=lambda g: g.index):
+        instances = []
+        for inst in sorted(g.mig_instances, key=lambda i: i.device):
+            holders = mig_held.get((name, inst.uuid), [])
+            instances.append(
+                {
+                    "device": inst.device,
+                    "profile": inst.profile,
+                    "uuid": inst.uuid,
+                    "job_id": holders[0]["job_id"] if holders else None,
+                    "holders": holders,
+                }
+            )
+        rows.append(
+            {
+                "index": g.index,
+                "uuid": g.uuid,
+                "name": g.name,
+                "mig_enabled": g.mig_enabled or bool(instances),
+                "instances": instances,
+                "held": sum(1 for i in instances if i["holders"]),
+                "free": sum(1 for i in instances if not i["holders"]),
+            }
+        )
+    return rows
+
+
 def _gpu_health(node: NodeRecord, index: int) -> tuple[str, str | None]:
     """("ok" | "unhealthy" | "degraded", why)."""
     info = next((g for g in node.topology.gpus if g.index == index), None)
@@ -127,13 +183,22 @@ def _domain(
     gpus: Sequence[int],
     held: Mapping[tuple[str, int], list[dict[str, Any]]],
     groups: Sequence[Sequence[int]],
+    mig: Mapping[int, Mapping[str, Any]] | None = None,
 ) -> dict[str, Any]:
     name = node.topology.node
     counts = _counts()
     gpu_rows: list[dict[str, Any]] = []
     free: set[int] = set()
+    whole_held = 0
     for index in gpus:
-        holders = held.get((name, index), [])
+        layout = (mig or {}).get(index)
+        instances: list[Mapping[str, Any]] = list(layout["instances"]) if layout else []
+        slices = sum(_slices(i["profile"]) for i in instances)
+        # A GPU split into MIG instances is held through them (placement never hands it out whole), each holder
+        # holding its instance's compute slices of it.
+        holders = held.get((name, index), []) + [
+            {**h, "milli": 1000 * _slices(i["profile"]) // slices} for i in instances for h in i["holders"]
+        ]
         health, why = _gpu_health(node, index)
         if holders:
             state = "held"
@@ -141,14 +206,17 @@ def _domain(
             state = "unhealthy"
         elif not node.schedulable:
             state = "unavailable"
+        elif instances:
+            state = "mig"  # its instances are free for MIG jobs; the GPU is never handed out whole (snapshot)
         else:
             state = "free"
             free.add(index)
         counts["total"] += 1
         counts[state] += 1
+        whole_held += bool(holders) and not instances
         share = sum(int(h["milli"]) for h in holders)
         if holders and share < 1000:
-            counts["shared"] += 1  # held, by shares that leave room (a fractional job may still go here)
+            counts["shared"] += 1  # held, by shares (or MIG instances) that leave room for a job asking a part
         gpu_rows.append(
             {
                 "index": index,
@@ -157,19 +225,22 @@ def _domain(
                 "health_reason": why,
                 "job_id": holders[0]["job_id"] if holders else None,
                 "holders": holders,
-                "held_milli": min(1000, sum(int(h["milli"]) for h in holders)),  # how much of it is held, in 1/1000
+                "held_milli": min(1000, share),  # how much of it is held, in 1/1000 (MIG: its held compute slices)
+                "mig_enabled": bool(layout and layout["mig_enabled"]),
+                "mig_instances": len(instances),
             }
         )
-    if counts["held"] and counts["free"]:
+    # Only a job on whole GPUs (or shares of them) breaks the domain: a MIG GPU never was part of a whole-GPU gang.
+    if whole_held and counts["free"]:
         counts["fragmented"] = counts["free"]
-    if counts["free"] == counts["total"]:
+    if counts["free"] + counts["mig"] == counts["total"]:
         state = "idle"
-    elif not counts["free"]:
+    elif not counts["free"] and not counts["mig"]:
         state = "full" if counts["held"] else "down"
     elif counts["fragmented"]:
         state = "fragmented"
     else:
-        state = "partial"  # free GPUs beside unhealthy or unavailable ones, no job among them
+        state = "partial"  # free GPUs beside unhealthy, unavailable or MIG-held ones, no whole-GPU job among them
     # The biggest all-to-all NVLink set still free here: what a gang packed into one NVLink group could get.
     largest = max((len(free.intersection(g)) for g in groups), default=0) if kind == "nvlink" else 0
     return {
@@ -178,20 +249,26 @@ def _domain(
         "state": state,
         "gpus": gpu_rows,
         "largest_free_nvlink_group": largest,
-        "jobs": sorted({h["job_id"] for g in gpu_rows for h in g["holders"]}),
+        "jobs": sorted({str(h["job_id"]) for g in gpu_rows for h in g["holders"]}),
         **counts,
     }
 
 
-def node_view(node: NodeRecord, held: Mapping[tuple[str, int], list[dict[str, Any]]]) -> dict[str, Any]:
+def node_view(
+    node: NodeRecord,
+    held: Mapping[tuple[str, int], list[dict[str, Any]]],
+    mig_held: Mapping[tuple[str, str], list[dict[str, Any]]] | None = None,
+) -> dict[str, Any]:
     topo = node.topology
     domains = nvlink_domains(topo)
     groups = nvlink_groups(topo)
     inside = {g for d in domains for g in d}
-    rows = [_domain(node, f"{topo.node}/nv{i}", "nvlink", d, held, groups) for i, d in enumerate(domains)]
+    layout = mig_layout(node, mig_held or {})
+    mig = {g["index"]: g for g in layout if g["mig_enabled"]}
+    rows = [_domain(node, f"{topo.node}/nv{i}", "nvlink", d, held, groups, mig) for i, d in enumerate(domains)]
     rest = [g.index for g in topo.gpus if g.index not in inside]
     if rest:
-        rows.append(_domain(node, f"{topo.node}/pcie", "pcie", rest, held, groups))
+        rows.append(_domain(node, f"{topo.node}/pcie", "pcie", rest, held, groups, mig))
     counts = _counts()
     for d in rows:
         _add(counts, d)
@@ -210,6 +287,8 @@ def node_view(node: NodeRecord, held: Mapping[tuple[str, int], list[dict[str, An
         "reason": node.reason,
         "last_heartbeat": node.last_heartbeat,
         "domains": rows,
+        # Every GPU's MIG mode and instances, each with the jobs holding it; empty when no GPU is in MIG mode.
+        "mig_layout": layout if mig else [],
         "frag_pct": _frag_pct(counts),
         **counts,
     }
@@ -233,16 +312,88 @@ def job_legend(jobs: Sequence[JobRecord], colours: Mapping[str, str] | None = No
     }
 
 
+def level_tree(
+    nodes: Sequence[NodeRecord], rows: Sequence[Mapping[str, Any]], levels: Sequence[Level] | None = None
+) -> list[dict[str, Any]]:
+    """The site's level tree (`oneplus_placement.tree.build_levels`, what placement searches), top level first: each
+    domain with its level, name, node and GPU counts and GPUs in use (`gpus_in_use`: held), its domains one level
+    down (`children`) and the nodes directly under it (`nodes`, names). `rows[i]` is node i's `node_view`.
+
+    A domain the site does not name (a level a node has no value for, e.g. the `nvlink` level of an H100 board in a
+    cluster with NVL72 racks) that holds a single node is that node: it is left out and the node hangs from the
+    domain above, so a board is not drawn as a one-tray NVLink domain."""
+    levels = build_levels([n.topology for n in nodes]) if levels is None else levels
+    named = [{lv for lv, value in node_levels(n.topology) if value} for n in nodes]
+
+    def group(k: int, g: int) -> list[dict[str, Any]]:
+        lv = levels[k]
+        members = lv.members[g]
+        below = [x for c in lv.children[g] for x in group(k - 1, c)] if k else []
+        if len(members) == 1 and lv.name not in named[members[0]]:
+            return below or [{"node": members[0]}]
+        counts = _counts()
+        for i in members:
+            _add(counts, rows[i])
+        groups = sorted((x for x in below if "node" not in x), key=lambda x: str(x["name"]))
+        direct = list(members) if k == 0 else [int(x["node"]) for x in below if "node" in x]
+        return [
+            {
+                "id": f"{lv.name}:{lv.names[g]}",
+                "level": lv.name,
+                "name": lv.names[g],
+                "node_count": len(members),
+                "gpus": counts["total"],
+                "gpus_in_use": counts["held"],
+                "children": groups,
+                "nodes": sorted(str(rows[i]["name"]) for i in direct),
+                "frag_pct": _frag_pct(counts),
+                **counts,
+            }
+        ]
+
+    if not levels:
+        return []
+    top = len(levels) - 1
+    out = [x for g in range(len(levels[top].names)) for x in group(top, g)]
+    loose = sorted(str(rows[int(x["node"])]["name"]) for x in out if "node" in x)
+    tree = sorted((x for x in out if "node" not in x), key=lambda x: str(x["name"]))
+    if loose:  # nodes no named domain holds (a lone node of a site that names none): one group of the cluster
+        counts = _counts()
+        for r in rows:
+            if r["name"] in loose:
+                _add(counts, r)
+        tree.append(
+            {
+                "id": "cluster:",
+                "level": "cluster",
+                "name": "cluster",
+                "node_count": len(loose),
+                "gpus": counts["total"],
+                "gpus_in_use": counts["held"],
+                "children": [],
+                "nodes": loose,
+                "frag_pct": _frag_pct(counts),
+                **counts,
+            }
+        )
+    return tree
+
+
 def cluster_view(nodes: Iterable[NodeRecord], jobs: Sequence[JobRecord], now: float) -> dict[str, Any]:
-    """The whole picture: leaves (sorted) → nodes (sorted) → domains → GPUs, counts at every level, and the jobs
-    holding GPUs with their colours."""
+    """The whole picture: the site's level tree (`tree`, any depth, down to the nodes), leaves (sorted) → nodes
+    (sorted) → domains → GPUs, counts at every level, and the jobs holding GPUs with their colours."""
     held = holdings(jobs)
+    mig_held = mig_holdings(jobs)
     leaves: dict[str, dict[str, Any]] = {}
-    for node in sorted(nodes, key=lambda n: n.topology.node):
-        view = node_view(node, held)
+    ordered = sorted(nodes, key=lambda n: n.topology.node)
+    rows: list[dict[str, Any]] = []
+    for node in ordered:
+        view = node_view(node, held, mig_held)
+        rows.append(view)
         leaf = leaves.setdefault(view["leaf"], {"name": view["leaf"], "spine": view["spine"], "nodes": [], **_counts()})
         leaf["nodes"].append(view)
         _add(leaf, view)
+    site = build_levels([n.topology for n in ordered])
     total = _counts()
     domain_states: dict[str, int] = {}
     for leaf in leaves.values():
@@ -261,7 +412,36 @@ def cluster_view(nodes: Iterable[NodeRecord], jobs: Sequence[JobRecord], now: fl
             "domains": domain_states,
         },
         "leaves": [leaves[k] for k in sorted(leaves)],
+        # The site's levels bottom-up (`nvlink`, `rack`, `leaf`, `spine`, `zone`, ...) and their tree, top first.
+        "levels": [lv.name for lv in site],
+        "tree": level_tree(ordered, rows, site),
         "jobs": job_legend(jobs),
+    }
+
+
+def node_detail(cluster: Mapping[str, Any], name: str) -> dict[str, Any] | None:
+    """One node's page from the cluster picture: its row (domains, GPUs, MIG layout), its domains from the top of the
+    level tree down (`path`: level, name, GPUs, GPUs in use) and the legend of the jobs on it; None: no such node."""
+    row = next((n for leaf in cluster["leaves"] for n in leaf["nodes"] if n["name"] == name), None)
+    if row is None:
+        return None
+
+    def walk(groups: Sequence[Mapping[str, Any]], above: list[dict[str, Any]]) -> list[dict[str, Any]] | None:
+        for g in groups:
+            here = [*above, {k: g[k] for k in ("id", "level", "name", "node_count", "gpus", "gpus_in_use")}]
+            if name in g["nodes"]:
+                return here
+            found = walk(g["children"], here)
+            if found is not None:
+                return found
+        return None
+
+    on_it = {str(h["job_id"]) for d in row["domains"] for gpu in d["gpus"] for h in gpu["holders"]}
+    return {
+        "ts": cluster["ts"],
+        "node": row,
+        "path": walk(cluster.get("tree", []), []) or [],
+        "jobs": {k: v for k, v in cluster["jobs"].items() if k in on_it},
     }
 
 

@@ -1,9 +1,10 @@
-// OnePlus dashboard: plain JS, no build step. Views by location hash: #/ (cluster), #/queue, #/job/<id>.
+// OnePlus dashboard: plain JS, no build step. Views by location hash: #/ (cluster), #/queue, #/job/<id>,
+// #/node/<name>.
 // Everything on screen comes from /ui/api/*, polled every POLL_MS; text goes in as text, never as HTML.
 "use strict";
 
 const POLL_MS = 1500;
-const state = { cluster: null, queue: null, job: null, explains: new Map(), timer: null, busy: false };
+const state = { cluster: null, queue: null, job: null, node: null, explains: new Map(), timer: null, busy: false };
 
 function h(tag, attrs, ...children) {
   const el = document.createElement(tag);
@@ -42,6 +43,7 @@ async function api(path) {
 function route() {
   const hash = location.hash.replace(/^#/, "") || "/";
   if (hash.startsWith("/job/")) return { view: "job", id: decodeURIComponent(hash.slice(5)) };
+  if (hash.startsWith("/node/")) return { view: "node", id: decodeURIComponent(hash.slice(6)) };
   if (hash.startsWith("/queue")) return { view: "queue" };
   return { view: "cluster" };
 }
@@ -77,6 +79,7 @@ function counts(c, extra) {
     c.shared ? [" · ", h("span", { class: "c-shared", title: "held GPUs whose shares leave room for a fractional job" }, `${c.shared} shared`)] : null,
     c.unhealthy ? [" · ", h("span", { class: "c-bad" }, `${c.unhealthy} unhealthy`)] : null,
     c.unavailable ? [" · ", h("span", { class: "c-off" }, `${c.unavailable} unavailable`)] : null,
+    c.mig ? [" · ", h("span", { class: "c-mig", title: "GPUs split into MIG instances, none held: their instances are free, the GPU is not free whole" }, `${c.mig} MIG`)] : null,
     extra || null);
 }
 
@@ -84,10 +87,11 @@ function counts(c, extra) {
 
 function gpuTitle(node, dom, g, jobs) {
   const lines = [`${node.name} GPU ${g.index} (${dom.id}, ${dom.kind})`, `state: ${g.state}`];
+  if (g.mig_enabled) lines.push(`MIG mode: ${g.mig_instances} instance${g.mig_instances === 1 ? "" : "s"} (see the node's page)`);
   for (const hd of g.holders) {
     const j = jobs[hd.job_id] || {};
     lines.push(`job ${hd.job_id} ${j.name ? "(" + j.name + ")" : ""} rank ${hd.rank} token ${hd.token} ${hd.state}` +
-      (hd.milli < 1000 ? ` ${hd.milli / 10}%` : ""));
+      (hd.mig ? ` MIG ${hd.mig}` : hd.milli < 1000 ? ` ${hd.milli / 10}%` : ""));
   }
   if (g.health !== "ok") lines.push(`health: ${g.health}${g.health_reason ? " — " + g.health_reason : ""}`);
   return lines.join("\n");
@@ -118,10 +122,10 @@ function renderGpu(node, dom, g, jobs, focus) {
   const fillOf = gpuFill(g, jobs);
   const dim = focus && !g.holders.some((hd) => hd.job_id === focus);
   const cls = ["gpu", g.state, fillOf.shared ? "shared" : "", g.health !== "ok" ? "h-" + g.health : "",
-    dim ? "dim" : ""].join(" ");
+    g.mig_enabled ? "mig" : "", dim ? "dim" : ""].join(" ");
   const el = h("span", {
     class: cls, "data-gpu": g.index, "data-state": g.state, "data-health": g.health, "data-job": g.job_id,
-    "data-held-milli": g.held_milli ?? null,
+    "data-held-milli": g.held_milli ?? null, "data-mig": g.mig_enabled ? g.mig_instances : null,
     style: fillOf.style, title: gpuTitle(node, dom, g, jobs),
   }, String(g.index));
   if (g.job_id) el.addEventListener("click", () => { location.hash = "#/job/" + encodeURIComponent(g.job_id); });
@@ -142,18 +146,57 @@ function renderDomain(node, dom, jobs, focus) {
 function renderNode(node, jobs, focus) {
   const status = node.cordoned ? "cordoned" : node.draining ? "draining" : node.status;
   return h("div", { class: `node st-${status}`, "data-node": node.name },
-    h("div", { class: "node-head" }, h("b", {}, node.name), " ", h("span", { class: "model" }, node.gpu_model),
+    h("div", { class: "node-head" }, h("a", { href: "#/node/" + encodeURIComponent(node.name), class: "node-link" },
+      h("b", {}, node.name)), " ", h("span", { class: "model" }, node.gpu_model),
+      node.mig_layout && node.mig_layout.length ? h("span", { class: "badge mig-badge", title: "GPUs in MIG mode: the node's page lists the instances" },
+        `MIG ×${node.mig_layout.filter((g) => g.mig_enabled).length}`) : null,
       node.nvlink_domain ? h("span", { class: "model" }, ` · NVL domain ${node.nvlink_domain}`) : null,
       " ", h("span", { class: "badge st-" + status, title: node.reason || "" }, status)),
     h("div", { class: "domains" }, node.domains.map((d) => renderDomain(node, d, jobs, focus))),
     h("div", { class: "node-foot" }, counts(node, node.free ? ` · ${node.frag_pct}% of free fragmented` : "")));
 }
 
-function renderLeaf(leaf, jobs, focus) {
-  return h("section", { class: "leaf", "data-leaf": leaf.name },
-    h("h3", {}, "leaf ", leaf.name, leaf.spine ? h("span", { class: "model" }, ` (spine ${leaf.spine})`) : null, " ",
-      focus ? h("span", { class: "model" }, "· the job's nodes") : counts(leaf)),
-    h("div", { class: "nodes" }, leaf.nodes.map((n) => renderNode(n, jobs, focus))));
+// The site's level tree (the one placement searches: zone → spine → leaf → rack → NVLink domain → node, whatever
+// levels the site names), each domain with its GPUs in use; a multi-node NVLink domain frames its trays.
+const LEVEL_WORDS = { nvlink: "NVLink domain", cluster: "cluster" };
+
+function nodesByName(c) {
+  const out = new Map();
+  for (const leaf of c.leaves) for (const n of leaf.nodes) out.set(n.name, n);
+  return out;
+}
+
+function renderGroup(g, byName, jobs, focus) {
+  const leaf = g.level === "leaf";
+  const unit = g.level === "nvlink" ? "tray" : "node";
+  const kids = g.children.map((ch) => renderGroup(ch, byName, jobs, focus));
+  const nodes = g.nodes.map((n) => byName.get(n)).filter(Boolean).map((n) => renderNode(n, jobs, focus));
+  return h("section", {
+    class: `group lvl-${g.level}${leaf ? " leaf" : ""}`, "data-level": g.level, "data-group": g.name,
+    "data-leaf": leaf ? g.name : null, "data-gpus": g.gpus, "data-in-use": g.gpus_in_use, "data-nodes": g.node_count,
+  },
+  h("h3", { class: "group-head" }, h("span", { class: "level" }, LEVEL_WORDS[g.level] || g.level), " ", g.name, " ",
+    h("span", { class: "model in-use" }, `· ${g.node_count} ${unit}${g.node_count === 1 ? "" : "s"} · ` +
+      `${g.gpus_in_use}/${g.gpus} GPUs in use`), " ",
+    focus ? h("span", { class: "model" }, "· the job's nodes") : counts(g)),
+  kids.length ? h("div", { class: "groups" }, kids) : null,
+  nodes.length ? h("div", { class: "nodes" }, nodes) : null);
+}
+
+// The tree cut down to the domains that hold one of `names` (a job's nodes), each keeping only those nodes.
+function pruneTree(groups, names) {
+  const out = [];
+  for (const g of groups) {
+    const children = pruneTree(g.children, names);
+    const nodes = g.nodes.filter((n) => names.includes(n));
+    if (children.length || nodes.length) out.push({ ...g, children, nodes });
+  }
+  return out;
+}
+
+function renderTree(c, groups, focus) {
+  const byName = nodesByName(c);
+  return groups.map((g) => renderGroup(g, byName, c.jobs, focus));
 }
 
 function renderCluster(c) {
@@ -161,13 +204,16 @@ function renderCluster(c) {
   const doms = Object.entries(s.domains).map(([k, v]) => `${v} ${k}`).join(", ");
   fill(document.getElementById("cluster-summary"),
     h("span", { class: "big" }, `${s.nodes} nodes · ${s.leaves} leaves · ${s.total} GPUs`), " ",
-    counts(s, ` · ${s.frag_pct}% of free GPUs fragmented`), h("div", { class: "model" }, "NVLink/PCIe domains: ", doms));
+    counts(s, ` · ${s.frag_pct}% of free GPUs fragmented`),
+    h("div", { class: "model levels", "data-levels": (c.levels || []).join(",") },
+      "levels: ", ["cluster", ...(c.levels || []).slice().reverse(), "node"].join(" → ")),
+    h("div", { class: "model" }, "NVLink/PCIe domains in nodes: ", doms));
   const jobs = Object.values(c.jobs).sort((a, b) => a.job_id.localeCompare(b.job_id));
   fill(document.getElementById("cluster-legend"),
     h("span", { class: "model" }, jobs.length ? "holding GPUs: " : "no job holds a GPU"),
     ...jobs.map((j) => h("span", { class: "legend-item", "data-job": j.job_id, title: `${j.state}, ${j.team}/${j.user}` },
       jobLink(j.job_id, j.colour), ` ${j.name} · ${j.gpus} GPU${j.gpus === 1 ? "" : "s"} · ${j.state}`)));
-  fill(document.getElementById("cluster-leaves"), ...c.leaves.map((l) => renderLeaf(l, c.jobs, null)));
+  fill(document.getElementById("cluster-leaves"), ...renderTree(c, c.tree || [], null));
 }
 
 // ---- queue -----------------------------------------------------------------------------------------
@@ -286,19 +332,55 @@ function renderJob(v) {
             h("td", {}, r.gpus.join(", ") + (r.gpu_milli ? ` (${r.gpu_milli / 10}% each)` : "")))))))
       : v.pending ? renderPending(j, v.pending) : h("p", { class: "model" }, "not placed"));
   // The nodes it runs on, from the cluster picture, with its GPUs lit and the rest dimmed.
-  const map = [];
-  if (state.cluster && p.nodes.length) {
-    for (const leaf of state.cluster.leaves) {
-      const mine = leaf.nodes.filter((n) => p.nodes.includes(n.name));
-      if (mine.length) map.push(renderLeaf({ ...leaf, nodes: mine }, state.cluster.jobs, j.job_id));
-    }
-  }
+  const map = state.cluster && p.nodes.length
+    ? renderTree(state.cluster, pruneTree(state.cluster.tree || [], p.nodes), j.job_id) : [];
   fill(document.getElementById("job-map"), ...map);
   fill(document.getElementById("job-timeline"), ...v.timeline.map((m) =>
     h("li", { "data-step": m.step }, h("b", {}, m.step), ` ${fmtTime(m.ts)} `, h("span", { class: "model" }, `+${m.after_s}s`))));
   fill(document.querySelector("#job-events tbody"), ...v.events.map((e) =>
     h("tr", { "data-type": e.type, class: "event" }, h("td", {}, e.seq ?? ""), h("td", {}, fmtTime(e.ts)),
       h("td", {}, e.after_s ?? ""), h("td", {}, h("b", {}, e.type)), h("td", { class: "message" }, e.summary))));
+}
+
+// ---- node ------------------------------------------------------------------------------------------
+
+function holderCell(holders, jobs) {
+  if (!holders.length) return h("span", { class: "model" }, "free");
+  return holders.map((hd) => [jobLink(hd.job_id, (jobs[hd.job_id] || {}).colour), ` rank ${hd.rank} · ${hd.state} `]);
+}
+
+// A node's page: where it sits in the level tree, its GPUs, and each GPU's MIG mode and instances with their holders.
+function renderNodePage(v) {
+  const n = v.node;
+  const status = n.cordoned ? "cordoned" : n.draining ? "draining" : n.status;
+  fill(document.getElementById("node-head"),
+    h("h2", { "data-node": n.name }, n.name, " ", h("span", { class: "badge st-" + status, title: n.reason || "" }, status)),
+    h("p", {}, `${n.gpu_model} · ${n.total} GPUs · ${n.held} held · ${n.free} free` +
+      (n.mig ? ` · ${n.mig} split into MIG instances, none held` : "")),
+    h("p", { class: "path" }, v.path.length ? v.path.map((p, i) => [i ? " → " : "",
+      h("span", { class: "path-step", "data-level": p.level, "data-group": p.name },
+        h("span", { class: "level" }, LEVEL_WORDS[p.level] || p.level), ` ${p.name} (${p.gpus_in_use}/${p.gpus} GPUs in use)`)])
+      : h("span", { class: "model" }, "in no named domain")));
+  fill(document.getElementById("node-card"), renderNode(n, v.jobs, null));
+  const rows = [];
+  for (const g of n.mig_layout) {
+    if (!g.mig_enabled) {
+      rows.push(h("tr", { class: "mig-gpu off", "data-gpu": g.index }, h("td", {}, g.index), h("td", {}, "disabled"),
+        h("td", { colspan: 4, class: "model" }, "whole GPU")));
+      continue;
+    }
+    if (!g.instances.length) {
+      rows.push(h("tr", { class: "mig-gpu", "data-gpu": g.index }, h("td", {}, g.index), h("td", {}, "enabled"),
+        h("td", { colspan: 4, class: "model" }, "no instance created")));
+    }
+    g.instances.forEach((m, k) => rows.push(h("tr", { class: "mig-instance", "data-gpu": g.index, "data-uuid": m.uuid,
+      "data-profile": m.profile, "data-job": m.job_id },
+    h("td", {}, k ? "" : g.index), h("td", {}, k ? "" : "enabled"),
+    h("td", {}, m.device), h("td", {}, m.profile), h("td", { class: "uuid" }, m.uuid), h("td", {}, holderCell(m.holders, v.jobs)))));
+  }
+  const sec = document.getElementById("node-mig");
+  sec.hidden = !n.mig_layout.length;
+  fill(document.querySelector("#node-mig tbody"), ...rows);
 }
 
 // ---- loop ------------------------------------------------------------------------------------------
@@ -314,6 +396,9 @@ async function refresh() {
     } else if (r.view === "queue") {
       state.queue = await api("queue");
       renderQueue(state.queue);
+    } else if (r.view === "node") {
+      state.node = await api("node/" + encodeURIComponent(r.id));
+      renderNodePage(state.node);
     } else {
       const [job, cluster] = await Promise.all([api("job/" + encodeURIComponent(r.id)), api("cluster")]);
       state.cluster = cluster;
@@ -332,7 +417,7 @@ async function refresh() {
 
 function show() {
   const r = route();
-  for (const v of ["cluster", "queue", "job"]) document.getElementById("view-" + v).hidden = v !== r.view;
+  for (const v of ["cluster", "queue", "job", "node"]) document.getElementById("view-" + v).hidden = v !== r.view;
   for (const a of document.querySelectorAll("nav a")) a.classList.toggle("active", a.dataset.nav === r.view);
   document.body.dataset.view = r.view;
   refresh();
