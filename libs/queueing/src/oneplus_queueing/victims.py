@@ -19,6 +19,7 @@ from oneplus_placement.snapshot import ClusterSnapshot, ClusterState
 
 from .capacity import Capacity, DomainKey, gpus_by_node, whole_gpus, working_copy
 from .config import QueueConfig, QueueConfigError
+from .elastic import shrink_part
 from .fairshare import UsageHistory
 from .model import CycleStats, PendingJob, PreemptionKind, RunningJob, VictimChoice
 from .ordering import RankedJob
@@ -34,6 +35,8 @@ class Candidate:
     kind: PreemptionKind
     cost: float
     on_node: dict[int, int]  # node index → GPUs it holds there
+    keeps: Allocation | None = None  # an elastic victim that shrinks: `job` is the part it gives up, this it keeps
+    full: RunningJob | None = None  # that shrinking victim as it runs
 
 
 def protected_until(job: RunningJob, config: QueueConfig, kind: PreemptionKind = "priority") -> float:
@@ -176,9 +179,7 @@ def search_victims(
         return None
     restart = config.preemption.restart_cost_s
     cands = [
-        Candidate(
-            e.job, kind, e.job.lost_work_gpu_s(now) + e.job.gpus * restart, gpus_by_node(capacity, e.job.allocation)
-        )
+        _candidate(capacity, e.job, kind, now, restart)
         for e, kind in pool.grounds(preemptor, ledger)
         if now >= e.protected_for(kind)
         and e.job.job_id not in exclude
@@ -198,16 +199,31 @@ def search_victims(
             best = found
     if best is None:
         return None
-    cost, victims, nominated = search.trim(best)
+    cost, victims, nominated = search.fewest_dropped(search.trim(best), now, restart)
     return VictimChoice(
         preemptor=preemptor.job_id,
         victims=tuple(v.job.job_id for v in victims),
         kinds=tuple(v.kind for v in victims),
         nominated=nominated,
         lost_work_gpu_s=cost,
-        freed_gpus=sum(v.job.gpus for v in victims),
+        freed_gpus=sum(v.job.gpus for v in victims),  # a shrinking victim's job is the part it gives up
         grace_s=max(float(v.job.spec.checkpoint.grace_s) for v in victims),
+        resized={v.job.job_id: v.keeps for v in victims if v.keeps is not None},
     )
+
+
+def _candidate(
+    capacity: Capacity, job: RunningJob, kind: PreemptionKind, now: float, restart: float, drop: int | None = None
+) -> Candidate:
+    """A whole gang, or for an elastic gang above its minimum the ranks it can give up (it shrinks rather than goes).
+
+    A shrink costs the part given up (its GPUs × work since the checkpoint, plus the restart): the kept ranks write
+    a checkpoint at the signal and go on from it at the smaller size."""
+    shrink = shrink_part(job, drop)
+    if shrink is None:
+        return Candidate(job, kind, _cost(job, now, restart), gpus_by_node(capacity, job.allocation))
+    part, keeps = shrink
+    return Candidate(part, kind, _cost(part, now, restart), gpus_by_node(capacity, part.allocation), keeps, job)
 
 
 def _cost(job: RunningJob, now: float, restart_cost_s: float) -> float:
@@ -268,7 +284,7 @@ class _Search:
         self.memo: dict[frozenset[str], Allocation | None] = {}
 
     def placeable(self, victims: Sequence[Candidate]) -> Allocation | None:
-        key = frozenset(v.job.job_id for v in victims)
+        key = frozenset(v.job.job_id if v.keeps is None else f"{v.job.job_id}-{v.job.spec.ranks}" for v in victims)
         if key in self.memo:
             return self.memo[key]
         got: Allocation | None = None
@@ -333,6 +349,23 @@ class _Search:
                 if smaller is not None:
                     chosen, alloc = rest, smaller
         return sum(c.cost for c in chosen), tuple(chosen), alloc
+
+    def fewest_dropped(
+        self, best: tuple[float, tuple[Candidate, ...], Allocation], now: float, restart: float
+    ) -> tuple[float, tuple[Candidate, ...], Allocation]:
+        """Each shrinking victim gives up only as many ranks as the preemptor needs: fewest first, the others fixed."""
+        cost, victims, nominated = best
+        for i, v in enumerate(victims):
+            if v.full is None:
+                continue
+            for drop in range(1, v.job.spec.ranks):
+                fewer = _candidate(self.capacity, v.full, v.kind, now, restart, drop)
+                trial = (*victims[:i], fewer, *victims[i + 1 :])
+                alloc = self.placeable(trial)
+                if alloc is not None:
+                    victims, nominated = trial, alloc
+                    break
+        return sum(v.cost for v in victims), victims, nominated
 
     def trim(
         self, best: tuple[float, tuple[Candidate, ...], Allocation]
