@@ -9,6 +9,7 @@ from .baselines import FifoFirstFit, K8sDefault, KueueTas, SlurmTree
 
 BASELINES = ("k8s-default", "slurm-tree", "kueue-tas", "fifo-firstfit")
 POLICY_NAMES = ("oneplus", *BASELINES)
+ELASTIC_POLICY = "oneplus-elastic"  # oneplus with the --elastic rule's jobs elastic; run beside oneplus (fixed)
 
 
 def make_policy(name: str, seed: int = 0, oneplus_config: QueueConfig | None = None) -> Policy:
@@ -21,11 +22,11 @@ def make_policy(name: str, seed: int = 0, oneplus_config: QueueConfig | None = N
         return KueueTas()
     if name == "fifo-firstfit":
         return FifoFirstFit()
-    if name == "oneplus":
+    if name in ("oneplus", ELASTIC_POLICY):
         from .oneplus import OnePlusPolicy
 
-        return OnePlusPolicy(seed, config=oneplus_config)
+        return OnePlusPolicy(seed, config=oneplus_config, elastic=name == ELASTIC_POLICY)
     raise ValueError(f"unknown policy {name!r}; choose from {', '.join(POLICY_NAMES)}")
 
 
-__all__ = ["BASELINES", "POLICY_NAMES", "FifoFirstFit", "K8sDefault", "KueueTas", "SlurmTree", "make_policy"]
+__all__ = ["BASELINES", "ELASTIC_POLICY", "POLICY_NAMES", "FifoFirstFit", "K8sDefault", "KueueTas", "SlurmTree", "make_policy"]
