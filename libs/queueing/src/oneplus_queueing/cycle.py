@@ -55,7 +55,7 @@ from .model import (
 from .ordering import RankedJob, keep_protected_first, rank_pending
 from .quota import QuotaLedger, held_by_queue
 from .strategies import serving_order, strategy_of
-from .victims import VictimPool, protected_until, rate_budget, search_victims
+from .victims import VictimPool, rate_budget, search_victims
 
 _WAITS_FOR_GPUS: frozenset[ReasonCode] = frozenset({"Resources", "Topology", "Priority"})
 
@@ -513,10 +513,11 @@ class _Cycle:
         has run less than its minimum run time, or ends too soon for a restart to pay)."""
         spec, elastic = run.spec, run.spec.elastic
         assert elastic is not None
-        if self.now < protected_until(run, self.config):
-            return None
+        restart = GROW_MIN_REMAINING_GRACES * max(spec.checkpoint.grace_s, 1)
+        if self.now < run.started_ts + max(restart, spec.min_runtime_s):
+            return None  # it has not run long enough at this size for another restart to pay
         end = run.end_ts(self.config.backfill.default_time_limit_s)
-        if end is not None and end - self.now < GROW_MIN_REMAINING_GRACES * max(spec.checkpoint.grace_s, 1):
+        if end is not None and end - self.now < restart:
             return None
         per_rank = whole_gpus(sized(spec, 1))
         have = len(run.allocation.ranks)

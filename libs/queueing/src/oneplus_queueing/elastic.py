@@ -18,7 +18,9 @@ from oneplus_contracts import Allocation, JobSpec
 if TYPE_CHECKING:  # model.py sizes running jobs with this module
     from .model import RunningJob
 
-GROW_MIN_REMAINING_GRACES = 10  # grow only a job expected to run this many checkpoint graces more: a restart costs one
+# A gang grows only after running this many checkpoint graces at its size (and its own min_runtime_s), and when its
+# time limit leaves as many: a restart costs one grace of all its GPUs.
+GROW_MIN_REMAINING_GRACES = 10
 MAX_GROWS_PER_CYCLE = 4  # each grow is a placement trial per size; the rest wait for the next cycle
 
 

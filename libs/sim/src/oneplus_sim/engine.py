@@ -21,6 +21,7 @@ from .state import MILLI, Occupancy, Placement
 from .trace import SimJob
 
 ARRIVE, FINISH, RELEASE, WAKE = 0, 1, 2, 3
+ELASTIC_RECHECK_S = 600.0  # how often an elastic policy looks for growth when no event comes
 
 
 class Policy(Protocol):
@@ -220,6 +221,11 @@ class Simulation:
         t0 = time.perf_counter()
         self.policy.schedule(SimContext(self))
         self._cycle_ms.append((time.perf_counter() - t0) * 1000)
+        if self._wake_at is None and self._may_grow():
+            # A gang below its maximum may grow once its minimum run time has passed: look again later even if no
+            # event comes.
+            self._wake_at = self.now + max(self._interval, ELASTIC_RECHECK_S)
+            self._push(self._wake_at, WAKE, "", 0)
 
     def _may_grow(self) -> bool:
         """An elastic policy runs a cycle with nobody pending while an elastic gang runs below its maximum."""
