@@ -55,7 +55,10 @@ def test_a_pytorchjob_elastic_policy_is_an_elastic_gang_asking_its_maximum() -> 
     tr = load_job_document((SAMPLES / "public" / "pytorchjob_elastic_imagenet.yaml").read_text(), filename="j.yaml")
     assert tr.spec.elastic == ElasticRange(min_ranks=1, max_ranks=3)
     assert tr.spec.ranks == 3 and tr.spec.env["PET_NNODES"] == "1:3"
-    assert any(w.startswith("spec.elasticPolicy: elastic: OnePlus starts the most Worker replicas from 1 to 3") for w in tr.warnings)
+    assert any(
+        w.startswith("spec.elasticPolicy: elastic: OnePlus starts the most Worker replicas from 1 to 3")
+        for w in tr.warnings
+    )
     shown = dry_run_summary(tr.spec, tr.warnings, kind=tr.kind)
     assert shown["elastic"] == {"min_ranks": 1, "max_ranks": 3}
     assert any(n.startswith("elastic gang: starts with the most ranks from 1 to 3") for n in shown["resource_notes"])
@@ -63,7 +66,9 @@ def test_a_pytorchjob_elastic_policy_is_an_elastic_gang_asking_its_maximum() -> 
 
 def test_a_master_replica_stays_beside_the_elastic_workers() -> None:
     text = (SAMPLES / "pytorchjob_kueue.yaml").read_text()  # 1 Master, 3 Workers
-    text = text.replace("spec:\n  runPolicy:", "spec:\n  elasticPolicy:\n    minReplicas: 2\n    maxReplicas: 6\n  runPolicy:", 1)
+    text = text.replace(
+        "spec:\n  runPolicy:", "spec:\n  elasticPolicy:\n    minReplicas: 2\n    maxReplicas: 6\n  runPolicy:", 1
+    )
     spec = load_job_document(text, filename="j.yaml").spec
     assert (spec.elastic, spec.ranks) == (ElasticRange(min_ranks=3, max_ranks=7), 7)
 
@@ -71,7 +76,9 @@ def test_a_master_replica_stays_beside_the_elastic_workers() -> None:
 def test_equal_bounds_are_a_fixed_gang() -> None:
     tr = load_job_document((SAMPLES / "public" / "pytorchjob_elastic_echo.yaml").read_text(), filename="j.yaml")
     assert tr.spec.elastic == ElasticRange(min_ranks=1, max_ranks=2)
-    fixed = (SAMPLES / "public" / "pytorchjob_elastic_echo.yaml").read_text().replace("minReplicas: 1", "minReplicas: 2")
+    fixed = (
+        (SAMPLES / "public" / "pytorchjob_elastic_echo.yaml").read_text().replace("minReplicas: 1", "minReplicas: 2")
+    )
     spec = load_job_document(fixed, filename="j.yaml").spec
     assert spec.elastic is None and spec.ranks == 2
     assert dry_run_summary(spec, [])["elastic"] is None

@@ -38,7 +38,14 @@ from .boards import BoardClaim, weigh_boards
 from .capacity import Capacity, whole_gpus, working_copy
 from .config import QueueConfig
 from .dependencies import check_dependencies, singleton_key
-from .elastic import GROW_MIN_REMAINING_GRACES, MAX_GROWS_PER_CYCLE, may_grow, sized, smaller_sizes
+from .elastic import (
+    GROW_MIN_REMAINING_GRACES,
+    MAX_GROWS_PER_CYCLE,
+    may_grow,
+    resize_pays_from,
+    sized,
+    smaller_sizes,
+)
 from .explain import classify_failure, count_message, fmt_ts, shape_key
 from .fairshare import UsageHistory, fairshare_factors
 from .model import (
@@ -147,8 +154,10 @@ class _Cycle:
     board_claims: list[BoardClaim] = field(default_factory=list)  # where and when those jobs expect to run
     held_back_by: dict[str, str] = field(default_factory=dict)  # queue that holds back → its first job that waits
     plans: dict[str, BatchPlan] = field(default_factory=dict)  # cp-sat queues' joint answers (batching.py)
+    grown: int = 0  # elastic jobs grown this cycle
     _pool: VictimPool | None = None
     _vacating: list[RunningJob] | None = None
+    _growable: list[tuple[int, RunningJob]] | None = None
 
     @property
     def pool(self) -> VictimPool:
@@ -234,7 +243,11 @@ class _Cycle:
                     f"{self.config.backfill.scan_limit} behind the protected job {self.head.job_id}",
                 )
                 return
-        sizes = [job, *(_at_size(job, k) for k in smaller_sizes(spec))]  # an elastic job: largest first
+        # An elastic job is tried from its maximum down to its minimum while no job before it waits (it is the one
+        # that would be protected and wait for a block); behind that job it waits for its maximum like any gang,
+        # leaving the GPUs free now to the jobs behind it, as backfill would.
+        smaller = smaller_sizes(spec) if self.head is None else range(0)
+        sizes = [job, *(_at_size(job, k) for k in smaller)]
         sizes = [j for j in sizes if self.ledger.blocking_queue(j.job.queue, j.gpus) is None] or sizes[-1:]
         job = sizes[0]
         if self.ledger.blocking_queue(job.job.queue, job.gpus) is not None:
@@ -482,11 +495,28 @@ class _Cycle:
             self.hold_for(alloc, r.job_id)
             self.decision.nominations[r.job_id] = alloc
 
+    @property
+    def growable(self) -> list[tuple[int, RunningJob]]:
+        """Elastic jobs below their maximum not tried yet this cycle, highest priority (then oldest) first."""
+        if self._growable is None:
+            self._growable = sorted(
+                ((self.config.priority_of(r.spec), r) for r in self.running if may_grow(r)),
+                key=lambda t: (-t[0], t[1].started_ts, t[1].job_id),
+            )
+        return self._growable
+
+    def try_grow(self, run: RunningJob) -> None:
+        if run.job_id in self.taken:
+            return
+        alloc = self.larger_allocation(run)
+        if alloc is not None:
+            self.grow(run, alloc)
+            self.grown += 1
+
     def grow_elastic(self, ranked: Sequence[RankedJob]) -> None:
-        """Elastic jobs running below their maximum grow into free GPUs when no job of a higher priority waits for
+        """Elastic jobs below their maximum grow into free GPUs when no job of a higher priority waits for
         GPUs: each is checkpointed and restarts at the largest size that fits (the head's block stays held)."""
-        growing = [r for r in self.running if may_grow(r) and r.job_id not in self.taken]
-        if not growing:
+        if not self.growable:
             return
         waiting = [
             j.priority
@@ -497,27 +527,21 @@ class _Cycle:
             and why.code in _WAITS_FOR_GPUS
         ]
         above = max(waiting, default=None)
-        grown = 0
-        for run in sorted(growing, key=lambda r: (-self.config.priority_of(r.spec), r.started_ts, r.job_id)):
-            if grown >= MAX_GROWS_PER_CYCLE:
+        for priority, run in self.growable:
+            if self.grown >= MAX_GROWS_PER_CYCLE or (above is not None and above > priority):
                 break
-            if above is not None and above > self.config.priority_of(run.spec):
-                continue
-            alloc = self.larger_allocation(run)
-            if alloc is not None:
-                self.grow(run, alloc)
-                grown += 1
+            self.try_grow(run)
+        self._growable = []
 
     def larger_allocation(self, run: RunningJob) -> Allocation | None:
         """The largest allocation above its size that fits with its own GPUs given back, or None (or not yet: it
         has run less than its minimum run time, or ends too soon for a restart to pay)."""
         spec, elastic = run.spec, run.spec.elastic
         assert elastic is not None
-        restart = GROW_MIN_REMAINING_GRACES * max(spec.checkpoint.grace_s, 1)
-        if self.now < run.started_ts + max(restart, spec.min_runtime_s):
+        if self.now < resize_pays_from(run):
             return None  # it has not run long enough at this size for another restart to pay
         end = run.end_ts(self.config.backfill.default_time_limit_s)
-        if end is not None and end - self.now < restart:
+        if end is not None and end - self.now < GROW_MIN_REMAINING_GRACES * max(spec.checkpoint.grace_s, 1):
             return None
         per_rank = whole_gpus(sized(spec, 1))
         have = len(run.allocation.ranks)

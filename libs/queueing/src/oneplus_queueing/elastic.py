@@ -49,6 +49,14 @@ def smaller_sizes(spec: JobSpec) -> range:
     return range(spec.ranks - 1, spec.elastic.min_ranks - 1, -1)
 
 
+def resize_pays_from(job: RunningJob) -> float:
+    """From when a size change may be asked of a running elastic gang: after GROW_MIN_REMAINING_GRACES checkpoint
+    graces at this size and its own min_runtime_s. A resize checkpoints first and so loses only the restart, which is
+    why the site's victim floor (preemption.min_runtime_s, against losing work) does not hold it back."""
+    spec = job.spec
+    return job.started_ts + max(GROW_MIN_REMAINING_GRACES * max(spec.checkpoint.grace_s, 1), spec.min_runtime_s)
+
+
 def may_grow(job: RunningJob) -> bool:
     e = job.spec.elastic
     return e is not None and not job.preempting and len(job.allocation.ranks) < e.max_ranks

@@ -19,7 +19,7 @@ from oneplus_placement.snapshot import ClusterSnapshot, ClusterState
 
 from .capacity import Capacity, DomainKey, gpus_by_node, whole_gpus, working_copy
 from .config import QueueConfig, QueueConfigError
-from .elastic import shrink_part
+from .elastic import resize_pays_from, shrink_part
 from .fairshare import UsageHistory
 from .model import CycleStats, PendingJob, PreemptionKind, RunningJob, VictimChoice
 from .ordering import RankedJob
@@ -181,7 +181,7 @@ def search_victims(
     cands = [
         _candidate(capacity, e.job, kind, now, restart)
         for e, kind in pool.grounds(preemptor, ledger)
-        if now >= e.protected_for(kind)
+        if now >= _protected_until(e, kind)
         and e.job.job_id not in exclude
         and (not same_queue_only or e.job.queue == preemptor.job.queue)
     ]
@@ -210,6 +210,14 @@ def search_victims(
         grace_s=max(float(v.job.spec.checkpoint.grace_s) for v in victims),
         resized={v.job.job_id: v.keeps for v in victims if v.keeps is not None},
     )
+
+
+def _protected_until(entry: Evictable, kind: PreemptionKind) -> float:
+    """An elastic gang above its minimum may shrink once a restart pays (it checkpoints first, so it loses no work);
+    a whole gang keeps the protection of its kind."""
+    if shrink_part(entry.job) is not None:
+        return min(entry.protected_for(kind), resize_pays_from(entry.job))
+    return entry.protected_for(kind)
 
 
 def _candidate(
@@ -354,7 +362,7 @@ class _Search:
         self, best: tuple[float, tuple[Candidate, ...], Allocation], now: float, restart: float
     ) -> tuple[float, tuple[Candidate, ...], Allocation]:
         """Each shrinking victim gives up only as many ranks as the preemptor needs: fewest first, the others fixed."""
-        cost, victims, nominated = best
+        _, victims, nominated = best
         for i, v in enumerate(victims):
             if v.full is None:
                 continue

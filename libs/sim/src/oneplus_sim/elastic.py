@@ -17,8 +17,9 @@ ELASTIC_RULES: dict[str, str] = {
     "half": (
         "every job of 2 or more whole GPUs is elastic: a job of several ranks keeps them (max) with min = half of "
         "them, rounded up; a one-rank job of N GPUs becomes 2 ranks of N/2 GPUs (N odd: N ranks of 1) with min = "
-        "half, rounded up; work scales linearly with the ranks; a resize checkpoints at the signal and restarts "
-        "after the checkpoint grace. The fixed run (`oneplus`) runs the same ranks at max."
+        "half, rounded up, its ranks kept on one node (domain node, required); work scales linearly with the "
+        "ranks; a resize checkpoints at the signal and restarts after the checkpoint grace. The fixed run "
+        "(`oneplus`) runs the same ranks at max."
     ),
 }
 
@@ -38,6 +39,7 @@ def make_elastic(jobs: Sequence[SimJob], rule: str) -> int:
         if job.ranks == 1:
             n = job.whole_gpus
             job.ranks, job.gpus_per_rank = (2, n // 2) if n % 2 == 0 else (n, 1)
+            job.one_node = True  # it fitted one node: its ranks keep to one node (domain node, required)
         job.elastic_max = job.ranks
         job.elastic_min = (job.ranks + 1) // 2
         marked += 1

@@ -52,6 +52,7 @@ class SimJob:
     # the count it runs with now, and it works at ranks / elastic_max of its full speed.
     elastic_min: int = 0
     elastic_max: int = 0
+    one_node: bool = False  # its ranks stay on one node: a one-node job the elastic rule split into ranks
 
     @property
     def speed(self) -> float:

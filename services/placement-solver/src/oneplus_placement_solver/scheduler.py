@@ -15,9 +15,9 @@ from oneplus_bus.telemetry import inject, job_span
 from oneplus_contracts import JobFinished, JobRecord, PreemptionRequest, subjects
 from oneplus_contracts.arrays import JobArray, array_state, task_job_id
 from oneplus_queueing.apply import apply_decision
-from oneplus_queueing.elastic import may_grow
 from oneplus_queueing.cycle import schedule_cycle
 from oneplus_queueing.dependencies import referenced_jobs
+from oneplus_queueing.elastic import may_grow
 from oneplus_queueing.fairshare import UsageHistory
 from oneplus_queueing.model import CycleCarry, CycleDecision, PendingJob, VictimChoice
 

@@ -29,4 +29,13 @@ def make_policy(name: str, seed: int = 0, oneplus_config: QueueConfig | None = N
     raise ValueError(f"unknown policy {name!r}; choose from {', '.join(POLICY_NAMES)}")
 
 
-__all__ = ["BASELINES", "ELASTIC_POLICY", "POLICY_NAMES", "FifoFirstFit", "K8sDefault", "KueueTas", "SlurmTree", "make_policy"]
+__all__ = [
+    "BASELINES",
+    "ELASTIC_POLICY",
+    "POLICY_NAMES",
+    "FifoFirstFit",
+    "K8sDefault",
+    "KueueTas",
+    "SlurmTree",
+    "make_policy",
+]

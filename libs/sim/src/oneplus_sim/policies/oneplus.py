@@ -78,6 +78,8 @@ def job_spec(job: SimJob, grace_s: float, leaf_required: bool = False, elastic: 
     gpus = job.gpu_milli / 1000 if job.gpu_milli else float(job.gpus_per_rank)
     ranks = job.elastic_max or job.ranks
     topology = TopologyConstraint(domain="leaf", mode="required") if leaf_required and ranks > 1 else None
+    if job.one_node:
+        topology = TopologyConstraint(domain="node", mode="required")  # a job the --elastic rule split stays whole
     if job.exclusive:
         topology = (topology or TopologyConstraint()).model_copy(update={"exclusive": True})
     return JobSpec(
@@ -140,7 +142,11 @@ class OnePlusPolicy:
         self._preemptions: dict[str, int] = {}
         self._charged = -math.inf
         self._leaf_room = 0  # most nodes under one leaf: a gang of more ranks cannot ask for one leaf
-        self.counters: dict[str, int] = {"batch_plans": 0, "elastic_grows": 0, "elastic_shrinks": 0}  # cycles × cp-sat queues whose joint plan was used
+        self.counters: dict[str, int] = {
+            "batch_plans": 0,
+            "elastic_grows": 0,
+            "elastic_shrinks": 0,
+        }  # cycles × cp-sat queues whose joint plan was used
 
     def queue_key(self, job: SimJob) -> tuple[float, ...]:
         return (-job.priority, job.order)
