@@ -106,6 +106,8 @@ def test_an_elastic_victim_shrinks_by_the_ranks_needed_instead_of_being_preempte
     assert [r.rank for r in kept.ranks] == [0, 1] and kept.nodes == [w.node(0)]
     assert choice.nominated.nodes == [w.node(1)]
     assert d.nominations["el"] == kept
+    # Live, the victim may still read as running the next cycle: what it keeps stays nominated for it meanwhile.
+    assert cycle(w, [boss], now=100.5, decision=d).nominations["el"] == kept
     usage = UsageHistory()
     applied = apply_decision(d, w.state, {"boss": boss}, w.running, usage)
     assert [e.freed_gpus for e in applied.evicted] == [8.0]

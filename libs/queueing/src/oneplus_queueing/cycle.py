@@ -486,11 +486,14 @@ class _Cycle:
 
     # -- elastic gangs ---------------------------------------------------------------------------------------
     def keep_resizing(self, nominations: Mapping[str, Allocation]) -> None:
-        """An elastic job checkpointing to change size keeps the GPUs nominated for its restart until it is back."""
-        for r in self.vacating:
+        """An elastic job checkpointing to change size keeps the GPUs nominated for its restart until it is back; so
+        does one chosen to shrink that has not begun to stop yet (live, the preemption service's fact comes later)."""
+        for r in self.running:
             alloc = nominations.get(r.job_id)
             if alloc is None or r.spec.elastic is None:
                 continue
+            if not r.preempting and not _within(alloc, r.allocation):
+                continue  # a grow not begun yet is decided afresh this cycle
             self.taken.add(r.job_id)
             self.hold_for(alloc, r.job_id)
             self.decision.nominations[r.job_id] = alloc
@@ -604,6 +607,11 @@ def _at_size(job: RankedJob, ranks: int) -> RankedJob:
     if ranks == job.job.spec.ranks or job.job.spec.elastic is None:
         return job
     return dataclasses.replace(job, job=dataclasses.replace(job.job, spec=sized(job.job.spec, ranks)))
+
+
+def _within(part: Allocation, whole: Allocation) -> bool:
+    held = set(_gpus_of(whole))
+    return all(gpu in held for gpu in _gpus_of(part))
 
 
 def _protected_there(
