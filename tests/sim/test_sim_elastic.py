@@ -2,11 +2,18 @@
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
+
 import pytest
 from oneplus_sim.elastic import ElasticRuleError, make_elastic
 from oneplus_sim.engine import Simulation
 from oneplus_sim.policies.oneplus import OnePlusPolicy, sim_queue_config
 from sim_helpers import h100, job
+from test_sim_cli import CLUSTER
+from typer.testing import CliRunner
+
+from oneplus.cli.sim import app
 
 # Victims and growing gangs have no minimum run time here (the scenarios last minutes, not hours), and a cycle runs
 # at every event (no minimum interval), so that the times are exact.
@@ -53,3 +60,31 @@ def test_an_elastic_victim_shrinks_for_a_higher_priority_gang_and_goes_on() -> N
 def test_an_unknown_elastic_rule_is_refused_naming_the_rules() -> None:
     with pytest.raises(ElasticRuleError, match=r"--elastic: unknown rule 'all'; choose from half"):
         make_elastic([job("A", 0.0, 4, 10.0)], "all")
+
+
+def test_sim_run_elastic_reports_the_same_jobs_fixed_and_elastic_in_one_run(tmp_path: Path, philly_small: Path) -> None:
+    cluster = tmp_path / "c.yaml"
+    cluster.write_text(CLUSTER)
+    out = tmp_path / "r.json"
+    args = ["run", "--cluster", str(cluster), "--trace", str(philly_small), "--policy", "oneplus", "--max-jobs", "60"]
+    res = CliRunner().invoke(app, [*args, "--load", "20", "--elastic", "half", "--json", str(out)])
+    assert res.exit_code == 0, res.output
+    report = json.loads(out.read_text())
+    assert list(report["policies"]) == ["oneplus", "oneplus-elastic"]
+    elastic = report["trace"]["elastic"]
+    assert elastic["rule"] == "half" and elastic["jobs"] > 0 and "linearly" in elastic["description"]
+    fixed, el = report["policies"]["oneplus"], report["policies"]["oneplus-elastic"]
+    assert fixed["jobs"] == el["jobs"] == 60 and fixed["elastic_grows"] == fixed["elastic_shrinks"] == 0
+    line = " ".join(res.output.split())
+    assert f"avg JCT {fixed['avg_jct_s']} -> {el['avg_jct_s']} s" in line
+    assert f"p95 wait of big jobs (>= 8 GPUs) {fixed['p95_wait_large_s']} -> {el['p95_wait_large_s']} s" in line
+
+
+def test_sim_run_refuses_an_unknown_elastic_rule_or_elastic_without_oneplus(tmp_path: Path, philly_small: Path) -> None:
+    cluster = tmp_path / "c.yaml"
+    cluster.write_text(CLUSTER)
+    args = ["run", "--cluster", str(cluster), "--trace", str(philly_small), "--json", str(tmp_path / "r.json")]
+    res = CliRunner().invoke(app, [*args, "--elastic", "all"])
+    assert res.exit_code == 2 and "--elastic: unknown rule 'all'; choose from half" in res.output
+    res = CliRunner().invoke(app, [*args, "--policy", "k8s-default", "--elastic", "half"])
+    assert res.exit_code == 2 and "--policy must include oneplus" in res.output
