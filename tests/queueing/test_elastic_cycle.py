@@ -125,15 +125,3 @@ def test_an_elastic_victim_at_its_minimum_is_preempted_whole() -> None:
     d = cycle(w, [PendingJob("boss", spec("boss", 8, priority=10), 50.0)])
     (choice,) = d.preemptions
     assert choice.victims == ("el",) and not choice.resized and choice.freed_gpus == 8
-
-
-def test_behind_a_job_that_waits_an_elastic_job_waits_for_its_maximum_as_any_gang() -> None:
-    w = World(n_nodes=2)
-    w.run("big", [(1, range(8)), (0, [0, 1, 2, 3])], preemptible=False, time_limit_s=3600)  # 4 GPUs free
-    wide = PendingJob("wide", spec("wide", 8, priority=10), 0.0)  # waits, and is protected (the head)
-    el = PendingJob("el", elastic_spec("el", 1, 8, 2), 0.0)
-    d = cycle(w, [wide, el])
-    assert d.reservation is not None and d.reservation.job_id == "wide"
-    assert "el" not in d.placements, "the 4 free GPUs stay for backfill under the rules, not a smaller elastic start"
-    alone = cycle(w, [el])
-    assert len(alone.placements["el"].ranks) == 4  # with nobody waiting before it, it starts at the size that fits

@@ -243,11 +243,7 @@ class _Cycle:
                     f"{self.config.backfill.scan_limit} behind the protected job {self.head.job_id}",
                 )
                 return
-        # An elastic job is tried from its maximum down to its minimum while no job before it waits (it is the one
-        # that would be protected and wait for a block); behind that job it waits for its maximum like any gang,
-        # leaving the GPUs free now to the jobs behind it, as backfill would.
-        smaller = smaller_sizes(spec) if self.head is None else range(0)
-        sizes = [job, *(_at_size(job, k) for k in smaller)]
+        sizes = [job, *(_at_size(job, k) for k in smaller_sizes(spec))]  # an elastic job: its maximum down to its min
         sizes = [j for j in sizes if self.ledger.blocking_queue(j.job.queue, j.gpus) is None] or sizes[-1:]
         job = sizes[0]
         if self.ledger.blocking_queue(job.job.queue, job.gpus) is not None:
