@@ -163,7 +163,13 @@ def test_elastic_policy_gives_the_operators_rendezvous_variables() -> None:
     assert (env["PET_NNODES"], env["PET_MAX_RESTARTS"], env["PET_RDZV_ID"]) == ("1:4", "7", "run-1")
     assert env["PET_RDZV_CONF"] == "join_timeout=600,last_call_timeout=5"
     assert env["PET_NODE_RANK"] == "1" and env["PET_MASTER_ADDR"] == "10.0.0.1"
-    assert any("never adds or removes one" in w and "PET_NNODES=1:4" in w for w in tr.warnings)
+    assert any("grows when GPUs free up" in w and "PET_NNODES=1:4" in w for w in tr.warnings)
+    # 1 Master beside the 1..4 Workers: an elastic gang of 2..5 ranks that asks its maximum.
+    assert tr.spec.elastic is not None and (tr.spec.elastic.min_ranks, tr.spec.elastic.max_ranks, tr.spec.ranks) == (
+        2,
+        5,
+        5,
+    )
 
 
 def test_elastic_policy_bounds_default_as_the_operator_defaults_them() -> None:

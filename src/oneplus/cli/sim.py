@@ -28,6 +28,7 @@ POLICY_NAMES = (
     "kueue-tas-slices",
 )
 TIME_LIMIT_MODELS = ("user", "oracle")  # oneplus_sim.estimates.TIME_LIMIT_MODELS
+ELASTIC_RULES = ("half",)  # oneplus_sim.elastic.ELASTIC_RULES
 SCORERS = ("fgd", "bestfit", "random", "dotprod", "gpuclustering", "gpupacking", "oneplus")
 
 app = typer.Typer(no_args_is_help=True)
@@ -106,6 +107,13 @@ def run(
             "the report adds the share of TP groups inside one NVLink domain",
         ),
     ] = False,
+    elastic: Annotated[
+        str | None,
+        typer.Option(
+            help="Make trace jobs elastic gangs by this rule (`half`: multi-GPU jobs, min = half their ranks; "
+            "docs/simulator.md) and run `oneplus-elastic` beside `oneplus` (the same jobs fixed at max)"
+        ),
+    ] = None,
 ) -> None:
     """Replay a trace with several policies in one process and write their figures as JSON."""
     from oneplus_sim.cluster import ClusterError
@@ -118,6 +126,10 @@ def run(
         raise _fail(f"--policy: unknown {', '.join(unknown) or '(empty)'}; choose from {', '.join(POLICY_NAMES)}")
     if time_limits not in TIME_LIMIT_MODELS:
         raise _fail(f"--time-limits: unknown {time_limits!r}; choose from {', '.join(TIME_LIMIT_MODELS)}")
+    if elastic is not None and elastic not in ELASTIC_RULES:
+        raise _fail(f"--elastic: unknown rule {elastic!r}; choose from {', '.join(ELASTIC_RULES)}")
+    if elastic is not None and "oneplus" not in names:
+        raise _fail("--elastic compares oneplus with and without elasticity: --policy must include oneplus")
     oneplus_config = _oneplus_config(queue_config) if queue_config is not None else None
     try:
         spec = ReplaySpec(
@@ -131,6 +143,7 @@ def run(
             oneplus_config=oneplus_config,
             time_limits=time_limits,
             tp_groups=tp_groups,
+            elastic=elastic,
         )
         with _progress() as bar:
             tasks: dict[str, Any] = {}
@@ -151,12 +164,28 @@ def run(
     console.print(
         f"time limits: {limits['model']}{seed_note}" + (f" (median limit / run time {ratio})" if ratio else "")
     )
+    if elastic is not None:
+        _elastic_line(replay.report)
     console.print(f"report: {json_out}")
     if plot is not None:
         from oneplus_sim.plots import write_plots
 
         for p in write_plots(replay.results, plot):
             console.print(f"plot: {p}")
+
+
+def _elastic_line(report: dict[str, Any]) -> None:
+    """The comparison the --elastic run is for: the same jobs fixed at max (oneplus) and elastic."""
+    figs = report["policies"]
+    fixed, el = figs["oneplus"], figs["oneplus-elastic"]
+    info = report["trace"]["elastic"]
+    console.print(
+        f"elastic ({info['rule']}, {info['jobs']} elastic jobs): avg JCT {fixed['avg_jct_s']} -> {el['avg_jct_s']} s, "
+        f"p95 wait of big jobs (>= 8 GPUs) {fixed['p95_wait_large_s']} -> {el['p95_wait_large_s']} s, "
+        f"GPU allocation {fixed['gpu_alloc_pct']} -> {el['gpu_alloc_pct']} %, "
+        f"{el['elastic_grows']} grows, {el['elastic_shrinks']} shrinks",
+        highlight=False,
+    )
 
 
 def _oneplus_config(path: Path) -> QueueConfig:

@@ -321,6 +321,21 @@ class HetComponent(Strict):
         return None if v is None else parse_constraint(v).text
 
 
+class ElasticRange(Strict):
+    """An elastic gang (PyTorchJob elasticPolicy, TrainJob's torch elasticPolicy): it starts with the most ranks
+    between min_ranks and max_ranks that fit, grows when GPUs free up and shrinks toward min_ranks instead of being
+    preempted whole; each change is a rendezvous restart from its checkpoint (torchrun's PET_NNODES=min:max)."""
+
+    min_ranks: Annotated[int, Field(ge=1, le=4096)]
+    max_ranks: Annotated[int, Field(ge=1, le=4096)]
+
+    @model_validator(mode="after")
+    def _ordered(self) -> ElasticRange:
+        if self.min_ranks > self.max_ranks:
+            raise ValueError(f"elastic.min_ranks={self.min_ranks} is more than max_ranks={self.max_ranks}")
+        return self
+
+
 class JobSpec(Strict):
     schema_version: Literal["1"] = "1"
     name: str
@@ -399,6 +414,12 @@ class JobSpec(Strict):
         description="A heterogeneous job's components (Slurm hetjob), two or more: `ranks` is their sum, `resources` "
         "and `topology` are component 0's; placed as one gang, all or nothing",
     )
+    elastic: ElasticRange | None = Field(
+        default=None,
+        exclude_if=_unset,
+        description="An elastic gang: it runs with any rank count from min_ranks to max_ranks (ranks is the count it "
+        "asks or runs with now); null: exactly `ranks`",
+    )
 
     @field_validator("nodelist", mode="before")
     @classmethod
@@ -469,6 +490,11 @@ class JobSpec(Strict):
         both = sorted(set(self.nodelist) & set(self.exclude_nodes))
         if both:
             raise ValueError(f"node {both[0]!r} is both in nodelist and exclude_nodes")
+        e = self.elastic
+        if e is not None and not e.min_ranks <= self.ranks <= e.max_ranks:
+            raise ValueError(f"ranks={self.ranks} is outside elastic {e.min_ranks}..{e.max_ranks}")
+        if e is not None and nodes is not None:
+            raise ValueError("topology.nodes fixes the node count; an elastic job's count changes (drop one of them)")
         r = self.resources
         if r.cpu_limit is not None and r.cpus > r.cpu_limit:
             raise ValueError(f"cpus={r.cpus:g} (the request) is more than cpu_limit={r.cpu_limit:g}")
@@ -491,6 +517,9 @@ class JobSpec(Strict):
             raise ValueError("a heterogeneous job's nodelist and constraint are its components' (components[n])")
         if self.launcher is not None or self.array is not None or self.array_task is not None:
             raise ValueError("a heterogeneous job cannot be an MPIJob or a job array")
+        if self.elastic is not None:
+            # One rank count per component is what the _HET_GROUP_ variables and the gang's shape are built from.
+            raise ValueError("a heterogeneous job cannot be elastic: its components' rank counts are fixed")
         for n, spec in enumerate(self.component_specs()):
             try:
                 JobSpec.model_validate(spec.model_dump())

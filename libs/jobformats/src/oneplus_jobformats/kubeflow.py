@@ -164,7 +164,9 @@ def _elastic_policy(r: FieldReader, spec: dict[str, Any], specs: dict[str, Any],
     """Training Operator v1.9 elasticPolicy (`pytorch/elastic.go`): torchrun's elastic options as PET_* variables,
     kept in the job's env; the executor adds PET_RDZV_ENDPOINT (rank 0's node and port, where the operator names
     worker 0) for a job whose env has PET_RDZV_BACKEND. min/maxReplicas default to each other, then to the Worker
-    replicas, and PET_NNODES is `min:max`. OnePlus starts the replicas together and never adds or removes one."""
+    replicas, and PET_NNODES is `min:max`. With min < max the job is an elastic gang (JobSpec.elastic, counted in
+    ranks: the Master, if any, stays): it starts at the most replicas that fit and grows or shrinks by a rendezvous
+    restart from its checkpoint."""
     path = "spec.elasticPolicy"
     policy = r.mapping(spec, "elasticPolicy", "spec")
     if "elasticPolicy" not in spec:
@@ -182,14 +184,19 @@ def _elastic_policy(r: FieldReader, spec: dict[str, Any], specs: dict[str, Any],
     replicas = count if isinstance(count, int) and not isinstance(count, bool) else 1
     low, high = low or high or replicas, high or low or replicas
     if low > high:
-        raise r.error(f"{path}.minReplicas", f"must not be more than maxReplicas ({low} > {high})")
+        raise r.error(
+            f"{path}.minReplicas", f"must not be more than maxReplicas (minReplicas={low} > maxReplicas={high})"
+        )
     env["PET_NNODES"] = f"{low}:{high}"
     if low != high:
-        started = fields.get("ranks", replicas)
+        others = int(fields.get("ranks", replicas)) - replicas  # the Master's replica is a rank beyond the range
+        fields["elastic"] = {"min_ranks": low + others, "max_ranks": high + others}
+        fields["ranks"] = high + others
         r.warn(
             path,
-            f"OnePlus starts the {started} replica(s) together and never adds or removes one; torchrun gets "
-            f"PET_NNODES={low}:{high} and may go on with fewer after a failure",
+            f"elastic: OnePlus starts the most Worker replicas from {low} to {high} that fit (not replicas={replicas}),"
+            f" grows when GPUs free up and shrinks toward {low} before being preempted, each change a restart from "
+            f"the checkpoint with PET_NNODES={low}:{high}",
         )
     restarts = r.integer(policy, "maxRestarts", path)
     if restarts is not None:
@@ -338,6 +345,17 @@ def translate_trainjob(
     if "resourcesPerNode" in trainer:
         shape.gpus, shape.cpus, shape.memory_mb, shape.cpu_limit, shape.memory_limit_mb = 0, None, None, None, None
         read_resources(r, r.mapping(trainer, "resourcesPerNode", tp), child(tp, "resourcesPerNode"), shape)
+    if base is not None and base.elastic is not None:
+        low, high = base.elastic
+        # Trainer's torch plugin: torchrun meets by c10d rendezvous with PET_NNODES=min:max (the executor adds the
+        # endpoint, rank 0's node and port); OnePlus starts the most nodes that fit.
+        shape.env.update({"PET_NNODES": f"{low}:{high}", "PET_RDZV_BACKEND": "c10d"})
+        if base.max_restarts is not None:
+            shape.env["PET_MAX_RESTARTS"] = str(base.max_restarts)
+        if nodes is not None and nodes != high:
+            r.warn(f"{tp}.numNodes", f"elastic ({low} to {high} nodes): OnePlus starts the most that fit, not {nodes}")
+        nodes = high
+        fields["elastic"] = {"min_ranks": low, "max_ranks": high}
     group = ReplicaGroup(role="node", replicas=1 if nodes is None else nodes, shape=shape, path=tp)
     gang_fields(r, [group], fields, origin)
     fields["framework"] = "trainjob"
@@ -356,6 +374,8 @@ class RuntimeDefaults:
     num_proc_per_node: str | None
     shape: PodShape
     warnings: list[str]
+    elastic: tuple[int, int] | None = None  # mlPolicy.torch.elasticPolicy (minNodes, maxNodes) when min < max
+    max_restarts: int | None = None
 
 
 RUNTIME_KINDS = frozenset({"ClusterTrainingRuntime", "TrainingRuntime"})
@@ -374,6 +394,7 @@ def read_runtime(doc: dict[str, Any], filename: str) -> RuntimeDefaults:
     nodes = r.integer(ml, "numNodes", "spec.mlPolicy", minimum=1)
     torch = r.mapping(ml, "torch", "spec.mlPolicy")
     nproc = r.string(torch, "numProcPerNode", "spec.mlPolicy.torch")
+    elastic, restarts = _torch_elastic_policy(r, torch, nodes)
     shape = PodShape()
     template = r.mapping(spec, "template", "spec")
     tspec = r.mapping(template, "spec", "spec.template")
@@ -389,7 +410,37 @@ def read_runtime(doc: dict[str, Any], filename: str) -> RuntimeDefaults:
             raise r.error(jp, "the node job has no template.spec.template (a pod template)") from None
         pod_path = child(child(child(jp, "template"), "spec"), "template")
         shape = read_pod_template(r, pod, pod_path, main_container="node")
-    return RuntimeDefaults(name=name, num_nodes=nodes, num_proc_per_node=nproc, shape=shape, warnings=r.report_unused())
+    return RuntimeDefaults(
+        name=name,
+        num_nodes=nodes,
+        num_proc_per_node=nproc,
+        shape=shape,
+        warnings=r.report_unused(),
+        elastic=elastic,
+        max_restarts=restarts,
+    )
+
+
+def _torch_elastic_policy(
+    r: FieldReader, torch: dict[str, Any], nodes: int | None
+) -> tuple[tuple[int, int] | None, int | None]:
+    """Trainer v2's mlPolicy.torch.elasticPolicy: minNodes and maxNodes (each defaulting to the other, then to
+    numNodes), maxRestarts; a range of one size is no elasticity."""
+    path = "spec.mlPolicy.torch.elasticPolicy"
+    policy = r.mapping(torch, "elasticPolicy", "spec.mlPolicy.torch")
+    if "elasticPolicy" not in torch:
+        return None, None
+    r.use(path)
+    low = r.integer(policy, "minNodes", path, minimum=1)
+    high = r.integer(policy, "maxNodes", path, minimum=1)
+    restarts = r.integer(policy, "maxRestarts", path, minimum=0)
+    if r.opt(policy, "metrics", path) is not None:
+        r.warn(f"{path}.metrics", "not used: OnePlus does not scale a job's nodes by its metrics")
+    fallback = nodes or 1
+    low, high = low or high or fallback, high or low or fallback
+    if low > high:
+        raise r.error(f"{path}.minNodes", f"must not be more than maxNodes (minNodes={low} > maxNodes={high})")
+    return ((low, high) if low < high else None), restarts
 
 
 KINDS: dict[tuple[str, str], Translator] = {

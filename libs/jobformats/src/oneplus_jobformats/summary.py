@@ -52,6 +52,10 @@ def dry_run_summary(spec: JobSpec, warnings: list[str], *, kind: str | None = No
         "nodelist": spec.nodelist or None,
         "exclude_nodes": spec.exclude_nodes or None,
         "begin_at": spec.begin_at,
+        # An elastic gang: it starts with the most ranks of this range that fit and grows or shrinks inside it.
+        "elastic": None
+        if spec.elastic is None
+        else {"min_ranks": spec.elastic.min_ranks, "max_ranks": spec.elastic.max_ranks},
         "spec": spec.model_dump(mode="json"),
     }
     if spec.components is not None:
@@ -103,6 +107,12 @@ def resource_notes(spec: JobSpec) -> list[str]:
             "each rank gets PET_NNODES=ranks, PET_NODE_RANK=its rank, PET_MASTER_ADDR/PET_MASTER_PORT=rank 0's "
             "MASTER_ADDR/MASTER_PORT, PET_NPROC_PER_NODE, WORLD_SIZE and RANK"
         )
+        if spec.elastic is not None:
+            notes.append(
+                f"elastic gang: starts with the most ranks from {spec.elastic.min_ranks} to {spec.elastic.max_ranks} "
+                "that fit; grows when GPUs free up, shrinks toward the minimum before being preempted (each change "
+                "a checkpoint and restart; WORLD_SIZE is the ranks it runs with)"
+            )
         if "PET_RDZV_BACKEND" in spec.env:
             notes.append(
                 f"elastic: PET_NNODES={spec.env.get('PET_NNODES', spec.ranks)}, PET_RDZV_BACKEND="

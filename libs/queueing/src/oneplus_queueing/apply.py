@@ -17,6 +17,7 @@ from typing import Protocol
 from oneplus_contracts import Allocation
 from oneplus_placement.snapshot import ClusterState
 
+from .elastic import running_size
 from .fairshare import UsageHistory
 from .model import CycleDecision, PendingJob, RunningJob
 
@@ -25,6 +26,18 @@ from .model import CycleDecision, PendingJob, RunningJob
 class Eviction:
     victim: RunningJob  # as it ran before this decision
     preemptor: str
+    resize_to: Allocation | None = None  # an elastic victim that restarts at once on this allocation (checkpoint first)
+
+    @property
+    def grows(self) -> bool:
+        """The elastic job is its own victim: it steps aside only to come back larger."""
+        return self.victim.job_id == self.preemptor
+
+    @property
+    def freed_gpus(self) -> float:
+        """What the eviction gives the preemptor: a shrinking victim keeps the ranks of `resize_to`."""
+        kept = len(self.resize_to.ranks) * self.victim.spec.resources.gpus if self.resize_to is not None else 0.0
+        return self.victim.gpus - kept
 
 
 @dataclass(frozen=True, slots=True)
@@ -49,14 +62,16 @@ def evictions(decision: CycleDecision, running: Mapping[str, RunningJob]) -> lis
             if run is None or run.preempting or job_id in seen:
                 continue
             seen.add(job_id)
-            out.append(Eviction(run, choice.preemptor))
+            out.append(Eviction(run, choice.preemptor, choice.resized.get(job_id)))
     return out
 
 
 def record_evictions(usage: UsageHistory, now: float, evicted: Iterable[Eviction]) -> None:
-    """The rate limit counts every eviction, with the victim's GPUs."""
+    """The rate limit counts every eviction, with the victim's GPUs; an elastic job growing evicts nobody."""
     for e in evicted:
-        usage.record_preemption(now, e.victim.job_id, e.preemptor, e.victim.gpus)
+        if e.grows:
+            continue
+        usage.record_preemption(now, e.victim.job_id, e.preemptor, e.freed_gpus)
 
 
 def apply_decision(
@@ -80,6 +95,7 @@ def apply_decision(
             state.apply(alloc)
         else:
             state.assume(job_id, alloc)
-        run = running[job_id] = RunningJob(job_id, job.spec, alloc, decision.now, None, job.preemptions)
+        spec = running_size(job.spec, alloc)  # an elastic job runs with the ranks it was placed with
+        run = running[job_id] = RunningJob(job_id, spec, alloc, decision.now, None, job.preemptions)
         started.append(run)
     return Applied(started, evicted)

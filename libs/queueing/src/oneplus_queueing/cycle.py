@@ -11,10 +11,14 @@ Per pending job, in serving order (each queue's jobs in its strategy's order: st
    gangs, least lost work, verified by placement) and nominate their GPUs for it;
 4. the first job that still waits is the head: its future block (domain + start, from time limits) is reserved and
    the block's free GPUs are held; later jobs may use them only if they end before the start or are preemptible.
+An elastic job (elastic.py) is placed at the largest size from its `ranks` down to its min_ranks that fits, shrinks
+rather than goes when it is chosen as a victim, and after every pending job is served grows into GPUs nobody of a
+higher priority waits for.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import time
 from collections.abc import Mapping, Sequence
@@ -34,13 +38,33 @@ from .boards import BoardClaim, weigh_boards
 from .capacity import Capacity, whole_gpus, working_copy
 from .config import QueueConfig
 from .dependencies import check_dependencies, singleton_key
+from .elastic import (
+    GROW_MIN_REMAINING_GRACES,
+    MAX_GROWS_PER_CYCLE,
+    may_grow,
+    resize_pays_from,
+    sized,
+    smaller_sizes,
+)
 from .explain import classify_failure, count_message, fmt_ts, shape_key
 from .fairshare import UsageHistory, fairshare_factors
-from .model import CycleCarry, CycleDecision, CycleStats, PendingJob, PendingReason, ReasonCode, Reservation, RunningJob
+from .model import (
+    CycleCarry,
+    CycleDecision,
+    CycleStats,
+    PendingJob,
+    PendingReason,
+    ReasonCode,
+    Reservation,
+    RunningJob,
+    VictimChoice,
+)
 from .ordering import RankedJob, keep_protected_first, rank_pending
 from .quota import QuotaLedger, held_by_queue
 from .strategies import serving_order, strategy_of
 from .victims import VictimPool, rate_budget, search_victims
+
+_WAITS_FOR_GPUS: frozenset[ReasonCode] = frozenset({"Resources", "Topology", "Priority"})
 
 
 def schedule_cycle(
@@ -93,6 +117,7 @@ def schedule_cycle(
         busy={singleton_key(r.spec) for r in running},
         array_running=tasks_running(running),
     )
+    cycle.keep_resizing(carry.nominations)
     served = cycle.honour_nominations(ranked, carry.nominations)
     cycle.plans = plan_batches(now, ranked, served, cycle.capacity.state, config, seed)
     stats.batch_solves = len(cycle.plans)
@@ -100,6 +125,7 @@ def schedule_cycle(
         if job.job_id not in served:
             cycle.serve(job, position)
         cycle.note_waiting(job)
+    cycle.grow_elastic(ranked)
     stats.wall_s = time.perf_counter() - t0
     return decision
 
@@ -128,8 +154,10 @@ class _Cycle:
     board_claims: list[BoardClaim] = field(default_factory=list)  # where and when those jobs expect to run
     held_back_by: dict[str, str] = field(default_factory=dict)  # queue that holds back → its first job that waits
     plans: dict[str, BatchPlan] = field(default_factory=dict)  # cp-sat queues' joint answers (batching.py)
+    grown: int = 0  # elastic jobs grown this cycle
     _pool: VictimPool | None = None
     _vacating: list[RunningJob] | None = None
+    _growable: list[tuple[int, RunningJob]] | None = None
 
     @property
     def pool(self) -> VictimPool:
@@ -161,7 +189,10 @@ class _Cycle:
         served: set[str] = set()
         for job in ranked:
             alloc = nominations.get(job.job_id)
-            if alloc is None or self.ledger.blocking_queue(job.job.queue, job.gpus) is not None:
+            if alloc is None:
+                continue
+            job = _at_size(job, len(alloc.ranks))  # an elastic job comes back at the size nominated for it
+            if self.ledger.blocking_queue(job.job.queue, job.gpus) is not None:
                 continue
             try:
                 self.capacity.apply(alloc)
@@ -212,6 +243,9 @@ class _Cycle:
                     f"{self.config.backfill.scan_limit} behind the protected job {self.head.job_id}",
                 )
                 return
+        sizes = [job, *(_at_size(job, k) for k in smaller_sizes(spec))]  # an elastic job: its maximum down to its min
+        sizes = [j for j in sizes if self.ledger.blocking_queue(j.job.queue, j.gpus) is None] or sizes[-1:]
+        job = sizes[0]
         if self.ledger.blocking_queue(job.job.queue, job.gpus) is not None:
             message = self.ledger.quota_message(job.job.queue, job.gpus)
             if not self.preempt(job, quota_only=True):
@@ -220,10 +254,12 @@ class _Cycle:
         plan = self.plans.get(job.job.queue)
         if plan is not None and not plan.dropped and self.follow_plan(job, plan):
             return
-        placed = self.try_place(job)
-        if placed is not None:
-            self.commit(job, *placed)
-            return
+        for size in sizes:
+            placed = self.try_place(size)
+            if placed is not None:
+                self.commit(size, *placed)
+                return
+        job = sizes[-1]  # an elastic job that fits at no size asks for its smallest: fewest victims, smallest block
         if job.job_id in self.board_waits:
             return  # it chose to wait for a strong board: no eviction for it, no block of the weak one kept for it
         if self.claim_in_flight(job) or self.preempt(job):
@@ -413,7 +449,9 @@ class _Cycle:
         victims = [r for r in self.running if r.job_id in set(choice.victims)]
         self.budget -= len(victims)
         self.decision.preemptions.append(choice)
-        self.nominate(job, choice.nominated, victims)
+        self.nominate(job, choice.nominated, victims, choice.resized)
+        for victim, keeps in choice.resized.items():
+            self.decision.nominations[victim] = keeps  # it restarts smaller on the ranks it keeps
         hours = choice.lost_work_gpu_s / 3600
         self.reason(
             job,
@@ -423,16 +461,110 @@ class _Cycle:
         )
         return True
 
-    def nominate(self, job: RankedJob, alloc: Allocation, victims: Sequence[RunningJob]) -> None:
-        """Hold the nominated GPUs that are free now; count the preemptor in its queue instead of the victims."""
+    def nominate(
+        self,
+        job: RankedJob,
+        alloc: Allocation,
+        victims: Sequence[RunningJob],
+        keeps: Mapping[str, Allocation] | None = None,
+    ) -> None:
+        """Hold the nominated GPUs that are free now; count the preemptor in its queue instead of the victims (a
+        shrinking victim's `keeps` stay counted)."""
         self.taken.update(v.job_id for v in victims)
         for v in victims:
-            self.ledger.release(v.queue, v.gpus)
+            kept = keeps.get(v.job_id) if keeps else None
+            self.ledger.release(v.queue, v.gpus - (len(kept.ranks) * v.spec.resources.gpus if kept else 0.0))
         self.ledger.admit(job.job.queue, job.gpus)
         self.hold_for(alloc, job.job_id)
         self.decision.nominations[job.job_id] = alloc
         self.busy.add(singleton_key(job.job.spec))
         count_task(job.job.spec.array_task, self.array_running)
+
+    # -- elastic gangs ---------------------------------------------------------------------------------------
+    def keep_resizing(self, nominations: Mapping[str, Allocation]) -> None:
+        """An elastic job checkpointing to change size keeps the GPUs nominated for its restart until it is back; so
+        does one chosen to shrink that has not begun to stop yet (live, the preemption service's fact comes later)."""
+        for r in self.running:
+            alloc = nominations.get(r.job_id)
+            if alloc is None or r.spec.elastic is None:
+                continue
+            if not r.preempting and not _within(alloc, r.allocation):
+                continue  # a grow not begun yet is decided afresh this cycle
+            self.taken.add(r.job_id)
+            self.hold_for(alloc, r.job_id)
+            self.decision.nominations[r.job_id] = alloc
+
+    @property
+    def growable(self) -> list[tuple[int, RunningJob]]:
+        """Elastic jobs below their maximum not tried yet this cycle, highest priority (then oldest) first."""
+        if self._growable is None:
+            self._growable = sorted(
+                ((self.config.priority_of(r.spec), r) for r in self.running if may_grow(r)),
+                key=lambda t: (-t[0], t[1].started_ts, t[1].job_id),
+            )
+        return self._growable
+
+    def try_grow(self, run: RunningJob) -> None:
+        if run.job_id in self.taken:
+            return
+        alloc = self.larger_allocation(run)
+        if alloc is not None:
+            self.grow(run, alloc)
+            self.grown += 1
+
+    def grow_elastic(self, ranked: Sequence[RankedJob]) -> None:
+        """Elastic jobs below their maximum grow into free GPUs when no job of a higher priority waits for
+        GPUs: each is checkpointed and restarts at the largest size that fits (the head's block stays held)."""
+        if not self.growable:
+            return
+        waiting = [
+            j.priority
+            for j in ranked
+            if j.job_id not in self.decision.placements
+            and j.job_id not in self.decision.nominations
+            and (why := self.decision.reasons.get(j.job_id)) is not None
+            and why.code in _WAITS_FOR_GPUS
+        ]
+        above = max(waiting, default=None)
+        for priority, run in self.growable:
+            if self.grown >= MAX_GROWS_PER_CYCLE or (above is not None and above > priority):
+                break
+            self.try_grow(run)
+        self._growable = []
+
+    def larger_allocation(self, run: RunningJob) -> Allocation | None:
+        """The largest allocation above its size that fits with its own GPUs given back, or None (or not yet: it
+        has run less than its minimum run time, or ends too soon for a restart to pay)."""
+        spec, elastic = run.spec, run.spec.elastic
+        assert elastic is not None
+        if self.now < resize_pays_from(run):
+            return None  # it has not run long enough at this size for another restart to pay
+        end = run.end_ts(self.config.backfill.default_time_limit_s)
+        if end is not None and end - self.now < GROW_MIN_REMAINING_GRACES * max(spec.checkpoint.grace_s, 1):
+            return None
+        per_rank = whole_gpus(sized(spec, 1))
+        have = len(run.allocation.ranks)
+        free = self.capacity.free_gpus_for(spec)
+        top = elastic.max_ranks if per_rank == 0 else min(elastic.max_ranks, have + free // per_rank)
+        with self.capacity.released([run.allocation]):
+            for k in range(top, have, -1):
+                extra = (k - have) * spec.resources.gpus
+                if self.ledger.blocking_queue(run.queue, extra) is not None:
+                    continue
+                alloc = self.capacity.place(sized(spec, k), run.job_id, self.seed).allocation
+                if alloc is not None:
+                    return alloc
+        return None
+
+    def grow(self, run: RunningJob, alloc: Allocation) -> None:
+        """The job is its own victim: checkpoint, release, and restart on `alloc` (nominated for it, free part held)."""
+        grace = float(run.spec.checkpoint.grace_s)
+        choice = VictimChoice(run.job_id, (run.job_id,), ("resize",), alloc, 0.0, 0.0, grace, {run.job_id: alloc})
+        self.decision.preemptions.append(choice)
+        self.taken.add(run.job_id)
+        self.ledger.admit(run.queue, (len(alloc.ranks) - len(run.allocation.ranks)) * run.spec.resources.gpus)
+        self.hold_for(alloc, run.job_id)
+        self.decision.nominations[run.job_id] = alloc
 
     # -- head-of-line protection ------------------------------------------------------------------------------
 
@@ -464,6 +596,18 @@ class _Cycle:
             )
         if previous is not None:
             self.decision.reasons[job.job_id] = PendingReason(job.job_id, previous.code, previous.message + note)
+
+
+def _at_size(job: RankedJob, ranks: int) -> RankedJob:
+    """An elastic pending job asking for `ranks` (its quota and placement at that size)."""
+    if ranks == job.job.spec.ranks or job.job.spec.elastic is None:
+        return job
+    return dataclasses.replace(job, job=dataclasses.replace(job.job, spec=sized(job.job.spec, ranks)))
+
+
+def _within(part: Allocation, whole: Allocation) -> bool:
+    held = set(_gpus_of(whole))
+    return all(gpu in held for gpu in _gpus_of(part))
 
 
 def _protected_there(

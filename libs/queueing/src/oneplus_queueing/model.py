@@ -9,6 +9,8 @@ from typing import Literal
 from oneplus_contracts import Allocation, Domain, JobRecord, JobSpec
 from oneplus_contracts.jobindex import HOLDING_STATES
 
+from .elastic import running_size
+
 ReasonCode = Literal[
     "Priority",  # jobs ahead of it (or the protected reservation) come first
     "Resources",  # not enough free GPUs/CPU/memory now
@@ -23,7 +25,7 @@ ReasonCode = Literal[
     "BeginTime",  # its --begin time has not come yet (Slurm's reason)
     "Reservation",  # its --reservation has not started, has ended, is gone or does not admit it (Slurm's reason)
 ]
-PreemptionKind = Literal["priority", "reclaim"]
+PreemptionKind = Literal["priority", "reclaim", "resize"]  # resize: an elastic gang restarts at another size
 
 
 @dataclass(frozen=True, slots=True)
@@ -68,7 +70,7 @@ class RunningJob:
         started = rec.started_ts if rec.started_ts is not None else rec.updated_ts
         return cls(
             rec.job_id,
-            rec.spec,
+            running_size(rec.spec, rec.allocation),  # an elastic job counts the ranks it runs with
             rec.allocation,
             started,
             rec.checkpoint_ts,
@@ -123,11 +125,17 @@ class VictimChoice:
     lost_work_gpu_s: float  # Σ GPUs × time since last checkpoint, plus restart costs
     freed_gpus: float
     grace_s: float  # the longest checkpoint grace among the victims: when the nominated GPUs free up
+    # Elastic victims that come back at once at another size (shrunk for the preemptor, or the job itself growing):
+    # victim → the allocation nominated for its restart.
+    resized: Mapping[str, Allocation] = field(default_factory=dict)
 
     @property
     def kind(self) -> PreemptionKind:
-        """`reclaim` when any victim is evicted to give a queue its guarantee back, else `priority`."""
-        return "reclaim" if "reclaim" in self.kinds else "priority"
+        """`reclaim` when any victim is evicted to give a queue its guarantee back, `resize` when an elastic job grows
+        (it is its own victim), else `priority`."""
+        if "reclaim" in self.kinds:
+            return "reclaim"
+        return "resize" if self.victims == (self.preemptor,) else "priority"
 
 
 @dataclass

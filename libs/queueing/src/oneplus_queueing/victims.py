@@ -20,6 +20,7 @@ from oneplus_placement.snapshot import ClusterSnapshot, ClusterState
 
 from .capacity import Capacity, DomainKey, gpus_by_node, whole_gpus, working_copy
 from .config import QueueConfig, QueueConfigError
+from .elastic import resize_pays_from, shrink_part
 from .fairshare import UsageHistory
 from .model import CycleStats, PendingJob, PreemptionKind, RunningJob, VictimChoice
 from .ordering import RankedJob
@@ -35,6 +36,8 @@ class Candidate:
     kind: PreemptionKind
     cost: float
     on_node: dict[int, int]  # node index → GPUs it holds there
+    keeps: Allocation | None = None  # an elastic victim that shrinks: `job` is the part it gives up, this it keeps
+    full: RunningJob | None = None  # that shrinking victim as it runs
 
 
 def protected_until(job: RunningJob, config: QueueConfig, kind: PreemptionKind = "priority") -> float:
@@ -178,11 +181,9 @@ def search_victims(
     restart = config.preemption.restart_cost_s
     spec = preemptor.job.spec
     cands = [
-        Candidate(
-            e.job, kind, e.job.lost_work_gpu_s(now) + e.job.gpus * restart, _held(capacity, e.job.allocation, spec)
-        )
+        _candidate(capacity, e.job, kind, now, restart, spec)
         for e, kind in pool.grounds(preemptor, ledger)
-        if now >= e.protected_for(kind)
+        if now >= _protected_until(e, kind)
         and e.job.job_id not in exclude
         and (not same_queue_only or e.job.queue == preemptor.job.queue)
     ]
@@ -200,16 +201,45 @@ def search_victims(
             best = found
     if best is None:
         return None
-    cost, victims, nominated = search.trim(best)
+    cost, victims, nominated = search.fewest_dropped(search.trim(best), now, restart)
     return VictimChoice(
         preemptor=preemptor.job_id,
         victims=tuple(v.job.job_id for v in victims),
         kinds=tuple(v.kind for v in victims),
         nominated=nominated,
         lost_work_gpu_s=cost,
-        freed_gpus=sum(v.job.gpus for v in victims),
+        freed_gpus=sum(v.job.gpus for v in victims),  # a shrinking victim's job is the part it gives up
         grace_s=max(float(v.job.spec.checkpoint.grace_s) for v in victims),
+        resized={v.job.job_id: v.keeps for v in victims if v.keeps is not None},
     )
+
+
+def _protected_until(entry: Evictable, kind: PreemptionKind) -> float:
+    """An elastic gang above its minimum may shrink once a restart pays (it checkpoints first, so it loses no work);
+    a whole gang keeps the protection of its kind."""
+    if shrink_part(entry.job) is not None:
+        return min(entry.protected_for(kind), resize_pays_from(entry.job))
+    return entry.protected_for(kind)
+
+
+def _candidate(
+    capacity: Capacity,
+    job: RunningJob,
+    kind: PreemptionKind,
+    now: float,
+    restart: float,
+    spec: JobSpec,
+    drop: int | None = None,
+) -> Candidate:
+    """A whole gang, or for an elastic gang above its minimum the ranks it can give up (it shrinks rather than goes).
+
+    A shrink costs the part given up (its GPUs × work since the checkpoint, plus the restart): the kept ranks write
+    a checkpoint at the signal and go on from it at the smaller size."""
+    shrink = shrink_part(job, drop)
+    if shrink is None:
+        return Candidate(job, kind, _cost(job, now, restart), _held(capacity, job.allocation, spec))
+    part, keeps = shrink
+    return Candidate(part, kind, _cost(part, now, restart), _held(capacity, part.allocation, spec), keeps, job)
 
 
 def _cost(job: RunningJob, now: float, restart_cost_s: float) -> float:
@@ -298,7 +328,7 @@ class _Search:
         self.memo: dict[frozenset[str], Allocation | None] = {}
 
     def placeable(self, victims: Sequence[Candidate]) -> Allocation | None:
-        key = frozenset(v.job.job_id for v in victims)
+        key = frozenset(v.job.job_id if v.keeps is None else f"{v.job.job_id}-{v.job.spec.ranks}" for v in victims)
         if key in self.memo:
             return self.memo[key]
         got: Allocation | None = None
@@ -363,6 +393,23 @@ class _Search:
                 if smaller is not None:
                     chosen, alloc = rest, smaller
         return sum(c.cost for c in chosen), tuple(chosen), alloc
+
+    def fewest_dropped(
+        self, best: tuple[float, tuple[Candidate, ...], Allocation], now: float, restart: float
+    ) -> tuple[float, tuple[Candidate, ...], Allocation]:
+        """Each shrinking victim gives up only as many ranks as the preemptor needs: fewest first, the others fixed."""
+        _, victims, nominated = best
+        for i, v in enumerate(victims):
+            if v.full is None:
+                continue
+            for drop in range(1, v.job.spec.ranks):
+                fewer = _candidate(self.capacity, v.full, v.kind, now, restart, self.preemptor.job.spec, drop)
+                trial = (*victims[:i], fewer, *victims[i + 1 :])
+                alloc = self.placeable(trial)
+                if alloc is not None:
+                    victims, nominated = trial, alloc
+                    break
+        return sum(v.cost for v in victims), victims, nominated
 
     def trim(
         self, best: tuple[float, tuple[Candidate, ...], Allocation]

@@ -21,6 +21,7 @@ from .state import MILLI, Occupancy, Placement
 from .trace import SimJob
 
 ARRIVE, FINISH, RELEASE, WAKE = 0, 1, 2, 3
+ELASTIC_RECHECK_S = 600.0  # how often an elastic policy looks for growth when no event comes
 
 
 class Policy(Protocol):
@@ -122,8 +123,10 @@ class SimContext:
     def start(self, job: SimJob, placement: Placement) -> None:
         self._sim.start(job, placement)
 
-    def preempt(self, job_id: str) -> None:
-        self._sim.preempt(job_id)
+    def preempt(self, job_id: str, *, checkpoint: bool = False, counted: bool = True) -> None:
+        """`checkpoint`: it writes a checkpoint at the signal (an elastic resize) and loses no work; `counted`: a
+        preemption in the figures (an elastic job growing is not)."""
+        self._sim.preempt(job_id, checkpoint=checkpoint, counted=counted)
 
 
 class Simulation:
@@ -203,7 +206,7 @@ class Simulation:
                     self._release_preempted(job_id)
                 else:
                     self._wake_at = None
-            if self.pending:
+            if self.pending or self._may_grow():
                 self._cycle()
             self._sample()
         return self._result()
@@ -220,6 +223,17 @@ class Simulation:
         t0 = time.perf_counter()
         self.policy.schedule(SimContext(self))
         self._cycle_ms.append((time.perf_counter() - t0) * 1000)
+        if self._wake_at is None and self._may_grow():
+            # A gang below its maximum may grow once its minimum run time has passed: look again later even if no
+            # event comes.
+            self._wake_at = self.now + max(self._interval, ELASTIC_RECHECK_S)
+            self._push(self._wake_at, WAKE, "", 0)
+
+    def _may_grow(self) -> bool:
+        """An elastic policy runs a cycle with nobody pending while an elastic gang runs below its maximum."""
+        if not getattr(self.policy, "elastic", False):
+            return False
+        return any(r.job.elastic_max and r.job.ranks < r.job.elastic_max for r in self.running.values())
 
     def _result(self) -> SimResult:
         ts, alloc, pend = self._series
@@ -265,6 +279,8 @@ class Simulation:
 
     # ---- what policies call --------------------------------------------------------------------
     def start(self, job: SimJob, placement: Placement) -> None:
+        if job.elastic_max:
+            job.ranks = len(placement.slots)  # an elastic gang runs with the ranks it was placed with
         self.occ.take(job, placement)
         self._dequeue(job)
         self._mark_busy(placement)
@@ -283,25 +299,28 @@ class Simulation:
             s = slowdown(job.comm_fraction, b_star, b)
         epoch = self._epochs.get(job.job_id, 0) + 1
         self._epochs[job.job_id] = epoch
-        end = self.now + job.remaining_s * s
-        self.running[job.job_id] = Running(job, placement, self.now, s, job.done_s, epoch, end)
+        pace = s / job.speed  # wall seconds per second of full-size work: comm slowdown, and fewer ranks if elastic
+        end = self.now + job.remaining_s * pace
+        self.running[job.job_id] = Running(job, placement, self.now, pace, job.done_s, epoch, end)
         rec.segments.append((0.0, s, b, b_star, self._tightest(job, placement)))
         rec.placements.append(placement.slots)
         self._push(end, FINISH, job.job_id, epoch)
 
-    def preempt(self, job_id: str) -> None:
+    def preempt(self, job_id: str, *, checkpoint: bool = False, counted: bool = True) -> None:
         run = self.running.pop(job_id)
         job = run.job
         progress = min(job.duration_s, run.done_at_start + (self.now - run.start_s) / run.slowdown)
         interval = job.checkpoint_interval_s
         saved = max(job.saved_s, math.floor(progress / interval) * interval) if interval else 0.0
+        if checkpoint:
+            saved = progress  # written at the signal, during the grace it holds its GPUs for
         rec = self.records[job_id]
-        rec.preemptions += 1
-        rec.lost_gpu_s += (progress - saved) * job.gpus
+        rec.preemptions += counted
+        rec.lost_gpu_s += (progress - saved) * job.gpus * job.speed
         self._close_segment(rec, job, progress - run.done_at_start)
         job.done_s = job.saved_s = saved
         self._epochs[job_id] = run.epoch + 1
-        self._preemptions += 1
+        self._preemptions += counted
         # The victim holds its GPUs while it writes its checkpoint, then goes back to the queue.
         self._push(self.now + self.grace, RELEASE, job_id, 0)
 

@@ -79,4 +79,7 @@ def figures(res: SimResult) -> dict[str, object]:
         "solver_p99_ms": _r(percentile(ms, 99), 4),
         "cycles": len(ms),
         "batch_plans": res.counters.get("batch_plans", 0),
+        # Elastic gangs (oneplus-elastic): restarts at a larger size, and victims that shrank instead of going.
+        "elastic_grows": res.counters.get("elastic_grows", 0),
+        "elastic_shrinks": res.counters.get("elastic_shrinks", 0),
     }

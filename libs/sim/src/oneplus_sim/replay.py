@@ -12,10 +12,11 @@ from oneplus_queueing.config import QueueConfig
 
 from .cluster import SimCluster, load_cluster
 from .comm import TP_SHARE
+from .elastic import ELASTIC_RULES, fixed_at_max, make_elastic
 from .engine import SimResult, Simulation
 from .estimates import assign_time_limits
 from .metrics import figures
-from .policies import make_policy
+from .policies import ELASTIC_POLICY, make_policy
 from .trace import SimJob, TraceError, TraceRules, cut, load_trace
 
 
@@ -33,6 +34,7 @@ class ReplaySpec:
     oneplus_config: QueueConfig | None = None  # None: sim_queue_config()
     time_limits: str = "user"  # `user`: the seeded model of oneplus_sim.estimates; `oracle`: the run time
     tp_groups: bool = False  # TraceRules.tp_groups: jobs of >= 8 GPUs get tensor-parallel groups
+    elastic: str | None = None  # an oneplus_sim.elastic rule: `oneplus-elastic` runs beside `oneplus` (fixed at max)
 
 
 @dataclass
@@ -59,6 +61,7 @@ def prepare_jobs(spec: ReplaySpec, cluster: SimCluster) -> tuple[list[SimJob], d
     if not fit:
         raise TraceError("no job of the selection fits on this cluster")
     limits = assign_time_limits(fit, spec.time_limits, spec.seed)
+    elastic_jobs = make_elastic(fit, spec.elastic) if spec.elastic is not None else 0
     info: dict[str, object] = {
         "source": source,
         "jobs_selected": len(jobs),
@@ -69,6 +72,8 @@ def prepare_jobs(spec: ReplaySpec, cluster: SimCluster) -> tuple[list[SimJob], d
         "load": spec.load,
         "time_limits": limits,
     }
+    if spec.elastic is not None:
+        info["elastic"] = {"rule": spec.elastic, "jobs": elastic_jobs, "description": ELASTIC_RULES[spec.elastic]}
     return fit, info, rules
 
 
@@ -103,7 +108,10 @@ def run_replay(spec: ReplaySpec, on_progress: Callable[[str, int, int], None] | 
     }
     if rules.tp_groups:
         report["tp_comm_share"] = TP_SHARE  # share of a TP job's communication in its groups (oneplus_sim.comm)
-    if "oneplus" in spec.policies:
+    names = list(spec.policies)
+    if spec.elastic is not None and "oneplus" in names and ELASTIC_POLICY not in names:
+        names.insert(names.index("oneplus") + 1, ELASTIC_POLICY)  # with and without elasticity, in one run
+    if "oneplus" in names or ELASTIC_POLICY in names:
         from .policies.oneplus import sim_queue_config
 
         config = spec.oneplus_config or sim_queue_config()
@@ -111,9 +119,11 @@ def run_replay(spec: ReplaySpec, on_progress: Callable[[str, int, int], None] | 
     results: dict[str, SimResult] = {}
     policies: dict[str, object] = {}
     total = len(jobs)
-    for name in spec.policies:
+    for name in names:
         policy = make_policy(name, spec.seed, spec.oneplus_config)
         run_jobs = copy.deepcopy(jobs)
+        if name != ELASTIC_POLICY:
+            fixed_at_max(run_jobs)  # the same gangs, always at their maximum
         cb = (lambda done, _n=name: on_progress(_n, done, total)) if on_progress else None
         t0 = time.perf_counter()
         res = Simulation(cluster, run_jobs, policy, preempt_grace_s=spec.preempt_grace_s, on_progress=cb).run()

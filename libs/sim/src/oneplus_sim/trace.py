@@ -50,6 +50,16 @@ class SimJob:
     saved_s: float = 0.0
     order: int = 0
     extra: dict[str, float] = field(default_factory=dict)
+    # Set by oneplus_sim.elastic.make_elastic: the rank range of an elastic gang (0: a fixed gang); `ranks` is then
+    # the count it runs with now, and it works at ranks / elastic_max of its full speed.
+    elastic_min: int = 0
+    elastic_max: int = 0
+    one_node: bool = False  # its ranks stay on one node: a one-node job the elastic rule split into ranks
+
+    @property
+    def speed(self) -> float:
+        """Share of its full-size progress rate: linear in its ranks (an assumption of the elastic rule)."""
+        return self.ranks / self.elastic_max if self.elastic_max else 1.0
 
     @property
     def whole_gpus(self) -> int:

@@ -140,6 +140,8 @@ def admit(
         queues.validate_job(spec)
     except QueueConfigError as exc:
         raise Inadmissible(str(exc)) from exc
+    if spec.elastic is not None:  # an elastic gang can run when its smallest size can; it grows as far as it fits
+        spec = spec.model_copy(update={"ranks": spec.elastic.min_ranks})
     facts = nodes if isinstance(nodes, ClusterFacts) else ClusterFacts.of(nodes)
     live = facts.live
     if not live:

@@ -17,6 +17,7 @@ from oneplus_contracts.arrays import JobArray, array_state, task_job_id
 from oneplus_queueing.apply import apply_decision
 from oneplus_queueing.cycle import schedule_cycle
 from oneplus_queueing.dependencies import referenced_jobs
+from oneplus_queueing.elastic import may_grow
 from oneplus_queueing.fairshare import UsageHistory
 from oneplus_queueing.model import CycleCarry, CycleDecision, PendingJob, VictimChoice
 
@@ -112,7 +113,8 @@ class Scheduler:
             for k, r in index.pending.items()
             if not r.cancel_requested and k not in held and k not in binding and ctx.mine(k)
         }
-        if not pending_recs:
+        # With nobody pending a cycle still runs while an elastic gang could grow into free GPUs.
+        if not pending_recs and not any(may_grow(r) for r in running):
             self.decision = None
             ctx.metrics.pending_jobs((), None)
             return None, None

@@ -137,6 +137,8 @@ class Preemption:
                 await asyncio.wait_for(self.folded.wait_for(lambda: self.index.last_seq >= target), timeout)
 
     async def handle(self, req: PreemptionRequest) -> list[str]:
+        if req.victims == [req.job_id]:
+            return await self.resize(req)
         rec = self.index.get(req.job_id)
         if rec is None or rec.state != "ACCEPTED":
             await self.caught_up()
@@ -174,6 +176,23 @@ class Preemption:
             self.lost_gpu_hours.labels(rec.spec.queue).inc(max(0.0, lost_s) / 3600)
             log.info("%s: preempting %s (lost work %.0f GPU·s)", rec.job_id, victims, req.lost_work_gpu_s)
             return victims
+
+    async def resize(self, req: PreemptionRequest) -> list[str]:
+        """An elastic gang grows (oneplus_queueing.elastic): it is its own victim, checkpoints at its signal and is
+        requeued; the solver places it on the larger allocation nominated for it (a rendezvous restart)."""
+        rec = self.index.get(req.job_id)
+        if rec is None or rec.state not in ("PLACED", "STARTING", "RUNNING"):
+            await self.caught_up()
+            rec = self.index.get(req.job_id)
+        if rec is None or rec.spec.elastic is None or req.nominated is None:
+            return []
+        if not still_valid([rec.job_id], req, self.index.jobs, self.capacity.copy()):
+            return []  # it moved on, or the GPUs it would grow into were taken since the cycle
+        have, e = len(rec.allocation.ranks) if rec.allocation else 0, rec.spec.elastic
+        reason = f"elastic resize: {have} -> {len(req.nominated.ranks)} ranks ({e.min_ranks}..{e.max_ranks})"
+        await self.preempt(rec, rec.job_id, reason)
+        log.info("%s: %s", rec.job_id, reason)
+        return [rec.job_id]
 
     async def preempt(self, victim: JobRecord, preemptor: str, reason: str) -> None:
         if victim.token is None or victim.allocation is None:

@@ -10,6 +10,7 @@ from .nvlink import KueueTasSlices, SlurmBlock
 
 BASELINES = ("k8s-default", "slurm-tree", "kueue-tas", "fifo-firstfit", "slurm-block", "kueue-tas-slices")
 POLICY_NAMES = ("oneplus", *BASELINES)
+ELASTIC_POLICY = "oneplus-elastic"  # oneplus with the --elastic rule's jobs elastic; run beside oneplus (fixed)
 
 
 def make_policy(name: str, seed: int = 0, oneplus_config: QueueConfig | None = None) -> Policy:
@@ -26,15 +27,16 @@ def make_policy(name: str, seed: int = 0, oneplus_config: QueueConfig | None = N
         return SlurmBlock()
     if name == "kueue-tas-slices":
         return KueueTasSlices()
-    if name == "oneplus":
+    if name in ("oneplus", ELASTIC_POLICY):
         from .oneplus import OnePlusPolicy
 
-        return OnePlusPolicy(seed, config=oneplus_config)
+        return OnePlusPolicy(seed, config=oneplus_config, elastic=name == ELASTIC_POLICY)
     raise ValueError(f"unknown policy {name!r}; choose from {', '.join(POLICY_NAMES)}")
 
 
 __all__ = [
     "BASELINES",
+    "ELASTIC_POLICY",
     "POLICY_NAMES",
     "FifoFirstFit",
     "K8sDefault",

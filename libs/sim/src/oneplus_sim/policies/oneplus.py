@@ -13,7 +13,7 @@ import math
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from oneplus_contracts import Allocation, CheckpointPolicy, JobSpec, RankResources, TopologyConstraint
+from oneplus_contracts import Allocation, CheckpointPolicy, ElasticRange, JobSpec, RankResources, TopologyConstraint
 from oneplus_contracts.advance import AdvanceReservation
 from oneplus_placement.snapshot import ClusterState
 from oneplus_queueing.apply import apply_decision
@@ -72,10 +72,14 @@ def _merge(base: Mapping[str, Any], over: Mapping[str, Any]) -> dict[str, Any]:
     return out
 
 
-def job_spec(job: SimJob, grace_s: float, leaf_required: bool = False) -> JobSpec:
-    """The JobSpec the live system would receive; `leaf_required` keeps a multi-node gang under one leaf."""
+def job_spec(job: SimJob, grace_s: float, leaf_required: bool = False, elastic: bool = False) -> JobSpec:
+    """The JobSpec the live system would receive; `leaf_required` keeps a multi-node gang under one leaf; `elastic`
+    makes a job the --elastic rule marked an elastic gang (it asks its maximum)."""
     gpus = job.gpu_milli / 1000 if job.gpu_milli else float(job.gpus_per_rank)
-    topology = TopologyConstraint(domain="leaf", mode="required") if leaf_required and job.ranks > 1 else None
+    ranks = job.elastic_max or job.ranks
+    topology = TopologyConstraint(domain="leaf", mode="required") if leaf_required and ranks > 1 else None
+    if job.one_node:
+        topology = TopologyConstraint(domain="node", mode="required")  # a job the --elastic rule split stays whole
     if job.exclusive:
         topology = (topology or TopologyConstraint()).model_copy(update={"exclusive": True})
     if job.tp_group and not job.gpu_milli:  # each TP group inside one NVLink domain, as the user would ask
@@ -84,7 +88,7 @@ def job_spec(job: SimJob, grace_s: float, leaf_required: bool = False) -> JobSpe
         name=job.job_id,
         priority_class=job.priority_class,
         preemptible=job.preemptible,
-        ranks=job.ranks,
+        ranks=ranks,
         resources=RankResources(
             gpus=gpus,
             cpus=job.cpus or _TOKEN_CPUS,
@@ -97,6 +101,11 @@ def job_spec(job: SimJob, grace_s: float, leaf_required: bool = False) -> JobSpe
         ),
         time_limit_s=max(1, math.ceil(job.limit_s)),
         **({"topology": topology} if topology else {}),
+        **(
+            {"elastic": ElasticRange(min_ranks=job.elastic_min, max_ranks=job.elastic_max)}
+            if elastic and job.elastic_min < job.elastic_max
+            else {}
+        ),
     )
 
 
@@ -111,7 +120,13 @@ class OnePlusPolicy:
         cycle_interval_s: float = DEFAULT_CYCLE_INTERVAL_S,
         leaf_required: bool = True,
         reservations: Sequence[AdvanceReservation] = (),
+        elastic: bool = False,
     ) -> None:
+        # Elastic: jobs the --elastic rule marked are elastic gangs (start smaller, grow, shrink); the engine then
+        # also runs a cycle with nobody pending while one runs below its maximum, so that it can grow.
+        self.elastic = elastic
+        if elastic:
+            self.name = "oneplus-elastic"
         self.leaf_required = leaf_required
         # Advance reservations, each known to the scheduler from its created_ts (when it was announced).
         self.reservations = list(reservations)
@@ -129,7 +144,11 @@ class OnePlusPolicy:
         self._preemptions: dict[str, int] = {}
         self._charged = -math.inf
         self._leaf_room = 0  # most nodes under one leaf: a gang of more ranks cannot ask for one leaf
-        self.counters: dict[str, int] = {"batch_plans": 0}  # cycles × cp-sat queues whose joint plan was used
+        self.counters: dict[str, int] = {
+            "batch_plans": 0,
+            "elastic_grows": 0,
+            "elastic_shrinks": 0,
+        }  # cycles × cp-sat queues whose joint plan was used
 
     def queue_key(self, job: SimJob) -> tuple[float, ...]:
         return (-job.priority, job.order)
@@ -171,8 +190,13 @@ class OnePlusPolicy:
         applied = apply_decision(decision, self._state, self._pending, self._running, self.usage)
         for e in applied.evicted:
             victim = e.victim.job_id
-            ctx.preempt(victim)  # it holds its GPUs for the grace, then the engine releases it
-            self._preemptions[victim] = self._preemptions.get(victim, 0) + 1
+            # It holds its GPUs for the grace, then the engine releases it; an elastic resize checkpoints first.
+            ctx.preempt(victim, checkpoint=e.resize_to is not None, counted=not e.grows)
+            if e.grows:
+                self.counters["elastic_grows"] += 1
+            else:
+                self._preemptions[victim] = self._preemptions.get(victim, 0) + 1
+                self.counters["elastic_shrinks"] += e.resize_to is not None
             self._pending.pop(victim, None)
         by_id = {j.job_id: j for j in ctx.pending} if applied.started else {}
         for run in applied.started:
@@ -186,8 +210,9 @@ class OnePlusPolicy:
     def _spec(self, job: SimJob) -> JobSpec:
         spec = self._specs.get(job.job_id)
         if spec is None:
-            leaf = self.leaf_required and job.ranks > 1 and self._leaf_room >= job.ranks
-            spec = self._specs[job.job_id] = job_spec(job, self.grace_s, leaf)
+            ranks = job.elastic_max or job.ranks
+            leaf = self.leaf_required and ranks > 1 and self._leaf_room >= ranks
+            spec = self._specs[job.job_id] = job_spec(job, self.grace_s, leaf, self.elastic)
         return spec
 
     def _pending_job(self, job: SimJob) -> PendingJob:

@@ -57,9 +57,9 @@ def framework_environment(
     PyTorchJob (Training Operator v1) and TrainJob (Trainer v2 torch plugin): every replica (one OnePlus rank) is
     one torchrun node: PET_NNODES = replicas, PET_NODE_RANK = its index, PET_MASTER_ADDR/PET_MASTER_PORT = the
     rank-0 replica; PET_NPROC_PER_NODE comes from the manifest (default auto). A PyTorchJob's WORLD_SIZE is
-    replicas x nprocPerNode when that is a number (the operator's rule), else the replica count. An elastic
-    PyTorchJob (its env has PET_RDZV_BACKEND, from elasticPolicy) also gets PET_RDZV_ENDPOINT and its PET_NNODES
-    stays the policy's min:max.
+    replicas x nprocPerNode when that is a number (the operator's rule), else the replica count. An elastic job
+    (its env has PET_RDZV_BACKEND, from elasticPolicy) also gets PET_RDZV_ENDPOINT and its PET_NNODES stays the
+    policy's min:max; its world size is the ranks it was placed with this time (OnePlus resizes by a restart).
     """
     if framework == "mpijob":
         return {MPI_ROLE_KEY: "worker"}
@@ -72,7 +72,7 @@ def framework_environment(
         "PET_MASTER_PORT": str(master_port),
         "PET_NPROC_PER_NODE": env.get("PET_NPROC_PER_NODE", "auto"),
     }
-    if "PET_RDZV_BACKEND" in env and framework == "pytorchjob":
+    if "PET_RDZV_BACKEND" in env:  # PyTorchJob elasticPolicy, or TrainJob's runtime torch.elasticPolicy
         # elasticPolicy (the operator's elastic.go): torchrun meets at worker 0, here rank 0's node and port;
         # PET_NNODES is the policy's min:max, the other PET_RDZV_*/PET_MAX_RESTARTS are in the job's env.
         out["PET_RDZV_ENDPOINT"] = f"{master_addr}:{master_port}"
