@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Sequence, Set
 
 import pytest
 from nats.aio.client import Client
@@ -24,10 +24,10 @@ from test_cycle_store_ops import spec
 class SlowProjection(JobOwner):
     """An owner whose hot-view writes lag its job events by a fifth of a second, as on a loaded machine."""
 
-    async def _project(self, records: Sequence[JobRecord]) -> None:
+    async def _project(self, records: Sequence[JobRecord], settling: Set[str] = frozenset()) -> None:
         if records:
             await asyncio.sleep(0.2)
-        await super()._project(records)
+        await super()._project(records, settling)
 
 
 async def started(nc: Client, kind: type[JobOwner]) -> tuple[JobOwner, asyncio.Task[None]]:
