@@ -65,8 +65,16 @@ CHANNELS: dict[str, tuple[str, str, str, str, str]] = {
         "oneplus.fact.job.{job_id}.{event}",
         "JobEvent",
         "A fact about a job for its owner to fold or refuse, in stream ONEPLUS_FACTS",
-        "intake, preemption, node-executor",
+        "intake, preemption; node-executor with ONEPLUS_EXECUTOR_FACTS=stream",
         "placement-solver",
+    ),
+    "jobReports": (
+        "oneplus.report.job.{job_id}.{event}",
+        "JobEvent",
+        "A fact sent straight to the job owner (core NATS request, no stream): the reply, a FactOutcome, comes once its"
+        " event is in ONEPLUS_JOBS or it was refused; a reply with the Oneplus-Retry header asks for it again later",
+        "node-executor (from its durable outbox, resent until answered)",
+        "placement-solver (the job owner)",
     ),
     "factOutcomes": (
         "oneplus.outcome.job.{job_id}.{event}",
