@@ -146,6 +146,7 @@ SERVICE_SUBJECTS = [
     ("executor-h100-0", "oneplus.report.job.j-1.node_finished", True),
     ("executor-h100-0", "oneplus.report.job.j-1.accepted", False),
     ("intake", "oneplus.report.job.j-1.running", False),
+    ("intake", "oneplus.report.job.j-1.accepted", True),
 ]
 
 
