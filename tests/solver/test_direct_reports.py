@@ -24,6 +24,7 @@ from oneplus_contracts import (
     JobAccepted,
     JobNodeFinished,
     JobPlaced,
+    JobPreempting,
     JobRunning,
     JobStarting,
     RankPlacement,
@@ -157,6 +158,27 @@ async def test_an_outbox_resends_to_the_next_owner_what_a_killed_one_left_unansw
     assert await job_events(nc, "d0") == ["accepted", "placed", "starting", "running", "node_finished"]
     assert await job_events(nc, "d1") == ["accepted", "placed", "starting"]
     await box.close()
+
+
+async def test_a_direct_report_waits_for_the_stream_facts_stored_before_it(nc: Client) -> None:
+    """Seen in the fenced chaos run: the preemption service stores `preempting` in the facts stream, then tells the
+    node to stop; the node's `node_finished` (exit 143), sent straight to the owner, was folded first and the job
+    FAILED instead of being requeued. A batch of direct reports now waits for the stream's earlier facts."""
+    ledger, kv = await fresh(nc)
+    owner = new_owner(nc, kv, "o1")
+    await owner.bootstrap()
+    await placed_jobs(owner, 1)
+    await owner.commit(JobRunning(event_id="r-d0", job_id="d0", node="n0", token=1))
+    assert await owner.drain_facts() == 0  # the facts consumer exists; the owner's stream loop is not running
+    await ledger.report(JobPreempting(event_id="pre-d0", job_id="d0", token=1, reason="preempted for d9"))
+    async with answering(owner):
+        end = JobNodeFinished(event_id="f-d0", job_id="d0", node="n0", token=1, exit_code=143, reason="preempted")
+        sent = asyncio.create_task(ledger.deliver(end))
+        await asyncio.sleep(0.3)
+        assert not sent.done(), "the node's end waits for the preemption stored before it"
+        assert await owner.drain_facts() == 1
+        assert (await sent).folded
+    assert await job_events(nc, "d0") == ["accepted", "placed", "running", "preempting", "node_finished"]
 
 
 def test_an_unknown_way_to_send_facts_is_refused_by_name() -> None:

@@ -58,6 +58,8 @@ log = logging.getLogger("oneplus.owner")
 FACTS_CONSUMER = "job-owner"
 FACTS_ACK_WAIT_S = 30.0  # a fact fetched and not acknowledged (its fetcher died) is delivered again this much later
 FACT_BATCH = 256
+# A batch of direct reports waits at most this long for the facts stored in the stream before it to be folded first.
+STREAM_FIRST_WAIT_S = 1.0
 HELD_FACT_DELAY_S = 1.0  # a fact about a job not known yet, while an earlier owner's facts come back, waits this much
 REST_OF_BATCH_S = 0.05  # the facts pending behind a first one are in the stream already: they come at once
 # Hot-view keys purged side by side when finished jobs move to the archive: few, so that the commits' writes to the
@@ -545,6 +547,7 @@ class JobOwner:
 
     async def fold_reports(self, msgs: Sequence[Msg]) -> None:
         """Fold one batch of direct reports and answer each (a `FactOutcome`; `RETRY_HEADER` where it must wait)."""
+        await self._stream_facts_folded()
         events: list[JobEvent] = []
         tps: list[str | None] = []
         spans: list[tuple[Msg, JobEvent, int, int]] = []  # each request's fact and where its events are in `events`
@@ -587,6 +590,34 @@ class JobOwner:
         for at in range(0, len(events), COMMIT_CHUNK):
             chunk = slice(at, at + COMMIT_CHUNK)
             done += await self.commit(*events[chunk], traceparents=tps[chunk], answer=answer)
+
+    async def _stream_facts_folded(self) -> None:
+        """Wait (bounded) until the facts stream's facts stored before now are folded, so that a direct report never
+        overtakes a fact it follows from: the preemption service stores `preempting` and only then tells the node to
+        stop, whose `node_finished` (exit 143) folded first would fail the job instead of requeueing it. One request
+        when nothing waits in the stream (the common case)."""
+        deadline = time.monotonic() + STREAM_FIRST_WAIT_S
+        target: int | None = None
+        while True:
+            try:
+                info = await self.js.consumer_info(subjects.FACTS_STREAM, FACTS_CONSUMER)
+            except NotFoundError:
+                return  # no facts consumer yet: nothing was ever folded from the stream, nothing waits to be
+            except Exception as exc:
+                raise_if_cancelling()
+                log.warning("job owner: facts consumer not answered (%s); direct reports folded without waiting", exc)
+                return
+            if not info.num_pending and not info.num_ack_pending:
+                return
+            if target is None:  # the last fact stored now: those after it may follow these reports
+                target = (info.delivered.stream_seq or 0) + (info.num_pending or 0)
+            if (info.ack_floor.stream_seq or 0) >= target:
+                return
+            if time.monotonic() >= deadline:
+                log.info("job owner: direct reports folded before the facts stream caught up (to %d, at %d)", target,
+                         info.ack_floor.stream_seq or 0)  # fmt: skip
+                return
+            await asyncio.sleep(0.01)
 
     def _before_its_job(self, event: JobEvent, batch: Sequence[JobEvent]) -> bool:
         """A fact about a job neither the index nor this batch has accepted: its `accepted` may be among the facts
