@@ -66,8 +66,18 @@ CHANNELS: dict[str, tuple[str, str, str, str, str]] = {
         "oneplus.fact.job.{job_id}.{event}",
         "JobEvent",
         "A fact about a job for its owner to fold or refuse, in stream ONEPLUS_FACTS",
-        "intake, preemption, node-executor",
+        "intake (`cancel_requested`; `accepted` of arrays, or when no owner answers), preemption; node-executor with"
+        " ONEPLUS_EXECUTOR_FACTS=stream",
         "placement-solver",
+    ),
+    "jobReports": (
+        "oneplus.report.job.{job_id}.{event}",
+        "JobEvent",
+        "A fact sent straight to the job owner (core NATS request, no stream): the reply, a FactOutcome, comes once its"
+        " event is in ONEPLUS_JOBS or it was refused; a reply with the Oneplus-Retry header asks for it again later",
+        "node-executor (from its durable outbox, resent until answered); intake (`accepted`, before answering a"
+        " submission; into jobFacts when no owner answers)",
+        "placement-solver (the job owner)",
     ),
     "factOutcomes": (
         "oneplus.outcome.job.{job_id}.{event}",

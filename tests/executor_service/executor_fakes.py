@@ -50,6 +50,10 @@ class Ledger:
             self.refused.append(event)
         return len(self.events)
 
+    async def deliver(self, event: JobEvent, traceparent: str | None = None) -> int:
+        """A fact sent straight to the owner (the executor's default): folded as `report` folds it."""
+        return await self.report(event, traceparent)
+
     async def get(self, job_id: str) -> tuple[JobRecord | None, int]:
         return self.records.get(job_id), 0
 

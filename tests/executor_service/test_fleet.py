@@ -20,6 +20,7 @@ from nats.aio.msg import Msg
 from oneplus_bus.settings import BusSettings
 from oneplus_contracts import (
     Allocation,
+    FactOutcome,
     JobSpec,
     LaunchRanks,
     NodeHeartbeat,
@@ -108,9 +109,13 @@ async def facts_of(nc: Client, job_id: str) -> tuple[list[dict[str, object]], ob
     got: list[dict[str, object]] = []
 
     async def on_fact(m: Msg) -> None:
-        got.append({"subject": m.subject, **json.loads(m.data)})
+        # A stand-in job owner: the fleet's outbox sends each fact straight to it and lets it go once answered.
+        fact = json.loads(m.data)
+        got.append({"subject": m.subject, **fact})
+        outcome = FactOutcome(job_id=job_id, event_id=fact["event_id"], type=fact["type"], applied=True)
+        await m.respond(outcome.model_dump_json().encode())
 
-    sub = await nc.subscribe(subjects.job_fact(job_id, "*"), cb=on_fact)
+    sub = await nc.subscribe(subjects.job_report(job_id, "*"), cb=on_fact)
     return got, sub
 
 

@@ -11,12 +11,14 @@ from pathlib import Path
 
 import nats
 from nats.aio.client import Client
+from nats.aio.msg import Msg
 from nats.js.errors import NotFoundError
 from oneplus_bus.ledger import JobLedger, read_stream
 from oneplus_bus.settings import BusSettings
 from oneplus_bus.streams import ensure_kv, ensure_streams
 from oneplus_contracts import (
     Allocation,
+    FactOutcome,
     JobEvent,
     JobNodeFinished,
     JobRunning,
@@ -57,6 +59,21 @@ async def stored(js: object, job_id: str | None = None) -> list[tuple[str, str]]
     rows = await read_stream(js, subjects.FACTS_STREAM, 1)  # type: ignore[arg-type]
     out = [(e.job_id, e.type) for e in (parse_job_event(data) for _, data, _ in rows)]
     return [row for row in out if job_id is None or row[0] == job_id]
+
+
+async def stand_in_owner(nc: Client) -> None:
+    """Answers the executor's direct reports as the job owner does, keeping each in the facts stream where this
+    file's tests read them (`stored`); the owner itself is tests/solver/test_direct_reports.py's."""
+    js = nc.jetstream()
+    ledger = JobLedger(js, (await ensure_kv(js))[subjects.JOBS_KV], nc)
+
+    async def answer(msg: Msg) -> None:
+        event = parse_job_event(msg.data)
+        await ledger.report(event)
+        outcome = FactOutcome(job_id=event.job_id, event_id=event.event_id, type=event.type, applied=True)
+        await msg.respond(outcome.model_dump_json().encode())
+
+    await nc.subscribe(subjects.JOB_REPORTS_ALL, queue=subjects.JOB_REPORTS_QUEUE, cb=answer)
 
 
 async def test_facts_left_by_a_crash_are_sent_first_in_order_and_a_resent_one_is_stored_once(
@@ -144,7 +161,7 @@ async def test_delivery_is_retried_with_a_capped_backoff_until_the_bus_takes_it(
 
 async def test_a_node_end_during_a_nats_outage_is_recorded_once_the_bus_is_back(tmp_path: Path) -> None:
     """NATS killed while a job runs, for longer than a request timeout; the job ends during the outage; its lease is
-    no longer renewed; once NATS is back the node's end is in the facts stream."""
+    no longer renewed; once NATS is back (and an owner answers) the node's end reaches the owner."""
     servers = EmbeddedServers(workdir=tmp_path / "servers").start()
     node = "outage-0"
     settings = BusSettings(servers.nats_url, servers.redis_url, cluster="outage")
@@ -174,6 +191,7 @@ async def test_a_node_end_during_a_nats_outage_is_recorded_once_the_bus_is_back(
         )
         client = await nats.connect(servers.nats_url)
         js = client.jetstream()
+        await stand_in_owner(client)
         await js.publish(subjects.node_command(node, cmd.kind), cmd.model_dump_json().encode())
         deadline = time.monotonic() + 20
         while await stored(js, "o-job") != [("o-job", "starting"), ("o-job", "running")]:
@@ -195,6 +213,7 @@ async def test_a_node_end_during_a_nats_outage_is_recorded_once_the_bus_is_back(
 
         client = await nats.connect(servers.nats_url)
         js = client.jetstream()
+        await stand_in_owner(client)  # an owner answers again: the outbox's resend of the node's end reaches it
         deadline = time.monotonic() + 30
         while True:
             try:

@@ -19,6 +19,7 @@ import nats
 import pytest
 from intake_process import IntakeProcess
 from nats.aio.client import Client
+from nats.aio.msg import Msg
 from nats.js.api import ConsumerConfig
 from oneplus_contracts import CancelRanks, JobSpec, subjects
 from oneplus_testing import Servers
@@ -141,6 +142,11 @@ SERVICE_SUBJECTS = [
     ("executor-h100-0", "$KV.jobs.j-1", False),
     ("executor-h100-1", "oneplus.fact.job.j-1.running", True),
     ("executor-h100-1", "oneplus.job.j-1.running", False),
+    # The executor's facts straight to the job owner (core NATS requests); no other service reports on them.
+    ("executor-h100-0", "oneplus.report.job.j-1.node_finished", True),
+    ("executor-h100-0", "oneplus.report.job.j-1.accepted", False),
+    ("intake", "oneplus.report.job.j-1.running", False),
+    ("intake", "oneplus.report.job.j-1.accepted", True),
 ]
 
 
@@ -190,6 +196,28 @@ async def test_the_intake_hears_the_owner_tell_the_outcome_of_the_facts_it_waits
         assert not intake.violations and not solver.violations
     finally:
         await intake.nc.close()
+        await solver.nc.close()
+
+
+async def test_the_owner_answers_an_executors_direct_report_to_its_own_inbox(secured: SecuredNats) -> None:
+    executor = await Connection.open(secured.url("executor-h100-0"), inbox_prefix="_INBOX.executor-h100-0")
+    solver = await Connection.open(secured.url("placement-solver"))
+    try:
+
+        async def answer(msg: Msg) -> None:
+            await msg.respond(b"folded")
+
+        await solver.nc.subscribe(subjects.JOB_REPORTS_ALL, queue=subjects.JOB_REPORTS_QUEUE, cb=answer)
+        await solver.nc.flush()
+        reply = None
+        for _ in range(4):  # as above: on a loaded machine an allowed request may need another try
+            with contextlib.suppress(nats.errors.TimeoutError):
+                reply = await executor.nc.request(subjects.job_report("j-1", "running"), b"{}", timeout=2.0)
+                break
+        assert reply is not None and reply.data == b"folded"
+        assert not executor.violations and not solver.violations
+    finally:
+        await executor.nc.close()
         await solver.nc.close()
 
 

@@ -1,14 +1,21 @@
 """A job is found right after its submission even when the job owner has not folded its acceptance yet (behind,
-or down): show and cancel fall back on the stored `accepted` fact."""
+or down): with no owner to answer, the acceptance is kept as a fact, and show and cancel fall back on it. With one,
+the acceptance goes straight to it and is committed before the submission is answered."""
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 from collections.abc import AsyncIterator
 from pathlib import Path
 
+import nats
 import pytest
 from intake_process import IntakeProcess, fresh_bus
-from oneplus_contracts import JobSpec
+from oneplus_bus.archive import JobArchive
+from oneplus_bus.ledger import read_stream
+from oneplus_contracts import JobRecord, JobSpec, parse_job_event, subjects
+from oneplus_placement_solver.owner import JobOwner
 from oneplus_testing import Servers
 
 from oneplus.client import OnePlusClient, PlatformError
@@ -58,3 +65,36 @@ async def test_a_retry_before_the_owner_recorded_the_first_is_answered_duplicate
     assert first.ok and not first.duplicate
     assert again.ok and again.duplicate and again.job_id == first.job_id
     assert other.ok and not other.duplicate and other.job_id != first.job_id
+
+
+async def test_with_an_owner_answering_an_acceptance_is_committed_before_the_reply_and_appends_no_fact(
+    servers: Servers, tmp_path: Path
+) -> None:
+    """The intake sends `accepted` straight to the owner (issue 42): the reply comes once the job's event is committed
+    and its record is in the hot view, and the facts stream holds nothing of it; a retry is answered duplicate."""
+    await fresh_bus(servers.nats_url)
+    nc = await nats.connect(servers.nats_url)
+    proc = await IntakeProcess(servers.nats_url, tmp_path, env={"ONEPLUS_ACCEPT_WAIT_S": "5"}).start()
+    js = nc.jetstream()
+    owner = JobOwner(js, JobArchive(js), min_age_s=3600, nc=nc, me="owner")
+    await owner.bootstrap()
+    answering = asyncio.create_task(owner.run_reports())
+    try:
+        async with OnePlusClient.connect(servers.nats_url) as c:
+            facts = (await js.stream_info(subjects.FACTS_STREAM)).state.last_seq
+            job = JobSpec(name="direct", resources={"gpus": 1})  # type: ignore[arg-type]
+            first = await c.submit(job, msg_id="direct-1")
+            assert first.ok and not first.duplicate and first.job_id
+            entry = await (await js.key_value(subjects.JOBS_KV)).get(first.job_id)
+            assert entry.value and JobRecord.model_validate_json(entry.value).state == "ACCEPTED"
+            again = await c.submit(job, msg_id="direct-1")
+            assert again.ok and again.duplicate and again.job_id == first.job_id
+            assert (await js.stream_info(subjects.FACTS_STREAM)).state.last_seq == facts, "no fact appended"
+            rows = await read_stream(js, subjects.JOBS_STREAM, 1)
+            assert [parse_job_event(d).type for _, d, _ in rows] == ["accepted"], "one event, the retry refused"
+    finally:
+        answering.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await answering
+        proc.stop()
+        await nc.close()

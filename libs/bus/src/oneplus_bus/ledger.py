@@ -13,12 +13,21 @@ import logging
 from typing import NamedTuple
 
 from nats.aio.client import Client
+from nats.errors import NoRespondersError
 from nats.errors import TimeoutError as FetchTimeout
 from nats.js import JetStreamContext
 from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy
 from nats.js.errors import BadRequestError, KeyNotFoundError, NotFoundError
 from nats.js.kv import KeyValue
-from oneplus_contracts import IllegalTransition, JobEvent, JobRecord, apply_event, parse_job_event, subjects
+from oneplus_contracts import (
+    FactOutcome,
+    IllegalTransition,
+    JobEvent,
+    JobRecord,
+    apply_event,
+    parse_job_event,
+    subjects,
+)
 from pydantic import ValidationError
 
 from .fencing import is_fence
@@ -27,6 +36,14 @@ from .retry import until_answered
 from .telemetry import inject
 
 log = logging.getLogger("oneplus.ledger")
+
+
+# A direct report's answer comes after one commit of the owner (ms); longer means a paused or cut-off owner.
+DELIVER_TIMEOUT_S = 5.0
+
+
+class NotDelivered(RuntimeError):
+    """No job owner answered a direct report (`JobLedger.deliver`), or it asked for the fact again later."""
 
 
 class Reported(NamedTuple):
@@ -116,6 +133,38 @@ class JobLedger:
             if folded is not None:
                 with contextlib.suppress(Exception):
                     await folded.unsubscribe()
+
+    async def deliver(
+        self, event: JobEvent, traceparent: str | None = None, *, timeout: float = DELIVER_TIMEOUT_S
+    ) -> Reported:
+        """Send a fact straight to the job owner (core NATS request: no JetStream append) and wait for its answer,
+        which comes once the fact's event is in the job stream, or the fact was refused (`folded` False). Raises
+        `NotDelivered` when no owner answered it (none running, a takeover, a timeout) or the owner asked for it again
+        later: the caller keeps the fact (the executor's durable outbox) and sends it again. A fact sent twice is
+        folded once: the job stream drops an event id it holds (its duplicate window), the owner refuses the rest."""
+        if self.nc is None:
+            raise NotDelivered("no NATS connection to send a fact to the job owner")
+        headers: dict[str, str] = {}
+        if traceparent:
+            headers["traceparent"] = traceparent
+        else:
+            inject(headers)
+        try:
+            reply = await self.nc.request(
+                subjects.job_report(event.job_id, event.type),
+                event.model_dump_json().encode(),
+                timeout=timeout,
+                headers=headers,
+            )
+        except (NoRespondersError, FetchTimeout, TimeoutError) as exc:
+            raise NotDelivered(f"{event.type} of {event.job_id}: no job owner answered ({type(exc).__name__})") from exc
+        if (reply.headers or {}).get(subjects.RETRY_HEADER):
+            raise NotDelivered(f"{event.type} of {event.job_id}: the job owner asks again later: {reply.data.decode()}")
+        try:
+            outcome = FactOutcome.model_validate_json(reply.data)
+        except ValidationError as exc:
+            raise NotDelivered(f"{event.type} of {event.job_id}: unreadable answer from the job owner") from exc
+        return Reported(folded=outcome.applied, duplicate=False)
 
     async def unfolded(self, job_id: str) -> JobRecord | None:
         """The record a job will have once the owner folds its acceptance, while that fact still waits (an owner that

@@ -88,6 +88,20 @@ def job_fact(job_id: str, event_type: str) -> str:
     return f"{PREFIX}.fact.job.{job_id}.{event_type}"
 
 
+# Facts sent straight to the job owner (core NATS request/reply, in no stream): the reporter keeps the fact in its own
+# durable outbox until the owner answers, which it does once the fact's event is committed or refused (a `FactOutcome`).
+JOB_REPORTS_ALL = f"{PREFIX}.report.job.>"
+JOB_REPORTS_QUEUE = "job-owner"  # the queue group: one replica answers each request
+# A header on a reply to a direct report: the owner cannot fold it now (not the owner, catching up); send it again.
+RETRY_HEADER = "Oneplus-Retry"
+
+
+def job_report(job_id: str, event_type: str) -> str:
+    """Where a reporter with a durable outbox (the node-executor) sends a fact to the job owner without a JetStream
+    append (`JobLedger.deliver`); the reply comes once the fact's event is in the job stream, or it was refused."""
+    return f"{PREFIX}.report.job.{job_id}.{event_type}"
+
+
 # A header on a reported fact: its reporter waits for the owner's `fact_outcome` (the owner publishes none otherwise).
 AWAIT_FOLD_HEADER = "Oneplus-Await-Fold"
 

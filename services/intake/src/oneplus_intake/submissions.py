@@ -19,7 +19,7 @@ from nats.js.errors import NoKeysError
 from oneplus_bus.archive import JobArchive
 from oneplus_bus.clusterview import QUEUES_KEY, live_queue_config
 from oneplus_bus.informer import StreamTail, kv_list_and_watch
-from oneplus_bus.ledger import latest_values
+from oneplus_bus.ledger import NotDelivered, Reported, latest_values
 from oneplus_bus.service import OneplusService
 from oneplus_bus.telemetry import traceparent_of_current
 from oneplus_bus.tenancy import Caller, TenancyError, bind_team
@@ -203,6 +203,21 @@ class Intake:
             caller=caller,
         )
 
+    async def record_accepted(self, event: JobAccepted) -> Reported:
+        """The job's acceptance, durable before the submission is answered: straight to the job owner, which answers
+        once its `accepted` event is committed and the record is in the hot view (no append of the fact itself); if no
+        owner answers within the accept wait (none, a takeover, a paused one), in the facts stream, where it waits for
+        the next owner. An array's acceptance stands for its tasks, whose folding is paced: it takes the stream."""
+        traceparent = traceparent_of_current()
+        if self.accept_wait_s > 0 and event.spec.array is None:
+            try:
+                got = await self.svc.ledger.deliver(event, traceparent, timeout=self.accept_wait_s)
+                # Refused means the job is there already: a retry of this submission recorded it first.
+                return Reported(folded=got.folded, duplicate=not got.folded)
+            except NotDelivered as exc:
+                log.info("%s: %s; kept in the facts stream instead", event.job_id, exc)
+        return await self.svc.ledger.report(event, traceparent=traceparent, wait_s=self.accept_wait_s)
+
     async def accept(
         self, spec: JobSpec, *, submission_id: str, source: str, warnings: list[str], caller: Caller
     ) -> Outcome:
@@ -238,7 +253,7 @@ class Intake:
         ) as exc:
             return await self.reject(job_id, str(exc), source, spec.team, CANNOT_RUN, exc)
         event = JobAccepted(event_id=f"accepted-{job_id}", job_id=job_id, spec=spec, source=source, warnings=warnings)
-        reported = await self.svc.ledger.report(event, traceparent=traceparent_of_current(), wait_s=self.accept_wait_s)
+        reported = await self.record_accepted(event)
         if reported.duplicate:  # a retry that came before the owner recorded the first: the stream's msg id caught it
             self.count("duplicate", source)
             return Outcome(SubmitReply(ok=True, job_id=job_id, duplicate=True, warnings=warnings), DUPLICATE)

@@ -52,7 +52,7 @@ from opentelemetry import propagate
 
 from .app import DEFAULT_INBOX, make_runtime, simulated_node
 from .node import KEEP_FINISHED, LEASE_S, NodeExecutor
-from .outbox import Outbox, state_dir_from_env
+from .outbox import Outbox, fact_sender, state_dir_from_env
 
 log = logging.getLogger("oneplus.fleet")
 
@@ -198,7 +198,7 @@ class SimulatedFleet:
         self.state_dir = state_dir if state_dir is not None else state_dir_from_env(f"fleet-{name}")
         # Simulated ranks: no fsync per fact (hundreds a second); a crash of the process still leaves them on disk.
         self.outbox = Outbox(
-            lambda event, traceparent: self.svc.ledger.report(event, traceparent),
+            fact_sender(lambda: self.svc.ledger),
             self.state_dir / f"outbox-fleet-{name}.jsonl",
             fsync=False,
         )

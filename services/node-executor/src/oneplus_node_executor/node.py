@@ -46,7 +46,7 @@ from oneplus_reservations import ReservationStore
 from oneplus_reservations.store import RenewStatus
 
 from .gpu_health import GpuProbe, fold_probe, health_changes, heartbeat_gpus, probe_failed
-from .outbox import Outbox
+from .outbox import Outbox, fact_sender
 from .retention import FinishedRanks
 from .runtime import slurm
 from .runtime.base import EngineUnavailable, LauncherRuntime, LaunchFailed, RunningRanks, Runtime, StaleToken
@@ -128,7 +128,7 @@ class NodeExecutor:
         self.own_outbox = outbox is None
         if outbox is None:
             path = None if state_dir is None else Path(state_dir) / f"outbox-{self.node}.jsonl"
-            outbox = Outbox(lambda event, traceparent: self.svc.ledger.report(event, traceparent), path)
+            outbox = Outbox(fact_sender(lambda: self.svc.ledger), path)
         self.outbox = outbox
 
     def rstore(self) -> ReservationStore:

@@ -2,9 +2,11 @@
 
 A fact about a job's ranks (starting, running, node_finished, checkpointed) must reach the job's owner whatever
 fails meanwhile: NATS down for minutes, the executor killed and restarted. So `put` appends the fact to a JSON-lines
-file in the executor's state directory and returns; one sender task delivers the pending facts in order through
-`JobLedger.report` and appends a `done` line for those that were stored. The fact's event_id is its Nats-Msg-Id, so
-a fact sent twice (a resend after a timeout whose publish did land, or after a restart) is stored once.
+file in the executor's state directory and returns; one sender task delivers the pending facts in order and appends a
+`done` line for those the job owner answered. By default (`fact_sender`) a fact is a request to the owner
+(`JobLedger.deliver`), answered once its job event is committed or it was refused: the outbox is the fact's only
+durable copy until then, and the owner's event the only append it costs. The fact's event_id is its event's
+Nats-Msg-Id, so a fact sent twice (a resend after a lost answer, or after a restart) is folded once.
 
 Delivery is pipelined: one round sends up to `batch` facts side by side (one request each, all in flight at once),
 at most one per job, so a job's facts are stored in the order they happened even when part of a round fails (a
@@ -30,6 +32,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any
 
+from oneplus_bus.ledger import JobLedger
 from oneplus_bus.telemetry import inject
 from oneplus_contracts import JobEvent, parse_job_event
 
@@ -41,6 +44,23 @@ MAX_BACKOFF_S = 5.0
 COMPACT_EVERY = 1024  # delivered facts between two rewrites of a file that is never empty
 
 Deliver = Callable[[JobEvent, str | None], Awaitable[object]]
+
+
+FACTS_VIA_ENV = "ONEPLUS_EXECUTOR_FACTS"
+FACTS_VIA = ("direct", "stream")
+
+
+def fact_sender(ledger: Callable[[], JobLedger], via: str | None = None) -> Deliver:
+    """How the outbox delivers a fact: `direct` (the default), a request the job owner answers once the fact's
+    event is committed, so the fact is appended once (as that event) and the outbox holds it until then; `stream`,
+    an append to ONEPLUS_FACTS (for solvers older than the direct reports, during a rolling upgrade). `ledger()` is
+    called at each delivery: the service's ledger exists once it started."""
+    via = via if via is not None else (os.environ.get(FACTS_VIA_ENV) or "direct")
+    if via == "direct":
+        return lambda event, traceparent: ledger().deliver(event, traceparent)
+    if via == "stream":
+        return lambda event, traceparent: ledger().report(event, traceparent)
+    raise ValueError(f"{FACTS_VIA_ENV} must be one of {', '.join(FACTS_VIA)}, not {via!r}")
 
 
 def default_state_dir(name: str) -> Path:

@@ -75,7 +75,8 @@ class Membership:
         if not self.loops or self._owner_tasks:
             return
         c = self.controller
-        self._owner_tasks = [self.ctx.svc.spawn(fn) for fn in (c.owner_loop, c.reconcile_loop, c.expire_loop)]
+        loops = (c.owner_loop, self.ctx.owner.run_reports, c.reconcile_loop, c.expire_loop)
+        self._owner_tasks = [self.ctx.svc.spawn(fn) for fn in loops]
 
     async def stop_owner_loops(self) -> None:
         tasks, self._owner_tasks = self._owner_tasks, []

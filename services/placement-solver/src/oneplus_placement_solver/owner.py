@@ -58,6 +58,8 @@ log = logging.getLogger("oneplus.owner")
 FACTS_CONSUMER = "job-owner"
 FACTS_ACK_WAIT_S = 30.0  # a fact fetched and not acknowledged (its fetcher died) is delivered again this much later
 FACT_BATCH = 256
+# A batch of direct reports waits at most this long for the facts stored in the stream before it to be folded first.
+STREAM_FIRST_WAIT_S = 1.0
 HELD_FACT_DELAY_S = 1.0  # a fact about a job not known yet, while an earlier owner's facts come back, waits this much
 REST_OF_BATCH_S = 0.05  # the facts pending behind a first one are in the stream already: they come at once
 # Hot-view keys purged side by side when finished jobs move to the archive: few, so that the commits' writes to the
@@ -76,6 +78,7 @@ class Applied:
 
 
 OnApplied = Callable[[Sequence[Applied]], Awaitable[None]]
+Answer = Callable[[Sequence[JobRecord | None]], Awaitable[None]]
 OnFollowed = Callable[[JobEvent, JobRecord], Awaitable[None]]
 
 
@@ -245,10 +248,15 @@ class JobOwner:
 
     # -- commits ---------------------------------------------------------------------------------------------------
     async def commit(
-        self, *events: JobEvent, traceparents: Sequence[str | None] = (), awaited: Sequence[bool] = ()
+        self,
+        *events: JobEvent,
+        traceparents: Sequence[str | None] = (),
+        awaited: Sequence[bool] = (),
+        answer: Answer | None = None,
     ) -> list[JobRecord | None]:
         """Fold, publish and project `events` in order; the record of each, or None where it did not apply.
-        `awaited[i]`: the reporter of `events[i]` waits to hear what became of it (`_tell_outcomes`)."""
+        `awaited[i]`: the reporter of `events[i]` waits to hear what became of it (`_tell_outcomes`).
+        `answer(out)`: runs once the commit is durable, before the listeners react (direct reports' replies)."""
         try:
             async with self._lock:
                 applied, out = await self._commit_locked(events, traceparents, awaited)
@@ -257,6 +265,8 @@ class JobOwner:
         if any(awaited):
             # Before the listeners: their reactions (settling ended gangs, cancelling) take round trips of their own.
             await self._tell_outcomes(events, out, awaited)
+        if answer is not None:
+            await answer(out)
         await self._notify(applied)
         return out
 
@@ -502,6 +512,113 @@ class JobOwner:
                     await self._tell_outcomes([fact], [first], [True])
                     pending.remove(item)
 
+    # -- facts sent straight to the owner ------------------------------------------------------------------------
+    async def run_reports(self) -> None:
+        """Answer the facts reporters send straight to the owner (`subjects.JOB_REPORTS_ALL`, core NATS: no stream
+        holds them, the reporter's outbox does until it is answered), for ever. Folded in batches like the stream's:
+        every request that came while a commit ran goes into the next one, and each is answered once its commit is
+        durable (the job event in the job stream) or its fact was refused."""
+        if self.nc is None:
+            raise RuntimeError("the job owner answers direct reports only with a NATS connection (nc)")
+        queue: asyncio.Queue[Msg] = asyncio.Queue()
+
+        async def take(msg: Msg) -> None:
+            queue.put_nowait(msg)
+
+        sub = await self.nc.subscribe(subjects.JOB_REPORTS_ALL, queue=subjects.JOB_REPORTS_QUEUE, cb=take)
+        try:
+            while True:
+                msgs = [await queue.get()]
+                await asyncio.sleep(0)  # requests already read off the socket join this batch
+                while not queue.empty() and len(msgs) < FACT_BATCH:
+                    msgs.append(queue.get_nowait())
+                try:
+                    await self.fold_reports(msgs)
+                except Exception as exc:
+                    raise_if_cancelling()
+                    # Not folded, or not known to be (the bus dropped, deposed): the reporters send them again.
+                    log.warning("job owner: %d direct report(s) not folded (%s); asked again", len(msgs), exc)
+                    for msg in msgs:
+                        await _retry(msg, f"not folded: {exc}")
+        finally:
+            with contextlib.suppress(Exception):
+                await sub.unsubscribe()
+            # Requests taken and not answered: their reporters' requests time out and they send them again.
+
+    async def fold_reports(self, msgs: Sequence[Msg]) -> None:
+        """Fold one batch of direct reports and answer each (a `FactOutcome`; `RETRY_HEADER` where it must wait)."""
+        await self._stream_facts_folded()
+        events: list[JobEvent] = []
+        tps: list[str | None] = []
+        spans: list[tuple[Msg, JobEvent, int, int]] = []  # each request's fact and where its events are in `events`
+        catching_up = not self.facts_caught_up(time.time())
+        for msg in msgs:
+            try:
+                event = parse_job_event(msg.data)
+            except ValidationError as exc:
+                self.refused.labels("unreadable").inc()
+                log.error("refused an unreadable report on %s: %s", msg.subject, str(exc)[:300])
+                parts = msg.subject.split(".")
+                job_id, kind = (parts[3], parts[4]) if len(parts) == 5 else ("", "")
+                await _answer(msg, FactOutcome(job_id=job_id, event_id="", type=kind, applied=False))
+                continue
+            if catching_up and self._before_its_job(event, events):
+                await _retry(msg, "facts an earlier owner fetched are not all back yet")
+                continue
+            tasks = expand_fact(event, self.index.live_tasks)
+            mine = [event] if tasks is None else tasks
+            spans.append((msg, event, len(events), len(events) + len(mine)))
+            events += mine
+            tps += [(msg.headers or {}).get("traceparent")] * len(mine)
+        if not events:
+            for msg, event, _, _ in spans:  # an array's fact that stands for no live task
+                await _answer(msg, FactOutcome(job_id=event.job_id, event_id=event.event_id, type=event.type,
+                                               applied=False))  # fmt: skip
+            return
+        done: list[JobRecord | None] = []
+
+        async def answer(out: Sequence[JobRecord | None]) -> None:
+            recs = [*done, *out]
+            if len(recs) < len(events):
+                return  # the batch's later chunks are not committed yet
+            for msg, event, start, end in spans:
+                applied = any(r is not None for r in recs[start:end])
+                await _answer(msg, FactOutcome(job_id=event.job_id, event_id=event.event_id, type=event.type,
+                                               applied=applied))  # fmt: skip
+
+        # `COMMIT_CHUNK` events a commit: an array's fact may stand for thousands of tasks.
+        for at in range(0, len(events), COMMIT_CHUNK):
+            chunk = slice(at, at + COMMIT_CHUNK)
+            done += await self.commit(*events[chunk], traceparents=tps[chunk], answer=answer)
+
+    async def _stream_facts_folded(self) -> None:
+        """Wait (bounded) until the facts stream's facts stored before now are folded, so that a direct report never
+        overtakes a fact it follows from: the preemption service stores `preempting` and only then tells the node to
+        stop, whose `node_finished` (exit 143) folded first would fail the job instead of requeueing it. One request
+        when nothing waits in the stream (the common case)."""
+        deadline = time.monotonic() + STREAM_FIRST_WAIT_S
+        target: int | None = None
+        while True:
+            try:
+                info = await self.js.consumer_info(subjects.FACTS_STREAM, FACTS_CONSUMER)
+            except NotFoundError:
+                return  # no facts consumer yet: nothing was ever folded from the stream, nothing waits to be
+            except Exception as exc:
+                raise_if_cancelling()
+                log.warning("job owner: facts consumer not answered (%s); direct reports folded without waiting", exc)
+                return
+            if not info.num_pending and not info.num_ack_pending:
+                return
+            if target is None:  # the last fact stored now: those after it may follow these reports
+                target = (info.delivered.stream_seq or 0) + (info.num_pending or 0)
+            if (info.ack_floor.stream_seq or 0) >= target:
+                return
+            if time.monotonic() >= deadline:
+                log.info("job owner: direct reports folded before the facts stream caught up (to %d, at %d)", target,
+                         info.ack_floor.stream_seq or 0)  # fmt: skip
+                return
+            await asyncio.sleep(0.01)
+
     def _before_its_job(self, event: JobEvent, batch: Sequence[JobEvent]) -> bool:
         """A fact about a job neither the index nor this batch has accepted: its `accepted` may be among the facts
         an earlier owner fetched and never acknowledged (paused or killed holding them). Folded now, it would be
@@ -590,6 +707,22 @@ async def fetch_batch(sub: JetStreamContext.PullSubscription, timeout: float) ->
         with contextlib.suppress(FetchTimeout, TimeoutError):
             msgs += await sub.fetch(batch=min(pending, FACT_BATCH - 1), timeout=REST_OF_BATCH_S)
     return msgs
+
+
+async def _answer(msg: Msg, outcome: FactOutcome) -> None:
+    """Reply to a direct report: its reporter's outbox lets the fact go."""
+    if not msg.reply:
+        return
+    with contextlib.suppress(Exception):  # best effort: a reporter that hears nothing sends it again
+        await msg.respond(outcome.model_dump_json().encode())
+
+
+async def _retry(msg: Msg, why: str) -> None:
+    """Reply to a direct report that it was not folded: its reporter keeps it and sends it again."""
+    if not msg.reply or msg._client is None:  # nats-py: no public accessor
+        return
+    with contextlib.suppress(Exception):
+        await msg._client.publish(msg.reply, why.encode(), headers={subjects.RETRY_HEADER: "1"})
 
 
 def _awaited(msg: Msg) -> bool:
