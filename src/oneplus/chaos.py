@@ -944,8 +944,8 @@ async def check_fenced_writes(js: JetStreamContext) -> tuple[list[str], list[str
 async def check_audit(nc: Client) -> tuple[list[str], str]:
     """The solver's reservation audit on JetStream (outlives a Redis reset) replayed for double holds."""
     try:
-        from oneplus_bus.audit import audit_history, read_audit
         from oneplus_reservations import check_history
+        from oneplus_stores.audit import audit_history, read_audit
     except ImportError:
         return [], "no reservation audit in this version of the platform: not checked"
     try:

@@ -27,7 +27,7 @@ async def test_durable_appends_per_one_gpu_job_from_submission_to_archive(tmp_pa
     # Written by jobs alone, so exact: each transition's event, each fact reported, one launch, one archive record.
     assert count.appends[subjects.JOBS_STREAM] == 6 * JOBS, count.table()  # accepted..finished
     assert count.appends[subjects.FACTS_STREAM] == 4 * JOBS, count.table()  # accepted, starting, running, node end
-    # The reservation audit rides on `placed` and the attempt's end (oneplus_bus.audit.transition_audit).
+    # The reservation audit rides on `placed` and the attempt's end (oneplus_stores.audit.transition_audit).
     assert count.appends[subjects.AUDIT_STREAM] == 0, count.table()
     assert count.appends[subjects.ARCHIVE_STREAM] == JOBS, count.table()
     assert count.appends[subjects.COMMANDS_STREAM] == JOBS, count.table()  # the launch

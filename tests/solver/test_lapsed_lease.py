@@ -17,11 +17,11 @@ import time
 import pytest
 from nats.aio.client import Client
 from nats.errors import TimeoutError as NatsTimeout
-from oneplus_bus.audit import audit_history, read_audit
 from oneplus_contracts import JobAccepted, JobNodeFinished, subjects
 from oneplus_placement_solver.app import Solver
 from oneplus_placement_solver.owner import FACTS_ACK_WAIT_S, FACTS_CONSUMER
 from oneplus_reservations import check_history
+from oneplus_stores.audit import audit_history, read_audit
 from oneplus_testing import Servers
 from test_cycle_store_ops import add_nodes, solver_on_fresh_bus, spec
 

@@ -13,13 +13,13 @@ from typing import Any
 
 from faststream.nats import NatsMessage
 from nats.js.errors import InvalidKeyError
-from oneplus_bus.archive import JobArchive
 from oneplus_bus.broker import whole_message_subscriber
 from oneplus_bus.service import OneplusService, OpsError, RawJson
 from oneplus_bus.settings import BusSettings
 from oneplus_bus.tenancy import Caller, TenancyError, caller_of
 from oneplus_contracts import JobCancelRequested, JobRecord, SignalRanks, subjects
 from oneplus_contracts.commands import signal_name
+from oneplus_stores.archive import JobArchive
 
 from . import joblist
 from .deliveries import NatsDeliveryLedger

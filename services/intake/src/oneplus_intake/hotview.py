@@ -24,9 +24,9 @@ import time
 
 from nats.js import JetStreamContext
 from nats.js.errors import KeyNotFoundError
-from oneplus_bus.archive import ARCHIVE_PREFIX, JobRow
 from oneplus_bus.informer import StreamTail, kv_list_and_watch
 from oneplus_contracts import JobRecord, subjects
+from oneplus_stores.archive import ARCHIVE_PREFIX, JobRow
 
 log = logging.getLogger("oneplus.intake.hotview")
 

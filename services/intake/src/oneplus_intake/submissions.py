@@ -16,8 +16,6 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 from nats.js.errors import NoKeysError
-from oneplus_bus.archive import JobArchive
-from oneplus_bus.clusterview import QUEUES_KEY, live_queue_config
 from oneplus_bus.informer import StreamTail, kv_list_and_watch
 from oneplus_bus.ledger import latest_values
 from oneplus_bus.service import OneplusService
@@ -40,6 +38,8 @@ from oneplus_jobformats.errors import JobFormatError
 from oneplus_jobformats.site import SiteMapError, site_from_env
 from oneplus_queueing.advance import AdvanceBook, AdvanceReservationError, check_job
 from oneplus_queueing.config import QueueConfig, QueueConfigError
+from oneplus_stores.archive import JobArchive
+from oneplus_stores.clusterview import QUEUES_KEY, live_queue_config
 from pydantic import ValidationError
 
 from .admission import ClusterFacts, EmptyCluster, Inadmissible, admission_key, admit, refuse_dependency_cycle

@@ -27,8 +27,6 @@ import logging
 from collections.abc import Iterable
 from typing import Any
 
-from oneplus_bus.archive import JobArchive
-from oneplus_bus.audit import ReservationAuditLog
 from oneplus_bus.informer import StreamTail, kv_list_and_watch
 from oneplus_bus.lease import Lease
 from oneplus_bus.service import OneplusService
@@ -40,6 +38,8 @@ from oneplus_queueing.advance import AdvanceBook
 from oneplus_queueing.config import QueueConfig
 from oneplus_queueing.model import CycleDecision
 from oneplus_reservations import ReservationStore
+from oneplus_stores.archive import JobArchive
+from oneplus_stores.audit import ReservationAuditLog
 from prometheus_client import Counter
 
 from .binder import Binder

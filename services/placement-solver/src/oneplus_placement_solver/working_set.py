@@ -13,7 +13,6 @@ import os
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-from oneplus_bus.clusterview import QUEUES_KEY
 from oneplus_contracts import Allocation, JobRecord, NodeHeartbeat, NodeRecord
 from oneplus_placement.live import LiveCapacity
 from oneplus_placement.reports import NodeReports
@@ -22,6 +21,7 @@ from oneplus_queueing.advance import AdvanceBook
 from oneplus_queueing.config import QueueConfig, QueueConfigError, default_config, load_queue_config
 from oneplus_queueing.model import RunningJob
 from oneplus_reservations import Reservation
+from oneplus_stores.clusterview import QUEUES_KEY
 
 log = logging.getLogger("oneplus.solver")
 

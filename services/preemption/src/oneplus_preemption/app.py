@@ -17,7 +17,6 @@ import time
 from collections.abc import Iterable
 
 from faststream.nats import NatsMessage
-from oneplus_bus.clusterview import QUEUES_KEY
 from oneplus_bus.informer import StreamTail, kv_list_and_watch
 from oneplus_bus.ledger import latest_values, projected_seq, stream_last_seq
 from oneplus_bus.service import OneplusService
@@ -39,6 +38,7 @@ from oneplus_placement.snapshot import AllocationConflict, ClusterState
 from oneplus_queueing.config import QueueConfig, QueueConfigError, default_config, load_queue_config
 from oneplus_queueing.model import PendingJob, RunningJob
 from oneplus_queueing.victims import choose_victims
+from oneplus_stores.clusterview import QUEUES_KEY
 from prometheus_client import Counter
 from pydantic import ValidationError
 
