@@ -43,7 +43,7 @@ class IntakeService:
     def __init__(self, svc: OneplusService, settings: IntakeSettings | None = None) -> None:
         self.svc = svc
         self.settings = settings
-        self.intake = Intake(svc)
+        self.intake = Intake(svc, settings.accept_wait_s if settings is not None else None)
         self.hot: HotView | None = None  # the job list's copy of the hot view, kept from start to stop
         self.http: HttpServer | None = None
         registry = getattr(svc, "metrics", None)
@@ -91,7 +91,7 @@ class IntakeService:
         await self.start_http(self.settings)
 
     async def start_hot_view(self) -> None:
-        self.hot = HotView(self.svc.js)
+        self.hot = HotView(self.svc.js, self.settings.min_job_age_s if self.settings is not None else None)
         await self.hot.start()
         self.intake.hot = self.hot
 
@@ -246,5 +246,5 @@ def build_intake(
 
 
 def main() -> None:
-    svc, _ = build_intake()
+    svc, _ = build_intake(intake_settings=IntakeSettings.load_or_exit())
     svc.run()

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import hashlib
 import logging
-import os
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -45,6 +44,7 @@ from pydantic import ValidationError
 from .admission import ClusterFacts, EmptyCluster, Inadmissible, admission_key, admit, refuse_dependency_cycle
 from .hotview import HotView
 from .metrics import IntakeMetrics, refusal_reason
+from .settings import IntakeSettings
 
 log = logging.getLogger("oneplus.intake")
 
@@ -78,9 +78,7 @@ class Intake:
         self.svc = svc
         # How long a submission waits for the owner to fold its `accepted` fact, so that a `jobs show` right after
         # the reply finds the job; past it the reply goes out anyway (the fact is stored and will be folded).
-        self.accept_wait_s = (
-            float(os.environ.get("ONEPLUS_ACCEPT_WAIT_S", "2")) if accept_wait_s is None else accept_wait_s
-        )
+        self.accept_wait_s = IntakeSettings.load().accept_wait_s if accept_wait_s is None else accept_wait_s
         self.metrics: IntakeMetrics | None = None  # set by the service: submissions by outcome, reason, source
         self._nodes: dict[str, NodeRecord] | None = None
         self.empty_cluster = EmptyCluster()

@@ -117,6 +117,7 @@ class Solver:
             log.info("solver %s follows: %s holds the owner lease", ctx.settings.replica, holder)
             await ctx.owner.follow(self.membership.on_followed)
         work = ctx.work
+        work.queues_file = ctx.settings.queues_file
         work.load_file_config()
         self._tails.append(await kv_list_and_watch(svc.js, subjects.TOPOLOGY_KV, work.on_node, "solver-topology"))
         self._tails.append(await kv_list_and_watch(svc.js, subjects.QUEUES_KV, work.on_queues, "solver-queues"))
@@ -304,5 +305,5 @@ def build_solver(
 
 
 def main() -> None:
-    svc, _ = build_solver()
+    svc, _ = build_solver(solver_settings=SolverSettings.load_or_exit())
     svc.run()
