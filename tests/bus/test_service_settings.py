@@ -71,3 +71,16 @@ def test_a_bad_boolean_and_a_bad_imex_channel_are_named() -> None:
     with pytest.raises(SettingsError, match=r"^ONEPLUS_IMEX_CHANNEL='x': give a channel number"):
         ExecutorSettings.load({"ONEPLUS_IMEX_CHANNEL": "x"})
     assert ExecutorSettings.load({"ONEPLUS_IMEX_CHANNEL": "none"}).imex is None
+
+
+def test_the_intake_builds_its_token_book_and_accounts_from_the_process_environment(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setenv("ONEPLUS_HTTP_TOKENS", "nlp=0123456789abcdef0123456789abcdef")
+    monkeypatch.setenv("ONEPLUS_PLATFORM_ACCOUNTS", "OPS, X")
+    monkeypatch.setenv("ONEPLUS_HTTP_PORT", "off")
+    s = IntakeSettings.load()
+    assert (s.http_tokens.teams, s.platform_accounts, s.http_port) == ({"nlp"}, {"OPS", "X"}, None)
+    monkeypatch.setenv("ONEPLUS_HTTP_TOKENS", "nlp=short")
+    with pytest.raises(SettingsError, match=r"^ONEPLUS_HTTP_TOKENS: entry 1: a token must be at least 16"):
+        IntakeSettings.load()
