@@ -84,3 +84,19 @@ def test_the_intake_builds_its_token_book_and_accounts_from_the_process_environm
     monkeypatch.setenv("ONEPLUS_HTTP_TOKENS", "nlp=short")
     with pytest.raises(SettingsError, match=r"^ONEPLUS_HTTP_TOKENS: entry 1: a token must be at least 16"):
         IntakeSettings.load()
+
+
+@pytest.mark.parametrize(
+    ("name", "value", "line"),
+    [
+        ("ONEPLUS_STREAM_REPLICAS", "x", "ONEPLUS_STREAM_REPLICAS='x' is not a whole number (1, or 3 on a cluster)"),
+        ("ONEPLUS_MAX_DELIVER", "0", "ONEPLUS_MAX_DELIVER='0': a whole number of deliveries, 1 or more"),
+    ],
+)
+def test_a_bad_scaffold_value_also_stops_a_service_at_start(name: str, value: str, line: str) -> None:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("ONEPLUS_")} | {name: value}
+    env["NATS_URL"] = "nats://127.0.0.1:1"
+    proc = subprocess.run(
+        [sys.executable, "-m", "oneplus_preemption"], env=env, capture_output=True, text=True, timeout=60
+    )
+    assert (proc.returncode, proc.stderr.strip().splitlines()) == (2, [f"error: {line}"])

@@ -67,12 +67,34 @@ class ServiceSettings(BaseSettings):
 
     @classmethod
     def load_or_exit(cls) -> Self:
-        """At a service's start: the settings, or the bad value's one line on stderr and exit status 2."""
+        """At a service's start: the settings, or the bad value's one line on stderr and exit status 2 (the
+        scaffold's own variables, ONEPLUS_STREAM_REPLICAS and the rest, are checked first)."""
         try:
+            problem = scaffold_problem()
+            if problem is not None:
+                raise SettingsError(problem)
             return cls.load()
         except SettingsError as exc:
             print(f"error: {exc}", file=sys.stderr)
             raise SystemExit(2) from None
+
+
+def scaffold_problem() -> str | None:
+    """The first bad value among the variables the bus scaffold of every service reads (streams, metrics, logs,
+    GC, NATS/Redis), in its reader's own words, or None: checked at start rather than when first read."""
+    from .logs import log_settings_from_env
+    from .metrics import metrics_host_from_env, metrics_port_from_env
+    from .service import gc_gen0_from_env
+    from .settings import BusSettings
+    from .streams import stream_replicas
+
+    readers = (stream_replicas, metrics_port_from_env, metrics_host_from_env, log_settings_from_env, gc_gen0_from_env)
+    for read in (*readers, BusSettings.from_env):
+        try:
+            read()
+        except ValueError as exc:
+            return str(exc)
+    return None
 
 
 def env_name(cls: type[BaseSettings], field_name: str) -> str:
