@@ -55,7 +55,7 @@ def _load_subjects() -> ModuleType:
 subjects = _load_subjects()
 
 TEAM_HEADER = "Oneplus-Team"
-QUEUES_CONFIG_KEY = "config"  # oneplus_bus.clusterview.QUEUES_KEY (a test checks they agree)
+QUEUES_CONFIG_KEY = "config"  # oneplus_stores.clusterview.QUEUES_KEY (a test checks they agree)
 JOB_PAGE_MAX = 1000  # the most jobs the intake puts in one page of `oneplus.ops.job.list`
 
 

@@ -21,13 +21,13 @@ import pytest
 from faststream.nats import NatsMessage
 from nats.aio.client import Client
 from nats.js.errors import APIError
-from oneplus_bus.archive import JobArchive
 from oneplus_bus.fencing import FENCE_LANES, FENCED_STREAMS
 from oneplus_bus.service import OneplusService
 from oneplus_bus.settings import BusSettings
 from oneplus_bus.streams import KV_HISTORY, ensure_kv, ensure_streams
 from oneplus_contracts import JobAccepted, JobFinished, JobSpec, subjects
 from oneplus_placement_solver.owner import JobOwner, NotOwner
+from oneplus_stores.archive import JobArchive
 
 from oneplus.devstack import find_nats_server, free_port, spawn, wait_port
 

@@ -29,7 +29,7 @@ from oneplus_contracts import (
 )
 from oneplus_testing import FAULTS
 
-from oneplus.chaos import (
+from oneplus.testing.chaos import (
     FENCED_WRITES,
     ChaosConfig,
     ChaosRun,

@@ -14,9 +14,9 @@ from pathlib import Path
 import pytest
 from oneplus_testing import FAULTS
 
-from oneplus.chaos import FENCED_WRITES, ChaosConfig, render
-from oneplus.multihost import MultiHostRun, lab_faults, sentinel_config
 from oneplus.netlab import NetLab
+from oneplus.testing.chaos import FENCED_WRITES, ChaosConfig, render
+from oneplus.testing.multihost import MultiHostRun, lab_faults, sentinel_config
 
 KINDS = {"nats-leader-kill", "nats-partition", "redis-failover", "kill", "pause-leader", "rolling-restart"}
 

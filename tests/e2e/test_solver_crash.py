@@ -7,12 +7,12 @@ import time
 from pathlib import Path
 
 import pytest
-from oneplus_bus.archive import JobArchive
 from oneplus_contracts import Allocation, JobPlaced, JobSpec, RankPlacement, subjects
 from oneplus_placement_solver.launch import launch_commands
 from oneplus_placement_solver.memory import USAGE_SAVE_EVERY_S
 from oneplus_placement_solver.owner import JobOwner
 from oneplus_reservations import check_history
+from oneplus_stores.archive import JobArchive
 from oneplus_testing import FAULTS, Servers
 from platform_fixture import fresh_platform, job_history, wait_terminal
 

@@ -29,7 +29,7 @@ async def test_durable_appends_per_one_gpu_job_from_submission_to_archive(tmp_pa
     # None: the intake's `accepted` and the executor's facts are requests the owner answers once their event is
     # committed (the executor's outbox holds its facts until then), so each costs its event and no append of its own.
     assert count.appends[subjects.FACTS_STREAM] == 0, count.table()
-    # The reservation audit rides on `placed` and the attempt's end (oneplus_bus.audit.transition_audit).
+    # The reservation audit rides on `placed` and the attempt's end (oneplus_stores.audit.transition_audit).
     assert count.appends[subjects.AUDIT_STREAM] == 0, count.table()
     assert count.appends[subjects.ARCHIVE_STREAM] == JOBS, count.table()
     assert count.appends[subjects.COMMANDS_STREAM] == JOBS, count.table()  # the launch

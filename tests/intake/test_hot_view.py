@@ -7,10 +7,10 @@ import asyncio
 import time
 
 from nats.aio.client import Client
-from oneplus_bus.archive import JobArchive, JobRow
 from oneplus_bus.streams import ensure_kv, ensure_streams
 from oneplus_contracts import JobRecord, JobSpec, RankResources, subjects
 from oneplus_intake.hotview import SYNC_WAIT_S, HotView
+from oneplus_stores.archive import JobArchive, JobRow
 
 
 def record(

@@ -16,9 +16,9 @@ from urllib.parse import quote
 import nats
 import pytest
 from http_platform import HttpPlatform, start_platform
-from oneplus_bus.archive import JobArchive
 from oneplus_contracts import JobRecord, JobSpec, subjects
 from oneplus_intake.http_api import unwrap
+from oneplus_stores.archive import JobArchive
 
 SPEC = {"resources": {"gpus": 1}, "command": ["python", "t.py"]}
 

@@ -13,7 +13,7 @@ def test_submission_concurrency_comes_from_the_environment_or_the_default() -> N
 
 
 @pytest.mark.parametrize(
-    ("raw", "why"), [("many", "is not a whole number"), ("0", "between 1 and 4096"), ("5000", "between 1 and 4096")]
+    ("raw", "why"), [("many", "not an integer"), ("0", "between 1 and 4096"), ("5000", "between 1 and 4096")]
 )
 def test_a_bad_submission_concurrency_is_refused_by_name(raw: str, why: str) -> None:
     with pytest.raises(SettingsError, match=f"ONEPLUS_SUBMIT_WORKERS.*{why}"):

@@ -15,11 +15,11 @@ import pytest
 from intake_process import IntakeProcess, fresh_bus
 from nats.aio.client import Client
 from nats.js.kv import KeyValue
-from oneplus_bus.archive import JobArchive, archive_subject, job_token, parse_since, parse_states, reply_size, token
 from oneplus_bus.ledger import JobLedger
 from oneplus_bus.streams import ARCHIVE_MAX_BYTES, ARCHIVE_RETENTION_S, ensure_streams, stream_limits
 from oneplus_contracts import JobRecord, JobSpec, subjects
 from oneplus_intake.submissions import job_id_for
+from oneplus_stores.archive import JobArchive, archive_subject, job_token, parse_since, parse_states, reply_size, token
 from typer.testing import CliRunner
 
 from oneplus.cli.app import app as cli

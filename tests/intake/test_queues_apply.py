@@ -12,9 +12,9 @@ from pathlib import Path
 import pytest
 from intake_process import IntakeProcess, fresh_bus
 from nats.aio.client import Client
-from oneplus_bus.clusterview import QUEUES_KEY
 from oneplus_contracts import JobSpec, subjects
 from oneplus_jobformats.load import load_job_document
+from oneplus_stores.clusterview import QUEUES_KEY
 from typer.testing import CliRunner
 
 from oneplus import client as client_module

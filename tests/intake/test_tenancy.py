@@ -72,7 +72,7 @@ def test_settings_from_the_environment() -> None:
     s = IntakeSettings.from_env({"ONEPLUS_HTTP_PORT": "9000", "ONEPLUS_PLATFORM_ACCOUNTS": "OPS, $G"})
     assert s.http_port == 9000 and s.http_port_explicit and s.platform_accounts == {"OPS", "$G"}
     assert IntakeSettings.from_env({"ONEPLUS_HTTP_PORT": "off"}).http_port is None
-    with pytest.raises(SettingsError, match="ONEPLUS_HTTP_PORT='http' is not a whole number"):
+    with pytest.raises(SettingsError, match="ONEPLUS_HTTP_PORT='http': not an integer"):
         IntakeSettings.from_env({"ONEPLUS_HTTP_PORT": "http"})
     with pytest.raises(SettingsError, match="between 1 and 86400"):
         IntakeSettings.from_env({"ONEPLUS_MLFLOW_REPLAY_WINDOW_S": "0"})

@@ -12,10 +12,10 @@ from pathlib import Path
 import nats
 import pytest
 from intake_process import IntakeProcess, fresh_bus
-from oneplus_bus.archive import JobArchive
 from oneplus_bus.ledger import read_stream
 from oneplus_contracts import JobRecord, JobSpec, parse_job_event, subjects
 from oneplus_placement_solver.owner import JobOwner
+from oneplus_stores.archive import JobArchive
 from oneplus_testing import Servers
 
 from oneplus.client import OnePlusClient, PlatformError

@@ -7,13 +7,13 @@ that needs H100s was told it "would fit if" jobs on the A100 and the L40S were p
 
 from __future__ import annotations
 
-from oneplus_bus.clusterview import merge_reason
 from oneplus_contracts import JobSpec, RankResources
 from oneplus_placement import explain_pending
 from oneplus_queueing.config import default_config, load_queue_config
 from oneplus_queueing.cycle import schedule_cycle
 from oneplus_queueing.fairshare import UsageHistory
 from oneplus_queueing.model import PendingJob
+from oneplus_stores.clusterview import merge_reason
 from oneplus_topology import load_preset
 from oneplus_topology.cluster import Cluster, Fabric
 from queueing_world import World

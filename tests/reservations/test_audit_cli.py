@@ -6,9 +6,9 @@ import asyncio
 import json
 
 from nats.aio.client import Client
-from oneplus_bus.audit import ReservationAuditLog, read_audit
 from oneplus_bus.streams import ensure_streams
 from oneplus_contracts import Allocation, RankPlacement
+from oneplus_stores.audit import ReservationAuditLog, read_audit
 from oneplus_testing import Servers
 from typer.testing import CliRunner
 

@@ -3,10 +3,10 @@
 from __future__ import annotations
 
 from nats.aio.client import Client
-from oneplus_bus.audit import ReservationAuditLog, audit_history, read_audit, store_ordered
 from oneplus_bus.streams import ensure_streams
 from oneplus_contracts import Allocation, RankPlacement, ReservationAudit
 from oneplus_reservations import ReservationStore, Token, check_history, store_order
+from oneplus_stores.audit import ReservationAuditLog, audit_history, read_audit, store_ordered
 
 
 def alloc(*gpus: int) -> Allocation:

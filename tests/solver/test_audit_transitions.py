@@ -8,7 +8,6 @@ whose GPUs went to another job, still does."""
 from __future__ import annotations
 
 from nats.aio.client import Client
-from oneplus_bus.audit import audit_history, read_audit, transition_audit
 from oneplus_contracts import (
     Allocation,
     JobAccepted,
@@ -19,6 +18,7 @@ from oneplus_contracts import (
     subjects,
 )
 from oneplus_reservations import check_history
+from oneplus_stores.audit import audit_history, read_audit, transition_audit
 from oneplus_testing import Servers
 from test_cycle_store_ops import add_nodes, solver_on_fresh_bus, spec
 

@@ -16,7 +16,6 @@ from collections.abc import AsyncIterator
 import pytest
 from nats.aio.client import Client
 from nats.js.kv import KeyValue
-from oneplus_bus.archive import JobArchive
 from oneplus_bus.ledger import JobLedger, NotDelivered, read_stream
 from oneplus_bus.streams import ensure_kv, ensure_streams
 from oneplus_contracts import (
@@ -33,6 +32,7 @@ from oneplus_contracts import (
 )
 from oneplus_node_executor.outbox import Outbox, fact_sender
 from oneplus_placement_solver.owner import JobOwner
+from oneplus_stores.archive import JobArchive
 from test_cycle_store_ops import spec
 
 

@@ -10,12 +10,12 @@ import asyncio
 from collections.abc import Sequence
 
 from nats.aio.client import Client
-from oneplus_bus.archive import JobArchive
 from oneplus_bus.fencing import OwnerFence, is_fence
 from oneplus_bus.streams import ensure_kv, ensure_streams
 from oneplus_contracts import JobAccepted, JobFinished, subjects
 from oneplus_contracts.jobindex import FinishedJob
 from oneplus_placement_solver.owner import JobOwner
+from oneplus_stores.archive import JobArchive
 from test_cycle_store_ops import spec
 
 

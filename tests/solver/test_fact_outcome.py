@@ -13,11 +13,11 @@ from collections.abc import AsyncIterator, Sequence, Set
 
 import pytest
 from nats.aio.client import Client
-from oneplus_bus.archive import JobArchive
 from oneplus_bus.ledger import JobLedger
 from oneplus_bus.streams import ensure_kv, ensure_streams
 from oneplus_contracts import JobAccepted, JobCancelRequested, JobRecord, subjects
 from oneplus_placement_solver.owner import Applied, JobOwner
+from oneplus_stores.archive import JobArchive
 from test_cycle_store_ops import spec
 
 

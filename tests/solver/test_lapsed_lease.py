@@ -10,18 +10,17 @@ reservation audit both showed one GPU held by two jobs.
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import functools
 import time
 
 import pytest
 from nats.aio.client import Client
 from nats.errors import TimeoutError as NatsTimeout
-from oneplus_bus.audit import audit_history, read_audit
 from oneplus_contracts import JobAccepted, JobNodeFinished, subjects
 from oneplus_placement_solver.app import Solver
 from oneplus_placement_solver.owner import FACTS_ACK_WAIT_S, FACTS_CONSUMER
 from oneplus_reservations import check_history
+from oneplus_stores.audit import audit_history, read_audit
 from oneplus_testing import Servers
 from test_cycle_store_ops import add_nodes, solver_on_fresh_bus, spec
 
@@ -29,7 +28,7 @@ from test_cycle_store_ops import add_nodes, solver_on_fresh_bus, spec
 async def place_with_a_short_lease(nc: Client, solver: Solver, monkeypatch: pytest.MonkeyPatch) -> None:
     """One node, a grace of half a second, and gang j0 placed there on a lease of a few tenths of a second that no
     node renews."""
-    monkeypatch.setattr(solver, "settings", dataclasses.replace(solver.settings, lost_reservation_grace_s=0.5))
+    monkeypatch.setattr(solver, "settings", solver.settings.model_copy(update={"lost_reservation_grace_s": 0.5}))
     await add_nodes(nc, solver, 1)
     monkeypatch.setattr(solver.store, "reserve_many", functools.partial(solver.store.reserve_many, lease_s=0.3))
     await solver.owner.commit(JobAccepted(event_id="acc-0", job_id="j0", spec=spec(0, gpus=8)))

@@ -10,7 +10,6 @@ from __future__ import annotations
 import pytest
 from nats.aio.client import Client
 from oneplus_bus import fencing
-from oneplus_bus.archive import JobArchive
 from oneplus_bus.ledger import read_stream
 from oneplus_bus.streams import ensure_kv, ensure_streams
 from oneplus_contracts import (
@@ -25,6 +24,7 @@ from oneplus_contracts import (
     subjects,
 )
 from oneplus_placement_solver.owner import JobOwner
+from oneplus_stores.archive import JobArchive
 from test_cycle_store_ops import spec
 
 

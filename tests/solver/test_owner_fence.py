@@ -14,7 +14,6 @@ import pytest
 from nats.aio.client import Client
 from nats.js import JetStreamContext
 from nats.js.api import PubAck
-from oneplus_bus.archive import JobArchive
 from oneplus_bus.fencing import (
     EPOCH_HEADER,
     EXPECTED_SEQ_SUBJECT,
@@ -33,6 +32,7 @@ from oneplus_contracts import JobAccepted, JobFinished, subjects
 from oneplus_placement_solver.memory import SolverMemory
 from oneplus_placement_solver.owner import JobOwner, NotOwner
 from oneplus_queueing.model import CycleCarry
+from oneplus_stores.archive import JobArchive
 from test_cycle_store_ops import spec
 
 

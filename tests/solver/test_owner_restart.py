@@ -6,10 +6,10 @@ Reads are counted: with the hot view empty, the replay must not walk the job str
 from __future__ import annotations
 
 from nats.aio.client import Client
-from oneplus_bus.archive import JobArchive
 from oneplus_bus.streams import ensure_kv, ensure_streams
 from oneplus_contracts import JobAccepted, JobFinished, subjects
 from oneplus_placement_solver.owner import JobOwner
+from oneplus_stores.archive import JobArchive
 from test_cycle_store_ops import spec
 
 

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 from nats.aio.client import Client
 from nats.js import JetStreamContext
-from oneplus_bus.archive import JobArchive
 from oneplus_bus.ledger import projected_seq
 from oneplus_bus.streams import ensure_kv, ensure_streams
 from oneplus_contracts import (
@@ -22,6 +21,7 @@ from oneplus_contracts import (
     subjects,
 )
 from oneplus_placement_solver.owner import Applied, JobOwner
+from oneplus_stores.archive import JobArchive
 from test_cycle_store_ops import spec
 
 KV_STREAM = f"KV_{subjects.JOBS_KV}"

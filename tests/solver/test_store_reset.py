@@ -11,9 +11,9 @@ import asyncio
 import time
 
 from nats.aio.client import Client
-from oneplus_bus.audit import audit_history, read_audit
 from oneplus_contracts import JobAccepted, JobFinished, JobRequeued, NodeHeartbeat, RankReport, subjects
 from oneplus_reservations import EPOCH_SPAN, check_history
+from oneplus_stores.audit import audit_history, read_audit
 from oneplus_testing import Servers
 from test_cycle_store_ops import add_nodes, solver_on_fresh_bus, spec
 

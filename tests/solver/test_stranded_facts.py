@@ -12,12 +12,12 @@ import time
 
 from nats.aio.client import Client
 from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy
-from oneplus_bus.archive import JobArchive
 from oneplus_bus.ledger import JobLedger
 from oneplus_bus.streams import ensure_kv, ensure_streams
 from oneplus_contracts import JobAccepted, JobCancelRequested, subjects
 from oneplus_placement_solver import owner as owner_module
 from oneplus_placement_solver.owner import JobOwner
+from oneplus_stores.archive import JobArchive
 from test_cycle_store_ops import spec
 
 

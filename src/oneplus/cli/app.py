@@ -207,7 +207,7 @@ def jobs_list(
     import re
     from datetime import datetime
 
-    from oneplus_bus.archive import parse_states
+    from oneplus_stores.archive import parse_states
 
     try:
         states = parse_states(state)
@@ -688,8 +688,8 @@ def audit(
     as_json: JsonOpt = False,
 ) -> None:
     """Replay the reservation audit kept in JetStream (it outlives a Redis reset): was a GPU ever held twice?"""
-    from oneplus_bus.audit import audit_history, read_audit
     from oneplus_reservations import check_history
+    from oneplus_stores.audit import audit_history, read_audit
 
     async def run(c: OnePlusClient) -> dict[str, Any]:
         entries = await read_audit(c.nc)

@@ -48,6 +48,12 @@ class BusSettings:
             redis_url=redis.url,
             redis_options=redis,
             cluster=os.environ.get("ONEPLUS_CLUSTER", "default"),
-            max_deliver=int(os.environ.get("ONEPLUS_MAX_DELIVER", "5")),
+            max_deliver=_max_deliver(os.environ.get("ONEPLUS_MAX_DELIVER", "").strip() or "5"),
             inbox_prefix=os.environ.get("ONEPLUS_INBOX_PREFIX", "_INBOX"),
         )
+
+
+def _max_deliver(raw: str) -> int:
+    if not raw.isdigit() or int(raw) < 1:
+        raise ValueError(f"ONEPLUS_MAX_DELIVER={raw!r}: a whole number of deliveries, 1 or more")
+    return int(raw)

@@ -13,13 +13,13 @@ from typing import Any
 
 from faststream.nats import NatsMessage
 from nats.js.errors import InvalidKeyError
-from oneplus_bus.archive import JobArchive
 from oneplus_bus.broker import whole_message_subscriber
 from oneplus_bus.service import OneplusService, OpsError, RawJson
 from oneplus_bus.settings import BusSettings
 from oneplus_bus.tenancy import Caller, TenancyError, caller_of
 from oneplus_contracts import JobCancelRequested, JobRecord, SignalRanks, subjects
 from oneplus_contracts.commands import signal_name
+from oneplus_stores.archive import JobArchive
 
 from . import joblist
 from .deliveries import NatsDeliveryLedger
@@ -43,7 +43,7 @@ class IntakeService:
     def __init__(self, svc: OneplusService, settings: IntakeSettings | None = None) -> None:
         self.svc = svc
         self.settings = settings
-        self.intake = Intake(svc)
+        self.intake = Intake(svc, settings.accept_wait_s if settings is not None else None)
         self.hot: HotView | None = None  # the job list's copy of the hot view, kept from start to stop
         self.http: HttpServer | None = None
         registry = getattr(svc, "metrics", None)
@@ -91,7 +91,7 @@ class IntakeService:
         await self.start_http(self.settings)
 
     async def start_hot_view(self) -> None:
-        self.hot = HotView(self.svc.js)
+        self.hot = HotView(self.svc.js, self.settings.min_job_age_s if self.settings is not None else None)
         await self.hot.start()
         self.intake.hot = self.hot
 
@@ -246,5 +246,5 @@ def build_intake(
 
 
 def main() -> None:
-    svc, _ = build_intake()
+    svc, _ = build_intake(intake_settings=IntakeSettings.load_or_exit())
     svc.run()

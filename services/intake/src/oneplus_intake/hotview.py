@@ -19,14 +19,15 @@ import asyncio
 import contextlib
 import json
 import logging
-import os
 import time
 
 from nats.js import JetStreamContext
 from nats.js.errors import KeyNotFoundError
-from oneplus_bus.archive import ARCHIVE_PREFIX, JobRow
 from oneplus_bus.informer import StreamTail, kv_list_and_watch
 from oneplus_contracts import JobRecord, subjects
+from oneplus_stores.archive import ARCHIVE_PREFIX, JobRow
+
+from .settings import IntakeSettings
 
 log = logging.getLogger("oneplus.intake.hotview")
 
@@ -39,9 +40,7 @@ class HotView:
     def __init__(self, js: JetStreamContext, min_job_age_s: float | None = None) -> None:
         self.js = js
         self.rows: dict[str, JobRow] = {}
-        self.min_job_age_s = (
-            float(os.environ.get("ONEPLUS_MIN_JOB_AGE_S", "300")) if min_job_age_s is None else min_job_age_s
-        )
+        self.min_job_age_s = IntakeSettings.load().min_job_age_s if min_job_age_s is None else min_job_age_s
         self._tail: StreamTail | None = None
         self._archive_tail: StreamTail | None = None
         self._sweeper: asyncio.Task[None] | None = None

@@ -1,7 +1,7 @@
 """`oneplus.ops.job.list` and `oneplus.ops.job.show`: the hot view first, then the archive, a page at a time.
 
 The hot view is the `jobs` KV bucket (live jobs and those finished less than ONEPLUS_MIN_JOB_AGE_S ago), kept in the
-intake's memory (hotview.py), filtered and sorted by (submitted_ts, job_id); the archive (oneplus_bus.archive)
+intake's memory (hotview.py), filtered and sorted by (submitted_ts, job_id); the archive (oneplus_stores.archive)
 follows, in the order jobs were archived. A request names its filters (`state`, `since`, `user`; the team is the
 caller's), a `limit` and the `cursor` the previous page returned; a reply is `{"jobs": [record, ...], "next": cursor
 or null}` and never grows past PAGE_BYTES, well under NATS' max_payload (1 MB by default), however many jobs match.
@@ -23,11 +23,11 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from nats.js.errors import InvalidKeyError
-from oneplus_bus.archive import JobArchive, JobRow, parse_since, parse_states
 from oneplus_bus.ledger import JobLedger, latest_values
 from oneplus_bus.service import OpsError, RawJson
 from oneplus_bus.tenancy import Caller
 from oneplus_contracts import TERMINAL_STATES, JobRecord, subjects
+from oneplus_stores.archive import JobArchive, JobRow, parse_since, parse_states
 
 from .hotview import HotView
 

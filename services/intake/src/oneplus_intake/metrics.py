@@ -16,7 +16,7 @@ from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
 if TYPE_CHECKING:
-    from oneplus_bus.archive import JobRow
+    from oneplus_stores.archive import JobRow
 
 SOURCE_KINDS = ("cli", "sbatch", "http", "nats", "mlflow", "cloudevent")
 METHODS = frozenset({"GET", "POST", "PUT", "DELETE", "PATCH", "HEAD", "OPTIONS"})

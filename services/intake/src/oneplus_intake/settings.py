@@ -1,40 +1,79 @@
-"""The intake's HTTP and webhook settings, from the environment."""
+"""The intake's settings: built once at bootstrap from the environment, one clear error for a bad value."""
 
 from __future__ import annotations
 
-import os
 from collections.abc import Mapping
-from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Annotated, Any
 
+from oneplus_bus.config import ServiceSettings, SettingsError
 from oneplus_bus.tenancy import PLATFORM_ACCOUNTS
+from pydantic import Field, field_validator, model_validator
+from pydantic_settings import NoDecode
 
 from .auth import TokenBook, TokenError, is_loopback
 
+__all__ = ["DEFAULT_HTTP_PORT", "SUBMIT_WORKERS", "IntakeSettings", "SettingsError", "submit_workers"]
+
 DEFAULT_HTTP_PORT = 8080
-
-
-class SettingsError(ValueError):
-    """An environment variable that cannot be used; the message names it."""
-
+_NO_PORT = ("off", "none", "disabled")
 
 # Submissions are answered concurrently: each waits for the job owner's fold, so a burst is served only as fast as
 # this many folds are in flight. 32 capped a 2,000-gang burst near 330/s on 2 cores; 128 gave 415; 256 cost more CPU.
 SUBMIT_WORKERS = 128
 
 
-@dataclass(frozen=True)
-class IntakeSettings:
+class IntakeSettings(ServiceSettings):
+    """`ONEPLUS_<FIELD>` sets each field (docs/configuration.md); the aliased ones read the names shown."""
+
     http_host: str = "127.0.0.1"
-    http_port: int | None = DEFAULT_HTTP_PORT  # None: no HTTP listener
+    http_port: int | None = Field(DEFAULT_HTTP_PORT, ge=0, le=65535)  # None ("off"): no HTTP listener
     http_port_explicit: bool = False  # a port someone asked for must bind; the default may be taken
-    mlflow_secret: str = ""
+    mlflow_secret: str = Field("", repr=False)
     mlflow_templates: Path | None = None
-    replay_window_s: int = 300
-    platform_accounts: frozenset[str] = PLATFORM_ACCOUNTS
-    http_tokens: TokenBook = field(default_factory=TokenBook)  # empty: no authentication (loopback only)
+    replay_window_s: int = Field(300, ge=1, le=86400, alias="ONEPLUS_MLFLOW_REPLAY_WINDOW_S")
+    platform_accounts: Annotated[frozenset[str], NoDecode] = PLATFORM_ACCOUNTS  # comma-separated
+    # Who may use the HTTP API: ONEPLUS_HTTP_TOKENS (team=token,...), ONEPLUS_HTTP_TOKENS_FILE and
+    # ONEPLUS_HTTP_ADMIN_TOKEN make one book; empty: no authentication (loopback only).
+    http_tokens: Annotated[TokenBook, NoDecode] = Field(default_factory=TokenBook, repr=False)
+    http_tokens_file: Path | None = None
+    http_admin_token: str = Field("", repr=False)
     http_insecure: bool = False  # ONEPLUS_HTTP_INSECURE=1: listen beyond loopback without tokens all the same
-    submit_workers: int = SUBMIT_WORKERS  # ONEPLUS_SUBMIT_WORKERS: submissions handled at once
+    submit_workers: int = Field(SUBMIT_WORKERS, ge=1, le=4096)  # submissions handled at once
+    min_job_age_s: float = Field(300.0, ge=0)  # Slurm's MinJobAge: how long a finished job stays in the hot view
+    accept_wait_s: float = Field(2.0, ge=0)  # how long a submission waits for the owner's fold before answering
+
+    @model_validator(mode="before")
+    @classmethod
+    def _derived(cls, data: Any) -> Any:
+        if not isinstance(data, dict):
+            return data
+        data = dict(data)
+        port = data.get("http_port")
+        if "http_port_explicit" not in data:
+            data["http_port_explicit"] = port is not None and str(port).strip() != ""
+        if isinstance(port, str) and port.strip().lower() in _NO_PORT:
+            data["http_port"] = None
+        tokens = data.get("http_tokens")
+        if not isinstance(tokens, TokenBook):
+            try:
+                data["http_tokens"] = TokenBook.from_env(
+                    {
+                        "ONEPLUS_HTTP_TOKENS": str(tokens or ""),
+                        "ONEPLUS_HTTP_TOKENS_FILE": str(data.get("http_tokens_file") or ""),
+                        "ONEPLUS_HTTP_ADMIN_TOKEN": str(data.get("http_admin_token") or ""),
+                    }
+                )
+            except TokenError as exc:
+                raise ValueError(str(exc)) from None
+        return data
+
+    @field_validator("platform_accounts", mode="before")
+    @classmethod
+    def _accounts(cls, value: Any) -> Any:
+        if isinstance(value, str):
+            return frozenset(a.strip() for a in value.split(",") if a.strip()) or PLATFORM_ACCOUNTS
+        return value
 
     def check_listen(self) -> str | None:
         """Refuse an HTTP listener anyone on the network could use as any team; a warning to log, if any."""
@@ -53,53 +92,9 @@ class IntakeSettings:
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> IntakeSettings:
-        env = os.environ if env is None else env
-        raw_port = env.get("ONEPLUS_HTTP_PORT", "").strip()
-        port: int | None = DEFAULT_HTTP_PORT
-        if raw_port.lower() in ("off", "none", "disabled"):
-            port = None
-        elif raw_port:
-            port = _int(env, "ONEPLUS_HTTP_PORT", 0, 65535)
-        templates = env.get("ONEPLUS_MLFLOW_TEMPLATES", "").strip()
-        accounts = env.get("ONEPLUS_PLATFORM_ACCOUNTS", "").strip()
-        try:
-            tokens = TokenBook.from_env(env)
-        except TokenError as exc:
-            raise SettingsError(str(exc)) from None
-        insecure = env.get("ONEPLUS_HTTP_INSECURE", "").strip().lower()
-        if insecure not in ("", "0", "1", "true", "false", "yes", "no"):
-            raise SettingsError(f"ONEPLUS_HTTP_INSECURE={insecure!r} must be 1 or 0")
-        return cls(
-            http_host=env.get("ONEPLUS_HTTP_HOST", "").strip() or "127.0.0.1",
-            http_port=port,
-            http_port_explicit=bool(raw_port),
-            mlflow_secret=env.get("ONEPLUS_MLFLOW_SECRET", ""),
-            mlflow_templates=Path(templates) if templates else None,
-            replay_window_s=_int(env, "ONEPLUS_MLFLOW_REPLAY_WINDOW_S", 1, 86400, default=300),
-            platform_accounts=frozenset(a.strip() for a in accounts.split(",") if a.strip()) or PLATFORM_ACCOUNTS,
-            http_tokens=tokens,
-            http_insecure=insecure in ("1", "true", "yes"),
-            submit_workers=submit_workers_from_env(env),
-        )
-
-
-def submit_workers_from_env(env: Mapping[str, str] | None = None) -> int:
-    return _int(os.environ if env is None else env, "ONEPLUS_SUBMIT_WORKERS", 1, 4096, default=SUBMIT_WORKERS)
+        return cls.load(env)
 
 
 def submit_workers(settings: IntakeSettings | None) -> int:
     """The submission subscriber's concurrency, fixed when the service is built (settings, else the environment)."""
-    return settings.submit_workers if settings is not None else submit_workers_from_env()
-
-
-def _int(env: Mapping[str, str], name: str, low: int, high: int, default: int | None = None) -> int:
-    raw = env.get(name, "").strip()
-    if not raw and default is not None:
-        return default
-    try:
-        value = int(raw)
-    except ValueError:
-        raise SettingsError(f"{name}={raw!r} is not a whole number") from None
-    if not low <= value <= high:
-        raise SettingsError(f"{name}={value} must be between {low} and {high}")
-    return value
+    return (settings if settings is not None else IntakeSettings.load()).submit_workers

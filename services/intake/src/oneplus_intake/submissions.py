@@ -10,14 +10,11 @@ from __future__ import annotations
 
 import hashlib
 import logging
-import os
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass
 
 from nats.js.errors import NoKeysError
-from oneplus_bus.archive import JobArchive
-from oneplus_bus.clusterview import QUEUES_KEY, live_queue_config
 from oneplus_bus.informer import StreamTail, kv_list_and_watch
 from oneplus_bus.ledger import NotDelivered, Reported, latest_values
 from oneplus_bus.service import OneplusService
@@ -40,11 +37,14 @@ from oneplus_jobformats.errors import JobFormatError
 from oneplus_jobformats.site import SiteMapError, site_from_env
 from oneplus_queueing.advance import AdvanceBook, AdvanceReservationError, check_job
 from oneplus_queueing.config import QueueConfig, QueueConfigError
+from oneplus_stores.archive import JobArchive
+from oneplus_stores.clusterview import QUEUES_KEY, live_queue_config
 from pydantic import ValidationError
 
 from .admission import ClusterFacts, EmptyCluster, Inadmissible, admission_key, admit, refuse_dependency_cycle
 from .hotview import HotView
 from .metrics import IntakeMetrics, refusal_reason
+from .settings import IntakeSettings
 
 log = logging.getLogger("oneplus.intake")
 
@@ -78,9 +78,7 @@ class Intake:
         self.svc = svc
         # How long a submission waits for the owner to fold its `accepted` fact, so that a `jobs show` right after
         # the reply finds the job; past it the reply goes out anyway (the fact is stored and will be folded).
-        self.accept_wait_s = (
-            float(os.environ.get("ONEPLUS_ACCEPT_WAIT_S", "2")) if accept_wait_s is None else accept_wait_s
-        )
+        self.accept_wait_s = IntakeSettings.load().accept_wait_s if accept_wait_s is None else accept_wait_s
         self.metrics: IntakeMetrics | None = None  # set by the service: submissions by outcome, reason, source
         self._nodes: dict[str, NodeRecord] | None = None
         self.empty_cluster = EmptyCluster()

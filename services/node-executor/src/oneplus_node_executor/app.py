@@ -37,6 +37,7 @@ from .runtime import slurm
 from .runtime.base import Runtime
 from .runtime.docker import DockerRuntime
 from .runtime.slurm_tasks import StepProgress
+from .settings import ExecutorSettings
 
 log = logging.getLogger("oneplus.executor")
 
@@ -142,27 +143,23 @@ def load_topology(ref: str, node: str) -> NodeTopology:
     return load_preset(ref, node)
 
 
-def make_runtime(kind: str, topology: NodeTopology) -> Runtime:
+def make_runtime(kind: str, topology: NodeTopology, settings: ExecutorSettings | None = None) -> Runtime:
+    settings = settings if settings is not None else ExecutorSettings.load()
     if kind == "simulated":
         from .runtime.simulated import SimulatedRuntime
 
-        return SimulatedRuntime(time_scale=float(os.environ.get("ONEPLUS_TIME_SCALE", "1.0")))
+        return SimulatedRuntime(time_scale=settings.time_scale)
     if kind == "docker":
-        url = os.environ.get("ONEPLUS_DOCKER_URL", "unix:///var/run/docker.sock")
         # GPU device requests only where GPUs were really discovered (or the operator says so).
-        gpu_node = topology.source == "nvml" or os.environ.get("ONEPLUS_GPU_NODE", "") == "1"
+        gpu_node = topology.source == "nvml" or settings.gpu_node
         # A busy engine can take seconds to answer a ping; an engine that is gone refuses at once.
-        # The IMEX channel for jobs over the trays of one NVLink domain: ONEPLUS_IMEX_CHANNEL=N, or "none".
-        imex = os.environ.get("ONEPLUS_IMEX_CHANNEL", "0").strip().lower()
-        if imex != "none" and not imex.isdigit():
-            raise SystemExit(f"ONEPLUS_IMEX_CHANNEL={imex!r}: give a channel number (0 is the default) or 'none'")
         return DockerRuntime(
-            url,
+            settings.docker_url,
             node_topology=topology,
             node=topology.node,
             gpu_node=gpu_node,
             ping_timeout_s=5.0,
-            imex_channel=None if imex == "none" else int(imex),
+            imex_channel=settings.imex,
         )
     raise SystemExit(f"unknown runtime {kind!r}: use 'simulated' or 'docker'")
 
@@ -170,63 +167,65 @@ def make_runtime(kind: str, topology: NodeTopology) -> Runtime:
 SIMULATION_TOPOLOGY = "h100_sxm_8gpu_nvswitch_nv18"
 
 
-def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    """The command line; a node that is not declared a simulation must name its topology and runtime."""
+def parse_args(argv: list[str] | None = None, settings: ExecutorSettings | None = None) -> argparse.Namespace:
+    """The command line, its defaults from the settings (the environment); a node that is not declared a simulation
+    must name its topology and runtime."""
+    env = settings if settings is not None else ExecutorSettings.load()
     p = argparse.ArgumentParser(prog="oneplus-node-executor")
-    p.add_argument("--node", default=os.environ.get("ONEPLUS_NODE"), required="ONEPLUS_NODE" not in os.environ)
+    p.add_argument("--node", default=env.node, required=env.node is None)
     p.add_argument(
         "--topology",
-        default=os.environ.get("ONEPLUS_TOPOLOGY") or None,
+        default=env.topology,
         help="nvml (discover this host), an `nvidia-smi topo -m` file or a preset name; required unless --simulate",
     )
     p.add_argument(
         "--gpu-list",
-        default=os.environ.get("ONEPLUS_GPU_LIST") or None,
+        default=env.gpu_list,
         help="an `nvidia-smi -L` file: the GPUs' UUIDs and MIG instances (a --topology file or preset has neither)",
     )
     p.add_argument(
         "--mps-pipe-dir",
-        default=os.environ.get("ONEPLUS_MPS_PIPE_DIRECTORY") or None,
+        default=env.mps_pipe_directory,
         help="this node runs the MPS control daemon with this CUDA_MPS_PIPE_DIRECTORY: GPU shares run isolated here",
     )
     p.add_argument(
         "--mps-log-dir",
-        default=os.environ.get("ONEPLUS_MPS_LOG_DIRECTORY") or None,
+        default=env.mps_log_directory,
         help="the MPS daemon's CUDA_MPS_LOG_DIRECTORY (default /var/log/nvidia-mps; only with --mps-pipe-dir)",
     )
-    p.add_argument("--leaf", default=os.environ.get("ONEPLUS_LEAF"))
-    p.add_argument("--spine", default=os.environ.get("ONEPLUS_SPINE"))
+    p.add_argument("--leaf", default=env.leaf)
+    p.add_argument("--spine", default=env.spine)
     p.add_argument(
         "--features",
-        default=os.environ.get("ONEPLUS_NODE_FEATURES", ""),
+        default=env.node_features,
         help="comma-separated node features for --constraint (the GPU model's, e.g. h100, is always added)",
     )
     p.add_argument(
         "--runtime",
-        default=os.environ.get("ONEPLUS_RUNTIME") or None,
+        default=env.runtime,
         help="docker (run ranks in containers) or simulated; required unless --simulate",
     )
     p.add_argument(
         "--simulate",
         action="store_true",
-        default=os.environ.get("ONEPLUS_SIMULATION", "").strip().lower() in {"1", "true", "yes"},
+        default=env.simulation,
         help=f"a simulated node (ONEPLUS_SIMULATION=1): defaults --topology {SIMULATION_TOPOLOGY} --runtime simulated",
     )
     p.add_argument(
         "--address",
-        default=os.environ.get("ONEPLUS_NODE_ADDRESS") or None,
+        default=env.node_address,
         help="where other nodes reach this one (IP): jobs' containers resolve this node's name to it",
     )
-    p.add_argument("--heartbeat", type=float, default=float(os.environ.get("ONEPLUS_HEARTBEAT_S", "2")))
+    p.add_argument("--heartbeat", type=float, default=env.heartbeat_s)
     p.add_argument(
         "--keep-finished",
         type=int,
-        default=int(os.environ.get("ONEPLUS_KEEP_FINISHED", str(KEEP_FINISHED))),
+        default=env.keep_finished,
         help="ended jobs whose containers (and logs) stay on the node; older ones are removed",
     )
     p.add_argument(
         "--state-dir",
-        default=os.environ.get("ONEPLUS_STATE_DIR"),
+        default=env.state_dir,
         help="where the executor keeps the facts it has yet to send (default ~/.local/state/oneplus/executor-<node>)",
     )
     add_metrics_port_argument(p)
@@ -255,7 +254,8 @@ def simulated_node(topo: NodeTopology) -> NodeTopology:
 
 
 def main() -> None:
-    a = parse_args()
+    settings = ExecutorSettings.load_or_exit()
+    a = parse_args(settings=settings)
     topo = load_topology(a.topology, a.node)
     if a.gpu_list:
         from oneplus_topology.mig import apply_gpu_listing, parse_gpu_listing
@@ -274,7 +274,7 @@ def main() -> None:
     topo = topo.model_copy(update={"features": sorted(node_features(topo.gpu_model, [*topo.features, *extra]))})
     svc, _ = create_executor(
         topo,
-        make_runtime(a.runtime, topo),
+        make_runtime(a.runtime, topo, settings),
         heartbeat_s=a.heartbeat,
         keep_finished=a.keep_finished,
         gpu_probe=nvml_probe(a.node) if a.topology == "nvml" else None,

@@ -53,6 +53,7 @@ from opentelemetry import propagate
 from .app import DEFAULT_INBOX, make_runtime, simulated_node
 from .node import KEEP_FINISHED, LEASE_S, NodeExecutor
 from .outbox import Outbox, fact_sender, state_dir_from_env
+from .settings import ExecutorSettings
 
 log = logging.getLogger("oneplus.fleet")
 
@@ -202,11 +203,12 @@ class SimulatedFleet:
             self.state_dir / f"outbox-fleet-{name}.jsonl",
             fsync=False,
         )
+        node_settings = ExecutorSettings.load()  # the simulated ranks' time scale, read once for every node
         self.executors: dict[str, NodeExecutor] = {
             t.node: NodeExecutor(
                 self.svc,
                 t,
-                make_runtime("simulated", t),
+                make_runtime("simulated", t, node_settings),
                 heartbeat_s=heartbeat_s,
                 keep_finished=keep_finished,
                 remember_ends=FLEET_REMEMBER_ENDS,

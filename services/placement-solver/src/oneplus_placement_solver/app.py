@@ -27,8 +27,6 @@ import logging
 from collections.abc import Iterable
 from typing import Any
 
-from oneplus_bus.archive import JobArchive
-from oneplus_bus.audit import ReservationAuditLog
 from oneplus_bus.informer import StreamTail, kv_list_and_watch
 from oneplus_bus.lease import Lease
 from oneplus_bus.service import OneplusService
@@ -40,6 +38,8 @@ from oneplus_queueing.advance import AdvanceBook
 from oneplus_queueing.config import QueueConfig
 from oneplus_queueing.model import CycleDecision
 from oneplus_reservations import ReservationStore
+from oneplus_stores.archive import JobArchive
+from oneplus_stores.audit import ReservationAuditLog
 from prometheus_client import Counter
 
 from .binder import Binder
@@ -117,6 +117,7 @@ class Solver:
             log.info("solver %s follows: %s holds the owner lease", ctx.settings.replica, holder)
             await ctx.owner.follow(self.membership.on_followed)
         work = ctx.work
+        work.queues_file = ctx.settings.queues_file
         work.load_file_config()
         self._tails.append(await kv_list_and_watch(svc.js, subjects.TOPOLOGY_KV, work.on_node, "solver-topology"))
         self._tails.append(await kv_list_and_watch(svc.js, subjects.QUEUES_KV, work.on_queues, "solver-queues"))
@@ -304,5 +305,5 @@ def build_solver(
 
 
 def main() -> None:
-    svc, _ = build_solver()
+    svc, _ = build_solver(solver_settings=SolverSettings.load_or_exit())
     svc.run()

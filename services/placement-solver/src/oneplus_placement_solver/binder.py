@@ -149,7 +149,7 @@ class Binder:
                     ctx.work.capacity.hold(job_id, token, alloc)
                     self.binding[job_id] = self.reserved_since_read[job_id] = (token, alloc)
                     ctx.metrics.placed_gang(rec, alloc, assumed.layout, assumed.now)
-                    # Audited by its `placed` event (oneplus_bus.audit.transition_audit): no append of its own.
+                    # Audited by its `placed` event (oneplus_stores.audit.transition_audit): no append of its own.
                     placed.append((rec, alloc, token))
             for job_id in unresolved:
                 self.forget(job_id)  # not reserved: pending again

@@ -10,11 +10,11 @@ from __future__ import annotations
 import asyncio
 from dataclasses import dataclass, field
 
-from oneplus_bus.audit import ReservationAuditLog
 from oneplus_bus.service import OneplusService
 from oneplus_contracts import JobEvent
 from oneplus_queueing.shards import replica_for
 from oneplus_reservations import ReservationStore
+from oneplus_stores.audit import ReservationAuditLog
 
 from .fence import StoreFence
 from .memory import SolverMemory

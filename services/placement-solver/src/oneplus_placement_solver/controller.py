@@ -144,7 +144,7 @@ class Controller:
         """Free the GPUs of ended gangs, (job, token, reason) each, in one round trip to the store."""
         if not releases:
             return
-        # Audited by the event that ended the attempt, committed before this (oneplus_bus.audit.transition_audit).
+        # Audited by the event that ended the attempt, committed before this (oneplus_stores.audit.transition_audit).
         ctx = self.ctx
         capacity = ctx.work.capacity
         try:

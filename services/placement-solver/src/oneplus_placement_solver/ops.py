@@ -10,12 +10,12 @@ import time
 from collections.abc import Iterable
 from typing import Any
 
-from oneplus_bus.clusterview import explain_job, merge_reason
 from oneplus_bus.service import OpsError
 from oneplus_contracts import subjects
 from oneplus_queueing.model import PendingReason
 from oneplus_queueing.report import queue_rows, queues_rows, split_records
 from oneplus_queueing.shards import replica_for
+from oneplus_stores.clusterview import explain_job, merge_reason
 
 from .context import SolverContext
 from .scheduler import Scheduler

@@ -33,7 +33,6 @@ from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy, PubAck
 from nats.js.errors import NotFoundError
 from nats.js.kv import KeyValue
 from oneplus_bus.acks import PUBLISH_ACK_TIMEOUT_S
-from oneplus_bus.archive import JobArchive
 from oneplus_bus.fencing import JOBS_KV_STREAM, Deposed, OwnerFence
 from oneplus_bus.informer import StreamTail
 from oneplus_bus.ledger import PROJECTED_SEQ_KEY, latest_values, projected_seq, read_stream
@@ -50,6 +49,7 @@ from oneplus_contracts import (
 )
 from oneplus_contracts.array_facts import expand_fact
 from oneplus_contracts.jobindex import HOLDING_STATES, FinishedJob, JobIndex
+from oneplus_stores.archive import JobArchive
 from prometheus_client import CollectorRegistry, Counter
 from pydantic import ValidationError
 

@@ -2,60 +2,48 @@
 
 from __future__ import annotations
 
-import os
 import socket
-from dataclasses import dataclass, field
+
+from oneplus_bus.config import ReadableFile, ServiceSettings
+from pydantic import Field, field_validator
 
 from .outcome import INFRA_RETRIES
 
 
-@dataclass(frozen=True)
-class SolverSettings:
-    schedule_interval_s: float = 1.0  # a cycle at least this often (fair share accrues), sooner when woken
-    reconcile_interval_s: float = 3.0
-    lost_reservation_grace_s: float = 5.0
-    relaunch_after_s: float = 10.0  # a node silent this long after its gang was placed gets its launch command again
-    min_job_age_s: float = 300.0  # Slurm's MinJobAge: how long a finished job stays in the hot view
-    expire_interval_s: float = 1.0  # small passes: a pass's burst of archive writes and purges delays commits
-    preemption_request_every_s: float = 10.0
-    nic_gbps_per_gpu: float = 400.0
-    oversubscription: float = 1.0
-    infra_retries: int = INFRA_RETRIES  # requeues after platform faults (node, executor, reservation lost) per job
+class SolverSettings(ServiceSettings):
+    """`ONEPLUS_<FIELD>` sets each field (docs/configuration.md); the two with aliases read the names shown."""
+
+    schedule_interval_s: float = Field(1.0, gt=0)  # a cycle at least this often (fair share accrues), sooner when woken
+    reconcile_interval_s: float = Field(3.0, gt=0)
+    lost_reservation_grace_s: float = Field(5.0, ge=0)
+    relaunch_after_s: float = Field(10.0, gt=0)  # a node silent this long after its placement gets its launch again
+    min_job_age_s: float = Field(300.0, ge=0)  # Slurm's MinJobAge: how long a finished job stays in the hot view
+    expire_interval_s: float = Field(1.0, gt=0)  # small passes: a pass's archive writes and purges delay commits
+    preemption_request_every_s: float = Field(10.0, gt=0)
+    nic_gbps_per_gpu: float = Field(400.0, gt=0)
+    oversubscription: float = Field(1.0, gt=0)
+    infra_retries: int = Field(INFRA_RETRIES, ge=0)  # requeues after platform faults (node, executor, lost hold)
     # This replica's name: stable across its restarts, so a restarted lone solver takes its own lease back at once.
-    replica: str = field(default_factory=socket.gethostname)
-    lease_ttl_s: float = 10.0  # a dead owner's lease is taken over this long after its last renewal
-    beat_s: float = 1.0  # lease renewal and liveness beat
+    replica: str = Field(default_factory=socket.gethostname, alias="ONEPLUS_SOLVER_REPLICA")
+    # A dead owner's lease is taken over this long after its last renewal.
+    lease_ttl_s: float = Field(10.0, ge=2.0, le=300.0, alias="ONEPLUS_SOLVER_LEASE_S")
+    beat_s: float = Field(1.0, gt=0)  # lease renewal and liveness beat
     # The share of the solver's time that back-to-back cycles may take (Slurm's sched_min_interval, made relative):
     # under a burst the owner still folds the facts that free capacity, and each cycle places what piled up.
-    schedule_duty: float = 0.5
+    schedule_duty: float = Field(0.5, ge=0.05, le=1.0)
     # Cycles whose bindings (reserve, record, launch) may be in flight at once: the next cycle decides while the
     # last one's round trips are out, and waits for room beyond this (kube-scheduler's asynchronous binding).
-    bind_depth: int = 2
+    bind_depth: int = Field(2, ge=1)
+    # The queue tree when the `queues` bucket holds none (oneplus_stores.clusterview.queue_config_from).
+    queues_file: ReadableFile | None = None
+
+    @field_validator("replica")
+    @classmethod
+    def _kv_key(cls, value: str) -> str:
+        if not value.replace("-", "").replace("_", "").isalnum():
+            raise ValueError("letters, digits, '-' and '_' only (a KV key)")
+        return value
 
     @classmethod
     def from_env(cls) -> SolverSettings:
-        retries = os.environ.get("ONEPLUS_INFRA_RETRIES", str(INFRA_RETRIES))
-        if not retries.strip().isdigit():
-            raise ValueError(f"ONEPLUS_INFRA_RETRIES={retries!r}: a whole number of retries (0 or more)")
-        replica = os.environ.get("ONEPLUS_SOLVER_REPLICA", "").strip() or socket.gethostname()
-        if not replica.replace("-", "").replace("_", "").isalnum():
-            raise ValueError(f"ONEPLUS_SOLVER_REPLICA={replica!r}: letters, digits, '-' and '_' only (a KV key)")
-        ttl = float(os.environ.get("ONEPLUS_SOLVER_LEASE_S", "10"))
-        if not 2.0 <= ttl <= 300.0:
-            raise ValueError(f"ONEPLUS_SOLVER_LEASE_S={ttl}: between 2 and 300 seconds")
-        raw_duty = os.environ.get("ONEPLUS_SCHEDULE_DUTY", "0.5")
-        try:
-            duty = float(raw_duty)
-        except ValueError:
-            duty = -1.0
-        if not 0.05 <= duty <= 1.0:
-            raise ValueError(f"ONEPLUS_SCHEDULE_DUTY={raw_duty!r}: a share of the solver's time, between 0.05 and 1")
-        return cls(
-            replica=replica,
-            lease_ttl_s=ttl,
-            schedule_duty=duty,
-            infra_retries=int(retries),
-            min_job_age_s=float(os.environ.get("ONEPLUS_MIN_JOB_AGE_S", "300")),
-            nic_gbps_per_gpu=float(os.environ.get("ONEPLUS_NIC_GBPS_PER_GPU", "400")),
-            oversubscription=float(os.environ.get("ONEPLUS_OVERSUBSCRIPTION", "1.0")),
-        )
+        return cls.load()

@@ -9,19 +9,18 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import logging
-import os
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-from oneplus_bus.clusterview import QUEUES_KEY
 from oneplus_contracts import Allocation, JobRecord, NodeHeartbeat, NodeRecord
 from oneplus_placement.live import LiveCapacity
 from oneplus_placement.reports import NodeReports
 from oneplus_placement.snapshot import ClusterState
 from oneplus_queueing.advance import AdvanceBook
-from oneplus_queueing.config import QueueConfig, QueueConfigError, default_config, load_queue_config
+from oneplus_queueing.config import QueueConfig, QueueConfigError, default_config
 from oneplus_queueing.model import RunningJob
 from oneplus_reservations import Reservation
+from oneplus_stores.clusterview import QUEUES_KEY, queue_config_from
 
 log = logging.getLogger("oneplus.solver")
 
@@ -32,6 +31,7 @@ class WorkingSet:
         self.reports = NodeReports()  # what the nodes say runs on them (their heartbeats)
         self.config: QueueConfig = default_config()
         self.config_from_kv = False
+        self.queues_file: str | None = None  # SolverSettings.queues_file (None: the environment's)
         self.advance = AdvanceBook()  # advance reservations, from their bucket (oneplus_queueing.advance)
         self.wake = wake
         # Attempts whose end is recorded and whose GPUs are not released yet: the cycle sees them as vacating (they
@@ -54,7 +54,7 @@ class WorkingSet:
             self.load_file_config()
         else:
             try:
-                self.config = load_queue_config(value.decode())
+                self.config = queue_config_from(value, self.queues_file)
                 self.config_from_kv = True
             except QueueConfigError as exc:
                 log.error("the stored queue config is refused, keeping the previous one: %s", exc)
@@ -69,12 +69,7 @@ class WorkingSet:
     def load_file_config(self) -> None:
         if self.config_from_kv:
             return
-        path = os.environ.get("ONEPLUS_QUEUES_FILE")
-        if path:
-            with open(path, encoding="utf-8") as f:
-                self.config = load_queue_config(f.read())
-        else:
-            self.config = default_config()
+        self.config = queue_config_from(None, self.queues_file)
 
     async def on_heartbeat_msg(self, msg: Any) -> None:
         try:

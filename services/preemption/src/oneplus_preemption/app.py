@@ -17,7 +17,6 @@ import time
 from collections.abc import Iterable
 
 from faststream.nats import NatsMessage
-from oneplus_bus.clusterview import QUEUES_KEY
 from oneplus_bus.informer import StreamTail, kv_list_and_watch
 from oneplus_bus.ledger import latest_values, projected_seq, stream_last_seq
 from oneplus_bus.service import OneplusService
@@ -36,11 +35,14 @@ from oneplus_contracts import (
 from oneplus_contracts.jobindex import JobIndex
 from oneplus_placement.live import LiveCapacity
 from oneplus_placement.snapshot import AllocationConflict, ClusterState
-from oneplus_queueing.config import QueueConfig, QueueConfigError, default_config, load_queue_config
+from oneplus_queueing.config import QueueConfig, QueueConfigError, default_config
 from oneplus_queueing.model import PendingJob, RunningJob
 from oneplus_queueing.victims import choose_victims
+from oneplus_stores.clusterview import QUEUES_KEY, queue_config_from
 from prometheus_client import Counter
 from pydantic import ValidationError
+
+from .settings import PreemptionSettings
 
 log = logging.getLogger("oneplus.preemption")
 
@@ -48,8 +50,9 @@ log = logging.getLogger("oneplus.preemption")
 class Preemption:
     """The preemption service's working set and behaviour."""
 
-    def __init__(self, svc: OneplusService) -> None:
+    def __init__(self, svc: OneplusService, settings: PreemptionSettings | None = None) -> None:
         self.svc = svc
+        self.settings = settings if settings is not None else PreemptionSettings.load()
         self.index = working_set(())
         self.capacity = LiveCapacity("live")
         self.config: QueueConfig = default_config()
@@ -70,6 +73,8 @@ class Preemption:
 
     async def start(self) -> None:
         js = self.svc.js
+        # The solver's rule: the stored tree once the watch brings it, else the file, else one `default` queue.
+        self.config = queue_config_from(None, self.settings.queues_file)
         self.tails.append(await kv_list_and_watch(js, subjects.TOPOLOGY_KV, self.on_node, "preemption-topology"))
         self.tails.append(await kv_list_and_watch(js, subjects.QUEUES_KV, self.on_queues, "preemption-queues"))
         jobs = StreamTail(
@@ -125,7 +130,7 @@ class Preemption:
         if key != QUEUES_KEY:
             return
         try:
-            self.config = load_queue_config(value.decode()) if value else default_config()
+            self.config = queue_config_from(value, self.settings.queues_file)
         except QueueConfigError as exc:
             log.error("the stored queue config is refused, keeping the previous one: %s", exc)
 
@@ -258,9 +263,11 @@ def still_valid(victims: list[str], req: PreemptionRequest, jobs: dict[str, JobR
     return True
 
 
-def build_preemption(settings: BusSettings | None = None) -> tuple[OneplusService, Preemption]:
+def build_preemption(
+    settings: BusSettings | None = None, preemption_settings: PreemptionSettings | None = None
+) -> tuple[OneplusService, Preemption]:
     svc = OneplusService("preemption", "Chooses victims by least lost work and runs the checkpoint handshake", settings)
-    p = Preemption(svc)
+    p = Preemption(svc, preemption_settings)
     svc.on_start(p.start)
     svc.on_stop(p.stop)
 
@@ -274,5 +281,5 @@ def build_preemption(settings: BusSettings | None = None) -> tuple[OneplusServic
 
 
 def main() -> None:
-    svc, _ = build_preemption()
+    svc, _ = build_preemption(preemption_settings=PreemptionSettings.load_or_exit())
     svc.run()

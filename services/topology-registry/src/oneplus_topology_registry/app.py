@@ -21,10 +21,8 @@ import asyncio
 import contextlib
 import json
 import logging
-import os
 import time
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
 from typing import Any, Protocol
 
 from faststream.nats import NatsMessage
@@ -42,31 +40,17 @@ from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 
 from .health import apply_heartbeat, heartbeat_due, record_changed, status_of, summary_changed
+from .settings import RegistrySettings
+
+__all__ = ["Registry", "RegistrySettings", "build", "build_registry", "main"]
 
 log = logging.getLogger("oneplus.registry")
 
-DEFAULT_LOST_AFTER_S = 10.0  # ONEPLUS_NODE_LOST_AFTER_S
-DEFAULT_PERSIST_HEARTBEAT_S = 30.0  # ONEPLUS_REGISTRY_PERSIST_HEARTBEAT_S
 DEFAULT_PAGE = 100  # nodes per `node-list` page when the request names no limit
 MAX_PAGE = 1000
 REPLY_MARGIN = 4096  # bytes kept free in a reply for its envelope
 HEARTBEAT_CONSUMER = "topology-registry-heartbeats"
 HEARTBEAT_MAX_DELIVER = 2
-
-
-@dataclass(frozen=True)
-class RegistrySettings:
-    lost_after_s: float = DEFAULT_LOST_AFTER_S
-    persist_heartbeat_s: float = DEFAULT_PERSIST_HEARTBEAT_S
-
-    @classmethod
-    def from_env(cls) -> RegistrySettings:
-        return cls(
-            lost_after_s=float(os.environ.get("ONEPLUS_NODE_LOST_AFTER_S", str(DEFAULT_LOST_AFTER_S))),
-            persist_heartbeat_s=float(
-                os.environ.get("ONEPLUS_REGISTRY_PERSIST_HEARTBEAT_S", str(DEFAULT_PERSIST_HEARTBEAT_S))
-            ),
-        )
 
 
 class NodeStore(Protocol):
@@ -429,4 +413,4 @@ def build_registry(
 
 
 def main() -> None:
-    build_registry().run()
+    build_registry(registry_settings=RegistrySettings.load_or_exit()).run()

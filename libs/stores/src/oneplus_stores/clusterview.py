@@ -70,16 +70,23 @@ def merge_reason(code: str, reason: str, explained: str) -> str:
 QUEUES_KEY = "config"
 
 
-async def live_queue_config(queues_kv: KeyValue) -> QueueConfig:
-    """The queue tree operators stored in the `queues` bucket, else ONEPLUS_QUEUES_FILE, else one `default` queue."""
+def queue_config_from(stored: bytes | None, queues_file: str | None = None) -> QueueConfig:
+    """The one queue-config rule every service follows: the tree operators stored in the `queues` bucket, else
+    ONEPLUS_QUEUES_FILE (`queues_file`; None reads the environment), else one `default` queue.
+    A bad stored tree or file raises `QueueConfigError` naming the key."""
+    if stored:
+        return load_queue_config(stored.decode())
+    path = os.environ.get("ONEPLUS_QUEUES_FILE") if queues_file is None else queues_file
+    if path:
+        with open(path, encoding="utf-8") as f:
+            return load_queue_config(f.read())
+    return default_config()
+
+
+async def live_queue_config(queues_kv: KeyValue, queues_file: str | None = None) -> QueueConfig:
+    """The queue config in force now (`queue_config_from` on the bucket's current entry)."""
     try:
         entry = await queues_kv.get(QUEUES_KEY)
     except KeyNotFoundError:
         entry = None
-    if entry is not None and entry.value:
-        return load_queue_config(entry.value.decode())
-    path = os.environ.get("ONEPLUS_QUEUES_FILE")
-    if path:
-        with open(path, encoding="utf-8") as f:  # noqa: ASYNC230 - a small config file, read once per cycle
-            return load_queue_config(f.read())
-    return default_config()
+    return queue_config_from(entry.value if entry is not None else None, queues_file)

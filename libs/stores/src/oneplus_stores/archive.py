@@ -29,12 +29,11 @@ from nats.errors import TimeoutError as FetchTimeout
 from nats.js import JetStreamContext
 from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy
 from nats.js.errors import NotFoundError
+from oneplus_bus.acks import wait_acks
+from oneplus_bus.fencing import OwnerFence, is_fence
 from oneplus_contracts import TERMINAL_STATES, JobRecord, JobState, subjects
 from oneplus_contracts.jobindex import FinishedJob
 from pydantic_core import from_json
-
-from oneplus_bus.acks import wait_acks
-from oneplus_bus.fencing import OwnerFence, is_fence
 
 ARCHIVE_PREFIX = f"{subjects.PREFIX}.archive"
 JOB_STATES: tuple[str, ...] = get_args(JobState)

@@ -25,6 +25,8 @@ from typing import Literal
 from nats.aio.client import Client
 from nats.js import JetStreamContext
 from nats.js.api import DeliverPolicy, PubAck
+from oneplus_bus.acks import wait_acks
+from oneplus_bus.fencing import EPOCH_HEADER, is_fence
 from oneplus_contracts import (
     Allocation,
     IllegalTransition,
@@ -38,9 +40,6 @@ from oneplus_contracts import (
 )
 from oneplus_contracts.jobindex import HOLDING_STATES
 from oneplus_reservations import HistoryEntry, KeySpace, store_order
-
-from oneplus_bus.acks import wait_acks
-from oneplus_bus.fencing import EPOCH_HEADER, is_fence
 
 AuditOp = Literal["reserve", "restore", "release"]
 
