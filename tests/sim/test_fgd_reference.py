@@ -47,7 +47,9 @@ def published(workload: str, seed: int, policy: str = "06-FGD") -> float:
     raise KeyError((workload, seed, policy))
 
 
-@pytest.mark.parametrize(("workload", "seed"), [("multigpu40", 42), ("multigpu40", 47), ("default", 45)])
+@pytest.mark.parametrize(
+    ("workload", "seed"), [("multigpu40", 42), ("multigpu40", 47), ("default", 45), ("gpuspec10", 42)]
+)
 def test_fgd_on_the_reference_workload_gives_the_published_result_of_that_seed(workload: str, seed: int) -> None:
     nodes_path, pods_path = OPENB / "openb_node_list_gpu_node.csv", OPENB / f"openb_pod_list_{workload}.csv"
     nodes, pods = load_nodes(nodes_path), load_pods(pods_path)
@@ -81,9 +83,10 @@ def arrivals_file(tmp: Path, nodes: Path, pods: Path, seeds: list[dict[str, Any]
     return path
 
 
-@pytest.mark.parametrize(("workload", "seed"), [("multigpu40", 42), ("multigpu30", 44)])
+@pytest.mark.parametrize(("workload", "seed"), [("multigpu40", 42), ("multigpu30", 44), ("gpuspec10", 49)])
 def test_the_live_policy_places_more_than_fgds_published_result_of_that_seed(workload: str, seed: int) -> None:
     # Two seeds where the live policy used to place less than FGD; its measure now reads memory (docs/simulator.md).
+    # gpuspec10: pods restricted to GPU models (`gpu_spec`) go through the live code as the job's gpu_models.
     nodes_path, pods_path = OPENB / "openb_node_list_gpu_node.csv", OPENB / f"openb_pod_list_{workload}.csv"
     nodes, pods = load_nodes(nodes_path), load_pods(pods_path)
     arrivals = OPENB / "reference_arrivals" / f"openb_pod_list_{workload}_42-51.jsonl.gz"
