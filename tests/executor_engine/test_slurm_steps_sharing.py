@@ -98,7 +98,7 @@ def sharing_server(spool: Path, fake: FakeNodes) -> StepServer:
     return StepServer(runtime, batch_launch("batch-host", 0, [0]), spool, fake.run, fake.release)  # type: ignore[arg-type]
 
 
-async def until(check: Callable[[], object], timeout_s: float = 5.0) -> None:
+async def until(check: Callable[[], object], timeout_s: float = 20.0) -> None:  # generous: CI hosts run loaded
     deadline = asyncio.get_running_loop().time() + timeout_s
     while not check():
         assert asyncio.get_running_loop().time() < deadline, "timed out"
