@@ -32,7 +32,7 @@ from oneplus_contracts import (
 from oneplus_preemption.app import Preemption, build_preemption
 from oneplus_testing import Servers
 
-SPEC = JobSpec(name="train", resources={"gpus": 2})  # type: ignore[arg-type]
+SPEC = JobSpec(name="train", resources={"gpus": 2})
 ALLOC = Allocation(ranks=[RankPlacement(rank=0, node="n1", gpus=[0, 1])])
 
 

@@ -33,7 +33,7 @@ from oneplus_queueing.preemption import (
 GRACE_S = 30
 SPEC = JobSpec(
     name="train",
-    resources={"gpus": 2},  # type: ignore[arg-type]
+    resources={"gpus": 2},
     ranks=2,
     checkpoint=CheckpointPolicy(signal="SIGUSR2", grace_s=GRACE_S),
 )
