@@ -284,14 +284,17 @@ class Scheduler:
             victim = index.get(e.victim.job_id)
             preemptor = index.get(e.preemptor)
             event = None if victim is None else preempting_event(victim, e.preemptor, eviction_reason(e, preemptor))
-            if victim is None or event is None:
-                continue
+            if victim is None or event is None or victim.allocation != e.victim.allocation:
+                continue  # ended, or placed again, since the cycle chose it
             events.append(event)
             if not e.grows:
                 ctx.metrics.preemptions.labels(victim.spec.queue).inc()
         if not events:
             return
+        recorded = {e.job_id for e in events}
         for choice in decision.preemptions:
+            if not recorded.intersection(choice.victims):
+                continue  # its victims were already stepping aside: counted when they were chosen
             if (rec := index.get(choice.preemptor)) is not None and choice.kind != "resize":
                 ctx.metrics.lost_gpu_hours.labels(rec.spec.queue).inc(max(0.0, choice.lost_work_gpu_s) / 3600)
         first = index.get(evicted[0].preemptor)
