@@ -21,7 +21,6 @@ BAD_VALUES: list[tuple[type[ServiceSettings], str, str, str, str]] = [
     (IntakeSettings, "oneplus_intake", "ONEPLUS_SUBMIT_WORKERS", "x", "not an integer"),
     (RegistrySettings, "oneplus_topology_registry", "ONEPLUS_NODE_LOST_AFTER_S", "soon", "not a number"),
     (SolverSettings, "oneplus_placement_solver", "ONEPLUS_SOLVER_LEASE_S", "1", "must be between 2.0 and 300.0"),
-    (PreemptionSettings, "oneplus_preemption", "ONEPLUS_QUEUES_FILE", "/nonexistent/queues.yaml", "no such file"),
     (ExecutorSettings, "oneplus_node_executor", "ONEPLUS_KEEP_FINISHED", "-1", "must be at least 0"),
 ]
 
@@ -49,6 +48,19 @@ def test_a_service_with_a_bad_value_exits_at_start_with_that_line(module: str, n
     assert proc.stderr.strip().splitlines() == [f"error: {name}={value!r}: {why}"]
 
 
+def test_the_preemption_forwarder_has_no_variables_of_its_own_and_checks_the_scaffolds_at_start() -> None:
+    assert PreemptionSettings.model_fields == {}  # the queue tree is the owner's alone
+    env = {k: v for k, v in os.environ.items() if not k.startswith("ONEPLUS_")} | {"ONEPLUS_STREAM_REPLICAS": "x"}
+    env["NATS_URL"] = "nats://127.0.0.1:1"
+    proc = subprocess.run(
+        [sys.executable, "-m", "oneplus_preemption"], env=env, capture_output=True, text=True, timeout=60
+    )
+    assert proc.returncode == 2
+    assert proc.stderr.strip().splitlines() == [
+        "error: ONEPLUS_STREAM_REPLICAS='x' is not a whole number (1, or 3 on a cluster)"
+    ]
+
+
 def test_settings_read_the_process_environment_with_the_prefix(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     queues = tmp_path / "queues.yaml"
     queues.write_text("queues: []\n")
@@ -59,7 +71,6 @@ def test_settings_read_the_process_environment_with_the_prefix(monkeypatch: pyte
     solver = SolverSettings.load()
     assert (solver.replica, solver.min_job_age_s, solver.queues_file) == ("solver-b", 7.0, str(queues))
     assert IntakeSettings.load().http_port == 8080
-    assert PreemptionSettings.load().queues_file == solver.queues_file
     monkeypatch.setenv("ONEPLUS_SOLVER_REPLICA", "solver b")
     with pytest.raises(SettingsError, match=r"^ONEPLUS_SOLVER_REPLICA='solver b': letters, digits"):
         SolverSettings.load()

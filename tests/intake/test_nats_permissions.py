@@ -123,9 +123,10 @@ SERVICE_SUBJECTS = [
     ("placement-solver", "oneplus.archive.j-1.SUCCEEDED.nlp.alice", True),
     ("placement-solver", "oneplus.outcome.job.j-1.accepted", True),  # a waiting reporter hears its fact folded
     ("intake", "oneplus.outcome.job.j-1.accepted", False),
-    ("placement-solver", "oneplus.cmd.node.h100-0.preempt", False),
+    ("placement-solver", "oneplus.cmd.node.h100-0.preempt", True),  # the owner asks its victims to stand aside
+    ("placement-solver", "oneplus.cmd.preemption.request", False),  # it records its victims itself
     ("placement-solver", "oneplus.node.h100-0.heartbeat", False),
-    ("preemption", "oneplus.cmd.node.h100-0.preempt", True),
+    ("preemption", "oneplus.cmd.node.h100-0.preempt", False),  # the owner sends them, after the record
     ("preemption", "oneplus.fact.job.j-1.preempting", True),
     ("preemption", "oneplus.job.j-1.preempting", False),
     ("preemption", "oneplus.job.j-1.accepted", False),

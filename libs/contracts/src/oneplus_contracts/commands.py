@@ -84,7 +84,8 @@ NODE_COMMAND_ADAPTER: TypeAdapter[NodeCommand] = TypeAdapter(NodeCommand)
 
 
 class PreemptionRequest(Strict):
-    """The solver could not place a high-priority gang; the preemption service picks victims."""
+    """An operator's request that victims stand aside for a job (the preemption service forwards each named victim
+    to the job owner as `preempting`); the owner's own cycle records its victims itself and sends none."""
 
     request_id: str = Field(default_factory=lambda: new_id("pre-"))
     job_id: str
@@ -92,7 +93,7 @@ class PreemptionRequest(Strict):
     gpus: float
     reason: str
     ts: float = Field(default_factory=time.time)
-    victims: list[str] = Field(default_factory=list, description="Chosen by the scheduling cycle; empty: choose here")
+    victims: list[str] = Field(default_factory=list, description="The jobs to preempt; empty: the cycle decides")
     nominated: Allocation | None = Field(default=None, description="The GPUs the preemptor gets once victims are gone")
     lost_work_gpu_s: float = 0.0
 

@@ -1,9 +1,11 @@
 """The controller: the owner's reactions and loops that are not placing (slurmctld's job manager, kube's controllers).
 
-It reacts to committed events (launch what was placed, settle attempts whose nodes reported, carry out cancels),
-ends the gangs of a lost node, reconciles the job records with the reservation store, and moves finished jobs to the
-archive. None of it holds the cycle lock: an attempt's end is recorded, then released, under `ends` (a lock of its
-own), and until the release the cycle sees the attempt as leaving (`WorkingSet.leaving`).
+It reacts to committed events (launch what was placed, ask victims recorded `preempting` to checkpoint and stop,
+settle attempts whose nodes reported, carry out cancels), kills a victim that outlives its grace period (the
+preemption's grace timer, read from the records, so a new owner recovers it), ends the gangs of a lost node,
+reconciles the job records with the reservation store, and moves finished jobs to the archive. None of it holds the
+cycle lock: an attempt's end is recorded, then released, under `ends` (a lock of its own), and until the release the
+cycle sees the attempt as leaving (`WorkingSet.leaving`).
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ from oneplus_bus.streams import DUPLICATE_WINDOW_S
 from oneplus_bus.telemetry import inject
 from oneplus_contracts import CancelRanks, JobEvent, JobFinished, JobNodeFinished, JobRecord, JobRequeued, subjects
 from oneplus_contracts.jobindex import HOLDING_STATES
+from oneplus_queueing.preemption import escalation_due, preempt_commands
 from redis.exceptions import RedisError
 
 from .binder import Binder
@@ -47,6 +50,10 @@ class Controller:
         # Held from an attempt's end record to its release, and by reconcile's read of the store: a settle and
         # reconcile each see the other's end whole. Never held by a cycle.
         self.ends = asyncio.Lock()
+        # Victims (job, token) whose checkpoint commands this owner sent, and those it killed after their grace: a
+        # new owner sends each once more (the commands' ids dedupe what reached the nodes already).
+        self.asked: set[tuple[str, int]] = set()
+        self.escalated: set[tuple[str, int]] = set()
 
     # -- reactions to committed events -----------------------------------------------------------------------------
     async def react(self, applied: Sequence[Applied]) -> None:
@@ -56,6 +63,7 @@ class Controller:
         launches: dict[str, JobRecord] = {}
         cancels: list[JobRecord] = []
         ended: dict[str, JobRecord] = {}
+        victims: list[JobRecord] = []
         for a in applied:
             match a.event.type:
                 case "accepted" | "requeued" | "finished":
@@ -73,12 +81,18 @@ class Controller:
                     ended[ev.job_id] = a.record  # the latest: several nodes of one gang may end in one batch
                 case "cancel_requested":
                     cancels.append(a.record)
+                case "preempting":
+                    victims.append(a.record)
         # One failed reaction (the store down during a settle, say) must not skip the others: reconcile comes back
         # for what it left undone.
         try:
             await wait_acks([f for rec in launches.values() for f in await self.binder.launch_futures(rec)])
         except Exception:
             log.exception("launching %d placed gang(s) failed; reconcile resends them", len(launches))
+        try:
+            await self.ask_to_stand_aside(victims)
+        except Exception:
+            log.exception("preempt commands of %d victim(s) failed; reconcile resends them", len(victims))
         if cancels:
             await self.cancel_all(cancels)
         try:
@@ -159,6 +173,55 @@ class Controller:
             if token is None or capacity.token_of(job_id) == token:
                 capacity.release(job_id)  # after Redis: a cycle never offers GPUs that Redis would refuse
         ctx.wake.set()
+
+    # -- preemption: the owner's reaction to its own `preempting` -----------------------------------------------------
+    async def ask_to_stand_aside(self, victims: Sequence[JobRecord]) -> None:
+        """Send each victim's nodes the preempt command (checkpoint signal, grace period), all before any
+        acknowledgement is awaited. Sent after `preempting` is committed: a node's end is never folded before it."""
+        futures = []
+        for rec in victims:
+            for cmd in preempt_commands(rec):
+                # The victim's own trace, not the preemptor's: one job, one trace.
+                headers = {"Nats-Msg-Id": cmd.command_id}
+                if rec.traceparent:
+                    headers["traceparent"] = rec.traceparent
+                inject(headers)
+                futures.append(
+                    await self.ctx.svc.js.publish_async(
+                        subjects.node_command(cmd.node, "preempt"),
+                        cmd.model_dump_json().encode(),
+                        headers=headers,
+                        stream=subjects.COMMANDS_STREAM,
+                    )
+                )
+        await wait_acks(futures)
+        self.asked.update((rec.job_id, rec.token) for rec in victims if rec.token is not None)
+
+    async def preemption_timers(self, now: float) -> None:
+        """The victims' grace timers: one not asked by this owner (it took over after the commit) is asked again;
+        one that neither checkpointed nor ended within its grace is killed on the nodes that have not ended."""
+        index = self.ctx.owner.index
+        live: set[tuple[str, int]] = set()
+        unasked: list[JobRecord] = []
+        for rec in list(index.holders.values()):
+            if rec.state != "PREEMPTING" or rec.token is None:
+                continue
+            key = (rec.job_id, rec.token)
+            live.add(key)
+            if key not in self.asked:
+                unasked.append(rec)
+            if key in self.escalated or not (nodes := escalation_due(rec, now)):
+                continue
+            log.warning("%s: no checkpoint nor end within its grace (%.0f s); killing its ranks on %s",
+                        rec.job_id, rec.spec.checkpoint.grace_s, ", ".join(nodes))  # fmt: skip
+            for node in nodes:
+                await self.send_cancel(rec, node, f"preemption: no checkpoint within {rec.spec.checkpoint.grace_s} s")
+            self.escalated.add(key)
+            self.ctx.metrics.escalations.inc()
+        if unasked:
+            await self.ask_to_stand_aside(unasked)
+        self.asked &= live
+        self.escalated &= live
 
     async def send_cancel(self, rec: JobRecord, node: str, reason: str) -> None:
         assert rec.token is not None
@@ -308,6 +371,7 @@ class Controller:
                 await self.end_attempts([(rec, self._lost_lease_end(rec, why), why)])
             elif rec.state in HOLDING_STATES and rec.allocation and set(rec.nodes_done) >= set(rec.allocation.nodes):
                 await self.settle(rec)
+        await self.preemption_timers(now)
         for rec in list(index.pending.values()):
             # A cancel whose reaction was lost (a failed batch, a crash before it ran) still ends its pending job.
             held = rec.job_id in reservations or rec.job_id in ctx.work.capacity.held

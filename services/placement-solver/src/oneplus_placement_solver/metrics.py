@@ -46,6 +46,24 @@ def priority_band(priority: int) -> str:
 
 class SolverMetrics:
     def __init__(self, registry: CollectorRegistry) -> None:
+        # Counted where victims are recorded preempting: by the job owner (the preemption service's names, kept).
+        self.preemptions = Counter(
+            "oneplus_preemptions",
+            "Gangs asked to stand aside (checkpoint, then stop) for a higher-priority gang, by the victim's queue",
+            ["queue"],
+            registry=registry,
+        )
+        self.lost_gpu_hours = Counter(
+            "oneplus_preemption_lost_gpu_hours",
+            "GPU-hours of work since their last checkpoint that preempted gangs lose, by the preemptor's queue",
+            ["queue"],
+            registry=registry,
+        )
+        self.escalations = Counter(
+            "oneplus_preemption_escalations",
+            "Victims killed because they neither checkpointed nor stopped within their grace period",
+            registry=registry,
+        )
         self.pending = Gauge(
             "oneplus_pending_jobs",
             "Jobs waiting to be placed after the last scheduling cycle, by queue, priority band (0, 1-99, 100-999, "

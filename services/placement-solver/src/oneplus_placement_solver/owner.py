@@ -593,9 +593,10 @@ class JobOwner:
 
     async def _stream_facts_folded(self) -> None:
         """Wait (bounded) until the facts stream's facts stored before now are folded, so that a direct report never
-        overtakes a fact it follows from: the preemption service stores `preempting` and only then tells the node to
-        stop, whose `node_finished` (exit 143) folded first would fail the job instead of requeueing it. One request
-        when nothing waits in the stream (the common case)."""
+        overtakes a fact it follows from. Added when the preemption service stored `preempting` and then told the node
+        to stop, whose `node_finished` (exit 143) folded first failed the job instead of requeueing it; the owner now
+        sends every preempt command after it folded the `preempting`, so it is kept only as a guard for the facts
+        still stored in the stream (the intake's). One request when nothing waits in the stream (the common case)."""
         deadline = time.monotonic() + STREAM_FIRST_WAIT_S
         target: int | None = None
         while True:

@@ -1,7 +1,8 @@
 """The scheduler: a snapshot of the working set → `schedule_cycle` → assumed decisions (kube-scheduler's scheduling
 cycle). The cycle lock is held only while it decides and assumes, in memory; the I/O a cycle needs (the stored
-fair-share history, archived dependencies) is read before, and its effects (saved usage and nominations, preemption
-requests, dependency cancels) are written after. Its placements go to the binder."""
+fair-share history, archived dependencies) is read before, and its effects (saved usage and nominations, the victims'
+`preempting`, dependency cancels) are written after. Its placements go to the binder; the owner's reaction to each
+`preempting` sends the victim's checkpoint commands (the controller)."""
 
 from __future__ import annotations
 
@@ -11,15 +12,16 @@ import logging
 import time
 from collections.abc import Iterable
 
-from oneplus_bus.telemetry import inject, job_span
-from oneplus_contracts import JobFinished, JobRecord, PreemptionRequest, subjects
+from oneplus_bus.telemetry import job_span
+from oneplus_contracts import JobFinished, JobPreempting, JobRecord
 from oneplus_contracts.arrays import JobArray, array_state, task_job_id
-from oneplus_queueing.apply import apply_decision
+from oneplus_queueing.apply import Eviction, apply_decision
 from oneplus_queueing.cycle import schedule_cycle
 from oneplus_queueing.dependencies import referenced_jobs
 from oneplus_queueing.elastic import may_grow
 from oneplus_queueing.fairshare import UsageHistory
-from oneplus_queueing.model import CycleCarry, CycleDecision, PendingJob, VictimChoice
+from oneplus_queueing.model import CycleCarry, CycleDecision, PendingJob
+from oneplus_queueing.preemption import eviction_reason, preempting_event
 
 from .binder import Assumed, Binder
 from .context import SolverContext
@@ -37,6 +39,7 @@ class Scheduler:
         self.binder = binder
         self.store_sync = store_sync
         self.decision: CycleDecision | None = None
+        self.evicted: list[Eviction] = []  # the last cycle's victims, recorded preempting by its effects
         self.carry = CycleCarry()  # nominations and the protected job, from one cycle to the next
         # States of jobs that dependencies name and that have left the hot view (archived: they never change).
         self.archived_states: dict[str, str | None] = {}
@@ -101,6 +104,7 @@ class Scheduler:
         ctx = self.ctx
         work = ctx.work
         self.cycles += 1
+        self.evicted = []
         index = ctx.owner.index
         running = work.running(index.holders.values())
         # Fair share accrues whether or not anyone waits: charge every cycle.
@@ -139,6 +143,7 @@ class Scheduler:
         self.carry = decision.carry
         # The same step as the simulator's: victims counted against the rate limit, placements assumed.
         applied = apply_decision(decision, self.binder, pending, {r.job_id: r for r in running}, usage)
+        self.evicted = applied.evicted
         gangs = [(pending_recs[run.job_id], run.allocation) for run in applied.started]
         return decision, Assumed(now, offered.layout, gangs)
 
@@ -153,12 +158,8 @@ class Scheduler:
             await ctx.memory.save_carry(self.carry)
         if decision is None:
             return
-        for choice in decision.preemptions:
-            rec = ctx.owner.index.get(choice.preemptor)
-            if rec is None:
-                continue
-            with job_span(ctx.svc.tracer, "placement-solver preempt", rec.traceparent, {"oneplus.job_id": rec.job_id}):
-                await self.request_preemption(rec, choice)
+        evicted, self.evicted = self.evicted, []
+        await self.preempt(decision, evicted)
         await self.end_unsatisfiable(decision)
 
     # -- what a cycle reads besides the working set ----------------------------------------------------------------
@@ -272,23 +273,32 @@ class Scheduler:
                 )
             )
 
-    async def request_preemption(self, rec: JobRecord, choice: VictimChoice) -> None:
-        window = int(time.time() // self.ctx.settings.preemption_request_every_s)
-        req = PreemptionRequest(
-            request_id=f"prq-{rec.job_id}-{window}",
-            job_id=rec.job_id,
-            priority=rec.spec.priority,
-            gpus=rec.spec.total_gpus,
-            reason=f"{choice.kind}: {len(choice.victims)} gang(s) stand aside for {rec.job_id}",
-            victims=list(choice.victims),
-            nominated=choice.nominated,
-            lost_work_gpu_s=choice.lost_work_gpu_s,
-        )
-        # The id dedupes: at most one request per job per window, however many cycles run.
-        headers = inject({"Nats-Msg-Id": req.request_id})
-        await self.ctx.svc.js.publish(
-            subjects.PREEMPTION_REQUEST,
-            req.model_dump_json().encode(),
-            headers=headers,
-            stream=subjects.COMMANDS_STREAM,
-        )
+    async def preempt(self, decision: CycleDecision, evicted: list[Eviction]) -> None:
+        """Record every victim of the cycle `preempting`, in one commit through the owner's fenced write path (a
+        follower reports them as facts). The owner refuses one that moved on since the cycle's view; its reaction
+        to each that applied sends the checkpoint commands, after the record, so a node's end never precedes it."""
+        ctx = self.ctx
+        index = ctx.owner.index
+        events: list[JobPreempting] = []
+        for e in evicted:
+            victim = index.get(e.victim.job_id)
+            preemptor = index.get(e.preemptor)
+            event = None if victim is None else preempting_event(victim, e.preemptor, eviction_reason(e, preemptor))
+            if victim is None or event is None or victim.allocation != e.victim.allocation:
+                continue  # ended, or placed again, since the cycle chose it
+            events.append(event)
+            if not e.grows:
+                ctx.metrics.preemptions.labels(victim.spec.queue).inc()
+        if not events:
+            return
+        recorded = {e.job_id for e in events}
+        for choice in decision.preemptions:
+            if not recorded.intersection(choice.victims):
+                continue  # its victims were already stepping aside: counted when they were chosen
+            if (rec := index.get(choice.preemptor)) is not None and choice.kind != "resize":
+                ctx.metrics.lost_gpu_hours.labels(rec.spec.queue).inc(max(0.0, choice.lost_work_gpu_s) / 3600)
+        first = index.get(evicted[0].preemptor)
+        tp = first.traceparent if first is not None else None
+        with job_span(ctx.svc.tracer, "placement-solver preempt", tp, {"oneplus.victims": len(events)}):
+            await ctx.record(*events)
+        log.info("preempting %s", ", ".join(f"{e.job_id} ({e.reason})" for e in events))

@@ -19,7 +19,6 @@ class SolverSettings(ServiceSettings):
     relaunch_after_s: float = Field(10.0, gt=0)  # a node silent this long after its placement gets its launch again
     min_job_age_s: float = Field(300.0, ge=0)  # Slurm's MinJobAge: how long a finished job stays in the hot view
     expire_interval_s: float = Field(1.0, gt=0)  # small passes: a pass's archive writes and purges delay commits
-    preemption_request_every_s: float = Field(10.0, gt=0)
     nic_gbps_per_gpu: float = Field(400.0, gt=0)
     oversubscription: float = Field(1.0, gt=0)
     infra_retries: int = Field(INFRA_RETRIES, ge=0)  # requeues after platform faults (node, executor, lost hold)

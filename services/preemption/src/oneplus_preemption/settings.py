@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from oneplus_bus.config import ReadableFile, ServiceSettings
+from oneplus_bus.config import ServiceSettings
 
 
 class PreemptionSettings(ServiceSettings):
-    # The queue tree when the `queues` bucket holds none, as the solver reads it (oneplus_stores.clusterview).
-    queues_file: ReadableFile | None = None
+    """No variables of its own: the forwarder of manual requests reads only the bus scaffold's (checked at start).
+    The queue tree it once read is the owner's alone since preemption became the owner's reaction."""
