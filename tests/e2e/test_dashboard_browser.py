@@ -253,6 +253,11 @@ async def test_dashboard_shows_cluster_queue_job_and_live_updates(servers: Serve
             # --- a job's page: placement, timeline, events in order --------------------------------------------
             await page.click('nav a[data-nav="queue"]')
             await page.click(f'#holding a[data-job="{ids["train-a"]}"]')
+            # The share's page was showing a RUNNING job too: wait until the page is train-a's before reading it.
+            await page.wait_for_function(
+                f"""() => (document.querySelector('#job-head')?.textContent || '').includes('{ids["train-a"]}')""",
+                timeout=15_000,
+            )
             await page.wait_for_selector('#job-events tr[data-type="running"]', timeout=15_000)
             head = await page.inner_text("#job-head")
             assert ids["train-a"] in head and "RUNNING" in head and "train-a" in head
