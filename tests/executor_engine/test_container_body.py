@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 from executor_engine_support import launch, new_job_id
+from oneplus_bus.config import SettingsError
 from oneplus_node_executor.runtime.container_spec import (
     container_body,
     container_env,
@@ -173,5 +174,5 @@ def test_the_executor_reads_its_imex_channel_from_the_environment(monkeypatch: p
     monkeypatch.setenv("ONEPLUS_IMEX_CHANNEL", "none")
     assert make_runtime("docker", tray).imex_channel is None
     monkeypatch.setenv("ONEPLUS_IMEX_CHANNEL", "chan0")
-    with pytest.raises(SystemExit, match="ONEPLUS_IMEX_CHANNEL='chan0': give a channel number"):
+    with pytest.raises(SettingsError, match="ONEPLUS_IMEX_CHANNEL='chan0': give a channel number"):
         make_runtime("docker", tray)
