@@ -418,20 +418,12 @@ class OnePlusClient:
 
     async def advance_reservations(self) -> list[AdvanceReservation]:
         """Every advance reservation stored (ended ones too, until deleted)."""
-        from nats.js.errors import NoKeysError
+        from oneplus_bus.ledger import latest_entries
         from oneplus_contracts.advance import AdvanceReservation
 
-        kv = await self._advance_bucket()
-        try:
-            keys = await kv.keys()
-        except NoKeysError:
-            return []
-        out: list[AdvanceReservation] = []
-        for key in keys:
-            entry = await kv.get(key)
-            if entry.value:
-                out.append(AdvanceReservation.model_validate_json(entry.value))
-        return out
+        await self._advance_bucket()  # says so when the platform has not started here
+        items = await latest_entries(self.nc.jetstream(), subjects.ADVANCE_RESERVATIONS_KV)
+        return [AdvanceReservation.model_validate_json(value) for _, value, _ in items]
 
     async def reservations(self) -> list[dict[str, Any]]:
         """Every advance reservation as the intake lists it (`oneplus.ops.reservation.list`): name, state (WAITING,

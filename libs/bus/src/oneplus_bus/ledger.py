@@ -195,11 +195,16 @@ async def latest_items(js: JetStreamContext, bucket: str, timeout: float = 10.0)
 
     Read again from the start while JetStream answers 503 (a stream leader being elected), up to `timeout`.
     """
+    return [(key, value) for key, value, _ in await latest_entries(js, bucket, timeout)]
+
+
+async def latest_entries(js: JetStreamContext, bucket: str, timeout: float = 10.0) -> list[tuple[str, bytes, int]]:
+    """As `latest_items`, each with its revision (the stream sequence of the value)."""
     return await until_answered(lambda: _latest_items(js, bucket, timeout), f"reading KV bucket {bucket!r}", timeout)
 
 
-async def _latest_items(js: JetStreamContext, bucket: str, timeout: float) -> list[tuple[str, bytes]]:
-    """One read of `latest_items`.
+async def _latest_items(js: JetStreamContext, bucket: str, timeout: float) -> list[tuple[str, bytes, int]]:
+    """One read of `latest_entries`.
 
     An ephemeral pull consumer, not `kv.watchall()`: the push watcher signals "all current values
     delivered" from consumer info, which can answer before the pushed values reach the client, and
@@ -217,7 +222,7 @@ async def _latest_items(js: JetStreamContext, bucket: str, timeout: float) -> li
     info = await js.add_consumer(stream, config=config)  # its reply carries the pending count: no second request
     sub = await js.pull_subscribe_bind(consumer=info.name, stream=stream)
     prefix = len(f"$KV.{bucket}.")
-    values: dict[str, bytes] = {}
+    values: dict[str, tuple[bytes, int]] = {}
     try:
         # Read what was there when the consumer was made, and no further: on a busy bucket new writes
         # would keep the pending count above zero forever.
@@ -240,13 +245,13 @@ async def _latest_items(js: JetStreamContext, bucket: str, timeout: float) -> li
                 if _removed(msg.headers or {}):
                     values.pop(key, None)
                 else:
-                    values[key] = msg.data
+                    values[key] = (msg.data, msg.metadata.sequence.stream)
             todo -= len(msgs)
     finally:
         await sub.unsubscribe()
         with contextlib.suppress(Exception):  # best effort: the inactivity threshold removes it anyway
             await js.delete_consumer(stream, info.name)
-    return [(k, values[k]) for k in sorted(values)]
+    return [(k, *values[k]) for k in sorted(values)]
 
 
 def _removed(headers: dict[str, str]) -> bool:

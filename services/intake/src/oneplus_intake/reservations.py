@@ -11,7 +11,8 @@ import time
 from collections.abc import Awaitable, Callable
 from typing import Any
 
-from nats.js.errors import InvalidKeyError, KeyNotFoundError, KeyWrongLastSequenceError, NoKeysError
+from nats.js.errors import InvalidKeyError, KeyNotFoundError, KeyWrongLastSequenceError
+from oneplus_bus.ledger import latest_entries
 from oneplus_bus.service import OneplusService, OpsError
 from oneplus_bus.tenancy import Caller
 from oneplus_contracts import NodeRecord, subjects
@@ -53,20 +54,11 @@ class ReservationOps:
         return [res for res, _ in await self._stored_with_revisions()]
 
     async def _stored_with_revisions(self) -> list[tuple[AdvanceReservation, int]]:
-        kv = await self._bucket()
-        try:
-            keys = await kv.keys()
-        except NoKeysError:
-            return []
         out: list[tuple[AdvanceReservation, int]] = []
-        for key in keys:
-            try:
-                entry = await kv.get(key)
-            except KeyNotFoundError:
-                continue  # deleted between the listing and the read
+        for key, value, revision in await latest_entries(self.svc.js, subjects.ADVANCE_RESERVATIONS_KV):
             book = AdvanceBook()
-            if entry.value and book.apply(key, entry.value) is None:
-                out.append((book.by_name[key], int(entry.revision or 0)))
+            if book.apply(key, value) is None:
+                out.append((book.by_name[key], revision))
         return out
 
     @staticmethod

@@ -14,9 +14,8 @@ import time
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from nats.js.errors import NoKeysError
 from oneplus_bus.informer import StreamTail, kv_list_and_watch
-from oneplus_bus.ledger import NotDelivered, Reported, latest_values
+from oneplus_bus.ledger import NotDelivered, Reported, latest_entries, latest_values
 from oneplus_bus.service import OneplusService
 from oneplus_bus.telemetry import traceparent_of_current
 from oneplus_bus.tenancy import Caller, TenancyError, bind_team
@@ -118,13 +117,8 @@ class Intake:
         if self._tails and (named is None or named in self.advance.by_name):
             return self.advance.all
         book = AdvanceBook()
-        kv = await self.svc.js.key_value(subjects.ADVANCE_RESERVATIONS_KV)
-        try:
-            for key in await kv.keys():
-                entry = await kv.get(key)
-                book.apply(key, entry.value)
-        except NoKeysError:
-            pass
+        for key, value, _ in await latest_entries(self.svc.js, subjects.ADVANCE_RESERVATIONS_KV):
+            book.apply(key, value)
         return book.all
 
     async def _on_advance(self, key: str, value: bytes | None) -> None:
