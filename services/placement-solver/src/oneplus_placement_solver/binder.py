@@ -17,8 +17,8 @@ from dataclasses import dataclass, field
 
 from nats.js.api import PubAck
 from oneplus_bus.acks import wait_acks
-from oneplus_bus.telemetry import inject, job_span
-from oneplus_contracts import Allocation, JobPlaced, JobRecord, subjects
+from oneplus_bus.telemetry import job_span
+from oneplus_contracts import Allocation, JobPlaced, JobRecord
 from oneplus_placement.layout import Layout
 from oneplus_reservations import Conflict
 
@@ -228,16 +228,5 @@ class Binder:
         for cmd in launch_commands(rec, alloc, token, addresses):
             if nodes is not None and cmd.node not in nodes:
                 continue
-            headers = {"Nats-Msg-Id": cmd.command_id}
-            if rec.traceparent:
-                headers["traceparent"] = rec.traceparent
-            inject(headers)
-            futures.append(
-                await self.ctx.svc.js.publish_async(
-                    subjects.node_command(cmd.node, "launch"),
-                    cmd.model_dump_json().encode(),
-                    headers=headers,
-                    stream=subjects.COMMANDS_STREAM,
-                )
-            )
+            futures.append(await self.ctx.send_node_command(cmd, "launch", rec.traceparent))
         return futures

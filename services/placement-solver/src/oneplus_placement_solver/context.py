@@ -10,8 +10,10 @@ from __future__ import annotations
 import asyncio
 from dataclasses import dataclass, field
 
+from nats.js.api import PubAck
 from oneplus_bus.service import OneplusService
-from oneplus_contracts import JobEvent
+from oneplus_bus.telemetry import inject
+from oneplus_contracts import JobEvent, LaunchRanks, PreemptRanks, subjects
 from oneplus_queueing.shards import replica_for
 from oneplus_reservations import ReservationStore
 from oneplus_stores.audit import ReservationAuditLog
@@ -71,6 +73,22 @@ class SolverContext:
     def mine(self, job_id: str) -> bool:
         """Whether this replica places `job_id` (rendezvous hashing over the live replicas)."""
         return len(self.members) <= 1 or replica_for(job_id, self.members) == self.settings.replica
+
+    async def send_node_command(
+        self, cmd: LaunchRanks | PreemptRanks, verb: str, traceparent: str | None
+    ) -> asyncio.Future[PubAck]:
+        """Publish one node's command without waiting for its acknowledgement. Its fixed id lets JetStream drop the
+        same command sent again within the duplicate window; it carries its job's own trace."""
+        headers = {"Nats-Msg-Id": cmd.command_id}
+        if traceparent:
+            headers["traceparent"] = traceparent
+        inject(headers)
+        return await self.svc.js.publish_async(
+            subjects.node_command(cmd.node, verb),
+            cmd.model_dump_json().encode(),
+            headers=headers,
+            stream=subjects.COMMANDS_STREAM,
+        )
 
     async def record(self, *events: JobEvent) -> None:
         """Record decisions: the owner commits them; a follower reports them as facts for the owner to fold."""

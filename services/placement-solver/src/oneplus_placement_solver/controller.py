@@ -182,18 +182,7 @@ class Controller:
         for rec in victims:
             for cmd in preempt_commands(rec):
                 # The victim's own trace, not the preemptor's: one job, one trace.
-                headers = {"Nats-Msg-Id": cmd.command_id}
-                if rec.traceparent:
-                    headers["traceparent"] = rec.traceparent
-                inject(headers)
-                futures.append(
-                    await self.ctx.svc.js.publish_async(
-                        subjects.node_command(cmd.node, "preempt"),
-                        cmd.model_dump_json().encode(),
-                        headers=headers,
-                        stream=subjects.COMMANDS_STREAM,
-                    )
-                )
+                futures.append(await self.ctx.send_node_command(cmd, "preempt", rec.traceparent))
         await wait_acks(futures)
         self.asked.update((rec.job_id, rec.token) for rec in victims if rec.token is not None)
 
