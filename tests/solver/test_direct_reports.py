@@ -37,9 +37,9 @@ from test_cycle_store_ops import spec
 
 
 async def placed_jobs(owner: JobOwner, n: int) -> None:
-    """`n` one-GPU jobs accepted and placed on node n0 with token 1 (the owner's own commits)."""
+    """`n` one-GPU jobs accepted and placed, eight a node (n0, n1, ...), with token 1 (the owner's own commits)."""
     for i in range(n):
-        alloc = Allocation(ranks=[RankPlacement(rank=0, node="n0", gpus=[0], cpus=1, memory_mb=64)])
+        alloc = Allocation(ranks=[RankPlacement(rank=0, node=f"n{i // 8}", gpus=[i % 8], cpus=1, memory_mb=64)])
         await owner.commit(
             JobAccepted(event_id=f"a-{i}", job_id=f"d{i}", spec=spec(i, 1)),
             JobPlaced(event_id=f"p-{i}", job_id=f"d{i}", allocation=alloc, token=1),
@@ -114,7 +114,7 @@ async def test_reports_that_wait_are_folded_in_batches_not_one_commit_each(
 
     monkeypatch.setattr(owner, "commit", counted)
     async with answering(owner):
-        facts = [JobStarting(event_id=f"s-d{i}", job_id=f"d{i}", node="n0", token=1) for i in range(100)]
+        facts = [JobStarting(event_id=f"s-d{i}", job_id=f"d{i}", node=f"n{i // 8}", token=1) for i in range(100)]
         got = await asyncio.gather(*(ledger.deliver(f) for f in facts))
     assert all(r.folded for r in got)
     assert commits <= 20, f"{commits} commits for 100 reports sent at once"

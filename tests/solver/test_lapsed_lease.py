@@ -16,7 +16,8 @@ import time
 import pytest
 from nats.aio.client import Client
 from nats.errors import TimeoutError as NatsTimeout
-from oneplus_contracts import JobAccepted, JobNodeFinished, subjects
+from oneplus_bus.ledger import read_stream
+from oneplus_contracts import JobAccepted, JobNodeFinished, JobPlaced, parse_job_event, subjects
 from oneplus_placement_solver.app import Solver
 from oneplus_placement_solver.owner import FACTS_ACK_WAIT_S, FACTS_CONSUMER
 from oneplus_reservations import check_history
@@ -107,3 +108,31 @@ async def test_an_owner_waits_only_when_facts_may_be_out(
         await solver.owner.bootstrap()
         assert not solver.owner.facts_caught_up(time.time())
         assert solver.owner.facts_caught_up(time.time() + FACTS_ACK_WAIT_S)
+
+
+async def test_the_owner_refuses_a_placement_on_gpus_a_live_record_holds_and_reconcile_frees_it(
+    nc: Client, servers: Servers, cluster_name: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Seen in the fenced chaos run across a leader hand-over: the store forgot a lapsed hold, and a replica whose
+    capacity model did not keep it (a follower, a deposed leader resumed) reserved its GPUs for another gang and
+    reported it placed; the job stream then showed a GPU held by two jobs. The owner checks its own records now."""
+    async with solver_on_fresh_bus(nc, servers, cluster_name) as solver:
+        await place_with_a_short_lease(nc, solver, monkeypatch)
+        j0 = solver.owner.index.get("j0")
+        assert j0 is not None and j0.allocation is not None
+        await asyncio.sleep(0.4)
+        assert await solver.store.all() == [], "the lease ran out"
+        await solver.owner.commit(JobAccepted(event_id="acc-1", job_id="j1", spec=spec(1, gpus=8)))
+        # Another replica with a stale view takes the same GPUs in the store (which no longer holds j0's).
+        [token] = await solver.store.reserve_many([("j1", j0.allocation)])
+        assert isinstance(token, int)
+        placed = JobPlaced(event_id=f"placed-j1-{token}", job_id="j1", allocation=j0.allocation, token=token, attempt=1)
+        assert await solver.owner.commit(placed) == [None], "refused: j0's record holds those GPUs"
+        assert solver.owner.index.get("j1").state == "ACCEPTED"  # type: ignore[union-attr]
+        events = [parse_job_event(data) for _, data, _ in await read_stream(nc.jetstream(), subjects.JOBS_STREAM, 1)]
+        assert [(e.job_id, e.type) for e in events if e.type == "placed"] == [("j0", "placed")]
+
+        await solver.reconcile()  # within the grace: j0 still holds; j1's reservation is freed, not recorded
+        assert [r.job_id for r in await solver.store.all()] == []
+        assert solver.owner.index.get("j1").state == "ACCEPTED"  # type: ignore[union-attr]
+        assert solver.owner.index.get("j0").state == "PLACED"  # type: ignore[union-attr]

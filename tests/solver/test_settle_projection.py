@@ -49,7 +49,8 @@ async def owner_of(nc: Client, settles: bool) -> tuple[JetStreamContext, JobOwne
 
 
 async def running(owner: JobOwner, job_id: str) -> None:
-    alloc = Allocation(ranks=[RankPlacement(rank=0, node="n0", gpus=[0])])
+    # A GPU of its own: an attempt whose end is not settled still holds its GPU, and the owner refuses to place another.
+    alloc = Allocation(ranks=[RankPlacement(rank=0, node="n0", gpus=[sum(map(ord, job_id)) % 8])])
     await owner.commit(
         JobAccepted(event_id=f"a-{job_id}", job_id=job_id, spec=spec(0, 1)),
         JobPlaced(event_id=f"p-{job_id}", job_id=job_id, allocation=alloc, token=5),

@@ -17,6 +17,7 @@ from nats.aio.client import Client
 from nats.js.errors import ServiceUnavailableError
 from oneplus_bus.settings import BusSettings
 from oneplus_placement_solver.app import Solver, SolverSettings, build_solver
+from oneplus_placement_solver.owner import NotOwner
 from oneplus_reservations import ReservationStore
 from oneplus_testing import Servers, wipe_bus
 
@@ -92,3 +93,25 @@ async def test_a_replica_whose_take_failed_follows_the_one_that_took_the_lease(
 
     await b.beat()
     assert not b.leading and b.owner.following, "neither owning nor following: b would place on a stale index"
+
+
+async def test_an_owner_loop_ends_once_its_replica_no_longer_leads(
+    replicas: AsyncExitStack, servers: Servers, cluster_name: str
+) -> None:
+    """A deposed owner's loops stop at their first refused write instead of being restarted every second (its fact
+    loop kept taking the facts its successor waited for); while the replica still leads, a refusal is retried."""
+    solver = await started(replicas, servers, cluster_name, "r1")
+    runs: list[bool] = []
+
+    async def refused() -> None:
+        runs.append(solver.ctx.leading)
+        raise NotOwner("solver r1 does not hold the owner lease (held by r2)")
+
+    loop = solver.membership._while_leading(refused)
+    assert loop.__name__ == "refused"
+    solver.ctx.leading = True
+    with pytest.raises(NotOwner):
+        await loop()  # still leading: the guard restarts it
+    solver.ctx.leading = False
+    await loop()  # deposed: it ends
+    assert runs == [True, False]

@@ -40,7 +40,7 @@ from .health import remove_health_file, write_health_file
 from .ledger import JobLedger
 from .logs import FASTSTREAM_LOGGER, configure_logging, log_settings_from_env
 from .metrics import MetricsServer, metrics_host_from_env, metrics_port_from_env
-from .retry import until_answered
+from .retry import raise_if_cancelling, until_answered
 from .settings import BusSettings
 from .streams import ensure_kv, ensure_streams
 from .telemetry import make_tracer_provider
@@ -262,6 +262,9 @@ class OneplusService:
             except asyncio.CancelledError:
                 raise
             except Exception:
+                # On Python 3.11 a timeout can swallow the cancel that stops this loop (see raise_if_cancelling): a
+                # loop cancelled then failing must stop, not be restarted (a deposed owner's loops went on folding).
+                raise_if_cancelling()
                 log.exception("%s: loop %s failed; restarting in 1s", self.name, loop.__name__)
                 await asyncio.sleep(1.0)
 

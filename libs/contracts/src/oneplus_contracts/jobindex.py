@@ -8,16 +8,70 @@ pending and holder indexes at once, and the hot view `min_age_s` after it finish
 from __future__ import annotations
 
 import sys
-from collections.abc import Iterable, Iterator
+from collections.abc import Collection, Iterable, Iterator
 from dataclasses import dataclass, field
 
 from .arrays import split_task_id
-from .events import ACTIVE_STATES, JobEvent, JobRecord, JobRejected
+from .events import ACTIVE_STATES, Allocation, JobEvent, JobRecord, JobRejected
 from .lifecycle import IllegalTransition, apply_event
 from .slim import slim
 
 # States in which a job holds its reservation: the active ones, and checkpointed while its ranks stop.
 HOLDING_STATES: frozenset[str] = ACTIVE_STATES | {"CHECKPOINTED"}
+
+
+Slot = tuple[str, str]  # (node, GPU index) or (node, MIG instance UUID)
+WHOLE = 1000  # milli-GPUs of a whole GPU
+
+
+def slots_of(alloc: Allocation) -> list[tuple[Slot, int]]:
+    """The GPUs and MIG instances an allocation holds, each with its share in milli-GPUs (a whole one: 1000)."""
+    out: list[tuple[Slot, int]] = []
+    for r in alloc.ranks:
+        milli = r.gpu_milli or WHOLE
+        out.extend(((r.node, str(g)), milli) for g in r.gpus)
+        out.extend(((r.node, uuid), WHOLE) for uuid in r.mig)
+    return out
+
+
+@dataclass
+class GpuSlots:
+    """Who holds each GPU (and MIG instance), with how much of it: the job owner refuses to record a placement on a
+    GPU another live attempt holds, whatever the reservation store said (the store forgets a hold whose lease ran
+    out before the attempt's end is recorded; the job stream must never show a GPU held twice)."""
+
+    held: dict[Slot, dict[str, int]] = field(default_factory=dict)
+    by_job: dict[str, list[tuple[Slot, int]]] = field(default_factory=dict)
+
+    def hold(self, job_id: str, alloc: Allocation) -> None:
+        self.release(job_id)
+        slots = self.by_job[job_id] = slots_of(alloc)
+        for slot, milli in slots:
+            self.held.setdefault(slot, {})[job_id] = milli
+
+    def release(self, job_id: str) -> None:
+        for slot, _ in self.by_job.pop(job_id, ()):
+            holders = self.held.get(slot)
+            if holders is not None:
+                holders.pop(job_id, None)
+                if not holders:
+                    del self.held[slot]
+
+    def conflict(self, job_id: str, alloc: Allocation, *also: GpuSlots, ended: Collection[str] = ()) -> str | None:
+        """Why `alloc` cannot be held by `job_id` beside the holders here (and in `also`, less the `ended` ones), or
+        None when it can: a whole GPU or MIG instance someone else holds, or shares adding up to more than one GPU."""
+        for slot, milli in slots_of(alloc):
+            used = 0
+            for table in (self, *also):
+                for other, m in table.held.get(slot, {}).items():
+                    if other == job_id or other in ended:
+                        continue
+                    if milli == WHOLE or m == WHOLE:
+                        return f"{slot[0]} GPU {slot[1]} is held by {other}"
+                    used += m
+            if used + milli > WHOLE:
+                return f"{slot[0]} GPU {slot[1]} has {WHOLE - used} milli-GPUs left, {milli} asked"
+        return None
 
 
 @dataclass(frozen=True, slots=True)
@@ -50,6 +104,7 @@ class JobIndex:
     holders: dict[str, JobRecord] = field(default_factory=dict)  # holding GPUs (HOLDING_STATES with an allocation)
     finished: dict[str, FinishedJob] = field(default_factory=dict)  # finished job → its record's JSON, in fold order
     arrays: dict[str, dict[str, None]] = field(default_factory=dict)  # array id → its tasks held here (live, finished)
+    slots: GpuSlots = field(default_factory=GpuSlots)  # the GPUs the holders hold
     last_seq: int = 0
     keep_finished: bool = True
 
@@ -83,6 +138,7 @@ class JobIndex:
             self.jobs.pop(job_id, None)
             self.pending.pop(job_id, None)
             self.holders.pop(job_id, None)
+            self.slots.release(job_id)
             if self.keep_finished:
                 was = self.finished.get(job_id)
                 self.finished[job_id] = FinishedJob(
@@ -103,9 +159,13 @@ class JobIndex:
         else:
             self.pending.pop(job_id, None)
         if rec.state in HOLDING_STATES and rec.allocation is not None:
+            held = self.holders.get(job_id)
             self.holders[job_id] = rec
+            if held is None or held.allocation is not rec.allocation:
+                self.slots.hold(job_id, rec.allocation)
         else:
             self.holders.pop(job_id, None)
+            self.slots.release(job_id)
 
     def apply(self, event: JobEvent, seq: int, traceparent: str | None = None) -> JobRecord | None:
         """Fold an event read from the job-event stream at `seq` (an informer's or a restarted owner's replay).
@@ -187,6 +247,7 @@ class JobIndex:
         self.jobs.pop(job_id, None)
         self.pending.pop(job_id, None)
         self.holders.pop(job_id, None)
+        self.slots.release(job_id)
         self.finished.pop(job_id, None)
 
     @classmethod

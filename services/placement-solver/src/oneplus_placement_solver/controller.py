@@ -333,6 +333,10 @@ class Controller:
                 # The store lost the release of an attempt that was requeued (unreachable then): not a placement
                 # that was never recorded. Recording it as placed would repeat the old `placed` event's id.
                 await self.release(job_id, res.token, "attempt already ended (requeued)")
+            elif rec.state == "ACCEPTED" and (clash := index.slots.conflict(job_id, res.allocation)) is not None:
+                # The store granted GPUs a live attempt's record still holds (its lease ran out before its end was
+                # recorded): the owner refuses that placement, so the reservation is freed and the job stays pending.
+                await self.release(job_id, res.token, f"not recorded: {clash}")
             elif rec.state == "ACCEPTED" and not rec.cancel_requested:
                 if len(ctx.members) > 1 and now - res.ts_ms / 1000 < s.lost_reservation_grace_s:
                     continue  # maybe another replica's fresh commit: its `placed` fact is on the way

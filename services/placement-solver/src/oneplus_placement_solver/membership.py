@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import Awaitable, Callable
 
 from oneplus_bus.lease import Lease, ReplicaSet
 from oneplus_contracts import JobEvent, JobRecord, subjects
@@ -76,7 +77,23 @@ class Membership:
             return
         c = self.controller
         loops = (c.owner_loop, self.ctx.owner.run_reports, c.reconcile_loop, c.expire_loop)
-        self._owner_tasks = [self.ctx.svc.spawn(fn) for fn in loops]
+        self._owner_tasks = [self.ctx.svc.spawn(self._while_leading(fn)) for fn in loops]
+
+    def _while_leading(self, loop: Callable[[], Awaitable[None]]) -> Callable[[], Awaitable[None]]:
+        """`loop`, ended for good once this replica no longer leads: a deposed owner's fact loop restarted after each
+        refused commit kept fetching the facts its successor waits for, and gave them back a second later each time
+        (the node ends it delayed let leases lapse)."""
+
+        async def run() -> None:
+            try:
+                await loop()
+            except NotOwner:
+                if self.ctx.leading:
+                    raise  # the lease not renewed this time: the loop is restarted, the role loop decides
+                log.info("solver %s: %s ends, this replica no longer leads", self.ctx.settings.replica, loop.__name__)
+
+        run.__name__ = loop.__name__
+        return run
 
     async def stop_owner_loops(self) -> None:
         tasks, self._owner_tasks = self._owner_tasks, []

@@ -42,13 +42,14 @@ from oneplus_contracts import (
     FactOutcome,
     IllegalTransition,
     JobEvent,
+    JobPlaced,
     JobRecord,
     apply_event,
     parse_job_event,
     subjects,
 )
 from oneplus_contracts.array_facts import expand_fact
-from oneplus_contracts.jobindex import HOLDING_STATES, FinishedJob, JobIndex
+from oneplus_contracts.jobindex import HOLDING_STATES, FinishedJob, GpuSlots, JobIndex
 from oneplus_stores.archive import JobArchive
 from prometheus_client import CollectorRegistry, Counter
 from pydantic import ValidationError
@@ -285,6 +286,8 @@ class JobOwner:
         out: list[JobRecord | None] = [None] * len(events)
         # Records folded in this batch, so two events of one job in one batch see each other.
         folded: dict[str, JobRecord | None] = {}
+        claimed = GpuSlots()  # the GPUs this batch's placements take, beside those the index's holders hold
+        ended: set[str] = set()  # holders whose attempt an earlier event of this batch ends
         for i, event in enumerate(events):
             before = folded[event.job_id] if event.job_id in folded else self.index.get(event.job_id)
             try:
@@ -293,6 +296,18 @@ class JobOwner:
                 self.refused.labels(event.type).inc()
                 log.info("refused %s of %s: %s", event.type, event.job_id, exc)
                 continue
+            if isinstance(event, JobPlaced):
+                # The store granted it, but the store forgets a hold whose lease ran out before its end is recorded:
+                # the record, not the store, says whether the GPUs are free (reconcile frees such a reservation).
+                clash = self.index.slots.conflict(event.job_id, event.allocation, claimed, ended=ended)
+                if clash is not None:
+                    self.refused.labels(event.type).inc()
+                    log.warning("refused placed of %s (token %d): %s", event.job_id, event.token, clash)
+                    continue
+                claimed.hold(event.job_id, event.allocation)
+            elif new.state not in HOLDING_STATES:
+                ended.add(event.job_id)  # its GPUs are free for a placement later in this batch
+                claimed.release(event.job_id)
             tp = (traceparents[i] if i < len(traceparents) else None) or new.traceparent
             if tp and new.traceparent is None:
                 new = new.model_copy(update={"traceparent": tp})
