@@ -102,30 +102,3 @@ def test_two_tests_under_one_id_stop_the_run_with_the_id_named() -> None:
     twins = [_Item("test_x", "t.py::test_x"), _Item("test_x", "t.py::test_x"), _Item("test_y", "t.py::test_y")]
     with pytest.raises(pytest.UsageError, match=r"^1 test id\(s\) name more than one test.*: t\.py::test_x$"):
         give_items_their_own_ids(twins)  # type: ignore[arg-type]
-
-
-def run_task_test(test_file: Path, **env: str) -> subprocess.CompletedProcess[str]:
-    """`task test` (the Taskfile's, from the repo) on one test file outside tests/."""
-    task = Path(sys.executable).with_name("task")  # go-task-bin installs it beside the venv's python
-    if not task.exists():
-        pytest.skip(f"no task binary at {task}")
-    base = {k: v for k, v in os.environ.items() if k not in ("NATS_URL", "REDIS_URL") and not k.startswith("PYTEST_")}
-    base["PATH"] = os.pathsep.join([str(task.parent), base.get("PATH", "")])  # `python` in the Taskfile: this one
-    argv = [str(task), "-d", str(REPO), "test", "--", str(test_file), "-p", "no:cacheprovider"]
-    return subprocess.run(argv, env={**base, **env}, capture_output=True, text=True, timeout=120, check=False)
-
-
-def test_task_test_runs_two_workers_and_serially_with_one_line_when_servers_are_named(tmp_path: Path) -> None:
-    """Shared servers (NATS_URL / REDIS_URL) are what users on a shared machine run against: one process, said once."""
-    test_file = tmp_path / "test_where.py"
-    test_file.write_text(f"def test_where(worker_id):\n    open({str(tmp_path / 'worker')!r}, 'w').write(worker_id)\n")
-    parallel = run_task_test(test_file)
-    assert parallel.returncode == 0, parallel.stdout + parallel.stderr
-    assert (tmp_path / "worker").read_text() in ("gw0", "gw1")
-    assert "serially" not in parallel.stderr
-
-    serial = run_task_test(test_file, REDIS_URL="redis://127.0.0.1:1")
-    assert serial.returncode == 0, serial.stdout + serial.stderr
-    assert (tmp_path / "worker").read_text() == "master"
-    said = [line for line in serial.stderr.splitlines() if "serially" in line]
-    assert len(said) == 1 and said[0].startswith("task test: NATS_URL/REDIS_URL are set"), serial.stderr
