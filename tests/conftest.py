@@ -19,7 +19,7 @@ import pytest
 import redis.asyncio as aioredis
 from nats.aio.client import Client
 from oneplus_reservations import ReservationStore
-from oneplus_testing import Servers, parallel_refusal, planned_workers, wipe_bus
+from oneplus_testing import Servers, give_items_their_own_ids, parallel_refusal, planned_workers, wipe_bus
 
 from oneplus.devstack import EmbeddedServers
 
@@ -29,6 +29,10 @@ def pytest_configure(config: pytest.Config) -> None:
     why = parallel_refusal(workers, os.environ)
     if why is not None:
         raise pytest.UsageError(why)
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    give_items_their_own_ids(items)  # before pytest-xdist reads the ids: it runs one test per id
 
 
 @pytest.fixture(scope="session", autouse=True)

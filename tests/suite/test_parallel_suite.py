@@ -9,7 +9,8 @@ import sys
 from pathlib import Path
 
 import pytest
-from oneplus_testing import parallel_refusal, planned_workers
+from _pytest.nodeid import NodeId
+from oneplus_testing import give_items_their_own_ids, parallel_refusal, planned_workers
 
 REPO = Path(__file__).resolve().parents[2]
 TESTS = REPO / "tests"
@@ -74,3 +75,30 @@ def test_state_files_stay_in_the_sessions_own_folder(state_home: Path) -> None:
     assert os.environ["XDG_STATE_HOME"] == str(state_home)
     assert state_dir_from_env("executor-mem-0").parent.parent == state_home
     assert not state_dir_from_env("x").is_relative_to(Path.home() / ".local" / "state")
+
+
+class _Item:
+    """What give_items_their_own_ids reads of a pytest item: its name and its node id."""
+
+    def __init__(self, name: str, nodeid: str) -> None:
+        self.name = name
+        self._id = NodeId.parse(nodeid)
+
+    @property
+    def nodeid(self) -> str:
+        return str(self._id)
+
+
+def test_an_item_whose_id_lost_its_brackets_gets_them_back_and_xdist_sees_every_case() -> None:
+    """schemathesis's per-operation items on pytest 9.2: the operation is in the name only, not in the id."""
+    cases = [_Item(f"test_fuzz[{op}]", "t.py::test_fuzz") for op in ("GET /v1/jobs", "POST /v1/jobs")]
+    plain = [_Item("test_a[1]", "t.py::test_a[1]"), _Item("test_b", "t.py::test_b")]
+    give_items_their_own_ids([*cases, *plain])  # type: ignore[list-item]
+    assert [i.nodeid for i in cases] == ["t.py::test_fuzz[GET /v1/jobs]", "t.py::test_fuzz[POST /v1/jobs]"]
+    assert [i.nodeid for i in plain] == ["t.py::test_a[1]", "t.py::test_b"]
+
+
+def test_two_tests_under_one_id_stop_the_run_with_the_id_named() -> None:
+    twins = [_Item("test_x", "t.py::test_x"), _Item("test_x", "t.py::test_x"), _Item("test_y", "t.py::test_y")]
+    with pytest.raises(pytest.UsageError, match=r"^1 test id\(s\) name more than one test.*: t\.py::test_x$"):
+        give_items_their_own_ids(twins)  # type: ignore[arg-type]
