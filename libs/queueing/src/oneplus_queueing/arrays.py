@@ -15,9 +15,9 @@ from oneplus_contracts.arrays import compact
 from .model import PendingJob, PendingReason, RunningJob
 
 
-def tasks_running(running: Iterable[RunningJob]) -> dict[str, int]:
-    """Array id → how many of its tasks hold GPUs."""
-    out: dict[str, int] = {}
+def tasks_running(running: Iterable[RunningJob], in_flight: Mapping[str, int] | None = None) -> dict[str, int]:
+    """Array id → how many of its tasks hold GPUs (`in_flight`: those placed but not recorded yet, counted too)."""
+    out: dict[str, int] = dict(in_flight or {})
     for r in running:
         count_task(r.spec.array_task, out)
     return out
@@ -42,13 +42,13 @@ def throttle_message(task: ArrayTask | None, counts: dict[str, int]) -> str | No
 
 
 def hold_throttled(
-    pending: Sequence[PendingJob], running: Iterable[RunningJob], reasons: dict[str, PendingReason]
+    pending: Sequence[PendingJob], counts: Mapping[str, int], reasons: dict[str, PendingReason]
 ) -> list[PendingJob]:
     """The pending jobs the cycle considers: of an array with `%N`, only as many tasks as N leaves room for (the first
     in `pending`'s order, which is the order they were accepted or requeued in); the others get `JobArrayTaskLimit`
     here and are not ranked at all (a 10,000-task array at %50 is ranked as 50 jobs, not 10,000, every cycle). The
-    cycle's own check still holds N among those it considers. One pass, no sort: this runs every cycle."""
-    counts: dict[str, int] | None = None
+    cycle's own check still holds N among those it considers. One pass, no sort: this runs every cycle.
+    `counts`: array id → its tasks holding GPUs (`tasks_running`)."""
     room: dict[str, int] = {}
     why: dict[str, str] = {}
     kept: list[PendingJob] = []
@@ -60,8 +60,6 @@ def hold_throttled(
         array_id = task.array_job_id
         left = room.get(array_id)
         if left is None:
-            if counts is None:
-                counts = tasks_running(running)
             left = max(0, task.max_running - counts.get(array_id, 0))
             why[array_id] = throttle_message(task, {array_id: task.max_running}) or ""
         if left > 0:

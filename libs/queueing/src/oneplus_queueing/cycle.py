@@ -78,6 +78,7 @@ def schedule_cycle(
     carry: CycleCarry | None = None,
     job_states: Mapping[str, str] | None = None,
     reservations: Sequence[AdvanceReservation] = (),
+    in_flight: Mapping[str, int] | None = None,
 ) -> CycleDecision:
     """Decide this cycle's placements, pending reasons, protected reservation and preemption wishes.
 
@@ -88,6 +89,8 @@ def schedule_cycle(
     `job_states`: the states of the jobs that pending jobs' dependencies name (pending and running ones are known
     from the lists); a job id found nowhere is no job, and a dependency on it can never be satisfied.
     `reservations`: the advance reservations (`oneplus_queueing.advance`): jobs are kept to the nodes they leave them.
+    `in_flight`: array id → its tasks that earlier cycles placed and whose placement is not recorded yet (the live
+    solver binds while the next cycle decides): they count against the array's `%N` like running ones.
     """
     t0 = time.perf_counter()
     stats = CycleStats()
@@ -96,7 +99,8 @@ def schedule_cycle(
     pending = hold_until_begin(now, pending, decision.reasons)  # --begin in the future: not considered yet
     pending = steer(now, pending, reservations, config.backfill.default_time_limit_s, decision.reasons)
     pending = _dependencies_met(pending, running, job_states or {}, decision)
-    pending = hold_throttled(pending, running, decision.reasons)  # an array's tasks past its %N are not ranked
+    array_running = tasks_running(running, in_flight)
+    pending = hold_throttled(pending, array_running, decision.reasons)  # an array's tasks past its %N are not ranked
     carry = carry or CycleCarry()
     ranked, invalid = rank_pending(now, pending, config, factors)
     ranked = keep_protected_first(serving_order(ranked, config), carry.protected)
@@ -115,7 +119,7 @@ def schedule_cycle(
         seed=seed,
         decision=decision,
         busy={singleton_key(r.spec) for r in running},
-        array_running=tasks_running(running),
+        array_running=array_running,
     )
     cycle.keep_resizing(carry.nominations)
     served = cycle.honour_nominations(ranked, carry.nominations)

@@ -16,6 +16,7 @@ from oneplus_bus.telemetry import job_span
 from oneplus_contracts import JobFinished, JobPreempting, JobRecord
 from oneplus_contracts.arrays import JobArray, array_state, task_job_id
 from oneplus_queueing.apply import Eviction, apply_decision
+from oneplus_queueing.arrays import count_task
 from oneplus_queueing.cycle import schedule_cycle
 from oneplus_queueing.dependencies import referenced_jobs
 from oneplus_queueing.elastic import may_grow
@@ -112,11 +113,13 @@ class Scheduler:
         if work.capacity.records:
             ctx.metrics.capacity(work.capacity.state())  # at most once a second
         held, binding = work.capacity.held, self.binder.binding
-        pending_recs = {
-            k: r
-            for k, r in index.pending.items()
-            if not r.cancel_requested and k not in held and k not in binding and ctx.mine(k)
-        }
+        pending_recs: dict[str, JobRecord] = {}
+        in_flight: dict[str, int] = {}  # array id → tasks placed by an earlier cycle, their `placed` not recorded yet
+        for k, r in index.pending.items():
+            if k in held or k in binding:
+                count_task(r.spec.array_task, in_flight)  # being bound: it counts against its array's %N
+            elif not r.cancel_requested and ctx.mine(k):
+                pending_recs[k] = r
         # With nobody pending a cycle still runs while an elastic gang could grow into free GPUs.
         if not pending_recs and not any(may_grow(r) for r in running):
             self.decision = None
@@ -135,6 +138,7 @@ class Scheduler:
             carry=self.carry,
             job_states=self.dependency_states(pending_recs.values()),
             reservations=work.advance.all,
+            in_flight=in_flight,
             # Replicas break ties among equally good nodes in different orders, so they collide less in Redis.
             seed=members.index(ctx.settings.replica) if len(members) > 1 else 0,
         )
