@@ -165,6 +165,11 @@ class Intake:
             rec, _ = await self.svc.ledger.get(job_id)
         return rec if rec is not None else await JobArchive(self.svc.js).get(job_id)
 
+    async def recorded(self, job_id: str) -> JobRecord | None:
+        """The job's record read from the bucket now, not from the followed copy (which may lag the owner)."""
+        rec, _ = await self.svc.ledger.get(job_id)
+        return rec
+
     def count(self, outcome: str, source: str, reason: str = "none") -> None:
         if self.metrics is not None:
             self.metrics.submission(outcome, source, reason)
@@ -243,6 +248,11 @@ class Intake:
             SiteMapError,
             AdvanceReservationError,
         ) as exc:
+            if (rec := await self.recorded(job_id)) is not None:
+                # A retry whose first try was committed after this intake's copy last looked (seen across hosts:
+                # admitted then, refused now while a node was cut off): the job exists, so no `rejected` for it.
+                self.count("duplicate", source)
+                return Outcome(SubmitReply(ok=True, job_id=job_id, duplicate=True, warnings=rec.warnings), DUPLICATE)
             return await self.reject(job_id, str(exc), source, spec.team, CANNOT_RUN, exc)
         event = JobAccepted(event_id=f"accepted-{job_id}", job_id=job_id, spec=spec, source=source, warnings=warnings)
         reported = await self.record_accepted(event)
