@@ -8,6 +8,7 @@ from typing import Any
 
 import pytest
 from oneplus_placement.fgd import gradient_score, memory_asks
+from oneplus_placement.fitters import tie_break
 from oneplus_placement.greedy import place_gang
 from oneplus_sim import fgd_live
 from oneplus_sim.fgd import (
@@ -192,6 +193,25 @@ def test_a_cpu_only_pod_goes_where_fgd_scores_best_and_takes_no_gpu(tmp_path: Pa
     cpu_pod = Pod("c", PodRes(2000, 0, 0, ""), 512)
     for seed in range(4):
         assert fgd_live.place_cpu_pod(cluster, cpu_pod, seed) == 1
+
+
+def test_a_cpu_only_pod_is_scored_blind_to_memory_and_memory_only_filters(tmp_path: Path) -> None:
+    # n0 and n1 differ only in memory. The mix's GPU pods ask 10 GiB: a 4 GiB CPU-only pod on n0 (12 GiB) would leave
+    # its GPU to no pod of the mix, which the live measure that reads memory counts (26 points against 50 on n1).
+    # FGD's score for a CPU-only pod does not read memory (the reference's): both score 50, and the tie-break (both
+    # untouched, then the seed's node order) decides. n2 is first in every order but cannot hold the pod's memory.
+    rows = ["n0,32000,12288,1,T4", "n1,32000,65536,1,T4", "n2,32000,2048,1,T4"]
+    nodes = load_nodes(write(tmp_path, "n.csv", NODES, rows))
+    gpu_pod = Pod("g", PodRes(2000, 1000, 1, ""), 10_240)
+    cluster = fgd_live.OpenbState(nodes, fgd_live.live_meter([gpu_pod]))
+    model, left = nodes[0].model, cluster.left[0]
+    assert cluster.meter.frag(model, 30_000, left, 12_288 - 4096) > cluster.meter.frag(model, 30_000, left, 65_536)
+    cpu_pod = Pod("c", PodRes(2000, 0, 0, ""), 4096)
+    got = {}
+    for seed in range(8):
+        got[seed] = fgd_live.place_cpu_pod(cluster, cpu_pod, seed)
+        assert got[seed] == min((0, 1), key=lambda i: tie_break(i, seed))
+    assert set(got.values()) == {0, 1}  # the order, not memory, chose: n0 on some seeds
 
 
 NO_TAGS: frozenset[str] = frozenset()
