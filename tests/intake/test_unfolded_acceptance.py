@@ -12,8 +12,8 @@ from pathlib import Path
 import nats
 import pytest
 from intake_process import IntakeProcess, fresh_bus
-from oneplus_bus.ledger import read_stream
-from oneplus_contracts import JobRecord, JobSpec, parse_job_event, subjects
+from oneplus_bus.ledger import JobLedger, read_stream
+from oneplus_contracts import JobSpec, parse_job_event, subjects
 from oneplus_placement_solver.owner import JobOwner
 from oneplus_stores.archive import JobArchive
 from oneplus_testing import Servers
@@ -85,8 +85,8 @@ async def test_with_an_owner_answering_an_acceptance_is_committed_before_the_rep
             job = JobSpec(name="direct", resources={"gpus": 1})  # type: ignore[arg-type]
             first = await c.submit(job, msg_id="direct-1")
             assert first.ok and not first.duplicate and first.job_id
-            entry = await (await js.key_value(subjects.JOBS_KV)).get(first.job_id)
-            assert entry.value and JobRecord.model_validate_json(entry.value).state == "ACCEPTED"
+            rec, _ = await JobLedger(js, await js.key_value(subjects.JOBS_KV)).get(first.job_id)
+            assert rec is not None and rec.state == "ACCEPTED"
             again = await c.submit(job, msg_id="direct-1")
             assert again.ok and again.duplicate and again.job_id == first.job_id
             assert (await js.stream_info(subjects.FACTS_STREAM)).state.last_seq == facts, "no fact appended"

@@ -9,25 +9,23 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import AsyncIterator, Sequence, Set
+from collections.abc import AsyncIterator, Sequence
 
 import pytest
 from nats.aio.client import Client
 from oneplus_bus.ledger import JobLedger
 from oneplus_bus.streams import ensure_kv, ensure_streams
-from oneplus_contracts import JobAccepted, JobCancelRequested, JobRecord, subjects
+from oneplus_contracts import JobAccepted, JobCancelRequested, subjects
 from oneplus_placement_solver.owner import Applied, JobOwner
 from oneplus_stores.archive import JobArchive
 from test_cycle_store_ops import spec
 
 
 class SlowProjection(JobOwner):
-    """An owner whose hot-view writes lag its job events by a fifth of a second, as on a loaded machine."""
+    """An owner whose state save never comes (a busy or dying owner): records are only in its job events."""
 
-    async def _project(self, records: Sequence[JobRecord], settling: Set[str] = frozenset()) -> None:
-        if records:
-            await asyncio.sleep(0.2)
-        await super()._project(records, settling)
+    async def save(self) -> int:
+        return 0
 
 
 async def started(nc: Client, kind: type[JobOwner]) -> tuple[JobOwner, asyncio.Task[None]]:

@@ -28,6 +28,7 @@ from oneplus_contracts import (
     parse_job_event,
     subjects,
 )
+from oneplus_contracts.jobindex import JobIndex, fold_event
 from pydantic import ValidationError
 
 from .fencing import is_fence
@@ -61,13 +62,17 @@ class JobLedger:
         self._watch: FoldWatch | None = None  # made on the first report that waits
 
     async def get(self, job_id: str) -> tuple[JobRecord | None, int]:
-        try:
+        """The job's record as of the job stream's last event: its last saved state in the hot view, with the job's
+        events after it folded in (the owner saves records periodically, not on every transition). The second item
+        is the record's job-stream sequence (0: no record). None: no such job, or it has left for the archive."""
+        rec: JobRecord | None = None
+        with contextlib.suppress(KeyNotFoundError):
             entry = await self.kv.get(job_id)
-        except KeyNotFoundError:
-            return None, 0
-        if entry.value is None:
-            return None, entry.revision or 0
-        return JobRecord.model_validate_json(entry.value), entry.revision or 0
+            if entry.value is not None:
+                rec = JobRecord.model_validate_json(entry.value)
+        for seq, event, traceparent in await job_events_after(self.js, job_id, rec.seq if rec is not None else 0):
+            rec = fold_event(rec, event, seq, traceparent) or rec
+        return rec, rec.seq if rec is not None else 0
 
     async def publish(self, event: JobEvent, traceparent: str | None = None) -> None:
         headers = {"Nats-Msg-Id": event.event_id}
@@ -176,8 +181,47 @@ class JobLedger:
             return None
 
     async def all(self) -> list[JobRecord]:
-        """Every job's current record, read with one consumer rather than one request per key."""
-        return [JobRecord.model_validate_json(v) for v in await latest_values(self.js, subjects.JOBS_KV)]
+        """Every job's current record in the hot view (`hot_index`)."""
+        return list(await hot_index(self.js))
+
+
+async def job_events_after(js: JetStreamContext, job_id: str, seq: int) -> list[tuple[int, JobEvent, str | None]]:
+    """The job's events in the job stream after `seq`, in order: (sequence, event, traceparent). One stream request
+    an event and one more (next by subject, answered by the stream leader, so a read after a commit sees it)."""
+    out: list[tuple[int, JobEvent, str | None]] = []
+    subject = subjects.job_event(job_id, "*")
+    at = seq + 1
+    while True:
+        try:
+            msg = await js.get_msg(subjects.JOBS_STREAM, seq=at, subject=subject, next=True)
+        except NotFoundError:
+            return out
+        at = int(msg.seq or at) + 1
+        try:
+            event = parse_job_event(msg.data or b"")
+        except ValidationError:
+            continue
+        out.append((at - 1, event, (msg.headers or {}).get("traceparent")))
+
+
+async def hot_index(js: JetStreamContext, *, keep_finished: bool = True) -> JobIndex:
+    """The hot view as of now: the records the job owner last saved in the `jobs` bucket, with the job stream after
+    the projected sequence folded in (the owner saves records periodically; every event up to that sequence is in a
+    saved record or in the archive). Its `last_seq` is where a follower of the job stream goes on from."""
+    index = JobIndex.of(
+        (JobRecord.model_validate_json(v) for v in await latest_values(js, subjects.JOBS_KV)),
+        keep_finished=keep_finished,
+    )
+    start = await projected_seq(await js.key_value(subjects.SOLVER_STATE_KV))
+    index.last_seq = max(index.last_seq, start)
+    for at, data, headers in await read_stream(js, subjects.JOBS_STREAM, start + 1):
+        try:
+            event = parse_job_event(data)
+        except ValidationError:
+            index.last_seq = max(index.last_seq, at)
+            continue
+        index.apply(event, at, headers.get("traceparent"))
+    return index
 
 
 _DELETED = {"DEL", "PURGE"}

@@ -74,6 +74,28 @@ class GpuSlots:
         return None
 
 
+def fold_event(rec: JobRecord | None, event: JobEvent, seq: int, traceparent: str | None = None) -> JobRecord | None:
+    """`rec` with `event`, read from the job-event stream at `seq`, folded in; None where it changes nothing.
+
+    An event the record already holds (`seq` not above the record's) changes nothing; so does a submission outcome
+    (`rejected` of a job that never had a record) and an event of a job with no record that is not its acceptance
+    (one that has left the hot view, or whose first events the stream no longer holds). `traceparent` is the
+    event's header: a record made here carries the job's trace like the owner's does.
+    """
+    if rec is not None and seq <= rec.seq:
+        return None
+    if rec is None and (isinstance(event, JobRejected) or event.type not in ("accepted", "submitted")):
+        return None
+    try:
+        new = apply_event(rec, event)
+    except IllegalTransition:
+        return None  # the stream holds only applied events: this is one of a job read from past its start
+    update: dict[str, object] = {"seq": seq}
+    if new.traceparent is None and traceparent:
+        update["traceparent"] = traceparent  # the job's trace travels in the event's header, not its body
+    return new.model_copy(update=update)
+
+
 @dataclass(frozen=True, slots=True)
 class FinishedJob:
     """A finished job as the hot view keeps it until it leaves for the archive: its record's JSON, and the fields the
@@ -175,20 +197,9 @@ class JobIndex:
         `traceparent` is the event's header: a record made here carries the job's trace like the owner's does.
         """
         self.last_seq = max(self.last_seq, seq)
-        rec = self.get(event.job_id)
-        if rec is not None and seq <= rec.seq:
-            return None
-        if rec is None and (isinstance(event, JobRejected) or event.type not in ("accepted", "submitted")):
-            return None
-        try:
-            new = apply_event(rec, event)
-        except IllegalTransition:
-            return None  # the stream holds only applied events: this is one of a job we bootstrapped past
-        update: dict[str, object] = {"seq": seq}
-        if new.traceparent is None and traceparent:
-            update["traceparent"] = traceparent  # the job's trace travels in the event's header, not its body
-        new = new.model_copy(update=update)
-        self.put(new)
+        new = fold_event(self.get(event.job_id), event, seq, traceparent)
+        if new is not None:
+            self.put(new)
         return new
 
     def expire(self, now: float, min_age_s: float) -> list[JobRecord]:

@@ -1,16 +1,16 @@
-"""The intake's copy of the hot view (the `jobs` KV bucket), kept by following the bucket, for the job list.
+"""The intake's copy of the hot view (live jobs and recently finished ones), kept by following the job stream.
 
 Every page of a listing used to read the whole bucket: a full `oneplus jobs list` of 10,000 jobs read it 100 times.
-Here the bucket is listed once and followed (`kv_list_and_watch`); a page filters and sorts small index rows in
-memory and parses only the records it returns.
+Here the hot view is read once (`hot_index`: the records the job owner last saved, and the job stream after them)
+and the job stream is followed, each event folded into the copy as the owner folded it; a page filters and sorts
+small index rows in memory and parses only the records it returns.
 
-A read sees every write the bucket held when the read began: it waits, briefly, until the copy has followed the
-bucket up to the sequence its stream had then. A finished job's key is purged when it moves to the archive, so
-that sequence may never arrive; a wait that times out on one sequence is not repeated for it.
+A read sees every event the job stream held when the read began: it waits, briefly, until the copy has followed the
+stream up to the sequence it had then.
 
-A purge leaves nothing in the bucket's stream to follow, so the copy also follows the archive: a job put there
-leaves the copy (the listing then finds it in the archive). A finished job still in the copy long after it should
-have moved (its archiving happened while this copy was listing) is looked up in the bucket and dropped if gone.
+A finished job leaves the hot view for the archive, which is not an event: the copy also follows the archive, and a
+job put there leaves the copy (the listing then finds it in the archive). A finished job still in the copy long after
+it should have moved (its archiving happened while this copy was listing) is looked up in the archive and dropped.
 """
 
 from __future__ import annotations
@@ -22,10 +22,13 @@ import logging
 import time
 
 from nats.js import JetStreamContext
-from nats.js.errors import KeyNotFoundError
-from oneplus_bus.informer import StreamTail, kv_list_and_watch
-from oneplus_contracts import JobRecord, subjects
-from oneplus_stores.archive import ARCHIVE_PREFIX, JobRow
+from oneplus_bus.fencing import is_fence
+from oneplus_bus.informer import StreamTail
+from oneplus_bus.ledger import hot_index
+from oneplus_contracts import JobRecord, parse_job_event, subjects
+from oneplus_contracts.jobindex import JobIndex
+from oneplus_stores.archive import ARCHIVE_PREFIX, JobArchive, JobRow
+from pydantic import ValidationError
 
 from .settings import IntakeSettings
 
@@ -33,23 +36,37 @@ log = logging.getLogger("oneplus.intake.hotview")
 
 SYNC_WAIT_S = 0.25  # how long a read waits for the copy to catch up with the bucket before it reads what it has
 SWEEP_EVERY_S = 60.0
-STALE_AFTER_S = 120.0  # past ONEPLUS_MIN_JOB_AGE_S: a finished job's key should be gone from the bucket by then
+STALE_AFTER_S = 120.0  # past ONEPLUS_MIN_JOB_AGE_S: a finished job should have left for the archive by then
 
 
 class HotView:
     def __init__(self, js: JetStreamContext, min_job_age_s: float | None = None) -> None:
         self.js = js
         self.rows: dict[str, JobRow] = {}
+        self.index = JobIndex()
         self.min_job_age_s = IntakeSettings.load().min_job_age_s if min_job_age_s is None else min_job_age_s
         self._tail: StreamTail | None = None
         self._archive_tail: StreamTail | None = None
+        self._saved_tail: StreamTail | None = None
+        self._gave_up_at = -1  # the bucket's sequence a read last waited for in vain (a purged last message)
         self._sweeper: asyncio.Task[None] | None = None
-        self._gave_up_at = -1  # the stream sequence a read last waited for in vain (a purged last message)
+        # Jobs archived before this copy folded their last event: job id → that event's sequence.
+        self._archived: dict[str, int] = {}
 
     async def start(self) -> None:
         # The archive's position first: a job archived after it leaves the copy even if the listing below has it.
         archived = int((await self.js.stream_info(subjects.ARCHIVE_STREAM)).state.last_seq or 0)
-        self._tail = await kv_list_and_watch(self.js, subjects.JOBS_KV, self._on_change, "intake-jobs")
+        self._tail = StreamTail(
+            self.js, subjects.JOBS_STREAM, subjects.JOB_EVENTS_ALL, self._on_event, relist=self._list, whole=True,
+            name="intake-jobs",
+        )  # fmt: skip
+        saved = int((await self.js.stream_info(f"KV_{subjects.JOBS_KV}")).state.last_seq or 0)
+        self._tail.start(await self._list())
+        # The saved records too: a record written to the bucket without its events (a restore, a tool) is seen.
+        self._saved_tail = StreamTail(
+            self.js, f"KV_{subjects.JOBS_KV}", f"$KV.{subjects.JOBS_KV}.>", self._on_saved, name="intake-saved"
+        )
+        self._saved_tail.start(saved)
         self._archive_tail = StreamTail(
             self.js, subjects.ARCHIVE_STREAM, f"{ARCHIVE_PREFIX}.>", self._on_archived, name="intake-archive"
         )
@@ -62,28 +79,78 @@ class HotView:
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await self._sweeper
             self._sweeper = None
-        for tail in (self._tail, self._archive_tail):
+        for tail in (self._tail, self._archive_tail, self._saved_tail):
             if tail is not None:
                 await tail.stop()
-        self._tail = self._archive_tail = None
+        self._tail = self._archive_tail = self._saved_tail = None
+
+    async def _list(self) -> int:
+        """Read the hot view whole; the job-stream sequence to follow from."""
+        self.index = await hot_index(self.js)
+        self._archived.clear()
+        rows: dict[str, JobRow] = {}
+        for job_id, rec in self.index.jobs.items():
+            rows[job_id] = JobRow.of(rec.model_dump_json().encode())
+        for job_id, done in self.index.finished.items():
+            rows[job_id] = JobRow.of(done.data)
+        self.rows = rows
+        return self.index.last_seq
+
+    async def _on_event(self, seq: int, subject: str, data: bytes, headers: dict[str, str]) -> None:
+        try:
+            event = parse_job_event(data)
+        except ValidationError:
+            return  # the job owner's epoch (oneplus_bus.fencing), not an event
+        rec = self.index.apply(event, seq, headers.get("traceparent"))
+        if rec is not None and self._archived.get(rec.job_id, seq + 1) <= seq:
+            del self._archived[rec.job_id]
+            self._drop(rec.job_id)
+        elif rec is not None:
+            done = self.index.finished.get(rec.job_id)
+            self.rows[rec.job_id] = JobRow.of(done.data if done is not None else rec.model_dump_json().encode())
+
+    async def _on_saved(self, seq: int, subject: str, data: bytes, headers: dict[str, str]) -> None:
+        if is_fence(subject):
+            return
+        job_id = subject[len(f"$KV.{subjects.JOBS_KV}.") :]
+        if headers.get("KV-Operation") in ("DEL", "PURGE"):
+            self._drop(job_id)
+            return
+        try:
+            rec = JobRecord.model_validate_json(data)
+        except ValidationError:
+            return
+        held = self.index.get(job_id)
+        if held is None or rec.seq >= held.seq:  # the owner saves what it folded: never ahead of this copy's events
+            self.index.put(rec)
+            done = self.index.finished.get(job_id)
+            self.rows[job_id] = JobRow.of(done.data if done is not None else data)
 
     async def _on_archived(self, seq: int, subject: str, data: bytes, headers: dict[str, str]) -> None:
         with contextlib.suppress(ValueError, KeyError, TypeError):
-            self.rows.pop(str(json.loads(data)["job_id"]), None)
+            raw = json.loads(data)
+            job_id, at = str(raw["job_id"]), int(raw.get("seq") or 0)
+            row = self.rows.get(job_id)
+            if row is None:
+                return
+            if (rec := self.index.get(job_id)) is not None and rec.seq >= at:
+                self._drop(job_id)
+            else:  # the copy has not folded the event the archived record ends with yet: it leaves once it has
+                self._archived[job_id] = at
+
+    def _drop(self, job_id: str) -> None:
+        self.rows.pop(job_id, None)
+        self.index.forget(job_id)
 
     async def sweep(self, now: float | None = None) -> int:
-        """Drop finished jobs whose key has left the bucket unseen; how many were dropped."""
+        """Drop finished jobs that are in the archive and still in the copy; how many were dropped."""
         cutoff = (time.time() if now is None else now) - self.min_job_age_s - STALE_AFTER_S
         stale = [r.job_id for r in list(self.rows.values()) if r.ended_ts is not None and r.ended_ts < cutoff]
-        if not stale:
-            return 0
-        kv = await self.js.key_value(subjects.JOBS_KV)
+        archive = JobArchive(self.js)
         dropped = 0
         for job_id in stale:
-            try:
-                await kv.get(job_id)
-            except KeyNotFoundError:
-                self.rows.pop(job_id, None)
+            if await archive.get(job_id) is not None:
+                self._drop(job_id)
                 dropped += 1
         return dropped
 
@@ -115,24 +182,19 @@ class HotView:
     def following(self) -> bool:
         return self._tail is not None
 
-    async def _on_change(self, job_id: str, value: bytes | None) -> None:
-        if value is None:
-            self.rows.pop(job_id, None)
-            return
-        try:
-            self.rows[job_id] = JobRow.of(value)
-        except (ValueError, KeyError, TypeError):
-            self.rows.pop(job_id, None)  # not a job record: nothing to list
-
     async def synced(self) -> None:
-        """Until the copy holds every write the bucket held now (or SYNC_WAIT_S passed)."""
+        """Until the copy holds every event the job stream held now, and every record the bucket did (or SYNC_WAIT_S
+        passed)."""
         assert self._tail is not None
-        want = int((await self.js.stream_info(f"KV_{subjects.JOBS_KV}")).state.last_seq or 0)
-        if self._tail.last_seq >= want or want == self._gave_up_at:
-            return
+        want = int((await self.js.stream_info(subjects.JOBS_STREAM)).state.last_seq or 0)
+        tail = self._saved_tail
+        saved = int((await self.js.stream_info(f"KV_{subjects.JOBS_KV}")).state.last_seq or 0) if tail else 0
+        if saved == self._gave_up_at:
+            saved = 0
         deadline = time.monotonic() + SYNC_WAIT_S
-        while self._tail.last_seq < want:
+        while self._tail.last_seq < want or (tail is not None and tail.last_seq < saved):
             if time.monotonic() > deadline:
-                self._gave_up_at = want  # purged before the copy saw it: never coming
+                if tail is not None and tail.last_seq < saved:
+                    self._gave_up_at = saved  # a purged key's last write: never coming, not waited for again
                 return
             await asyncio.sleep(0.002)

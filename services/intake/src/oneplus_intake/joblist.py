@@ -23,10 +23,10 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from nats.js.errors import InvalidKeyError
-from oneplus_bus.ledger import JobLedger, latest_values
+from oneplus_bus.ledger import JobLedger, hot_index
 from oneplus_bus.service import OpsError, RawJson
 from oneplus_bus.tenancy import Caller
-from oneplus_contracts import TERMINAL_STATES, JobRecord, subjects
+from oneplus_contracts import TERMINAL_STATES, JobRecord
 from oneplus_stores.archive import JobArchive, JobRow, parse_since, parse_states
 
 from .hotview import HotView
@@ -130,8 +130,10 @@ async def hot_rows(ledger: JobLedger, hot: HotView | None, query: JobQuery) -> t
     if hot is not None and hot.following:
         await hot.synced()
         rows = list(hot.rows.values())
-    else:  # no copy kept (a tool, a test): read the bucket
-        rows = [JobRow.of(v) for v in await latest_values(ledger.js, subjects.JOBS_KV)]
+    else:  # no copy kept (a tool, a test): read the hot view now
+        index = await hot_index(ledger.js)
+        rows = [JobRow.of(r.model_dump_json().encode()) for r in index.jobs.values()]
+        rows += [JobRow.of(done.data) for done in index.finished.values()]
     keep = [r for r in rows if r.matches(states=query.states, since=query.since, user=query.user, team=query.team)]
     keep.sort(key=lambda r: (r.submitted_ts, r.job_id))
     return keep, {r.job_id for r in rows}

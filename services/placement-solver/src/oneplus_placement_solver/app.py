@@ -106,7 +106,6 @@ class Solver:
             me=ctx.settings.replica,
         )
         ctx.owner.on_applied(self.controller.react)
-        ctx.owner.settled_by_reaction = True  # react settles an attempt whose last node ended, at once
         ctx.owner.guard = self.membership.guard_commit
         ctx.owner.on_deposed = self.membership.deposed  # the server refused a write: a newer owner fenced the streams
         ctx.memory.fence = ctx.owner.fence

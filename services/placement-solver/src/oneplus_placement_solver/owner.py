@@ -1,13 +1,14 @@
 """The one writer of job records: folds facts and the solver's own decisions, in order, into the job working set.
 
 Other services report facts (`JobLedger.report`, on `oneplus.fact.job.<job>.<type>`); the owner drains them in
-batches, folds each with `apply_event`, and publishes only what applied on the job-event stream, then writes the
-record to the `jobs` KV bucket (the hot view that other services and a restarted owner read). A fact that does
-not apply is refused and counted, never half-applied. Finished jobs leave the hot view after `min_age_s` for the
-archive. Commits are serialised; a crash can leave any events of the last commit out of the projection (it is
-written record by record), so a restarted owner lists the projection and replays the stream after the sequence it
-last saw wholly projected (`solver_state`, saved each expire tick): each event applies only to a record whose
-sequence is below its own. A commit whose acknowledgements did not all come back (the bus dropped) may have stored
+batches, folds each with `apply_event`, and publishes only what applied on the job-event stream: that append is the
+transition's one durable write. Records are saved periodically (`save`, each expire tick): a live job's latest
+record to the `jobs` KV bucket, a finished job's to the archive, then the job-stream sequence they reach
+(`solver_state`). Readers and a restarted owner list the saved records and fold the job stream after that sequence
+(`oneplus_bus.ledger.hot_index`; one job: `JobLedger.get`): each event applies only to a record whose sequence is
+below its own. A fact that does not apply is refused and counted, never half-applied. Finished jobs stay in the
+owner's index `min_age_s` (a late event still folds into them), then leave it.
+A commit whose acknowledgements did not all come back (the bus dropped) may have stored
 some of its events: before the next commit the owner reads the stream after its last sequence and folds what is
 there, so its records never lag the stream they publish to.
 
@@ -22,7 +23,7 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import Awaitable, Callable, Sequence, Set
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 
 from nats.aio.client import Client
@@ -35,7 +36,7 @@ from nats.js.kv import KeyValue
 from oneplus_bus.acks import PUBLISH_ACK_TIMEOUT_S
 from oneplus_bus.fencing import JOBS_KV_STREAM, Deposed, OwnerFence
 from oneplus_bus.informer import StreamTail
-from oneplus_bus.ledger import PROJECTED_SEQ_KEY, latest_values, projected_seq, read_stream
+from oneplus_bus.ledger import PROJECTED_SEQ_KEY, hot_index, latest_values, projected_seq, read_stream
 from oneplus_bus.retry import raise_if_cancelling
 from oneplus_bus.telemetry import inject
 from oneplus_contracts import (
@@ -109,10 +110,10 @@ class JobOwner:
         self.stale = False  # a commit failed after publishing: the stream may hold events the index lacks
         self._cut_off: list[asyncio.Future[PubAck]] = []  # that commit's publishes whose outcome is not known yet
         self.unprojected: dict[str, JobRecord] = {}  # folded, but their hot-view write not confirmed yet
-        # Set where a listener settles an attempt as soon as its last node's end is folded (the solver's controller):
-        # that record's hot-view write is left to the settling commit, which writes the record it ends as instead.
-        self.settled_by_reaction = False
         self._lock = asyncio.Lock()
+        self._save_lock = asyncio.Lock()
+        # Jobs whose record is in the `jobs` bucket (listed at bootstrap, or saved since): purged once archived.
+        self.in_bucket: set[str] = set()
         self._listeners: list[OnApplied] = []
         # Awaited before every commit: raises NotOwner unless this replica holds the owner lease.
         self.guard: Callable[[], Awaitable[None]] | None = None
@@ -153,6 +154,7 @@ class JobOwner:
         await self.fence.establish(epoch)
         records = [JobRecord.model_validate_json(v) for v in await latest_values(self.js, subjects.JOBS_KV)]
         self.index = JobIndex.of(records)
+        self.in_bucket = {rec.job_id for rec in records}
         # Not after the highest record: the last commit's other records may not have been projected.
         start = self.index.last_seq
         if self.state_kv is not None:
@@ -198,10 +200,7 @@ class JobOwner:
         them (`on_event(event, record)` after each that applied). A gap lists again."""
 
         async def relist() -> int:
-            records = [JobRecord.model_validate_json(v) for v in await latest_values(self.js, subjects.JOBS_KV)]
-            self.index = JobIndex.of(records)
-            if self.state_kv is not None:
-                self.index.last_seq = max(self.index.last_seq, await projected_seq(self.state_kv))
+            self.index = await hot_index(self.js)
             return self.index.last_seq
 
         async def fold(seq: int, subject: str, data: bytes, headers: dict[str, str]) -> None:
@@ -244,7 +243,7 @@ class JobOwner:
             if rec is not None:
                 replayed += 1
                 changed[rec.job_id] = rec
-        await self._project(list(changed.values()))
+        self._project(list(changed.values()))
         return replayed
 
     # -- commits ---------------------------------------------------------------------------------------------------
@@ -364,13 +363,7 @@ class JobOwner:
             self.applied.labels(event.type).inc()
             records.append(rec)
             applied.append(Applied(event, before, rec))
-        settling = {
-            rec.job_id
-            for i, rec in enumerate(out)
-            if rec is not None and self.settled_by_reaction and not (i < len(awaited) and awaited[i])
-            and events[i].type == "node_finished" and last_node_ended(rec)
-        }  # fmt: skip
-        await self._project(records, settling)
+        self._project(records)
         return applied, out
 
     async def _settle_cut_off(self) -> None:
@@ -385,31 +378,64 @@ class JobOwner:
             else:
                 fut.cancel()
 
-    async def _project(self, records: Sequence[JobRecord], settling: Set[str] = frozenset()) -> None:
-        """Write records to the `jobs` KV bucket (pipelined: one round trip for the batch). Records whose write is
-        not confirmed are kept and written again first next time: until then no sequence is saved as projected.
-
-        `settling`: jobs of these records whose attempt the reaction to this commit ends at once (its last node's
-        end folded); their write is left to the next commit, which is that end's (the record it ends as replaces
-        this one) or, should another come first, writes this one. Safe for a restart: the projected sequence is
-        saved only once no record is left unwritten, so a new owner replays the event from the job stream."""
+    def _project(self, records: Sequence[JobRecord]) -> None:
+        """Mark records as not saved yet: the next `save` writes each job's latest record once, however many of its
+        transitions came between (its events are the durable record meanwhile; readers fold them, `hot_index`)."""
         for rec in records:
             self.unprojected[rec.job_id] = rec
-        todo = [rec for rec in self.unprojected.values() if rec.job_id not in settling]
-        futures = [
-            await self.fence.publish(JOBS_KV_STREAM, f"$KV.{subjects.JOBS_KV}.{rec.job_id}", self._json(rec))
-            for rec in todo
-        ]
-        await self.fence.acks(JOBS_KV_STREAM, futures)
-        for rec in todo:
-            if self.unprojected.get(rec.job_id) is rec:
-                del self.unprojected[rec.job_id]
 
-    def _json(self, rec: JobRecord) -> bytes:
-        """`rec` as JSON: a finished record's is the one the index keeps it as (written once, not twice)."""
-        if rec.terminal and (done := self.index.finished.get(rec.job_id)) is not None:
-            return done.data
-        return rec.model_dump_json().encode()
+    async def save(self) -> int:
+        """The periodic state save (slurmctld's state save, client-go's relist point): write every job's record
+        changed since the last save once, a finished job's to the archive, then the job-stream sequence they reach.
+        A restart or a reader lists the saved records and folds the job stream after that sequence (`hot_index`).
+        Returns how many records were written.
+
+        The records are written outside the commit lock: a save of a busy second's jobs must not hold the commits.
+        The sequence is the index's when the save began; every event up to it is in a record this save or an
+        earlier one wrote, so it is saved only once all of them are (a failed write leaves them for the next)."""
+        async with self._save_lock:
+            if self.guard is not None:
+                await self.guard()
+            await self.fence.ensure()
+            async with self._lock:
+                todo = dict(self.unprojected)
+                seq = self.index.last_seq
+            done: list[FinishedJob] = []
+            live: list[JobRecord] = []
+            for rec in todo.values():
+                finished = self.index.finished.get(rec.job_id) if rec.terminal else None
+                if finished is not None:
+                    done.append(finished)
+                elif not rec.terminal:
+                    live.append(rec)
+                # A finished record the index no longer holds has left with an earlier save: nothing to write.
+            # Finished jobs go to the archive, not to the hot view's bucket: a finished job's record is written once.
+            await self.archive.put_finished(done, self.fence)
+            futures = [
+                await self.fence.publish(
+                    JOBS_KV_STREAM, f"$KV.{subjects.JOBS_KV}.{rec.job_id}", rec.model_dump_json().encode()
+                )
+                for rec in live
+            ]
+            await self.fence.acks(JOBS_KV_STREAM, futures)
+            self.in_bucket.update(rec.job_id for rec in live)
+            # Purged, not deleted: a delete leaves a marker per key, which every read of the bucket would still walk
+            # through (20,000 markers after 20,000 jobs); a purge of the key's subject leaves nothing. A purge is a
+            # stream API call, which no precondition fences: a deposed owner skips them (its successor purges).
+            gone = [d.job_id for d in done if d.job_id in self.in_bucket]
+            for start in range(0, len(gone) if not self.fence.deposed else 0, PURGE_BATCH):
+                await asyncio.gather(*(self._purge(job_id) for job_id in gone[start : start + PURGE_BATCH]))
+            self.in_bucket.difference_update(gone)
+            async with self._lock:
+                for job_id, rec in todo.items():
+                    if self.unprojected.get(job_id) is rec:
+                        del self.unprojected[job_id]
+            if self.state_kv is not None and seq > self.saved_seq:
+                await self.fence.put_kv(subjects.SOLVER_STATE_KV, PROJECTED_SEQ_KEY, str(seq).encode())
+                self.saved_seq = seq
+            if todo:
+                log.debug("job owner: saved %d record(s) (%d archived) up to sequence %d", len(todo), len(done), seq)
+            return len(live) + len(done)
 
     async def _notify(self, applied: Sequence[Applied]) -> None:
         if not applied:
@@ -662,47 +688,19 @@ class JobOwner:
 
     # -- bounded history -------------------------------------------------------------------------------------------
     async def expire(self, now: float | None = None) -> list[FinishedJob]:
-        """Move finished jobs older than `min_age_s` from the hot view to the archive.
-
-        Only dropping them from the index and saving the sequence hold the commit lock. Archived one round trip a job
-        and purged under the lock, the 250 jobs of a 5 s pass at 50 finishing a second held every commit, and so every
-        submission's reply, for 75-140 ms (docs/scale.md)."""
+        """Save (`save`: finished jobs go to the archive then), then forget the finished jobs older than `min_age_s`
+        (Slurm's MinJobAge: until then a late event still folds into their records, and a dependency reads them
+        here rather than in the archive)."""
         try:
-            return await self._expire(now)
+            await self.save()
         except Deposed as exc:
             raise NotOwner(str(exc)) from exc
-
-    async def _expire(self, now: float | None) -> list[FinishedJob]:
-        if self.guard is not None:
-            await self.guard()
-        await self.fence.ensure()
         due = self.index.due_finished(time.time() if now is None else now, self.min_age_s)
-        # Archived first, while still in the index: a crash in between leaves a job in both, never neither, and a
-        # dependency on it finds it in one or the other throughout.
-        await self.archive.put_finished(due, self.fence)
         async with self._lock:
-            if self.guard is not None:
-                await self.guard()
-            # A job a late event changed meanwhile stays, and is archived again with that event next pass.
-            gone = self.index.forget_finished(due)
-            for done in gone:
-                self.unprojected.pop(done.job_id, None)  # its key is purged below: never written back
-            # Every event up to last_seq is now in the hot view or the archive: a restart, or an informer listing an
-            # emptied view, resumes after it rather than at the stream's first event.
-            seq = self.index.last_seq
-            if self.unprojected:
-                await self._project([])  # a sequence is saved as projected only once every record of it is
-            if self.state_kv is not None and seq > self.saved_seq:
-                await self.fence.put_kv(subjects.SOLVER_STATE_KV, PROJECTED_SEQ_KEY, str(seq).encode())
-                self.saved_seq = seq
-        # Purged, not deleted: a delete leaves a marker per key, which every read of the hot view would still walk
-        # through (20,000 markers after 20,000 jobs); a purge of the key's subject leaves nothing. Outside the lock:
-        # no commit writes these keys again, as their jobs left the index (a late fact about one is refused). A purge
-        # is a stream API call, which no precondition fences: a deposed owner skips them (its successor purges).
-        for start in range(0, len(gone) if not self.fence.deposed else 0, PURGE_BATCH):
-            await asyncio.gather(*(self._purge(done.job_id) for done in gone[start : start + PURGE_BATCH]))
+            # One a late event changed since the save stays, and is archived again with that event by the next save.
+            gone = self.index.forget_finished(d for d in due if d.job_id not in self.unprojected)
         if gone:
-            log.debug("%d finished job(s) moved to the archive", len(gone))  # every second under a steady load
+            log.debug("%d finished job(s) left the hot view", len(gone))  # every second under a steady load
         return gone
 
     async def _purge(self, job_id: str) -> None:
@@ -743,13 +741,3 @@ async def _retry(msg: Msg, why: str) -> None:
 
 def _awaited(msg: Msg) -> bool:
     return bool((msg.headers or {}).get(subjects.AWAIT_FOLD_HEADER))
-
-
-def last_node_ended(rec: JobRecord) -> bool:
-    """Every node of the attempt has reported its end, and the record still holds the attempt: it ends next."""
-    return (
-        not rec.terminal
-        and rec.allocation is not None
-        and rec.state in HOLDING_STATES
-        and set(rec.nodes_done) >= set(rec.allocation.nodes)
-    )

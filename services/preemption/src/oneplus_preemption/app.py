@@ -13,7 +13,6 @@ from __future__ import annotations
 import logging
 
 from faststream.nats import NatsMessage
-from nats.js.errors import KeyNotFoundError
 from oneplus_bus.service import OneplusService
 from oneplus_bus.settings import BusSettings
 from oneplus_contracts import JobRecord, PreemptionRequest, subjects
@@ -40,11 +39,8 @@ class Preemption:
 
     async def record(self, job_id: str) -> JobRecord | None:
         """The job's record in the hot view; None when there is none (never submitted, or archived: finished)."""
-        try:
-            entry = await self.svc.kv[subjects.JOBS_KV].get(job_id)
-        except KeyNotFoundError:  # also a key deleted or purged
-            return None
-        return None if entry.value is None else JobRecord.model_validate_json(entry.value)
+        rec, _ = await self.svc.ledger.get(job_id)
+        return rec
 
     async def handle(self, req: PreemptionRequest) -> list[str]:
         """Report each victim that holds GPUs now `preempting`; the ids reported (the owner may still refuse one)."""

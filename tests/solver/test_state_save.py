@@ -1,0 +1,120 @@
+"""The job owner's periodic state save (owner.py `save`): a transition's one durable write is its job event; records
+are saved once per save however many transitions came between, a finished job's to the archive instead of the
+bucket, then the job-stream sequence they reach. Readers (`hot_index`, `JobLedger.get`) and a restarted owner fold
+the job stream after it, so nothing depends on a save having happened."""
+
+from __future__ import annotations
+
+from nats.aio.client import Client
+from nats.js import JetStreamContext
+from oneplus_bus.ledger import JobLedger, hot_index, latest_items, projected_seq
+from oneplus_bus.streams import ensure_kv, ensure_streams
+from oneplus_contracts import (
+    Allocation,
+    JobAccepted,
+    JobFinished,
+    JobPlaced,
+    JobRunning,
+    RankPlacement,
+    subjects,
+)
+from oneplus_placement_solver.owner import JobOwner
+from oneplus_stores.archive import JobArchive
+from test_cycle_store_ops import spec
+
+KV_STREAM = f"KV_{subjects.JOBS_KV}"
+
+
+async def owner_of(nc: Client, min_age_s: float = 3600) -> tuple[JetStreamContext, JobOwner]:
+    js = nc.jetstream()
+    await ensure_streams(js)
+    kv = await ensure_kv(js)
+    owner = JobOwner(js, JobArchive(js), min_age_s=min_age_s, state_kv=kv[subjects.SOLVER_STATE_KV])
+    await owner.bootstrap()
+    return js, owner
+
+
+async def appends(js: JetStreamContext, stream: str) -> int:
+    return int((await js.stream_info(stream)).state.last_seq or 0)
+
+
+def alloc(gpu: int) -> Allocation:
+    return Allocation(ranks=[RankPlacement(rank=0, node="n0", gpus=[gpu])])
+
+
+async def running(owner: JobOwner, job_id: str, gpu: int) -> None:
+    await owner.commit(JobAccepted(event_id=f"a-{job_id}", job_id=job_id, spec=spec(0, 1)))
+    await owner.commit(JobPlaced(event_id=f"p-{job_id}", job_id=job_id, allocation=alloc(gpu), token=5))
+    await owner.commit(JobRunning(event_id=f"r-{job_id}", job_id=job_id, node="n0", token=5))
+
+
+def finished(job_id: str) -> JobFinished:
+    return JobFinished(event_id=f"f-{job_id}", job_id=job_id, state="SUCCEEDED", reason="exit 0", token=5)
+
+
+async def test_commits_write_only_events_and_a_save_writes_each_changed_record_once(nc: Client) -> None:
+    js, owner = await owner_of(nc)
+    kv0, events0 = await appends(js, KV_STREAM), await appends(js, subjects.JOBS_STREAM)
+    await running(owner, "a", 0)
+    assert await appends(js, subjects.JOBS_STREAM) == events0 + 3, "one append a transition"
+    assert await appends(js, KV_STREAM) == kv0, "no record written by a commit"
+
+    # Readers see every transition before any save: the saved records and the job stream after them.
+    ledger = JobLedger(js, await js.key_value(subjects.JOBS_KV))
+    got, seq = await ledger.get("a")
+    assert got is not None and got.state == "RUNNING" and seq == owner.index.last_seq
+    listed = (await hot_index(js)).get("a")
+    assert listed is not None and listed.state == "RUNNING" and listed.seq == got.seq
+
+    assert await owner.save() == 1
+    assert await appends(js, KV_STREAM) == kv0 + 1, "three transitions, one saved record"
+    assert dict(await latest_items(js, subjects.JOBS_KV))["a"] == got.model_dump_json().encode()
+    assert await projected_seq((await ensure_kv(js))[subjects.SOLVER_STATE_KV]) == owner.index.last_seq
+    assert await owner.save() == 0, "nothing changed since"
+
+    # Finished: archived by the next save, its saved live record purged from the bucket.
+    archived0 = await appends(js, subjects.ARCHIVE_STREAM)
+    await owner.commit(finished("a"))
+    assert await owner.save() == 1
+    assert await appends(js, subjects.ARCHIVE_STREAM) == archived0 + 1
+    assert "a" not in dict(await latest_items(js, subjects.JOBS_KV))
+    done = await JobArchive(js).get("a")
+    assert done is not None and done.state == "SUCCEEDED"
+    assert (await ledger.get("a"))[0] == done, "read from the stream, it is what the archive holds"
+    assert "a" in owner.index.finished, "kept in the owner's index until min_age_s"
+
+
+async def test_a_job_that_ends_between_two_saves_is_written_once_to_the_archive(nc: Client) -> None:
+    js, owner = await owner_of(nc)
+    kv0, archived0 = await appends(js, KV_STREAM), await appends(js, subjects.ARCHIVE_STREAM)
+    await running(owner, "b", 1)
+    await owner.commit(finished("b"))
+    assert await owner.save() == 1
+    assert await appends(js, KV_STREAM) == kv0 and await appends(js, subjects.ARCHIVE_STREAM) == archived0 + 1
+
+
+async def test_an_owner_that_dies_before_saving_loses_nothing_its_successor_replays_the_stream(nc: Client) -> None:
+    js, owner = await owner_of(nc)
+    await running(owner, "c", 2)
+    await owner.save()
+    await running(owner, "d", 3)
+    await owner.commit(finished("c"))
+    want = {j: owner.index.get(j) for j in ("c", "d")}
+    # Dies here: "d" was never saved, "c"'s end is not archived, the saved sequence is before both.
+    _, again = await owner_of(nc)
+    assert {j: again.index.get(j) for j in ("c", "d")} == want
+    assert set(again.unprojected) >= {"c", "d"}, "replayed records are saved by the successor's first save"
+    await again.save()
+    done = await JobArchive(js).get("c")
+    assert done is not None and done.state == "SUCCEEDED"
+    assert "c" not in dict(await latest_items(js, subjects.JOBS_KV)), "its stale live record is purged"
+
+
+async def test_expire_saves_then_forgets_finished_jobs_past_min_age(nc: Client) -> None:
+    js, owner = await owner_of(nc, min_age_s=0)
+    await running(owner, "e", 4)
+    await owner.commit(finished("e"))
+    gone = await owner.expire()
+    assert [d.job_id for d in gone] == ["e"] and "e" not in owner.index
+    done = await JobArchive(js).get("e")
+    assert done is not None and done.state == "SUCCEEDED", "saved to the archive before it was forgotten"
