@@ -13,8 +13,19 @@ import time
 
 from nats.aio.client import Client
 from oneplus_bus.ledger import read_stream
-from oneplus_contracts import NODE_COMMAND_ADAPTER, JobAccepted, JobSpec, LaunchBatch, LaunchRanks, subjects
+from oneplus_contracts import (
+    NODE_COMMAND_ADAPTER,
+    Allocation,
+    JobAccepted,
+    JobRecord,
+    JobSpec,
+    LaunchBatch,
+    LaunchRanks,
+    RankPlacement,
+    subjects,
+)
 from oneplus_placement_solver.app import Solver
+from oneplus_placement_solver.launch import chunked, launch_commands
 from oneplus_testing import Servers
 from test_cycle_store_ops import add_nodes, solver_on_fresh_bus
 
@@ -84,3 +95,18 @@ async def test_a_node_with_one_launch_gets_a_plain_launch_as_before(
         assert node == "n0" and wire["kind"] == "launch" and wire["job_id"] == "b0"
         assert "traceparent" not in wire, "an executor from before batches refuses an unknown field"
         assert isinstance(NODE_COMMAND_ADAPTER.validate_json(body), LaunchRanks)
+
+
+def test_a_nodes_launches_are_split_only_past_the_message_budget() -> None:
+    cmds = []
+    for i in range(5):
+        alloc = Allocation(ranks=[RankPlacement(rank=0, node="n0", gpus=[i], cpus=1, memory_mb=64)])
+        rec = JobRecord(
+            job_id=f"c{i}", spec=one_gpu(i), state="PLACED", allocation=alloc, token=1, submitted_ts=0, updated_ts=0
+        )
+        cmds += launch_commands(rec, alloc, 1)
+    assert chunked(cmds) == [cmds]
+    size = len(cmds[0].model_dump_json())
+    runs = chunked(cmds, max_bytes=2 * size + 10)
+    assert [len(r) for r in runs] == [2, 2, 1] and [c for r in runs for c in r] == cmds
+    assert [len(r) for r in chunked(cmds, max_bytes=1)] == [1] * 5  # a launch bigger than the budget goes alone

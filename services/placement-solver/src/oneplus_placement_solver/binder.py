@@ -23,7 +23,7 @@ from oneplus_placement.layout import Layout
 from oneplus_reservations import Conflict
 
 from .context import SolverContext
-from .launch import launch_commands
+from .launch import chunked, launch_commands
 
 log = logging.getLogger("oneplus.solver")
 
@@ -226,25 +226,26 @@ class Binder:
         return futures
 
     async def launch_batches(self, recs: Sequence[JobRecord]) -> list[asyncio.Future[PubAck]]:
-        """Publish the launch commands of several placed records (one commit's), one message per node: a node with
-        one launch gets it alone, as any executor reads it; one with several gets a `launch_batch` of them, each
-        launch carrying its own job's trace. The acknowledgements to await."""
+        """Publish the launch commands of several placed records (one commit's), one message per node (or per
+        `BATCH_BYTES` of launches): a node with one launch gets it alone, as any executor reads it; one with several
+        gets a `launch_batch` of them, each launch carrying its own job's trace. The acknowledgements to await."""
         per_node: dict[str, list[LaunchRanks]] = {}
         for rec in recs:
             for cmd in self.commands_of(rec):
                 per_node.setdefault(cmd.node, []).append(cmd)
         traces = {rec.job_id: rec.traceparent for rec in recs}
         futures = []
-        for node, cmds in per_node.items():
-            if len(cmds) == 1:
-                futures.append(await self.ctx.send_node_command(cmds[0], "launch", traces.get(cmds[0].job_id)))
-                continue
-            # The batch's header carries the first job's trace; every launch keeps its own in its body.
-            batch = LaunchBatch(
-                node=node,
-                launches=[c.model_copy(update={"traceparent": traces.get(c.job_id)}) for c in cmds],
-            )
-            futures.append(await self.ctx.send_node_command(batch, "launch", traces.get(cmds[0].job_id)))
+        for node, launches in per_node.items():
+            for cmds in chunked(launches):
+                if len(cmds) == 1:
+                    futures.append(await self.ctx.send_node_command(cmds[0], "launch", traces.get(cmds[0].job_id)))
+                    continue
+                # The batch's header carries the first job's trace; every launch keeps its own in its body.
+                batch = LaunchBatch(
+                    node=node,
+                    launches=[c.model_copy(update={"traceparent": traces.get(c.job_id)}) for c in cmds],
+                )
+                futures.append(await self.ctx.send_node_command(batch, "launch", traces.get(cmds[0].job_id)))
         return futures
 
     def commands_of(
