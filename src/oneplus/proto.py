@@ -105,7 +105,8 @@ CHANNELS: dict[str, tuple[str, str, str, str, str]] = {
         "oneplus.cmd.node.{node}.{kind}",
         "NodeCommand",
         "Launch, preempt, cancel or signal (scancel --signal) one node's ranks (fencing token checked), stream"
-        " ONEPLUS_COMMANDS",
+        " ONEPLUS_COMMANDS; the launches one commit placed on a node travel as one launch_batch (kind launch_batch,"
+        " on the node's `launch` subject), each checked on its own",
         "placement-solver, preemption, intake (signal)",
         "node-executor",
     ),

@@ -24,7 +24,7 @@ async def test_durable_appends_per_one_gpu_job_from_submission_to_archive(tmp_pa
     count = await measure(JOBS, tmp_path, idle_s=5.0)
     print(count.table())
     per_job = count.per_job()
-    # Written by jobs alone, so exact: each transition's event, each fact reported, one launch, one archive record.
+    # Written by jobs alone, so exact: each transition's event, each fact reported, one archive record.
     assert count.appends[subjects.JOBS_STREAM] == 6 * JOBS, count.table()  # accepted..finished
     # None: the intake's `accepted` and the executor's facts are requests the owner answers once their event is
     # committed (the executor's outbox holds its facts until then), so each costs its event and no append of its own.
@@ -32,10 +32,12 @@ async def test_durable_appends_per_one_gpu_job_from_submission_to_archive(tmp_pa
     # The reservation audit rides on `placed` and the attempt's end (oneplus_stores.audit.transition_audit).
     assert count.appends[subjects.AUDIT_STREAM] == 0, count.table()
     assert count.appends[subjects.ARCHIVE_STREAM] == JOBS, count.table()
-    assert count.appends[subjects.COMMANDS_STREAM] == JOBS, count.table()  # the launch
+    # The launches: one message per node and commit (a launch_batch), so at most 4 a cycle on the demo's 4 nodes;
+    # the 20 jobs fit at once and are placed in a cycle or a few (5 to 7 messages measured), not one each.
+    assert 1 <= count.appends[subjects.COMMANDS_STREAM] <= JOBS // 2, count.table()
     # A record per event at most, and the last node's end is written with the attempt's end, by the settling commit:
     # 5 a job, and a few more where a batch of reports is committed between a last node's end and its settle (which
     # then writes the end's record too; 5.11 a job in `task bench:writes`).
     assert count.appends[f"KV_{subjects.JOBS_KV}"] <= 5 * JOBS + JOBS // 4, count.table()
     assert per_job.get(f"KV_{subjects.SOLVER_STATE_KV}", 0.0) < 1.0, count.table()
-    assert count.total <= 13.5, count.table()
+    assert count.total <= 13.0, count.table()  # 12.3 measured (20 jobs), 12.6-12.8 in `task bench:writes` (100)

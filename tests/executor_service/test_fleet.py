@@ -22,6 +22,7 @@ from oneplus_contracts import (
     Allocation,
     FactOutcome,
     JobSpec,
+    LaunchBatch,
     LaunchRanks,
     NodeHeartbeat,
     RankPlacement,
@@ -183,6 +184,36 @@ async def test_a_launch_with_a_stale_token_starts_nothing(fleet: Fleet, nc: Clie
     await until(lambda: any(f["type"] == "running" for f in got))
     await sub.unsubscribe()  # type: ignore[attr-defined]
     assert [(f["type"], f["token"]) for f in got] == [("starting", new), ("running", new)]
+
+
+async def test_a_batch_of_launches_for_one_node_runs_them_all_from_one_message(
+    fleet: Fleet, nc: Client, store: ReservationStore
+) -> None:
+    node = "sim-0021"
+    cmds: list[LaunchRanks] = []
+    for i in range(3):
+        alloc = Allocation(ranks=[RankPlacement(rank=0, node=node, gpus=[2 * i, 2 * i + 1], cpus=1, memory_mb=64)])
+        token = await store.reserve(f"fb-{i}", alloc, lease_s=10)
+        assert isinstance(token, int)
+        cmd = launch(f"fb-{i}", node, token)
+        cmds.append(cmd.model_copy(update={"ranks": alloc.ranks}))
+    watched = [await facts_of(nc, f"fb-{i}") for i in range(3)]
+    batch = LaunchBatch.of(cmds)
+    js = nc.jetstream()
+    # On the node's `launch` subject, as the solver sends it: one append for the three.
+    await js.publish(
+        subjects.node_command(node, "launch"),
+        batch.model_dump_json().encode(),
+        headers={"Nats-Msg-Id": batch.command_id},
+        stream=subjects.COMMANDS_STREAM,
+    )
+    await until(lambda: all(any(f["type"] == "node_finished" for f in got) for got, _ in watched))
+    for (got, sub), cmd in zip(watched, cmds, strict=True):
+        await sub.unsubscribe()  # type: ignore[attr-defined]
+        assert [f["type"] for f in got] == ["starting", "running", "node_finished"], cmd.job_id
+        assert all(f["token"] == cmd.token and f["node"] == node for f in got)
+    info = await js.consumer_info(subjects.COMMANDS_STREAM, "fleet-test")
+    assert info.num_ack_pending == 0 and info.num_pending == 0  # acknowledged once all three were handled
 
 
 async def test_the_fleet_renews_the_leases_of_its_running_jobs(

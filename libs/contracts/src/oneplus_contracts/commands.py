@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import hashlib
 import signal as _signal
 import time
-from typing import Annotated, Literal
+from collections.abc import Sequence
+from typing import Annotated, Literal, Self
 
-from pydantic import Field, TypeAdapter
+from pydantic import Field, TypeAdapter, model_validator
 
 from .events import Allocation, RankPlacement, new_id
 from .jobspec import JobSpec, Strict
@@ -44,6 +46,43 @@ class LaunchRanks(_Command):
         description="The job's nodes share one multi-node NVLink domain (placement's domain 'nvlink', a GB200 NVL72 "
         "rack): its containers get an IMEX channel so that CUDA and NCCL reach the other trays' GPU memory",
     )
+    traceparent: str | None = Field(
+        default=None,
+        description="The job's trace (W3C traceparent) when the command travels inside a `launch_batch`, whose one "
+        "header cannot carry every job's; a command sent alone carries it in its message header instead",
+    )
+
+
+def batch_command_id(launches: Sequence[LaunchRanks]) -> str:
+    """The id of a batch of launches, fixed by theirs: the same batch sent again is dropped as a duplicate."""
+    digest = hashlib.sha256("\n".join(c.command_id for c in launches).encode()).hexdigest()[:24]
+    return f"launch-batch-{launches[0].node if launches else ''}-{digest}"
+
+
+class LaunchBatch(Strict):
+    """Several jobs' launches on one node in one message: one append for what one commit of the owner placed there.
+    The executor handles each as it handles a `launch` alone (its own fencing token, its own facts)."""
+
+    kind: Literal["launch_batch"] = "launch_batch"
+    command_id: str = Field(default="", description="Derived from the launches' ids when left empty")
+    node: str
+    launches: list[LaunchRanks] = Field(min_length=1, description="This node's launches, each with its own token")
+    ts: float = Field(default_factory=time.time)
+
+    @model_validator(mode="after")
+    def _one_node(self) -> Self:
+        # A launch addressed to another node would run on the wrong GPUs: refuse the message as malformed.
+        strays = sorted({c.node for c in self.launches if c.node != self.node})
+        if strays:
+            raise ValueError(f"launch_batch for node {self.node} holds launches for {', '.join(strays)}")
+        if not self.command_id:
+            self.command_id = batch_command_id(self.launches)
+        return self
+
+    @classmethod
+    def of(cls, launches: Sequence[LaunchRanks]) -> Self:
+        """The batch of `launches`, all for one node (their order kept: the executor launches them in it)."""
+        return cls(node=launches[0].node, launches=list(launches))
 
 
 class PreemptRanks(_Command):
@@ -79,7 +118,9 @@ class SignalRanks(_Command):
     by: str = ""
 
 
-NodeCommand = Annotated[LaunchRanks | PreemptRanks | CancelRanks | SignalRanks, Field(discriminator="kind")]
+NodeCommand = Annotated[
+    LaunchRanks | LaunchBatch | PreemptRanks | CancelRanks | SignalRanks, Field(discriminator="kind")
+]
 NODE_COMMAND_ADAPTER: TypeAdapter[NodeCommand] = TypeAdapter(NodeCommand)
 
 

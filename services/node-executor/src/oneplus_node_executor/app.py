@@ -19,9 +19,11 @@ from faststream.nats import NatsMessage
 from oneplus_bus.metrics import add_metrics_port_argument
 from oneplus_bus.service import OneplusService
 from oneplus_bus.settings import BusSettings
+from oneplus_bus.telemetry import job_span
 from oneplus_contracts import (
     NODE_COMMAND_ADAPTER,
     CancelRanks,
+    LaunchBatch,
     LaunchRanks,
     MpsDaemon,
     NodeTopology,
@@ -51,6 +53,10 @@ def executor_consumer(node: str) -> str:
 
 def executor_inbox(node: str) -> str:
     return f"{DEFAULT_INBOX}.executor-{node}"
+
+
+def launch_attrs(cmd: LaunchRanks) -> dict[str, str]:
+    return {"oneplus.job_id": cmd.job_id, "oneplus.node": cmd.node}
 
 
 def create_executor(
@@ -95,6 +101,14 @@ def create_executor(
         cmd = NODE_COMMAND_ADAPTER.validate_json(msg.body)
         if cmd.node != node:
             raise ValueError(f"command for node {cmd.node} delivered to {node}")
+        if isinstance(cmd, LaunchBatch):
+            attrs: dict[str, str | int] = {"oneplus.node": node, "oneplus.launches": len(cmd.launches)}
+            with svc.tracer.start_as_current_span("node-executor launch_batch", attributes=attrs):
+                # Each launch continues its own job's trace (carried in the batch's body, not its one header).
+                await ex.launch_batch(
+                    cmd, lambda c: job_span(svc.tracer, "node-executor launch", c.traceparent, launch_attrs(c))
+                )
+            return
         with svc.tracer.start_as_current_span(f"node-executor {cmd.kind}", attributes={"oneplus.job_id": cmd.job_id}):
             if isinstance(cmd, LaunchRanks):
                 await ex.launch(cmd)

@@ -46,11 +46,20 @@ from oneplus_bus.deadletter import _is_poison, _publish_dead_letter
 from oneplus_bus.metrics import add_metrics_port_argument
 from oneplus_bus.service import OneplusService
 from oneplus_bus.settings import BusSettings
-from oneplus_contracts import NODE_COMMAND_ADAPTER, CancelRanks, LaunchRanks, NodeTopology, SignalRanks, subjects
+from oneplus_bus.telemetry import job_span
+from oneplus_contracts import (
+    NODE_COMMAND_ADAPTER,
+    CancelRanks,
+    LaunchBatch,
+    LaunchRanks,
+    NodeTopology,
+    SignalRanks,
+    subjects,
+)
 from oneplus_reservations import DEFAULT_LEASE_S, RenewStatus, Reservation, ReservationStore, redis_client
 from opentelemetry import propagate
 
-from .app import DEFAULT_INBOX, make_runtime, simulated_node
+from .app import DEFAULT_INBOX, launch_attrs, make_runtime, simulated_node
 from .node import KEEP_FINISHED, LEASE_S, NodeExecutor
 from .outbox import Outbox, fact_sender, state_dir_from_env
 from .settings import ExecutorSettings
@@ -364,6 +373,15 @@ class SimulatedFleet:
         if cmd.node != node:
             raise ValueError(f"command for node {cmd.node} delivered to {node}")
         context = propagate.extract(dict(msg.headers or {}))  # the job's trace goes on through the fleet
+        if isinstance(cmd, LaunchBatch):
+            tracer = self.svc.tracer
+            attrs: dict[str, str | int] = {"oneplus.node": node, "oneplus.launches": len(cmd.launches)}
+            with tracer.start_as_current_span("node-executor launch_batch", context=context, attributes=attrs):
+                # Each launch continues its own job's trace (carried in the batch's body, not its one header).
+                await ex.launch_batch(
+                    cmd, lambda c: job_span(tracer, "node-executor launch", c.traceparent, launch_attrs(c))
+                )
+            return
         with self.svc.tracer.start_as_current_span(
             f"node-executor {cmd.kind}",
             context=context,

@@ -19,7 +19,8 @@ import contextlib
 import logging
 import time
 from collections import OrderedDict
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
+from contextlib import AbstractContextManager
 from pathlib import Path
 from typing import Any
 
@@ -32,6 +33,7 @@ from oneplus_contracts import (
     JobNodeFinished,
     JobRunning,
     JobStarting,
+    LaunchBatch,
     LaunchRanks,
     NodeHeartbeat,
     NodeTopology,
@@ -167,6 +169,29 @@ class NodeExecutor:
                 await self.publish_heartbeat()
 
     # -- launch and watch --------------------------------------------------------------------------------------
+
+    async def launch_batch(
+        self,
+        batch: LaunchBatch,
+        span: Callable[[LaunchRanks], AbstractContextManager[object]] = lambda _: contextlib.nullcontext(),
+    ) -> None:
+        """Each launch of the batch as a `launch` alone (its own token check, its own facts), in the batch's order.
+        One that fails leaves the others launched and its error is raised once all were tried: the message is
+        redelivered (or dead-lettered as any command), and a launch that went ahead starts nothing the second time."""
+        failed: list[tuple[LaunchRanks, Exception]] = []
+        for cmd in batch.launches:
+            try:
+                with span(cmd):
+                    await self.launch(cmd)
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:
+                failed.append((cmd, exc))
+        if not failed:
+            return
+        for cmd, error in failed[1:]:
+            log.warning("%s: launch of %s in %s failed too: %s", self.node, cmd.job_id, batch.command_id, error)
+        raise failed[0][1]
 
     async def launch(self, cmd: LaunchRanks) -> None:
         if self.tokens.get(cmd.job_id, -1) >= cmd.token or (cmd.job_id, cmd.token) in self.ends:

@@ -18,12 +18,12 @@ from dataclasses import dataclass, field
 from nats.js.api import PubAck
 from oneplus_bus.acks import wait_acks
 from oneplus_bus.telemetry import job_span
-from oneplus_contracts import Allocation, JobPlaced, JobRecord
+from oneplus_contracts import Allocation, JobPlaced, JobRecord, LaunchBatch, LaunchRanks
 from oneplus_placement.layout import Layout
 from oneplus_reservations import Conflict
 
 from .context import SolverContext
-from .launch import launch_commands
+from .launch import chunked, launch_commands
 
 log = logging.getLogger("oneplus.solver")
 
@@ -218,15 +218,44 @@ class Binder:
     ) -> list[asyncio.Future[PubAck]]:
         """Publish the launch commands of an attempt (its record's allocation and token unless given) without
         waiting: the acknowledgements to await."""
-        alloc = alloc if alloc is not None else rec.allocation
-        token = token if token is not None else rec.token
-        if alloc is None or token is None:
-            return []
         futures = []
-        records = self.ctx.work.capacity.records
-        addresses = {n: a for n in alloc.nodes if n in records and (a := records[n].topology.address)}
-        for cmd in launch_commands(rec, alloc, token, addresses):
+        for cmd in self.commands_of(rec, alloc, token):
             if nodes is not None and cmd.node not in nodes:
                 continue
             futures.append(await self.ctx.send_node_command(cmd, "launch", rec.traceparent))
         return futures
+
+    async def launch_batches(self, recs: Sequence[JobRecord]) -> list[asyncio.Future[PubAck]]:
+        """Publish the launch commands of several placed records (one commit's), one message per node (or per
+        `BATCH_BYTES` of launches): a node with one launch gets it alone, as any executor reads it; one with several
+        gets a `launch_batch` of them, each launch carrying its own job's trace. The acknowledgements to await."""
+        per_node: dict[str, list[LaunchRanks]] = {}
+        for rec in recs:
+            for cmd in self.commands_of(rec):
+                per_node.setdefault(cmd.node, []).append(cmd)
+        traces = {rec.job_id: rec.traceparent for rec in recs}
+        futures = []
+        for node, launches in per_node.items():
+            for cmds in chunked(launches):
+                if len(cmds) == 1:
+                    futures.append(await self.ctx.send_node_command(cmds[0], "launch", traces.get(cmds[0].job_id)))
+                    continue
+                # The batch's header carries the first job's trace; every launch keeps its own in its body.
+                batch = LaunchBatch(
+                    node=node,
+                    launches=[c.model_copy(update={"traceparent": traces.get(c.job_id)}) for c in cmds],
+                )
+                futures.append(await self.ctx.send_node_command(batch, "launch", traces.get(cmds[0].job_id)))
+        return futures
+
+    def commands_of(
+        self, rec: JobRecord, alloc: Allocation | None = None, token: int | None = None
+    ) -> list[LaunchRanks]:
+        """The launch commands of an attempt, one per node (its record's allocation and token unless given)."""
+        alloc = alloc if alloc is not None else rec.allocation
+        token = token if token is not None else rec.token
+        if alloc is None or token is None:
+            return []
+        records = self.ctx.work.capacity.records
+        addresses = {n: a for n in alloc.nodes if n in records and (a := records[n].topology.address)}
+        return launch_commands(rec, alloc, token, addresses)

@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from nats.js.api import PubAck
 from oneplus_bus.service import OneplusService
 from oneplus_bus.telemetry import inject
-from oneplus_contracts import JobEvent, LaunchRanks, PreemptRanks, subjects
+from oneplus_contracts import JobEvent, LaunchBatch, LaunchRanks, PreemptRanks, subjects
 from oneplus_queueing.shards import replica_for
 from oneplus_reservations import ReservationStore
 from oneplus_stores.audit import ReservationAuditLog
@@ -24,6 +24,14 @@ from .metrics import SolverMetrics
 from .owner import JobOwner
 from .settings import SolverSettings
 from .working_set import WorkingSet
+
+
+def wire(cmd: LaunchRanks | LaunchBatch | PreemptRanks) -> bytes:
+    """A command's body; a launch sent alone leaves out its empty `traceparent`, which an executor from before
+    `launch_batch` would refuse as an unknown field (its trace is in the header)."""
+    if isinstance(cmd, LaunchRanks) and cmd.traceparent is None:
+        return cmd.model_dump_json(exclude={"traceparent"}).encode()
+    return cmd.model_dump_json().encode()
 
 
 @dataclass
@@ -75,17 +83,17 @@ class SolverContext:
         return len(self.members) <= 1 or replica_for(job_id, self.members) == self.settings.replica
 
     async def send_node_command(
-        self, cmd: LaunchRanks | PreemptRanks, verb: str, traceparent: str | None
+        self, cmd: LaunchRanks | LaunchBatch | PreemptRanks, verb: str, traceparent: str | None
     ) -> asyncio.Future[PubAck]:
         """Publish one node's command without waiting for its acknowledgement. Its fixed id lets JetStream drop the
-        same command sent again within the duplicate window; it carries its job's own trace."""
+        same command sent again within the duplicate window; it carries its job's own trace (a batch: its first's)."""
         headers = {"Nats-Msg-Id": cmd.command_id}
         if traceparent:
             headers["traceparent"] = traceparent
         inject(headers)
         return await self.svc.js.publish_async(
             subjects.node_command(cmd.node, verb),
-            cmd.model_dump_json().encode(),
+            wire(cmd),
             headers=headers,
             stream=subjects.COMMANDS_STREAM,
         )

@@ -58,7 +58,8 @@ class Controller:
     # -- reactions to committed events -----------------------------------------------------------------------------
     async def react(self, applied: Sequence[Applied]) -> None:
         """React to a commit's events, a kind at a time so that round trips overlap: every launch of the batch is
-        sent before any acknowledgement is awaited, and every attempt that ended is recorded in one commit."""
+        sent before any acknowledgement is awaited, a node's launches in one message, and every attempt that ended
+        is recorded in one commit."""
         ctx = self.ctx
         launches: dict[str, JobRecord] = {}
         cancels: list[JobRecord] = []
@@ -86,7 +87,8 @@ class Controller:
         # One failed reaction (the store down during a settle, say) must not skip the others: reconcile comes back
         # for what it left undone.
         try:
-            await wait_acks([f for rec in launches.values() for f in await self.binder.launch_futures(rec)])
+            # One message per node for the whole commit: its launches there go out in one append (a launch_batch).
+            await wait_acks(await self.binder.launch_batches(list(launches.values())))
         except Exception:
             log.exception("launching %d placed gang(s) failed; reconcile resends them", len(launches))
         try:

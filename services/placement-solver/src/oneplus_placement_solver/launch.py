@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import zlib
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 
 from oneplus_contracts import Allocation, JobRecord, LaunchRanks
 
 MASTER_PORT_BASE = 29500
+# A launch_batch's body stays well under NATS' max_payload (1 MiB by default) whatever its jobs' specs weigh.
+BATCH_BYTES = 256 * 1024
 
 
 def launch_commands(
@@ -58,3 +60,18 @@ def silent_nodes(rec: JobRecord, token: int, now: float, after_s: float, until_s
     if not after_s <= age <= until_s:
         return []
     return [n for n in rec.allocation.nodes if n not in rec.nodes_started and n not in rec.nodes_done]
+
+
+def chunked(cmds: Sequence[LaunchRanks], max_bytes: int = BATCH_BYTES) -> list[list[LaunchRanks]]:
+    """One node's launches in runs of at most `max_bytes` of JSON each (a launch bigger alone gets a run of its own),
+    their order kept: each run is one message."""
+    runs: list[list[LaunchRanks]] = []
+    size = 0
+    for cmd in cmds:
+        n = len(cmd.model_dump_json())
+        if not runs or size + n > max_bytes:
+            runs.append([])
+            size = 0
+        runs[-1].append(cmd)
+        size += n
+    return runs
