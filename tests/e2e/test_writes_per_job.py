@@ -35,9 +35,11 @@ async def test_durable_appends_per_one_gpu_job_from_submission_to_archive(tmp_pa
     # The launches: one message per node and commit (a launch_batch), so at most 4 a cycle on the demo's 4 nodes;
     # the 20 jobs fit at once and are placed in a cycle or a few (5 to 7 messages measured), not one each.
     assert 1 <= count.appends[subjects.COMMANDS_STREAM] <= JOBS // 2, count.table()
-    # A record per event at most, and the last node's end is written with the attempt's end, by the settling commit:
-    # 5 a job, and a few more where a batch of reports is committed between a last node's end and its settle (which
-    # then writes the end's record too; 5.11 a job in `task bench:writes`).
-    assert count.appends[f"KV_{subjects.JOBS_KV}"] <= 5 * JOBS + JOBS // 4, count.table()
+    # Records are saved by the owner's state save, not per transition: a live one once it has not changed for
+    # SAVE_SETTLED_S (a job that ends sooner is never in the bucket), a finished one to the archive (counted above).
+    # These jobs end within a second or two of their last change; on a slow machine one may be saved while it waits
+    # or runs, once each at most.
+    assert count.appends[f"KV_{subjects.JOBS_KV}"] <= 2 * JOBS, count.table()
     assert per_job.get(f"KV_{subjects.SOLVER_STATE_KV}", 0.0) < 1.0, count.table()
-    assert count.total <= 13.0, count.table()  # 12.3 measured (20 jobs), 12.6-12.8 in `task bench:writes` (100)
+    # 7.6 measured in `task bench:writes` (100 jobs); the bound leaves room for the saves of a slow machine.
+    assert count.total <= 8.0 + count.appends[f"KV_{subjects.JOBS_KV}"] / JOBS, count.table()

@@ -68,7 +68,7 @@ async def test_a_commit_goes_on_while_finished_jobs_are_archived_and_they_stay_f
     # Never in the bucket of live records; the job committed during the pass is saved by the next save.
     keys = {k for k, _ in await latest_items(js, subjects.JOBS_KV)}  # kv.keys() can miss one under load
     assert keys == set()
-    await owner.save()
+    await owner.save(flush=True)
     assert {k for k, _ in await latest_items(js, subjects.JOBS_KV)} == {"late-1"}
     # The sequence saved covers the pass: a restarted owner replays only what came after it.
     again = JobOwner(js, JobArchive(js), min_age_s=0, state_kv=kv[subjects.SOLVER_STATE_KV])

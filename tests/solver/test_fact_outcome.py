@@ -24,7 +24,7 @@ from test_cycle_store_ops import spec
 class SlowProjection(JobOwner):
     """An owner whose state save never comes (a busy or dying owner): records are only in its job events."""
 
-    async def save(self) -> int:
+    async def save(self, *, flush: bool = False) -> int:
         return 0
 
 

@@ -55,7 +55,7 @@ async def test_a_restart_replays_the_records_of_the_last_commit_that_never_reach
     assert again.index.get("a").state == "CANCELLED", "replayed from the last wholly projected sequence"
     assert again.index.get("b").state == "CANCELLED"
     assert "a" not in again.index.pending
-    await again.save()
+    await again.save(flush=True)
     archived = await JobArchive(nc.jetstream()).get("a")
     assert archived is not None and archived.state == "CANCELLED", "and saved by the successor"
     assert "a" not in dict(await latest_items(nc.jetstream(), subjects.JOBS_KV)), "its stale live record purged"

@@ -120,7 +120,7 @@ async def test_an_owner_cannot_fence_below_a_newer_epoch_and_readers_skip_the_fe
     msg = await js.get_last_msg(subjects.JOBS_STREAM, fence_subject(subjects.JOBS_STREAM))
     assert json.loads(msg.data) == {"owner": "new", "epoch": 7}
     await new.commit(JobAccepted(event_id="a-y", job_id="y", spec=spec(0)))
-    await new.save()
+    await new.save(flush=True)
     assert [k for k, _ in await latest_items(js, subjects.JOBS_KV)] == ["y"]
     events = await read_stream(js, subjects.JOBS_STREAM, 1)
     assert len(events) == 1 and all(h.get(EPOCH_HEADER) == "7" for _, _, h in events)

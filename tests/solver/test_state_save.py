@@ -5,6 +5,7 @@ the job stream after it, so nothing depends on a save having happened."""
 
 from __future__ import annotations
 
+import pytest
 from nats.aio.client import Client
 from nats.js import JetStreamContext
 from oneplus_bus.ledger import JobLedger, hot_index, latest_items, projected_seq
@@ -18,6 +19,7 @@ from oneplus_contracts import (
     RankPlacement,
     subjects,
 )
+from oneplus_placement_solver import owner as owner_module
 from oneplus_placement_solver.owner import JobOwner
 from oneplus_stores.archive import JobArchive
 from test_cycle_store_ops import spec
@@ -66,7 +68,9 @@ async def test_commits_write_only_events_and_a_save_writes_each_changed_record_o
     listed = (await hot_index(js)).get("a")
     assert listed is not None and listed.state == "RUNNING" and listed.seq == got.seq
 
-    assert await owner.save() == 1
+    assert await owner.save() == 0, "not saved while it may still change (SAVE_SETTLED_S)"
+    assert await projected_seq((await ensure_kv(js))[subjects.SOLVER_STATE_KV]) < got.seq - 2, "nor its events"
+    assert await owner.save(flush=True) == 1
     assert await appends(js, KV_STREAM) == kv0 + 1, "three transitions, one saved record"
     assert dict(await latest_items(js, subjects.JOBS_KV))["a"] == got.model_dump_json().encode()
     assert await projected_seq((await ensure_kv(js))[subjects.SOLVER_STATE_KV]) == owner.index.last_seq
@@ -96,7 +100,7 @@ async def test_a_job_that_ends_between_two_saves_is_written_once_to_the_archive(
 async def test_an_owner_that_dies_before_saving_loses_nothing_its_successor_replays_the_stream(nc: Client) -> None:
     js, owner = await owner_of(nc)
     await running(owner, "c", 2)
-    await owner.save()
+    await owner.save(flush=True)
     await running(owner, "d", 3)
     await owner.commit(finished("c"))
     want = {j: owner.index.get(j) for j in ("c", "d")}
@@ -118,3 +122,25 @@ async def test_expire_saves_then_forgets_finished_jobs_past_min_age(nc: Client) 
     assert [d.job_id for d in gone] == ["e"] and "e" not in owner.index
     done = await JobArchive(js).get("e")
     assert done is not None and done.state == "SUCCEEDED", "saved to the archive before it was forgotten"
+
+
+async def test_a_live_record_is_saved_once_it_settles_and_the_saved_sequence_stops_before_unsaved_ones(
+    nc: Client, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    js, owner = await owner_of(nc)
+    state = (await ensure_kv(js))[subjects.SOLVER_STATE_KV]
+    await running(owner, "f", 5)
+    monkeypatch.setattr(owner_module, "SAVE_SETTLED_S", 0.0)
+    await owner.commit(JobAccepted(event_id="a-g", job_id="g", spec=spec(0, 1)))
+    assert await owner.save() == 2
+    assert await projected_seq(state) == owner.index.last_seq
+    monkeypatch.setattr(owner_module, "SAVE_SETTLED_S", 3600.0)
+    await owner.commit(JobFinished(event_id="c-g", job_id="g", state="CANCELLED", reason="cancelled"))
+    await owner.commit(JobAccepted(event_id="a-h", job_id="h", spec=spec(0, 1)))
+    h_seq = owner.index.last_seq
+    assert await owner.save() == 1, "g's end archived at once; h, just accepted, waits"
+    assert await projected_seq(state) == h_seq - 1, "every event before h's first is saved"
+    listed = await hot_index(js)
+    assert listed.get("h") is not None and listed.get("g") is None, "h read from the stream, g from nowhere hot"
+    monkeypatch.setattr(owner_module, "SAVE_WITHIN_S", 0.0)
+    assert await owner.save() == 1 and await projected_seq(state) == owner.index.last_seq

@@ -72,6 +72,19 @@ COMMIT_CHUNK = 512
 FIRST_CHUNK = 64
 
 
+# A live record is saved once it has not changed for this long: a job that ends sooner goes straight to the archive,
+# and a gang's placed, starting and running, seconds apart, are one write.
+SAVE_SETTLED_S = 2.0
+SAVE_WITHIN_S = 10.0  # ... or once it has been unsaved this long (one that changes all the time)
+
+
+@dataclass(frozen=True)
+class Unsaved:
+    first_seq: int  # the record's first event not saved
+    since: float  # when it was first left unsaved (monotonic)
+    changed: float  # when it last changed
+
+
 @dataclass(frozen=True)
 class Applied:
     event: JobEvent
@@ -109,7 +122,8 @@ class JobOwner:
         self.index = JobIndex()
         self.stale = False  # a commit failed after publishing: the stream may hold events the index lacks
         self._cut_off: list[asyncio.Future[PubAck]] = []  # that commit's publishes whose outcome is not known yet
-        self.unprojected: dict[str, JobRecord] = {}  # folded, but their hot-view write not confirmed yet
+        self.unprojected: dict[str, JobRecord] = {}  # folded, but not saved yet (`save`)
+        self._unsaved: dict[str, Unsaved] = {}  # of each of those: since when, and from which event
         self._lock = asyncio.Lock()
         self._save_lock = asyncio.Lock()
         # Jobs whose record is in the `jobs` bucket (listed at bootstrap, or saved since): purged once archived.
@@ -137,6 +151,7 @@ class JobOwner:
         log.warning("job owner %s: deposed by a newer owner (the server refused its writes); it stops writing",
                     self.fence.me)  # fmt: skip
         self.unprojected.clear()
+        self._unsaved.clear()
         self.stale = False
         self._cut_off = []
         if self.on_deposed is not None:
@@ -243,7 +258,7 @@ class JobOwner:
             if rec is not None:
                 replayed += 1
                 changed[rec.job_id] = rec
-        self._project(list(changed.values()))
+        self._project(list(changed.values()), first_seq=seq + 1)
         return replayed
 
     # -- commits ---------------------------------------------------------------------------------------------------
@@ -378,28 +393,44 @@ class JobOwner:
             else:
                 fut.cancel()
 
-    def _project(self, records: Sequence[JobRecord]) -> None:
-        """Mark records as not saved yet: the next `save` writes each job's latest record once, however many of its
-        transitions came between (its events are the durable record meanwhile; readers fold them, `hot_index`)."""
+    def _project(self, records: Sequence[JobRecord], first_seq: int | None = None) -> None:
+        """Mark records as not saved yet: a later `save` writes each job's latest record once, however many of its
+        transitions came between (its events are the durable record meanwhile; readers fold them, `hot_index`).
+        `first_seq`: the first event not saved of each (default: the record's own, its latest)."""
+        now = time.monotonic()
         for rec in records:
             self.unprojected[rec.job_id] = rec
+            was = self._unsaved.get(rec.job_id)
+            first = first_seq if first_seq is not None else rec.seq
+            self._unsaved[rec.job_id] = Unsaved(was.first_seq, was.since, now) if was else Unsaved(first, now, now)
 
-    async def save(self) -> int:
-        """The periodic state save (slurmctld's state save, client-go's relist point): write every job's record
-        changed since the last save once, a finished job's to the archive, then the job-stream sequence they reach.
-        A restart or a reader lists the saved records and folds the job stream after that sequence (`hot_index`).
-        Returns how many records were written.
+    def _due(self, now: float, flush: bool) -> dict[str, JobRecord]:
+        """The unsaved records a save writes: finished ones at once (the archive), live ones once unchanged for
+        `SAVE_SETTLED_S` (a job that ends within it is never written to the bucket) or unsaved `SAVE_WITHIN_S`."""
+        if flush:
+            return dict(self.unprojected)
+        due: dict[str, JobRecord] = {}
+        for job_id, rec in self.unprojected.items():
+            u = self._unsaved[job_id]
+            if rec.terminal or now - u.changed >= SAVE_SETTLED_S or now - u.since >= SAVE_WITHIN_S:
+                due[job_id] = rec
+        return due
+
+    async def save(self, *, flush: bool = False) -> int:
+        """The periodic state save (slurmctld's state save, client-go's relist point): write each record due
+        (`_due`; all with `flush`) once, a finished job's to the archive, then the job-stream sequence up to which
+        every event is in a saved record: a restart or a reader lists the saved records and folds the job stream
+        after it (`hot_index`). Returns how many records were written.
 
         The records are written outside the commit lock: a save of a busy second's jobs must not hold the commits.
-        The sequence is the index's when the save began; every event up to it is in a record this save or an
-        earlier one wrote, so it is saved only once all of them are (a failed write leaves them for the next)."""
+        The sequence is the one before the first event of any record still unsaved (the index's, when none is), read
+        under the lock once the writes are in; a failed write leaves its records for the next save."""
         async with self._save_lock:
             if self.guard is not None:
                 await self.guard()
             await self.fence.ensure()
             async with self._lock:
-                todo = dict(self.unprojected)
-                seq = self.index.last_seq
+                todo = self._due(time.monotonic(), flush)
             done: list[FinishedJob] = []
             live: list[JobRecord] = []
             for rec in todo.values():
@@ -427,14 +458,20 @@ class JobOwner:
                 await asyncio.gather(*(self._purge(job_id) for job_id in gone[start : start + PURGE_BATCH]))
             self.in_bucket.difference_update(gone)
             async with self._lock:
+                now = time.monotonic()
                 for job_id, rec in todo.items():
                     if self.unprojected.get(job_id) is rec:
                         del self.unprojected[job_id]
+                        del self._unsaved[job_id]
+                    elif job_id in self._unsaved:  # changed while being saved: unsaved from the event after
+                        self._unsaved[job_id] = Unsaved(rec.seq + 1, now, self._unsaved[job_id].changed)
+                seq = min(u.first_seq for u in self._unsaved.values()) - 1 if self._unsaved else self.index.last_seq
             if self.state_kv is not None and seq > self.saved_seq:
                 await self.fence.put_kv(subjects.SOLVER_STATE_KV, PROJECTED_SEQ_KEY, str(seq).encode())
                 self.saved_seq = seq
             if todo:
-                log.debug("job owner: saved %d record(s) (%d archived) up to sequence %d", len(todo), len(done), seq)
+                log.debug("job owner: saved %d record(s) (%d archived); all up to sequence %d", len(todo), len(done),
+                          seq)  # fmt: skip
             return len(live) + len(done)
 
     async def _notify(self, applied: Sequence[Applied]) -> None:
