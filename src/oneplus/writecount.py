@@ -125,7 +125,7 @@ def platform_env() -> dict[str, str]:
     return {"ONEPLUS_MIN_JOB_AGE_S": "1", "ONEPLUS_HEARTBEAT_S": "1"}
 
 
-async def measure(jobs: int, workdir: Path, *, idle_s: float = 10.0) -> WriteCount:
+async def measure(jobs: int, workdir: Path, *, idle_s: float = 10.0, duration_s: float = 0.2) -> WriteCount:
     """Fresh embedded servers and platform, `count_writes`, then everything stopped."""
     servers = EmbeddedServers(workdir=workdir / "servers")
     servers.start()
@@ -145,7 +145,7 @@ async def measure(jobs: int, workdir: Path, *, idle_s: float = 10.0) -> WriteCou
                     raise TimeoutError("the warm-up job did not end within 60 s")
                 await asyncio.sleep(0.2)
             await asyncio.sleep(3.0)  # archived and purged
-        return await count_writes(servers.nats_url, jobs, idle_s=idle_s)
+        return await count_writes(servers.nats_url, jobs, idle_s=idle_s, duration_s=duration_s)
     finally:
         if platform is not None:
             platform.stop()
