@@ -80,3 +80,18 @@ def test_nats_url_may_name_every_server_of_a_cluster() -> None:
 def test_a_nats_url_without_a_server_is_refused(url: str) -> None:
     with pytest.raises(ValueError, match="names no server"):
         nats_servers(url)
+
+
+def test_the_bus_package_depends_on_no_domain_library() -> None:
+    """libs/bus is transport: it declares no dependency on the reservation store, placement or queueing."""
+    import tomllib
+    from pathlib import Path
+
+    project = tomllib.loads((Path(__file__).resolve().parents[2] / "libs/bus/pyproject.toml").read_text())
+    deps = " ".join(project["project"]["dependencies"])
+    for lib in ("oneplus-reservations", "oneplus-placement", "oneplus-queueing", "oneplus-sim", "ortools"):
+        assert lib not in deps, f"libs/bus depends on {lib}"
+    sources = (Path(__file__).resolve().parents[2] / "libs/bus/src/oneplus_bus").rglob("*.py")
+    imports = [p.name for p in sources if "import oneplus_reservations" in p.read_text()
+               or "from oneplus_reservations" in p.read_text()]  # fmt: skip
+    assert imports == [], imports

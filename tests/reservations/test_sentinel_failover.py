@@ -296,7 +296,7 @@ def test_the_services_settings_refuse_bad_redis_variables(
     monkeypatch.setenv("REDIS_SENTINELS", "127.0.0.1:26379")
     monkeypatch.setenv(name, value)
     with pytest.raises(ValueError, match=match) as exc:
-        BusSettings.from_env()
+        RedisSettings.of_bus(BusSettings.from_env())
     assert "\n" not in str(exc.value)
 
 

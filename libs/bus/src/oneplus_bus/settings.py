@@ -1,11 +1,15 @@
-"""Where the bus and the reservation store are, from the environment."""
+"""Where the bus and the reservation store are, from the environment.
+
+Transport only: how to reach Redis beyond its URL (Sentinel, credentials, the commit rule) is the reservation
+store's to read (`oneplus_reservations.connect.RedisSettings.of_bus`), so that this package depends on no domain
+library."""
 
 from __future__ import annotations
 
 import os
 from dataclasses import dataclass
 
-from oneplus_reservations.connect import RedisSettings
+DEFAULT_REDIS_URL = "redis://127.0.0.1:6379/0"
 
 
 def nats_servers(url: str) -> list[str]:
@@ -27,13 +31,8 @@ class BusSettings:
     max_deliver: int = 5
     # Replies and push deliveries arrive under this prefix; a user allowed only its own prefix cannot read others'.
     inbox_prefix: str = "_INBOX"
-    # Sentinel, credentials and the commit rule (REDIS_SENTINELS, ...); None: just `redis_url`.
-    redis_options: RedisSettings | None = None
-
-    @property
-    def redis(self) -> RedisSettings:
-        """How to reach Redis: hand it to `ReservationStore.connect` / `oneplus_reservations.redis_client`."""
-        return self.redis_options if self.redis_options is not None else RedisSettings(url=self.redis_url)
+    # True: Sentinel, credentials and the commit rule come from REDIS_* (`RedisSettings.of_bus`); False: just the URL.
+    redis_from_env: bool = False
 
     @property
     def nats_servers(self) -> list[str]:
@@ -42,11 +41,10 @@ class BusSettings:
 
     @classmethod
     def from_env(cls) -> BusSettings:
-        redis = RedisSettings.from_env()
         return cls(
             nats_url=os.environ.get("NATS_URL", "nats://127.0.0.1:4222"),
-            redis_url=redis.url,
-            redis_options=redis,
+            redis_url=os.environ.get("REDIS_URL") or DEFAULT_REDIS_URL,
+            redis_from_env=True,
             cluster=os.environ.get("ONEPLUS_CLUSTER", "default"),
             max_deliver=_max_deliver(os.environ.get("ONEPLUS_MAX_DELIVER", "").strip() or "5"),
             inbox_prefix=os.environ.get("ONEPLUS_INBOX_PREFIX", "_INBOX"),

@@ -21,7 +21,7 @@ import os
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 import redis.asyncio as aioredis
 from redis.asyncio.retry import Retry
@@ -84,6 +84,16 @@ class SentinelSettings:
         return ",".join(f"{h}:{p}" for h, p in self.sentinels)
 
 
+class BusRedis(Protocol):
+    """What a service's bus settings say of Redis (oneplus_bus.settings.BusSettings)."""
+
+    @property
+    def redis_url(self) -> str: ...
+
+    @property
+    def redis_from_env(self) -> bool: ...
+
+
 @dataclass(frozen=True)
 class RedisSettings:
     """Where Redis is and the commit rule: `wait_replicas` replicas acknowledge a gang commit (0: none waited for)."""
@@ -118,6 +128,14 @@ class RedisSettings:
             wait_replicas=_whole(env, "REDIS_WAIT_REPLICAS", 1 if sentinel else 0),
             wait_timeout_ms=_whole(env, "REDIS_WAIT_TIMEOUT_MS", DEFAULT_WAIT_TIMEOUT_MS),
         )
+
+    @classmethod
+    def of_bus(cls, settings: BusRedis) -> RedisSettings:
+        """A service's Redis: REDIS_* read now when its bus settings came from the environment, else just its URL
+        (a harness that names the servers it started). Raises ValueError naming a bad REDIS_* value."""
+        if settings.redis_from_env:
+            return cls.from_env()
+        return cls(url=settings.redis_url)
 
     def describe(self) -> str:
         """Where, without the password (for logs)."""

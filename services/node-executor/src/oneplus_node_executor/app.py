@@ -31,6 +31,7 @@ from oneplus_contracts import (
     subjects,
 )
 from oneplus_contracts.features import node_features
+from oneplus_reservations.connect import RedisSettings
 
 from .gpu_health import GpuProbe, nvml_probe
 from .node import KEEP_FINISHED, NodeExecutor
@@ -79,6 +80,7 @@ def create_executor(
     if settings.inbox_prefix == DEFAULT_INBOX:
         # The node's own inbox space: deploy/nats lets executor-<node> subscribe to nothing else.
         settings = dataclasses.replace(settings, inbox_prefix=executor_inbox(node))
+    RedisSettings.of_bus(settings)  # a bad REDIS_* value is refused here, at bootstrap, not at the first lease
     svc = OneplusService("node-executor", f"Runs ranks on node {node}", settings)
     ex = NodeExecutor(
         svc,

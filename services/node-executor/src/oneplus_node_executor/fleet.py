@@ -57,6 +57,7 @@ from oneplus_contracts import (
     subjects,
 )
 from oneplus_reservations import DEFAULT_LEASE_S, RenewStatus, Reservation, ReservationStore, redis_client
+from oneplus_reservations.connect import RedisSettings
 from opentelemetry import propagate
 
 from .app import DEFAULT_INBOX, launch_attrs, make_runtime, simulated_node
@@ -199,6 +200,7 @@ class SimulatedFleet:
         if heartbeat_s <= 0:
             raise ValueError(f"heartbeat_s must be positive, got {heartbeat_s}")
         settings = settings or BusSettings.from_env()
+        RedisSettings.of_bus(settings)  # a bad REDIS_* value is refused here, at bootstrap
         if settings.inbox_prefix == DEFAULT_INBOX:
             settings = dataclasses.replace(settings, inbox_prefix=fleet_inbox(name))
         self.name = name
@@ -251,7 +253,7 @@ class SimulatedFleet:
     async def start(self) -> None:
         t0 = time.monotonic()
         self.outbox.start()  # facts left from before a restart go out first
-        self.store = FleetStore(redis_client(self.svc.settings.redis), self.svc.settings.cluster)
+        self.store = FleetStore(redis_client(RedisSettings.of_bus(self.svc.settings)), self.svc.settings.cluster)
         for ex in self._order:
             ex.store = self.store
         await self.publish_topologies()

@@ -45,6 +45,7 @@ from oneplus_contracts import (
 )
 from oneplus_contracts.events import Fault
 from oneplus_reservations import ReservationStore
+from oneplus_reservations.connect import RedisSettings
 from oneplus_reservations.store import RenewStatus
 
 from .gpu_health import GpuProbe, fold_probe, health_changes, heartbeat_gpus, probe_failed
@@ -844,7 +845,7 @@ class NodeExecutor:
 
     async def start(self) -> None:
         self.outbox.start()  # facts left from before a crash go out first
-        self.store = ReservationStore.connect(self.svc.settings.redis, self.svc.settings.cluster)
+        self.store = ReservationStore.connect(RedisSettings.of_bus(self.svc.settings), self.svc.settings.cluster)
         await self.svc.js.publish(
             subjects.node_topology(self.node),
             self.topology.model_dump_json().encode(),

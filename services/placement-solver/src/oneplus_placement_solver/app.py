@@ -38,6 +38,7 @@ from oneplus_queueing.advance import AdvanceBook
 from oneplus_queueing.config import QueueConfig
 from oneplus_queueing.model import CycleDecision
 from oneplus_reservations import ReservationStore
+from oneplus_reservations.connect import RedisSettings
 from oneplus_stores.archive import JobArchive
 from oneplus_stores.audit import ReservationAuditLog
 from prometheus_client import Counter
@@ -86,12 +87,15 @@ class Solver:
         self.membership = Membership(self.ctx, self.controller, self.scheduler, self.store_sync)
         self.ops = SolverOps(self.ctx, self.scheduler)
         self._tails: list[StreamTail] = []
+        self.redis: RedisSettings | None = None  # where the reservation store is (read at bootstrap)
 
     # -- bootstrap -------------------------------------------------------------------------------------------------
     async def start(self) -> None:
         ctx, svc = self.ctx, self.svc
         if ctx.store_ is None:
-            ctx.store_ = ReservationStore.connect(svc.settings.redis, svc.settings.cluster)
+            ctx.store_ = ReservationStore.connect(
+                self.redis or RedisSettings.of_bus(svc.settings), svc.settings.cluster
+            )
         await ctx.store.load_scripts()
         state_kv = svc.kv[subjects.SOLVER_STATE_KV]
         ctx.memory_ = SolverMemory(state_kv)
@@ -289,6 +293,7 @@ def build_solver(
         "placement-solver", "Owns job state; places gangs atomically in the tightest topology domain", settings
     )
     solver = Solver(svc, solver_settings or SolverSettings.from_env(), store)
+    solver.redis = RedisSettings.of_bus(svc.settings)  # a bad REDIS_* value is refused here, at bootstrap
     solver.loops = loops
     svc.on_start(solver.start)
     svc.on_stop(solver.stop)
