@@ -66,6 +66,7 @@ from benchkit import cpu_model, fmt, git_commit, job_of, pct, probe, settle
 from nats.errors import TimeoutError as FetchTimeout
 from nats.js import JetStreamContext
 from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy
+from oneplus_bus.fencing import is_fence
 from oneplus_contracts import JobSpec, RankResources, SimulatedRun, subjects
 
 from oneplus.client import OnePlusClient, PlatformError
@@ -425,6 +426,8 @@ async def hot_keys(js: JetStreamContext, timeout: float = 120.0) -> tuple[int, i
                 continue
             for m in msgs:
                 h = m.headers or {}
+                if is_fence(m.subject):
+                    continue  # the job owner's epoch on each fence lane (oneplus_bus.fencing), not a job
                 if h.get("KV-Operation") not in ("DEL", "PURGE") and not h.get("Nats-Marker-Reason"):
                     live += 1
             read += len(msgs)

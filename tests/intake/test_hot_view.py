@@ -7,12 +7,14 @@ from __future__ import annotations
 import asyncio
 import time
 
+import pytest
 from nats.aio.client import Client
 from oneplus_bus.ledger import PROJECTED_SEQ_KEY, JobLedger
 from oneplus_bus.streams import ensure_kv, ensure_streams
 from oneplus_contracts import (
     JobAccepted,
     JobCancelRequested,
+    JobEvent,
     JobFinished,
     JobRecord,
     JobSpec,
@@ -20,6 +22,7 @@ from oneplus_contracts import (
     apply_event,
     subjects,
 )
+from oneplus_intake import hotview
 from oneplus_intake.hotview import HotView
 from oneplus_stores.archive import JobArchive, JobRow
 
@@ -109,3 +112,46 @@ def test_the_job_lists_filter_on_stored_records() -> None:
     row = JobRow.of(no_finish.model_dump_json().encode())
     assert row.ended_ts == 1060.0 and row.matches(since=1060.0) and not row.matches(since=1060.5)
     assert row.record() == no_finish
+
+
+async def test_events_are_folded_when_read_and_a_job_archived_unread_is_never_folded(
+    nc: Client, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    js = nc.jetstream()
+    await ensure_streams(js)
+    kvs = await ensure_kv(js)
+    ledger = JobLedger(js, kvs[subjects.JOBS_KV])
+    spec = JobSpec(name="x", resources=RankResources(gpus=1))
+    folded: list[str] = []
+    real = hotview.parse_job_event
+
+    def counted(data: bytes) -> JobEvent:
+        event = real(data)
+        folded.append(f"{event.job_id}.{event.type}")
+        return event
+
+    monkeypatch.setattr(hotview, "parse_job_event", counted)
+    hot = HotView(js)
+    await hot.start()
+    try:
+        await ledger.publish(JobAccepted(job_id="j-q", spec=spec))
+        await ledger.publish(JobCancelRequested(job_id="j-q"))
+        await ledger.publish(JobFinished(job_id="j-q", state="CANCELLED", reason="cancelled by user"))
+        await hot.synced()
+        assert folded == ["j-q.accepted"], "a new job's row at once, its later events left unread"
+        done = (await ledger.get("j-q"))[0]
+        assert done is not None
+        await JobArchive(js).put(done)
+        deadline = time.monotonic() + 5
+        while "j-q" in hot._rows:
+            assert time.monotonic() < deadline, "the archived job never left the copy"
+            await asyncio.sleep(0.01)
+        assert folded == ["j-q.accepted"] and "j-q" not in hot.rows, "left for the archive, never folded"
+
+        await ledger.publish(JobAccepted(job_id="j-r", spec=spec))
+        await ledger.publish(JobCancelRequested(job_id="j-r"))
+        await hot.synced()
+        rec = hot.record("j-r")
+        assert rec is not None and rec.cancel_requested and rec == (await ledger.get("j-r"))[0], "folded on read"
+    finally:
+        await hot.stop()

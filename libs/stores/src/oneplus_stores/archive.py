@@ -92,8 +92,31 @@ class JobRow:
     user: str | None
     team: str | None
     ended_ts: float | None  # finished_ts (else updated_ts) of a finished job; None while it is live
-    data: bytes
+    # The stored JSON, or the record it stands for (a copy that folds events: serialised only when a page shows it).
+    stored: bytes | JobRecord
     queue: str | None = None  # for the intake's jobs-by-state-and-queue gauge
+
+    @property
+    def data(self) -> bytes:
+        """The record's JSON as a page of the job list carries it."""
+        return self.stored if isinstance(self.stored, bytes) else self.stored.model_dump_json().encode()
+
+    @classmethod
+    def of_record(cls, rec: JobRecord, data: bytes | None = None) -> JobRow:
+        """The row of a record at hand (`data`: its JSON, where already made), without serialising it now."""
+        ended = None
+        if rec.terminal:
+            ended = rec.finished_ts if rec.finished_ts is not None else rec.updated_ts
+        return cls(
+            submitted_ts=rec.submitted_ts,
+            job_id=rec.job_id,
+            state=rec.state,
+            user=rec.spec.user,
+            team=rec.spec.team,
+            ended_ts=ended,
+            stored=data if data is not None else rec,
+            queue=rec.spec.queue,
+        )
 
     @classmethod
     def of(cls, data: bytes) -> JobRow:
@@ -111,7 +134,7 @@ class JobRow:
             user=spec.get("user"),
             team=spec.get("team"),
             ended_ts=float(ended) if ended is not None else None,
-            data=data,
+            stored=data,
             queue=spec.get("queue"),
         )
 
@@ -133,7 +156,7 @@ class JobRow:
         )
 
     def record(self) -> JobRecord:
-        return JobRecord.model_validate_json(self.data)
+        return self.stored if isinstance(self.stored, JobRecord) else JobRecord.model_validate_json(self.stored)
 
 
 def parse_states(raw: object) -> set[str] | None:

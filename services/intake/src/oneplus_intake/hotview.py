@@ -29,6 +29,7 @@ from oneplus_contracts import JobRecord, parse_job_event, subjects
 from oneplus_contracts.jobindex import JobIndex
 from oneplus_stores.archive import ARCHIVE_PREFIX, JobArchive, JobRow
 from pydantic import ValidationError
+from pydantic_core import from_json
 
 from .settings import IntakeSettings
 
@@ -36,14 +37,20 @@ log = logging.getLogger("oneplus.intake.hotview")
 
 SYNC_WAIT_S = 0.25  # how long a read waits for the copy to catch up with the bucket before it reads what it has
 SWEEP_EVERY_S = 60.0
+EVENT_PREFIX = f"{subjects.PREFIX}.job."  # a job event's subject: this, the job id, its type
+FOLD_AT = 32  # unread events of one job past which the copy folds them (a long-lived job's, nobody listing)
+DROPPED_KEPT = 10_000  # jobs remembered as gone to the archive, against a late save of one of them
 STALE_AFTER_S = 120.0  # past ONEPLUS_MIN_JOB_AGE_S: a finished job should have left for the archive by then
 
 
 class HotView:
     def __init__(self, js: JetStreamContext, min_job_age_s: float | None = None) -> None:
         self.js = js
-        self.rows: dict[str, JobRow] = {}
+        self._rows: dict[str, JobRow] = {}
         self.index = JobIndex()
+        # Events not folded yet, by job: (sequence, event JSON, traceparent). Folded when a read needs the job; a
+        # job that ends and leaves for the archive before anyone reads it is never folded here at all.
+        self._unfolded: dict[str, list[tuple[int, bytes, str | None]]] = {}
         self.min_job_age_s = IntakeSettings.load().min_job_age_s if min_job_age_s is None else min_job_age_s
         self._tail: StreamTail | None = None
         self._archive_tail: StreamTail | None = None
@@ -52,6 +59,7 @@ class HotView:
         self._sweeper: asyncio.Task[None] | None = None
         # Jobs archived before this copy folded their last event: job id → that event's sequence.
         self._archived: dict[str, int] = {}
+        self._dropped: dict[str, int] = {}  # jobs that left the copy for the archive → their last sequence
 
     async def start(self) -> None:
         # The archive's position first: a job archived after it leaves the copy even if the listing below has it.
@@ -88,26 +96,54 @@ class HotView:
         """Read the hot view whole; the job-stream sequence to follow from."""
         self.index = await hot_index(self.js)
         self._archived.clear()
+        self._unfolded.clear()
         rows: dict[str, JobRow] = {}
         for job_id, rec in self.index.jobs.items():
-            rows[job_id] = JobRow.of(rec.model_dump_json().encode())
+            rows[job_id] = JobRow.of_record(rec)
         for job_id, done in self.index.finished.items():
             rows[job_id] = JobRow.of(done.data)
-        self.rows = rows
+        self._rows = rows
         return self.index.last_seq
 
+    @property
+    def rows(self) -> dict[str, JobRow]:
+        """Every job of the copy by id, each with every event the copy has read folded in."""
+        for job_id in list(self._unfolded):
+            self._fold(job_id)
+        return self._rows
+
+    def _fold(self, job_id: str) -> None:
+        for seq, data, traceparent in self._unfolded.pop(job_id, ()):
+            try:
+                event = parse_job_event(data)
+            except ValidationError:
+                continue
+            rec = self.index.apply(event, seq, traceparent)
+            if rec is not None:
+                done = self.index.finished.get(rec.job_id)
+                self._rows[rec.job_id] = JobRow.of_record(rec, done.data if done is not None else None)
+
+    def _last_seq(self, job_id: str) -> int | None:
+        """The sequence of the last event or record of the job this copy has read (None: none)."""
+        unfolded = self._unfolded.get(job_id)
+        if unfolded:
+            return unfolded[-1][0]
+        live, done = self.index.jobs.get(job_id), self.index.finished.get(job_id)
+        return live.seq if live is not None else done.seq if done is not None else None
+
     async def _on_event(self, seq: int, subject: str, data: bytes, headers: dict[str, str]) -> None:
-        try:
-            event = parse_job_event(data)
-        except ValidationError:
+        if is_fence(subject):
             return  # the job owner's epoch (oneplus_bus.fencing), not an event
-        rec = self.index.apply(event, seq, headers.get("traceparent"))
-        if rec is not None and self._archived.get(rec.job_id, seq + 1) <= seq:
-            del self._archived[rec.job_id]
-            self._drop(rec.job_id)
-        elif rec is not None:
-            done = self.index.finished.get(rec.job_id)
-            self.rows[rec.job_id] = JobRow.of(done.data if done is not None else rec.model_dump_json().encode())
+        job_id = subject[len(EVENT_PREFIX) :].rpartition(".")[0]
+        if job_id not in self._rows and not subject.endswith((".accepted", ".submitted")):
+            return  # a job that has left the copy (or never had a record: a refused submission)
+        unfolded = self._unfolded.setdefault(job_id, [])
+        unfolded.append((seq, data, headers.get("traceparent")))
+        if job_id not in self._rows or len(unfolded) >= FOLD_AT:
+            self._fold(job_id)  # a new job gets its row at once; a long-lived one never keeps many events unread
+        if self._archived.get(job_id, seq + 1) <= seq:
+            del self._archived[job_id]
+            self._drop(job_id)
 
     async def _on_saved(self, seq: int, subject: str, data: bytes, headers: dict[str, str]) -> None:
         if is_fence(subject):
@@ -116,31 +152,41 @@ class HotView:
         if headers.get("KV-Operation") in ("DEL", "PURGE"):
             self._drop(job_id)
             return
+        held = self._last_seq(job_id)
+        held = held if held is not None else self._dropped.get(job_id)
         try:
+            # The owner saves what it folded, seconds later: this copy has mostly read past it (not parsed then).
+            if held is not None and int(from_json(data).get("seq") or 0) <= held:
+                return
             rec = JobRecord.model_validate_json(data)
-        except ValidationError:
+        except (ValidationError, ValueError, AttributeError):
             return
-        held = self.index.get(job_id)
-        if held is None or rec.seq >= held.seq:  # the owner saves what it folded: never ahead of this copy's events
-            self.index.put(rec)
-            done = self.index.finished.get(job_id)
-            self.rows[job_id] = JobRow.of(done.data if done is not None else data)
+        self._unfolded.pop(job_id, None)  # all older than the record: its events after it come later
+        self.index.put(rec)
+        self._rows[job_id] = JobRow.of_record(rec, data)
 
     async def _on_archived(self, seq: int, subject: str, data: bytes, headers: dict[str, str]) -> None:
         with contextlib.suppress(ValueError, KeyError, TypeError):
             raw = json.loads(data)
             job_id, at = str(raw["job_id"]), int(raw.get("seq") or 0)
-            row = self.rows.get(job_id)
-            if row is None:
+            last = self._last_seq(job_id)
+            if last is None:
                 return
-            if (rec := self.index.get(job_id)) is not None and rec.seq >= at:
+            if last >= at:
                 self._drop(job_id)
-            else:  # the copy has not folded the event the archived record ends with yet: it leaves once it has
+            else:  # the copy has not read the event the archived record ends with yet: it leaves once it has
                 self._archived[job_id] = at
 
     def _drop(self, job_id: str) -> None:
-        self.rows.pop(job_id, None)
+        last = self._last_seq(job_id)
+        self._unfolded.pop(job_id, None)
+        self._rows.pop(job_id, None)
         self.index.forget(job_id)
+        if last is not None:
+            # An older save of it still on its way (the bucket and the archive are followed apart) is not taken back.
+            self._dropped[job_id] = last
+            while len(self._dropped) > DROPPED_KEPT:
+                del self._dropped[next(iter(self._dropped))]
 
     async def sweep(self, now: float | None = None) -> int:
         """Drop finished jobs that are in the archive and still in the copy; how many were dropped."""
@@ -164,7 +210,8 @@ class HotView:
 
     def record(self, job_id: str) -> JobRecord | None:
         """The job's record as the copy holds it (None: not in the hot view, or not seen yet)."""
-        row = self.rows.get(job_id)
+        self._fold(job_id)
+        row = self._rows.get(job_id)
         return row.record() if row is not None else None
 
     def array_task(self, array_job_id: str) -> JobRecord | None:

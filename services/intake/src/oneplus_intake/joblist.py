@@ -132,7 +132,7 @@ async def hot_rows(ledger: JobLedger, hot: HotView | None, query: JobQuery) -> t
         rows = list(hot.rows.values())
     else:  # no copy kept (a tool, a test): read the hot view now
         index = await hot_index(ledger.js)
-        rows = [JobRow.of(r.model_dump_json().encode()) for r in index.jobs.values()]
+        rows = [JobRow.of_record(r) for r in index.jobs.values()]
         rows += [JobRow.of(done.data) for done in index.finished.values()]
     keep = [r for r in rows if r.matches(states=query.states, since=query.since, user=query.user, team=query.team)]
     keep.sort(key=lambda r: (r.submitted_ts, r.job_id))
@@ -155,11 +155,12 @@ async def list_page(ledger: JobLedger, archive: JobArchive, query: JobQuery, hot
         if query.after is not None:
             rows = rows[bisect.bisect_right(rows, query.after, key=lambda r: (r.submitted_ts, r.job_id)) :]
         for i, row in enumerate(rows):
-            size = len(row.data) + 1
+            data = row.data
+            size = len(data) + 1
             if len(jobs) >= query.limit or (jobs and used + size > PAGE_BYTES):
                 last = rows[i - 1]
                 return page_json(jobs, query.cursor(after=(last.submitted_ts, last.job_id)))
-            jobs.append(row.data)
+            jobs.append(data)
             used += size
         if not query.reads_archive:
             return page_json(jobs, None)
