@@ -8,6 +8,8 @@ from __future__ import annotations
 import pytest
 from nats.aio.client import Client
 from nats.js import JetStreamContext
+from nats.js.errors import ServiceUnavailableError
+from oneplus_bus import ledger as ledger_module
 from oneplus_bus.ledger import JobLedger, hot_index, latest_items, projected_seq
 from oneplus_bus.streams import ensure_kv, ensure_streams
 from oneplus_contracts import (
@@ -144,3 +146,23 @@ async def test_a_live_record_is_saved_once_it_settles_and_the_saved_sequence_sto
     assert listed.get("h") is not None and listed.get("g") is None, "h read from the stream, g from nowhere hot"
     monkeypatch.setattr(owner_module, "SAVE_WITHIN_S", 0.0)
     assert await owner.save() == 1 and await projected_seq(state) == owner.index.last_seq
+
+
+async def test_reading_the_hot_view_waits_out_a_stream_leader_election(
+    nc: Client, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A follower replica that starts while the job stream elects a leader (the multi-host run killed the stream
+    leader's server) read 503 and exited: the read is made again instead."""
+    js, owner = await owner_of(nc)
+    await running(owner, "w", 6)
+    real, calls = ledger_module.read_stream, []
+
+    async def electing(*args: object, **kwargs: object) -> object:
+        calls.append(1)
+        if len(calls) == 1:
+            raise ServiceUnavailableError
+        return await real(*args, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(ledger_module, "read_stream", electing)
+    listed = (await hot_index(js)).get("w")
+    assert len(calls) == 2 and listed is not None and listed.state == "RUNNING"

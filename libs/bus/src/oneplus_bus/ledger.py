@@ -204,10 +204,16 @@ async def job_events_after(js: JetStreamContext, job_id: str, seq: int) -> list[
         out.append((at - 1, event, (msg.headers or {}).get("traceparent")))
 
 
-async def hot_index(js: JetStreamContext, *, keep_finished: bool = True) -> JobIndex:
+async def hot_index(js: JetStreamContext, *, keep_finished: bool = True, timeout: float = 30.0) -> JobIndex:
     """The hot view as of now: the records the job owner last saved in the `jobs` bucket, with the job stream after
     the projected sequence folded in (the owner saves records periodically; every event up to that sequence is in a
-    saved record or in the archive). Its `last_seq` is where a follower of the job stream goes on from."""
+    saved record or in the archive). Its `last_seq` is where a follower of the job stream goes on from.
+
+    Read again from the start while JetStream answers 503 (a stream leader being elected), up to `timeout`."""
+    return await until_answered(lambda: _hot_index(js, keep_finished), "reading the hot view", timeout)
+
+
+async def _hot_index(js: JetStreamContext, keep_finished: bool) -> JobIndex:
     index = JobIndex.of(
         (JobRecord.model_validate_json(v) for v in await latest_values(js, subjects.JOBS_KV)),
         keep_finished=keep_finished,
