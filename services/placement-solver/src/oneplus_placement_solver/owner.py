@@ -37,7 +37,7 @@ from oneplus_bus.acks import PUBLISH_ACK_TIMEOUT_S
 from oneplus_bus.fencing import JOBS_KV_STREAM, Deposed, OwnerFence
 from oneplus_bus.informer import StreamTail
 from oneplus_bus.ledger import PROJECTED_SEQ_KEY, hot_index, latest_values, projected_seq, read_stream
-from oneplus_bus.retry import raise_if_cancelling
+from oneplus_bus.retry import raise_if_cancelling, until_answered
 from oneplus_bus.telemetry import inject
 from oneplus_contracts import (
     FactOutcome,
@@ -60,6 +60,7 @@ log = logging.getLogger("oneplus.owner")
 FACTS_CONSUMER = "job-owner"
 FACTS_ACK_WAIT_S = 30.0  # a fact fetched and not acknowledged (its fetcher died) is delivered again this much later
 FACT_BATCH = 256
+REPLAY_WAIT_S = 30.0  # a replay of the job stream waits out a stream leader election this long
 # A batch of direct reports waits at most this long for the facts stored in the stream before it to be folded first.
 STREAM_FIRST_WAIT_S = 1.0
 HELD_FACT_DELAY_S = 1.0  # a fact about a job not known yet, while an earlier owner's facts come back, waits this much
@@ -172,8 +173,10 @@ class JobOwner:
         self.in_bucket = {rec.job_id for rec in records}
         # Not after the highest record: the last commit's other records may not have been projected.
         start = self.index.last_seq
-        if self.state_kv is not None:
-            self.saved_seq = await projected_seq(self.state_kv)
+        if (state_kv := self.state_kv) is not None:
+            self.saved_seq = await until_answered(
+                lambda: projected_seq(state_kv), "reading the saved sequence", REPLAY_WAIT_S
+            )
             start = self.saved_seq
             self.index.last_seq = max(self.index.last_seq, self.saved_seq)
         replayed = await self._replay_after(start)
@@ -248,7 +251,11 @@ class JobOwner:
         project what changed; how many applied."""
         replayed = 0
         changed: dict[str, JobRecord] = {}
-        for at, data, headers in await read_stream(self.js, subjects.JOBS_STREAM, seq + 1):
+        # A stream leader being elected (a server killed) answers 503 for a few seconds: read again, not fail.
+        rows = await until_answered(
+            lambda: read_stream(self.js, subjects.JOBS_STREAM, seq + 1), "replaying the job stream", REPLAY_WAIT_S
+        )
+        for at, data, headers in rows:
             try:
                 event = parse_job_event(data)
             except ValidationError:
