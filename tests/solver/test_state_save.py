@@ -166,3 +166,27 @@ async def test_reading_the_hot_view_waits_out_a_stream_leader_election(
     monkeypatch.setattr(ledger_module, "read_stream", electing)
     listed = (await hot_index(js)).get("w")
     assert len(calls) == 2 and listed is not None and listed.state == "RUNNING"
+
+
+async def test_a_save_between_reading_the_records_and_the_saved_sequence_leaves_no_finished_job_holding(
+    nc: Client, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A follower replica listed a live record, the owner then archived the job, purged its key and saved a sequence
+    past its end, and the follower read that sequence: it never folded the end and held the finished job's GPUs
+    (the multi-host CI run: "holder ... does not fit the topology model: GPUs ... are already held")."""
+    js, owner = await owner_of(nc)
+    await running(owner, "z", 7)
+    await owner.save(flush=True)  # its live record in the bucket
+    await owner.commit(finished("z"))
+    real = ledger_module.latest_values
+
+    async def listed_then_saved(js_: JetStreamContext, bucket: str, *args: object, **kwargs: object) -> list[bytes]:
+        out = await real(js_, bucket, *args, **kwargs)  # type: ignore[arg-type]
+        if bucket == subjects.JOBS_KV:
+            await owner.save(flush=True)  # archives z, purges its key, saves the sequence past its end
+        return out
+
+    monkeypatch.setattr(ledger_module, "latest_values", listed_then_saved)
+    index = await hot_index(js)
+    z = index.get("z")
+    assert "z" not in index.holders and z is not None and z.state == "SUCCEEDED"

@@ -214,11 +214,14 @@ async def hot_index(js: JetStreamContext, *, keep_finished: bool = True, timeout
 
 
 async def _hot_index(js: JetStreamContext, keep_finished: bool) -> JobIndex:
+    # The saved sequence before the records: a save between the two reads may archive a job and purge its key after
+    # the listing saw its live record, and a sequence read after that save would skip the event that ended it (a
+    # follower replica then held a finished job's GPUs). Read first, it can only make the replay longer.
+    start = await projected_seq(await js.key_value(subjects.SOLVER_STATE_KV))
     index = JobIndex.of(
         (JobRecord.model_validate_json(v) for v in await latest_values(js, subjects.JOBS_KV)),
         keep_finished=keep_finished,
     )
-    start = await projected_seq(await js.key_value(subjects.SOLVER_STATE_KV))
     index.last_seq = max(index.last_seq, start)
     for at, data, headers in await read_stream(js, subjects.JOBS_STREAM, start + 1):
         try:
