@@ -12,11 +12,16 @@ no dead letter, every service alive, every job record equal to a replay of its e
 
 from __future__ import annotations
 
+import contextlib
 import json
+import uuid
 from dataclasses import asdict
 from pathlib import Path
 
 import pytest
+from nats.aio.client import Client
+from nats.js.api import StreamConfig, StreamSource
+from oneplus_bus.fencing import EPOCH_HEADER
 from oneplus_contracts import (
     Allocation,
     JobEvent,
@@ -31,6 +36,7 @@ from oneplus_testing import FAULTS
 
 from oneplus.testing.chaos import (
     FENCED_WRITES,
+    WITNESS_PREFIX,
     ChaosConfig,
     ChaosRun,
     Witnessed,
@@ -38,6 +44,7 @@ from oneplus.testing.chaos import (
     check_heartbeats,
     deposed_writes,
     gpu_holds,
+    read_witness,
     render,
 )
 
@@ -149,3 +156,23 @@ def test_writes_under_an_older_epoch_after_a_newer_one_are_found() -> None:
     assert len([f for f in found if "seq 4 " in f]) == 2, found  # out of order, and after the lease passed
     assert any("KV_jobs seq 2 " in f and "after the lease passed" in f for f in found), found
     assert deposed_writes({"ONEPLUS_JOBS": by_stream["ONEPLUS_JOBS"][:3]}, {5: 9.0, 9: 19.0}) == []
+
+
+async def test_the_witness_reads_a_mirror_that_missed_writes_purged_at_the_end_of_its_stream(bus: Client) -> None:
+    """The owner purges an archived job's key; when that was the stream's last write and the mirror was cut off
+    then, the mirror never gets it: the witness waits for what the stream still holds, not for its last_seq (a
+    multi-host CI run: 'the mirror of KV_jobs did not catch up with it (sequence 107)')."""
+    js = bus.jetstream()
+    stream = f"WITNESSED_{uuid.uuid4().hex[:8]}"
+    await js.add_stream(StreamConfig(name=stream, subjects=[f"{stream}.>"]))
+    try:
+        for key in ("a", "b", "c"):
+            await js.publish(f"{stream}.{key}", b"1", headers={EPOCH_HEADER: "3"})
+        await js.purge_stream(stream, subject=f"{stream}.c")  # the last write, gone before the mirror copies it
+        await js.add_stream(StreamConfig(name=WITNESS_PREFIX + stream, mirror=StreamSource(name=stream)))
+        seen = await read_witness(js, stream, timeout=5.0)
+        assert [(w.seq, w.subject, w.epoch) for w in seen] == [(1, f"{stream}.a", 3), (2, f"{stream}.b", 3)]
+    finally:
+        for name in (stream, WITNESS_PREFIX + stream):
+            with contextlib.suppress(Exception):
+                await js.delete_stream(name)

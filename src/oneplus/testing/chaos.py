@@ -40,6 +40,7 @@ import typer
 from nats.aio.client import Client
 from nats.js import JetStreamContext
 from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy, StorageType, StreamConfig, StreamSource
+from nats.js.errors import NotFoundError
 from oneplus_bus.fencing import EPOCH_HEADER, FENCED_STREAMS, SOLVER_STATE_STREAM, is_fence
 from oneplus_bus.settings import nats_servers
 from oneplus_contracts import (
@@ -846,8 +847,9 @@ WITNESS_PREFIX = "CHAOS_WITNESS_"
 
 async def start_witness(js: JetStreamContext) -> None:
     """Mirror every stream the job owner writes, kept whole: the `jobs` bucket purges archived jobs' keys and keeps
-    5 revisions a key, `solver_state` one; a mirror keeps every write that landed, with its headers. As many
-    copies as the stream it mirrors (on a cluster, the loss of one server loses no witness)."""
+    5 revisions a key, `solver_state` one; a mirror keeps every write it copied, with its headers (a write purged
+    from the source before the mirror copied it, while the mirror was cut off, is not witnessed). As many copies as
+    the stream it mirrors (on a cluster, the loss of one server loses no witness)."""
     for stream in FENCED_STREAMS:
         replicas = (await js.stream_info(stream)).config.num_replicas or 1
         await js.add_stream(
@@ -871,11 +873,11 @@ class Witnessed:
 async def read_witness(js: JetStreamContext, stream: str, timeout: float = 30.0) -> list[Witnessed]:
     """Every write the mirror of `stream` holds, in order, once it has caught up with `stream`."""
     mirror = WITNESS_PREFIX + stream
-    want = int((await js.stream_info(stream)).state.last_seq or 0)
+    want = await last_held_seq(js, stream)
     deadline = time.monotonic() + timeout
-    while int((await js.stream_info(mirror)).state.last_seq or 0) < want:
+    while (got := int((await js.stream_info(mirror)).state.last_seq or 0)) < want:
         if time.monotonic() > deadline:
-            raise TimeoutError(f"the mirror of {stream} did not catch up with it (sequence {want})")
+            raise TimeoutError(f"the mirror of {stream} did not catch up with it: sequence {got} of {want}")
         await asyncio.sleep(0.2)
     info = await js.add_consumer(
         mirror, config=ConsumerConfig(ack_policy=AckPolicy.NONE, mem_storage=True, inactive_threshold=30.0)
@@ -893,6 +895,20 @@ async def read_witness(js: JetStreamContext, stream: str, timeout: float = 30.0)
     finally:
         await sub.unsubscribe()
     return out
+
+
+async def last_held_seq(js: JetStreamContext, stream: str) -> int:
+    """The last sequence `stream` still holds: its last_seq counts writes purged since, which a mirror that was cut
+    off when they were purged never receives (the owner purges an archived job's key from the `jobs` bucket)."""
+    state = (await js.stream_info(stream)).state
+    first, seq = int(state.first_seq or 0), int(state.last_seq or 0)
+    while seq >= max(first, 1):
+        try:
+            await js.get_msg(stream, seq)
+            return seq
+        except NotFoundError:
+            seq -= 1
+    return 0
 
 
 def deposed_writes(by_stream: dict[str, list[Witnessed]], lease_at: dict[int, float]) -> list[str]:
