@@ -76,6 +76,8 @@ async def test_metrics_after_a_cycle(nc: Client, servers: Servers, cluster_name:
         assert value(solver, "oneplus_node_gpus", node="n1", leaf="leaf-0", state="free") == 8
         assert solver.metrics.capacity(solver.capacity.state(), time.monotonic() + 0.5) is False  # once a second
         assert solver.metrics.capacity(solver.capacity.state(), force=True)
+        # Unchanged holds a second later: the walk over every node is skipped, the gauges stay as they are.
+        assert solver.metrics.capacity(solver.capacity.state(), time.monotonic() + 2.0) is False
         by_node = {
             n: {
                 st: value(solver, "oneplus_node_gpus", node=n, leaf="leaf-0", state=st)
@@ -91,6 +93,12 @@ async def test_metrics_after_a_cycle(nc: Client, servers: Servers, cluster_name:
         part_node = next(n for n, d in by_node.items() if d["allocated"] == 4)
         domain = {"node": part_node, "domain": f"{part_node}/nvl0"}
         assert value(solver, "oneplus_nvlink_domain_gpus", **domain, state="fragmented") == 4
+
+        # A release changes the holds: the next second's pass recomputes.
+        released = next(iter(solver.capacity.held))
+        solver.capacity.release(released)
+        assert solver.metrics.capacity(solver.capacity.state(), time.monotonic() + 4.0)
+        assert value(solver, "oneplus_leaf_gpus", leaf="leaf-0", state="allocated") < 12
 
         # Two 8-GPU ranks: one node cannot hold them, one leaf can.
         assert solver.metrics.tightest_level(solver.capacity.state().layout, 2, 8) == "leaf"

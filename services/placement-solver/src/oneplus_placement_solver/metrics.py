@@ -25,6 +25,8 @@ if TYPE_CHECKING:
 LEVELS = ("node", "leaf", "spine", "cluster")
 GPU_STATES = ("allocated", "free", "fragmented", "unavailable")
 CAPACITY_EVERY_S = 1.0
+# What the capacity gauges were last computed from: the layout and each node's whole, shared and free GPU masks.
+Seen = tuple[Layout, tuple[int, ...], tuple[int, ...], tuple[int, ...]]
 WAIT_BUCKETS = (0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600, 1800, 3600, 7200, 21600, 86400)
 CYCLE_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10)
 _GPU_STATE_HELP = (
@@ -134,6 +136,7 @@ class SolverMetrics:
         # are some 4,000 series, and setting them all stalled the solver's loop ~10 ms every second).
         self._capacity_values: dict[str, dict[tuple[str, ...], int]] = {"node": {}, "leaf": {}, "domain": {}}
         self._capacity_at = 0.0
+        self._capacity_seen: Seen | None = None
         self._tightest: dict[tuple[int, int, int], str] = {}
         self._tightest_layout: Layout | None = None
 
@@ -177,11 +180,17 @@ class SolverMetrics:
 
     # -- at most once a second -------------------------------------------------------------------------------------
     def capacity(self, state: Holdings, now: float | None = None, *, force: bool = False) -> bool:
-        """Recompute the per-node, per-leaf and per-NVLink-domain gauges if a second has passed; True if it did."""
+        """Recompute the per-node, per-leaf and per-NVLink-domain gauges if a second has passed and the holds or free
+        GPUs changed since; True if it did."""
         now = time.monotonic() if now is None else now
         if not force and now - self._capacity_at < CAPACITY_EVERY_S:
             return False
         self._capacity_at = now
+        # Idle at 4,096 nodes the walk below was half the solver's CPU, once a second, to set the same values again.
+        seen = (state.layout, tuple(state.whole), tuple(state.share_mask), tuple(state.free))
+        if not force and self._capacity_seen is not None and _same_holdings(seen, self._capacity_seen):
+            return False
+        self._capacity_seen = seen
         layout = state.layout
         nodes: dict[tuple[str, ...], int] = {}
         leaves: dict[tuple[str, ...], int] = {}
@@ -218,6 +227,11 @@ class SolverMetrics:
             if before.get(key) != n:
                 gauge.labels(*key).set(n)
         self._capacity_values[kind] = dict(values)
+
+
+def _same_holdings(a: Seen, b: Seen) -> bool:
+    """The same layout object (a rebuilt one may differ in nodes) and the same per-node masks."""
+    return a[0] is b[0] and a[1:] == b[1:]
 
 
 def _counts(held: int, free: int, unavailable: int) -> tuple[int, int, int, int]:

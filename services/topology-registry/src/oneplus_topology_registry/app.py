@@ -178,7 +178,8 @@ class Registry:
             await self.publish(subjects.node_lost(rec.topology.node), body.encode())
 
     def status(self, rec: NodeRecord) -> NodeRecord:
-        return rec.model_copy(update={"status": status_of(rec, self.clock(), self.settings.lost_after_s)})
+        status = status_of(rec, self.clock(), self.settings.lost_after_s)
+        return rec if status == rec.status else rec.model_copy(update={"status": status})
 
     async def on_topology(self, topo: NodeTopology) -> None:
         await self.ready.wait()

@@ -22,16 +22,21 @@ def apply_heartbeat(rec: NodeRecord, hb: NodeHeartbeat) -> NodeRecord:
     by_index = {g.index: g for g in hb.gpus}
     gpus = []
     unhealthy: list[int] = []
+    changed = False
     for g in rec.topology.gpus:
         h = by_index.get(g.index)
         if h is None:
             gpus.append(g)
             continue
         active = h.nvlinks_active if h.nvlinks_active is not None else g.nvlinks_active
-        gpus.append(g.model_copy(update={"healthy": h.healthy, "health_reason": h.reason, "nvlinks_active": active}))
+        if (g.healthy, g.health_reason, g.nvlinks_active) != (h.healthy, h.reason, active):
+            g = g.model_copy(update={"healthy": h.healthy, "health_reason": h.reason, "nvlinks_active": active})
+            changed = True
+        gpus.append(g)
         if not h.healthy:
             unhealthy.append(g.index)
-    topo = rec.topology.model_copy(update={"gpus": gpus})
+    # The same board when no GPU changed: most heartbeats, which then cost no copy and compare by identity.
+    topo = rec.topology.model_copy(update={"gpus": gpus}) if changed else rec.topology
     return rec.model_copy(
         update={
             "topology": topo,
@@ -49,7 +54,10 @@ def summary_changed(a: NodeRecord, b: NodeRecord) -> bool:
         a.status != b.status
         or a.unhealthy_gpus != b.unhealthy_gpus
         or a.engine_ok != b.engine_ok
-        or [g.nvlinks_active for g in a.topology.gpus] != [g.nvlinks_active for g in b.topology.gpus]
+        or (
+            a.topology is not b.topology
+            and [g.nvlinks_active for g in a.topology.gpus] != [g.nvlinks_active for g in b.topology.gpus]
+        )
         or a.cordoned != b.cordoned
         or a.draining != b.draining
     )
@@ -58,7 +66,12 @@ def summary_changed(a: NodeRecord, b: NodeRecord) -> bool:
 def record_changed(a: NodeRecord, b: NodeRecord) -> bool:
     """Whether the stored record must be rewritten: anything but the heartbeat's time (status, health, flags,
     topology). A heartbeat that changes nothing else updates the registry's memory only."""
-    return a.model_copy(update={"last_heartbeat": 0.0}) != b.model_copy(update={"last_heartbeat": 0.0})
+    # Field by field, the same object first: a heartbeat keeps the board it found, so the deep compare of every
+    # GPU and link (4,096 nodes' heartbeats, the registry's largest cost) runs only when the board was replaced.
+    da, db = a.__dict__, b.__dict__
+    return da.keys() != db.keys() or any(
+        name != "last_heartbeat" and value is not db[name] and value != db[name] for name, value in da.items()
+    )
 
 
 def heartbeat_due(stored: float, last_heartbeat: float, every_s: float) -> bool:
