@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from oneplus_contracts import Allocation, NodeHeartbeat, NodeRecord, RankPlacement, RankReport
+from oneplus_contracts import Allocation, GpuHealth, NodeHeartbeat, NodeRecord, RankPlacement, RankReport
 from oneplus_placement.live import LiveCapacity
-from oneplus_placement.reports import NodeReports
+from oneplus_placement.reports import HeartbeatRanks, NodeReports
 from oneplus_topology.presets import load_preset
 
 
@@ -79,3 +79,16 @@ def test_blocked_gpus_are_not_offered_on_the_cycles_copy_only() -> None:
     state.block("gone", [0])
     assert state.total_free_gpus() == before - 2
     assert cap.copy().total_free_gpus() == before
+
+
+def test_the_solver_reads_the_ranks_of_a_whole_heartbeat_and_passes_over_its_gpu_health() -> None:
+    whole = hb("n0", 5.0, ("a", 3, [0, 1])).model_copy(
+        update={"gpus": [GpuHealth(index=0, healthy=False, reason="Xid 79")], "running": ["a"], "engine_ok": False}
+    )
+    slim = HeartbeatRanks.model_validate_json(whole.model_dump_json())
+    assert (slim.node, slim.ts, slim.ranks) == ("n0", 5.0, whole.ranks)
+    by_slim, by_whole = NodeReports(), NodeReports()
+    by_slim.report(slim)
+    by_whole.report(whole)
+    assert by_slim.ranks == by_whole.ranks == {"n0": {"a": (3, (0, 1))}}
+    assert by_slim.lingering({}) == {"n0": {0, 1}}

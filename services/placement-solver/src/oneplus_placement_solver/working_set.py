@@ -12,9 +12,9 @@ import logging
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-from oneplus_contracts import Allocation, JobRecord, NodeHeartbeat, NodeRecord
+from oneplus_contracts import Allocation, JobRecord, NodeRecord
 from oneplus_placement.live import LiveCapacity
-from oneplus_placement.reports import NodeReports
+from oneplus_placement.reports import HeartbeatRanks, NodeReports
 from oneplus_placement.snapshot import ClusterState
 from oneplus_queueing.advance import AdvanceBook
 from oneplus_queueing.config import QueueConfig, QueueConfigError, default_config
@@ -73,7 +73,7 @@ class WorkingSet:
 
     async def on_heartbeat_msg(self, msg: Any) -> None:
         try:
-            hb = NodeHeartbeat.model_validate_json(msg.data)
+            hb = HeartbeatRanks.model_validate_json(msg.data)
         except ValueError as exc:
             log.warning("unreadable heartbeat on %s: %s", msg.subject, exc)
             return

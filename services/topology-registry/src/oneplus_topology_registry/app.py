@@ -205,9 +205,12 @@ class Registry:
         await self.commit(self.status(apply_heartbeat(before, hb)), before, "heartbeat")
 
     async def check_lost(self) -> None:
-        """One pass of the loss detector, over memory."""
+        """One pass of the loss detector, over memory: only time moves a status between commits, so only a node
+        silent past the threshold and not yet lost is looked at (every node each second was 0.01 of a core at
+        4,096 nodes)."""
         now = self.clock()
-        for rec in list(self.records.values()):
+        silent_since = now - self.settings.lost_after_s
+        for rec in [r for r in self.records.values() if 0 < r.last_heartbeat < silent_since and r.status != "lost"]:
             status = status_of(rec, now, self.settings.lost_after_s)
             if status != rec.status:
                 log.warning("node %s: %s -> %s", rec.topology.node, rec.status, status)
