@@ -108,6 +108,29 @@ def test_preemption_requeues_with_the_checkpoint_and_counts_it() -> None:
     assert rec.allocation is None and rec.token is None
 
 
+def test_a_gangs_checkpoint_is_its_nodes_latest_whatever_order_their_reports_fold_in() -> None:
+    """Each node of a gang reports its own checkpoint; under load the later save can be folded first (an elastic
+    shrink's smaller gang resumed from the earlier one in a parallel test run)."""
+    start = (
+        JobAccepted(job_id="j", spec=SPEC),
+        JobPlaced(job_id="j", allocation=ALLOC, token=7),
+        JobPreempting(job_id="j", token=7, reason="for k"),
+    )
+    late_first = fold(
+        *start,
+        JobCheckpointed(job_id="j", node="b", token=7, checkpoint_ts=124.0, acknowledged=True),
+        JobCheckpointed(job_id="j", node="a", token=7, checkpoint_ts=123.0, acknowledged=True),
+        JobRequeued(job_id="j", reason="preempted"),
+    )
+    assert late_first.checkpoint_ts == 124.0
+    unacknowledged = fold(
+        *start,
+        JobCheckpointed(job_id="j", node="a", token=7, checkpoint_ts=123.0, acknowledged=True),
+        JobCheckpointed(job_id="j", node="b", token=7, checkpoint_ts=125.0, acknowledged=False),
+    )
+    assert unacknowledged.checkpoint_ts == 123.0  # a save the job did not acknowledge is no checkpoint
+
+
 def test_cancel_request_is_remembered_on_the_record() -> None:
     rec = fold(JobAccepted(job_id="j", spec=SPEC), JobCancelRequested(job_id="j", by="ann"))
     assert rec.cancel_requested and rec.state == "ACCEPTED"

@@ -146,8 +146,11 @@ def apply_event(rec: JobRecord | None, event: JobEvent) -> JobRecord:
             r = _require(rec, event, "PREEMPTING", "RUNNING", "CHECKPOINTED")
             _token_matches(r, event.token, event)
             state = "CHECKPOINTED" if r.state in ("PREEMPTING", "CHECKPOINTED") else r.state
-            # Without the job's acknowledgement there is no new checkpoint: the last one stands.
-            ck = event.checkpoint_ts if event.acknowledged else r.checkpoint_ts
+            # Without the job's acknowledgement there is no new checkpoint: the last one stands. A gang's nodes report
+            # theirs in any order: a node that saved earlier, folded later, does not set the checkpoint back.
+            ck = r.checkpoint_ts
+            if event.acknowledged:
+                ck = event.checkpoint_ts if ck is None else max(ck, event.checkpoint_ts)
             return r.model_copy(update={"state": state, "checkpoint_ts": ck, "updated_ts": event.ts})
         case JobRequeued():
             r = _require(rec, event, "PREEMPTING", "CHECKPOINTED", "PLACED", "STARTING", "RUNNING")
