@@ -6,6 +6,7 @@ import json
 from dataclasses import dataclass, field
 from typing import Any
 
+from nats.aio.client import Client
 from oneplus_contracts import (
     Allocation,
     IllegalTransition,
@@ -14,11 +15,13 @@ from oneplus_contracts import (
     JobPlaced,
     JobRecord,
     JobSpec,
+    LaunchBatch,
     LaunchRanks,
     NodeHeartbeat,
     RankPlacement,
     RankResources,
     apply_event,
+    subjects,
 )
 from oneplus_node_executor.node import NodeExecutor
 from oneplus_node_executor.runtime.base import Runtime
@@ -158,3 +161,16 @@ async def placed(svc: Service, store: Store, job_id: str, job: JobSpec, token: i
 
 def dumps(obj: Any) -> str:
     return json.dumps(obj, sort_keys=True)
+
+
+async def send_launch_batch(nc: Client, node: str, cmds: list[LaunchRanks]) -> LaunchBatch:
+    """The node's launches as one `LaunchBatch` on its `launch` subject, as the solver's binder sends them: one
+    append, deduplicated by the batch's id."""
+    batch = LaunchBatch.of(cmds)
+    await nc.jetstream().publish(
+        subjects.node_command(node, "launch"),
+        batch.model_dump_json().encode(),
+        headers={"Nats-Msg-Id": batch.command_id},
+        stream=subjects.COMMANDS_STREAM,
+    )
+    return batch

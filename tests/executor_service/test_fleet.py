@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from executor_fakes import send_launch_batch
 from nats.aio.client import Client
 from nats.aio.msg import Msg
 from oneplus_bus.settings import BusSettings
@@ -22,7 +23,6 @@ from oneplus_contracts import (
     Allocation,
     FactOutcome,
     JobSpec,
-    LaunchBatch,
     LaunchRanks,
     NodeHeartbeat,
     RankPlacement,
@@ -198,21 +198,13 @@ async def test_a_batch_of_launches_for_one_node_runs_them_all_from_one_message(
         cmd = launch(f"fb-{i}", node, token)
         cmds.append(cmd.model_copy(update={"ranks": alloc.ranks}))
     watched = [await facts_of(nc, f"fb-{i}") for i in range(3)]
-    batch = LaunchBatch.of(cmds)
-    js = nc.jetstream()
-    # On the node's `launch` subject, as the solver sends it: one append for the three.
-    await js.publish(
-        subjects.node_command(node, "launch"),
-        batch.model_dump_json().encode(),
-        headers={"Nats-Msg-Id": batch.command_id},
-        stream=subjects.COMMANDS_STREAM,
-    )
+    await send_launch_batch(nc, node, cmds)  # one append for the three
     await until(lambda: all(any(f["type"] == "node_finished" for f in got) for got, _ in watched))
     for (got, sub), cmd in zip(watched, cmds, strict=True):
         await sub.unsubscribe()  # type: ignore[attr-defined]
         assert [f["type"] for f in got] == ["starting", "running", "node_finished"], cmd.job_id
         assert all(f["token"] == cmd.token and f["node"] == node for f in got)
-    info = await js.consumer_info(subjects.COMMANDS_STREAM, "fleet-test")
+    info = await nc.jetstream().consumer_info(subjects.COMMANDS_STREAM, "fleet-test")
     assert info.num_ack_pending == 0 and info.num_pending == 0  # acknowledged once all three were handled
 
 

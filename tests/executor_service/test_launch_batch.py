@@ -9,7 +9,7 @@ import time
 from pathlib import Path
 
 import pytest
-from executor_fakes import NODE, Service, Store, executor, placed, spec
+from executor_fakes import NODE, Service, Store, executor, placed, send_launch_batch, spec
 from nats.aio.client import Client
 from nats.aio.msg import Msg
 from oneplus_bus.settings import BusSettings
@@ -133,14 +133,8 @@ async def test_the_executor_service_runs_a_batch_off_the_commands_stream_and_ack
                     traceparent=f"00-{i + 1:032x}-{i + 1:016x}-01",
                 )
             )
-        batch = LaunchBatch.of(cmds)
+        await send_launch_batch(nc, node, cmds)
         js = nc.jetstream()
-        await js.publish(
-            subjects.node_command(node, "launch"),
-            batch.model_dump_json().encode(),
-            headers={"Nats-Msg-Id": batch.command_id},
-            stream=subjects.COMMANDS_STREAM,
-        )
         await until(lambda: all("node_finished" in got.get(c.job_id, []) for c in cmds), timeout=20)
         assert {c.job_id: got[c.job_id] for c in cmds} == {
             c.job_id: ["starting", "running", "node_finished"] for c in cmds
