@@ -19,7 +19,15 @@ import pytest
 import redis.asyncio as aioredis
 from nats.aio.client import Client
 from oneplus_reservations import ReservationStore
-from oneplus_testing import Servers, give_items_their_own_ids, parallel_refusal, planned_workers, wipe_bus
+from oneplus_testing import (
+    Servers,
+    give_items_their_own_ids,
+    group_by_module,
+    parallel_refusal,
+    planned_workers,
+    put_groups_in_ids,
+    wipe_bus,
+)
 
 from oneplus.devstack import EmbeddedServers
 
@@ -31,8 +39,12 @@ def pytest_configure(config: pytest.Config) -> None:
         raise pytest.UsageError(why)
 
 
-def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+@pytest.hookimpl(tryfirst=True)
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     give_items_their_own_ids(items)  # before pytest-xdist reads the ids: it runs one test per id
+    if getattr(config.option, "loadgroup", False):  # an xdist worker under --dist loadgroup (a serial run keeps ids)
+        group_by_module(items)
+        put_groups_in_ids(items)
 
 
 @pytest.fixture(scope="session", autouse=True)

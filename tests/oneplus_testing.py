@@ -7,14 +7,17 @@ import contextlib
 from collections.abc import Callable, Mapping, Sequence
 
 import pytest
+from _pytest.nodeid import NodeId
 from nats.aio.client import Client
 from nats.js.errors import BucketNotFoundError, NotFoundError
 from oneplus_contracts import subjects
 
-# Tests that kill or pause processes and give the platform seconds to recover: under `--dist loadgroup` (what
-# `task test` runs) they all go to one pytest-xdist worker, one after another, so that no two of them share the
-# machine's cores at once; the other worker runs lighter tests beside them.
+# Tests that kill or pause the platform's processes and give it seconds to recover: under `--dist loadgroup` they
+# all go to one pytest-xdist worker, one after another, so that no two of them share the machine's cores at once.
 FAULTS = pytest.mark.xdist_group("faults")
+# Tests that stop a server the platform depends on (the container engine, a Redis primary) and time the recovery:
+# one after another on one worker too, but beside the platform faults above (each worker has its own servers).
+DEPENDENCY_FAULTS = pytest.mark.xdist_group("dependency-faults")
 
 
 class Servers:
@@ -48,6 +51,27 @@ def parallel_refusal(workers: int, env: Mapping[str, str]) -> str | None:
         "would wipe each other; run serially against shared servers (`uv run task test`, or -n 0), or unset "
         "NATS_URL and REDIS_URL so that each worker starts its own"
     )
+
+
+def group_by_module(items: Sequence[pytest.Item]) -> None:
+    """Tests without an xdist group get their module's: under `--dist loadgroup` a module then runs on one worker,
+    so its module-scoped platform starts once, not once a worker, and tests that read what the module's earlier ones
+    left (the intake's counters in test_queues_apply.py) see it."""
+    for item in items:
+        if item.get_closest_marker("xdist_group") is None:
+            module = getattr(item, "module", None)  # its name: unique in a run, whatever the rootdir
+            item.add_marker(pytest.mark.xdist_group(module.__name__ if module is not None else str(item.path)))
+
+
+def put_groups_in_ids(items: Sequence[pytest.Item]) -> None:
+    """What pytest-xdist 3.8's worker does for `--dist loadgroup`, done so that pytest 9.2 keeps it: the item's
+    groups after an `@` in its id, which the scheduler reads. xdist sets `item._nodeid`, which pytest 9.2 no longer
+    reads (the id comes from `item._id`): every group was ignored and the fault tests ran side by side."""
+    for item in items:
+        groups = sorted({str(m.args[0] if m.args else m.kwargs.get("name", "default")) for m in item.iter_markers(
+            "xdist_group")})  # fmt: skip
+        if groups and "@" not in item.nodeid:
+            item._id = NodeId.parse(f"{item.nodeid}@{'_'.join(groups)}")  # no public setter exists
 
 
 def give_items_their_own_ids(items: Sequence[pytest.Item]) -> None:

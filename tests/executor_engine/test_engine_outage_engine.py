@@ -9,9 +9,9 @@ import pytest
 from executor_engine_support import EngineControl, launch, new_job_id, private_podman
 from oneplus_node_executor.runtime.base import EngineUnavailable
 from oneplus_node_executor.runtime.docker import DockerRuntime
-from oneplus_testing import FAULTS
+from oneplus_testing import DEPENDENCY_FAULTS
 
-pytestmark = [pytest.mark.engine, FAULTS]
+pytestmark = [pytest.mark.engine, DEPENDENCY_FAULTS]
 
 
 @pytest.fixture

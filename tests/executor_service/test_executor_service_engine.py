@@ -22,7 +22,7 @@ import redis.asyncio as aioredis
 from oneplus_contracts import NODE_COMMAND_ADAPTER, JobRecord, JobSpec, LaunchRanks, NodeHeartbeat, subjects
 from oneplus_node_executor.runtime.cpuset import format_cpu_list, parse_cpu_list
 from oneplus_reservations import ReservationStore
-from oneplus_testing import FAULTS, Servers, wipe_bus
+from oneplus_testing import DEPENDENCY_FAULTS, Servers, wipe_bus
 from oneplus_topology.presets import load_preset
 from platform_fixture import job_history, wait_terminal
 from typer.testing import CliRunner
@@ -32,7 +32,7 @@ from oneplus.client import OnePlusClient
 from oneplus.demo import wait_for_platform
 from oneplus.devstack import PREEMPT_AT_ONCE, Platform, SimNode, queue_config_env, spawn
 
-pytestmark = [pytest.mark.engine, pytest.mark.e2e, FAULTS]
+pytestmark = [pytest.mark.engine, pytest.mark.e2e, DEPENDENCY_FAULTS]
 
 EngineControl = Callable[[], Coroutine[Any, Any, None]]
 PRESET = "h100_sxm_8gpu_nvswitch_nv18"

@@ -39,7 +39,7 @@ from oneplus_reservations import (
     check_history,
     parse_sentinels,
 )
-from oneplus_testing import FAULTS, Servers
+from oneplus_testing import DEPENDENCY_FAULTS, Servers
 from oneplus_topology.presets import load_preset
 from redis.asyncio.sentinel import MasterNotFoundError
 from redis.exceptions import RedisError
@@ -360,7 +360,7 @@ async def _reserve_until_placed(store: ReservationStore, job: str, a: Allocation
 
 
 @pytest.mark.e2e
-@FAULTS
+@DEPENDENCY_FAULTS
 @pytest.mark.timeout(180)
 async def test_the_store_follows_a_sentinel_failover_and_never_goes_back(
     cluster: SentinelCluster, store: ReservationStore
@@ -441,7 +441,7 @@ async def test_the_store_follows_a_sentinel_failover_and_never_goes_back(
 
 
 @pytest.mark.e2e
-@FAULTS
+@DEPENDENCY_FAULTS
 @pytest.mark.timeout(180)
 async def test_a_commit_refused_by_a_replaced_primary_sends_the_next_to_the_new_one(tmp_path: Path) -> None:
     """A primary the sentinels replaced while it stayed up (a forced failover, or a false one on a loaded host) still
@@ -511,7 +511,7 @@ def spec(i: int, gpus: int = 4) -> JobSpec:
 
 
 @pytest.mark.e2e
-@FAULTS
+@DEPENDENCY_FAULTS
 @pytest.mark.timeout(180)
 async def test_the_solver_places_again_after_a_failover_and_no_gpu_is_held_twice(
     nc: Client, servers: Servers, cluster_name: str, tmp_path: Path

@@ -89,6 +89,28 @@ class _Item:
         return str(self._id)
 
 
+def test_a_modules_tests_run_on_one_worker_and_a_group_mark_still_wins(tmp_path: Path) -> None:
+    """--dist loadgroup: a module's tests without a group share one worker (its module-scoped platform starts once,
+    and a test reading what an earlier one left finds it); `xdist_group` marks keep their own group."""
+    for name in ("alpha", "beta"):
+        (tmp_path / f"test_{name}.py").write_text(
+            "import pytest\n"
+            "from pathlib import Path\n"
+            "@pytest.mark.parametrize('i', range(6))\n"
+            f"def test_{name}(i, worker_id):\n"  # outside the rootdir an id has no file part: names must differ
+            f"    Path({str(tmp_path)!r}, '{name}-' + str(i)).write_text(worker_id)\n"
+            "@pytest.mark.xdist_group('faults')\n"
+            f"def test_{name}_fault(worker_id):\n"
+            f"    Path({str(tmp_path)!r}, 'fault-{name}').write_text(worker_id)\n"
+        )
+    done = run_pytest(["-n", "2", "--dist", "loadgroup", "-q", "test_alpha.py", "test_beta.py"], tmp_path)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "14 passed" in done.stdout, done.stdout
+    for name in ("alpha", "beta"):
+        assert len({(tmp_path / f"{name}-{i}").read_text() for i in range(6)}) == 1, name
+    assert (tmp_path / "fault-alpha").read_text() == (tmp_path / "fault-beta").read_text()
+
+
 def test_an_item_whose_id_lost_its_brackets_gets_them_back_and_xdist_sees_every_case() -> None:
     """schemathesis's per-operation items on pytest 9.2: the operation is in the name only, not in the id."""
     cases = [_Item(f"test_fuzz[{op}]", "t.py::test_fuzz") for op in ("GET /v1/jobs", "POST /v1/jobs")]
