@@ -65,17 +65,23 @@ async def test_after_idle_timeouts_a_lone_fact_still_comes_at_once(nc: Client) -
     await js.delete_stream(name)
 
 
-async def test_every_fact_waiting_comes_in_one_batch_in_order(nc: Client) -> None:
+async def test_the_facts_waiting_come_in_batches_of_at_most_fact_batch_in_order(nc: Client) -> None:
+    """On a quiet machine the first batch is the first FACT_BATCH facts and the second the 10 after. Under load (the
+    parallel suite, the other worker busy) the rest of a batch can take longer than REST_OF_BATCH_S to arrive: the
+    owner folds what came and the next fetch brings the others, in order, none lost and none twice."""
     name, sub = await puller(nc)
     js = nc.jetstream()
     for i in range(FACT_BATCH + 10):
         await js.publish(f"{name.lower()}.{i}", str(i).encode())
-    first = await fetch_batch(sub, timeout=2.0)  # type: ignore[arg-type]
-    assert [int(m.data) for m in first] == list(range(FACT_BATCH))
-    for m in first:
-        await m.ack()
-    rest = await fetch_batch(sub, timeout=2.0)  # type: ignore[arg-type]
-    assert [int(m.data) for m in rest] == list(range(FACT_BATCH, FACT_BATCH + 10))
+    batches: list[list[int]] = []
+    while sum(map(len, batches)) < FACT_BATCH + 10:
+        got = await fetch_batch(sub, timeout=2.0)  # type: ignore[arg-type]
+        batches.append([int(m.data) for m in got])
+        for m in got:
+            await m.ack()
+    assert [i for batch in batches for i in batch] == list(range(FACT_BATCH + 10))
+    assert all(len(batch) <= FACT_BATCH for batch in batches), [len(b) for b in batches]
+    assert len(batches[0]) > 1, "the facts pending behind the first came with it"
     await js.delete_stream(name)
 
 
