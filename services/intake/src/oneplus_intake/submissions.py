@@ -166,7 +166,8 @@ class Intake:
         return rec if rec is not None else await JobArchive(self.svc.js).get(job_id)
 
     async def recorded(self, job_id: str) -> JobRecord | None:
-        """The job's record read from the bucket now, not from the followed copy (which may lag the owner)."""
+        """The job's record as the owner has it now: its saved record and the job events after it (`JobLedger.get`),
+        not the followed copy, which may lag the owner."""
         rec, _ = await self.svc.ledger.get(job_id)
         return rec
 
