@@ -25,8 +25,6 @@ if TYPE_CHECKING:
 LEVELS = ("node", "leaf", "spine", "cluster")
 GPU_STATES = ("allocated", "free", "fragmented", "unavailable")
 CAPACITY_EVERY_S = 1.0
-# What the capacity gauges were last computed from: the layout and each node's whole, shared and free GPU masks.
-Seen = tuple[Layout, tuple[int, ...], tuple[int, ...], tuple[int, ...]]
 WAIT_BUCKETS = (0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600, 1800, 3600, 7200, 21600, 86400)
 CYCLE_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10)
 _GPU_STATE_HELP = (
@@ -136,7 +134,9 @@ class SolverMetrics:
         # are some 4,000 series, and setting them all stalled the solver's loop ~10 ms every second).
         self._capacity_values: dict[str, dict[tuple[str, ...], int]] = {"node": {}, "leaf": {}, "domain": {}}
         self._capacity_at = 0.0
-        self._capacity_seen: Seen | None = None
+        # What the gauges were last computed from: the layout, and each node's whole, shared and free GPU masks.
+        self._capacity_layout: Layout | None = None
+        self._capacity_masks: tuple[tuple[int, ...], ...] = ()
         self._tightest: dict[tuple[int, int, int], str] = {}
         self._tightest_layout: Layout | None = None
 
@@ -187,10 +187,10 @@ class SolverMetrics:
             return False
         self._capacity_at = now
         # Idle at 4,096 nodes the walk below was half the solver's CPU, once a second, to set the same values again.
-        seen = (state.layout, tuple(state.whole), tuple(state.share_mask), tuple(state.free))
-        if not force and self._capacity_seen is not None and _same_holdings(seen, self._capacity_seen):
+        masks = (tuple(state.whole), tuple(state.share_mask), tuple(state.free))
+        if not force and state.layout is self._capacity_layout and masks == self._capacity_masks:
             return False
-        self._capacity_seen = seen
+        self._capacity_layout, self._capacity_masks = state.layout, masks
         layout = state.layout
         nodes: dict[tuple[str, ...], int] = {}
         leaves: dict[tuple[str, ...], int] = {}
@@ -227,11 +227,6 @@ class SolverMetrics:
             if before.get(key) != n:
                 gauge.labels(*key).set(n)
         self._capacity_values[kind] = dict(values)
-
-
-def _same_holdings(a: Seen, b: Seen) -> bool:
-    """The same layout object (a rebuilt one may differ in nodes) and the same per-node masks."""
-    return a[0] is b[0] and a[1:] == b[1:]
 
 
 def _counts(held: int, free: int, unavailable: int) -> tuple[int, int, int, int]:

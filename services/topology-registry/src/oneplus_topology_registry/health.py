@@ -68,9 +68,10 @@ def record_changed(a: NodeRecord, b: NodeRecord) -> bool:
     topology). A heartbeat that changes nothing else updates the registry's memory only."""
     # Field by field, the same object first: a heartbeat keeps the board it found, so the deep compare of every
     # GPU and link (4,096 nodes' heartbeats, the registry's largest cost) runs only when the board was replaced.
-    da, db = a.__dict__, b.__dict__
-    return da.keys() != db.keys() or any(
-        name != "last_heartbeat" and value is not db[name] and value != db[name] for name, value in da.items()
+    other = b.__dict__
+    return any(
+        name != "last_heartbeat" and value is not other[name] and value != other[name]
+        for name, value in a.__dict__.items()
     )
 
 
