@@ -14,9 +14,11 @@ from nats.aio.client import Client
 from oneplus_bus.settings import BusSettings
 from oneplus_contracts import Allocation, JobAccepted, JobSpec, NodeRecord, subjects
 from oneplus_placement_solver.app import Solver, SolverSettings, build_solver
+from oneplus_placement_solver.metrics import SolverMetrics
 from oneplus_reservations import Conflict, ReservationStore
 from oneplus_testing import Servers, wipe_bus
 from oneplus_topology.presets import load_preset
+from prometheus_client import CollectorRegistry
 
 
 def spec(name: str, gpus: int, ranks: int = 1, priority: int = 0) -> JobSpec:
@@ -51,6 +53,16 @@ async def solver_with_nodes(nc: Client, servers: Servers, cluster: str, nodes: i
     finally:
         await svc.app.stop()
         await store.wipe()
+
+
+def capacity_series(registry: CollectorRegistry) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
+    names = ("oneplus_node_gpus", "oneplus_leaf_gpus", "oneplus_nvlink_domain_gpus")
+    return {
+        (sample.name, tuple(sorted(sample.labels.items()))): sample.value
+        for family in registry.collect()
+        if family.name in names
+        for sample in family.samples
+    }
 
 
 def value(solver: Solver, name: str, **labels: str) -> float:
@@ -99,6 +111,10 @@ async def test_metrics_after_a_cycle(nc: Client, servers: Servers, cluster_name:
         solver.capacity.release(released)
         assert solver.metrics.capacity(solver.capacity.state(), time.monotonic() + 4.0)
         assert value(solver, "oneplus_leaf_gpus", leaf="leaf-0", state="allocated") < 12
+        # Only the released node was recomputed: every series equals a full recount of the same holds.
+        fresh = CollectorRegistry()
+        assert SolverMetrics(fresh).capacity(solver.capacity.state(), force=True)
+        assert capacity_series(solver.svc.metrics) == capacity_series(fresh)
 
         # Two 8-GPU ranks: one node cannot hold them, one leaf can.
         assert solver.metrics.tightest_level(solver.capacity.state().layout, 2, 8) == "leaf"

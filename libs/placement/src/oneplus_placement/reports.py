@@ -41,7 +41,10 @@ class NodeReports:
         if hb.ts < self.last_ts.get(hb.node, 0.0):
             return
         self.last_ts[hb.node] = hb.ts
-        self.ranks[hb.node] = {r.job_id: (r.token, tuple(r.gpus)) for r in hb.ranks}
+        if hb.ranks:
+            self.ranks[hb.node] = {r.job_id: (r.token, tuple(r.gpus)) for r in hb.ranks}
+        else:  # kept for the nodes running something only: `lingering` walks them every cycle
+            self.ranks.pop(hb.node, None)
         # A heartbeat taken after the node reported an end no longer lists those ranks (a node reports an end only
         # once they exited): the end has nothing left to outweigh. Forgotten now, the memory follows the ranks
         # ending within a heartbeat, not every end of the last ENDED_MEMORY_S.

@@ -136,7 +136,9 @@ class SolverMetrics:
         self._capacity_at = 0.0
         # What the gauges were last computed from: the layout, and each node's whole, shared and free GPU masks.
         self._capacity_layout: Layout | None = None
-        self._capacity_masks: tuple[tuple[int, ...], ...] = ()
+        self._node_masks: list[tuple[int, int, int]] = []  # per node: whole, shared and free GPUs, as last counted
+        self._node_counts: list[tuple[int, int, int, int]] = []  # per node: its counts by GPU state
+        self._leaf_counts: dict[tuple[str, ...], int] = {}
         self._tightest: dict[tuple[int, int, int], str] = {}
         self._tightest_layout: Layout | None = None
 
@@ -180,44 +182,56 @@ class SolverMetrics:
 
     # -- at most once a second -------------------------------------------------------------------------------------
     def capacity(self, state: Holdings, now: float | None = None, *, force: bool = False) -> bool:
-        """Recompute the per-node, per-leaf and per-NVLink-domain gauges if a second has passed and the holds or free
-        GPUs changed since; True if it did."""
+        """Bring the per-node, per-leaf and per-NVLink-domain gauges up to date if a second has passed and the holds
+        or free GPUs changed since; True if any node changed. Only the nodes whose masks changed are recomputed (a
+        walk over every node each second was a sixth of the solver's CPU under load at 4,096 nodes, and idle half of
+        it); a new layout, or `force`, recomputes all."""
         now = time.monotonic() if now is None else now
         if not force and now - self._capacity_at < CAPACITY_EVERY_S:
             return False
         self._capacity_at = now
-        # Idle at 4,096 nodes the walk below was half the solver's CPU, once a second, to set the same values again.
-        masks = (tuple(state.whole), tuple(state.share_mask), tuple(state.free))
-        if not force and state.layout is self._capacity_layout and masks == self._capacity_masks:
-            return False
-        self._capacity_layout, self._capacity_masks = state.layout, masks
         layout = state.layout
-        nodes: dict[tuple[str, ...], int] = {}
-        leaves: dict[tuple[str, ...], int] = {}
-        domains: dict[tuple[str, ...], int] = {}
-        for slot in layout.slots:
-            i = slot.index
-            full = slot.shape.full
-            held = (state.whole[i] | state.share_mask[i]) & full
-            free = state.free[i]
-            unavailable = full & ~held & ~free
-            leaf = layout.leaf_names[slot.leaf]
-            counts = _counts(held, free, unavailable)
-            for st, n in zip(GPU_STATES, counts, strict=True):
-                nodes[(slot.name, leaf, st)] = n
-                leaves[(leaf, st)] = leaves.get((leaf, st), 0) + n
-            d = 0
-            for mask in slot.shape.domains:
-                if popcount(mask) < 2:
-                    continue  # a GPU without NVLink peers is no domain
-                dc = _counts(held & mask, free & mask, unavailable & mask)
-                for st, n in zip(GPU_STATES, dc, strict=True):
-                    domains[(slot.name, f"{slot.name}/nvl{d}", st)] = n
-                d += 1
-        self._publish("node", self.node_gpus, nodes)
-        self._publish("leaf", self.leaf_gpus, leaves)
-        self._publish("domain", self.domain_gpus, domains)
+        masks = list(zip(state.whole, state.share_mask, state.free, strict=True))
+        if force or layout is not self._capacity_layout:
+            nodes: dict[tuple[str, ...], int] = {}
+            domains: dict[tuple[str, ...], int] = {}
+            self._leaf_counts = {}
+            self._node_counts = []
+            for i, m in enumerate(masks):
+                counts, node_series, domain_series = _node_series(layout, i, *m)
+                nodes.update(node_series)
+                domains.update(domain_series)
+                self._node_counts.append(counts)
+                for st, n in zip(GPU_STATES, counts, strict=True):
+                    key = (layout.leaf_names[layout.slots[i].leaf], st)
+                    self._leaf_counts[key] = self._leaf_counts.get(key, 0) + n
+            self._capacity_layout, self._node_masks = layout, masks
+            self._publish("node", self.node_gpus, nodes)
+            self._publish("leaf", self.leaf_gpus, self._leaf_counts)
+            self._publish("domain", self.domain_gpus, domains)
+            return True
+        changed = [i for i, (a, b) in enumerate(zip(masks, self._node_masks, strict=True)) if a != b]
+        if not changed:
+            return False
+        for i in changed:
+            counts, node_series, domain_series = _node_series(layout, i, *masks[i])
+            self._set("node", self.node_gpus, node_series)
+            self._set("domain", self.domain_gpus, domain_series)
+            leaf = layout.leaf_names[layout.slots[i].leaf]
+            for st, before, after in zip(GPU_STATES, self._node_counts[i], counts, strict=True):
+                self._leaf_counts[(leaf, st)] += after - before
+            self._node_counts[i] = counts
+        self._node_masks = masks
+        self._publish("leaf", self.leaf_gpus, self._leaf_counts)
         return True
+
+    def _set(self, kind: str, gauge: Gauge, series: Mapping[tuple[str, ...], int]) -> None:
+        """Set the series of one node that changed (its node or domain gauges)."""
+        values = self._capacity_values[kind]
+        for key, n in series.items():
+            if values.get(key) != n:
+                gauge.labels(*key).set(n)
+                values[key] = n
 
     def _publish(self, kind: str, gauge: Gauge, values: Mapping[tuple[str, ...], int]) -> None:
         before = self._capacity_values[kind]
@@ -227,6 +241,29 @@ class SolverMetrics:
             if before.get(key) != n:
                 gauge.labels(*key).set(n)
         self._capacity_values[kind] = dict(values)
+
+
+def _node_series(
+    layout: Layout, i: int, whole: int, share: int, free: int
+) -> tuple[tuple[int, int, int, int], dict[tuple[str, ...], int], dict[tuple[str, ...], int]]:
+    """Node `i`'s counts by GPU state, and the series of its node gauge and its NVLink domains' gauge."""
+    slot = layout.slots[i]
+    full = slot.shape.full
+    held = (whole | share) & full
+    unavailable = full & ~held & ~free
+    leaf = layout.leaf_names[slot.leaf]
+    counts = _counts(held, free, unavailable)
+    node: dict[tuple[str, ...], int] = {(slot.name, leaf, st): n for st, n in zip(GPU_STATES, counts, strict=True)}
+    domains: dict[tuple[str, ...], int] = {}
+    d = 0
+    for mask in slot.shape.domains:
+        if popcount(mask) < 2:
+            continue  # a GPU without NVLink peers is no domain
+        dc = _counts(held & mask, free & mask, unavailable & mask)
+        for st, n in zip(GPU_STATES, dc, strict=True):
+            domains[(slot.name, f"{slot.name}/nvl{d}", st)] = n
+        d += 1
+    return counts, node, domains
 
 
 def _counts(held: int, free: int, unavailable: int) -> tuple[int, int, int, int]:
