@@ -6,6 +6,7 @@
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Iterable, Sequence
 
 from oneplus_contracts import Allocation, NodeRecord
@@ -29,6 +30,9 @@ __all__ = [
 ]
 
 FULL_SHARE = 1000  # a GPU's share capacity, in thousandths
+# Stamps for node changes, unique over every Holdings of the process: two copies show the same stamp on a node only if
+# they hold it as it was after that one change (`Holdings.stamps`).
+_STAMPS = itertools.count(1)
 
 
 class Holdings:
@@ -48,6 +52,9 @@ class Holdings:
     low_free: list[int]  # free GPUs per domain of the lowest site level (the same list as leaf_free when that is leaf)
     mig_held: list[frozenset[str]]  # UUIDs of the MIG instances held on each node
     gpu_mem_used: list[tuple[int, ...] | None]  # MiB of GPU memory pinned by shares, per GPU position (None: none)
+    # Per node, the stamp of its last change: what changed between two copies of one lineage (a cycle's working copy
+    # and the next cycle's) is where their stamps differ, so capacities counted on one are recounted there only.
+    stamps: list[int]
 
     def _init_empty(self, layout: Layout) -> None:
         n = len(layout.slots)
@@ -65,6 +72,7 @@ class Holdings:
         self._init_low_free()
         self.mig_held = [frozenset()] * n
         self.gpu_mem_used = [None] * n
+        self.stamps = [0] * n
         for i in range(n):
             self._refresh(i)
 
@@ -86,6 +94,7 @@ class Holdings:
             self.low_free = list(other.low_free)
         self.mig_held = list(other.mig_held)
         self.gpu_mem_used = list(other.gpu_mem_used)
+        self.stamps = list(other.stamps)
 
     def _refresh(self, i: int) -> None:
         slot = self.layout.slots[i]
@@ -97,6 +106,7 @@ class Holdings:
         if self.low_free is not self.leaf_free:
             self.low_free[self._low_of[i]] += count - self.free_count[i]
         self.free_count[i] = count
+        self.stamps[i] = next(_STAMPS)  # every change to a node ends here
 
     def _init_low_free(self) -> None:
         lowest = self.layout.levels[0] if self.layout.levels else None

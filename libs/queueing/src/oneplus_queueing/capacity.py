@@ -59,7 +59,8 @@ class Capacity:
     fgd_queues: frozenset[str] = frozenset()  # queues whose `placement` is `fgd`
     mixing_queues: frozenset[str] = frozenset()  # queues whose gangs may span GPU models (`mix_gpu_models`)
     timeslice_queues: frozenset[str] = frozenset()  # queues whose GPU shares may run unisolated (`sharing: time-slice`)
-    # Per-node capacities kept current across this state's trials: every change to `state` goes through here.
+    # Per-node capacities kept current across this state's trials: every change to `state` goes through here. The
+    # live solver hands in the same indexes every cycle, recounted where the nodes changed since (`CapacityIndexes`).
     indexes: CapacityIndexes = field(default_factory=CapacityIndexes, repr=False)
 
     @property
@@ -84,7 +85,12 @@ class Capacity:
 
     @classmethod
     def for_config(
-        cls, state: ClusterState, stats: CycleStats, config: QueueConfig, jobs: Iterable[JobSpec]
+        cls,
+        state: ClusterState,
+        stats: CycleStats,
+        config: QueueConfig,
+        jobs: Iterable[JobSpec],
+        indexes: CapacityIndexes | None = None,
     ) -> Capacity:
         """A working state placed as `config` says: board rules, and FGD for its `fgd` queues, measured on the mix
         of `jobs` (the ones the cycle sees)."""
@@ -97,6 +103,7 @@ class Capacity:
             fgd_queues=fgd_queues,
             mixing_queues=config.mixing_queues,
             timeslice_queues=config.timeslice_queues,
+            indexes=indexes if indexes is not None else CapacityIndexes(),
         )
 
     def derived(self, state: ClusterState) -> Capacity:
@@ -124,7 +131,7 @@ class Capacity:
         self.version += 1
 
     def _touched(self, alloc: Allocation) -> None:
-        self.indexes.touched(self.layout.index(n) for n in alloc.nodes)
+        self.indexes.touched((self.layout.index(n) for n in alloc.nodes), self.state)
 
     @contextmanager
     def released(self, allocs: Sequence[Allocation]) -> Iterator[None]:

@@ -26,6 +26,7 @@ from dataclasses import dataclass, field
 
 from oneplus_contracts import Allocation, JobSpec
 from oneplus_contracts.advance import AdvanceReservation
+from oneplus_placement.capacity import CapacityIndexes
 from oneplus_placement.greedy import PlacementResult
 from oneplus_placement.snapshot import AllocationConflict, ClusterSnapshot, ClusterState
 
@@ -79,6 +80,7 @@ def schedule_cycle(
     job_states: Mapping[str, str] | None = None,
     reservations: Sequence[AdvanceReservation] = (),
     in_flight: Mapping[str, int] | None = None,
+    indexes: CapacityIndexes | None = None,
 ) -> CycleDecision:
     """Decide this cycle's placements, pending reasons, protected reservation and preemption wishes.
 
@@ -91,6 +93,7 @@ def schedule_cycle(
     `reservations`: the advance reservations (`oneplus_queueing.advance`): jobs are kept to the nodes they leave them.
     `in_flight`: array id → its tasks that earlier cycles placed and whose placement is not recorded yet (the live
     solver binds while the next cycle decides): they count against the array's `%N` like running ones.
+    `indexes`: the per-node capacities of the last cycle, recounted where the nodes changed since (new ones if None).
     """
     t0 = time.perf_counter()
     stats = CycleStats()
@@ -110,7 +113,11 @@ def schedule_cycle(
     cycle = _Cycle(
         now=now,
         capacity=Capacity.for_config(
-            working_copy(cluster_state), stats, config, [*(p.spec for p in pending), *(r.spec for r in running)]
+            working_copy(cluster_state),
+            stats,
+            config,
+            [*(p.spec for p in pending), *(r.spec for r in running)],
+            indexes,
         ),
         config=config,
         ledger=QuotaLedger(config, held_by_queue(running, config)),

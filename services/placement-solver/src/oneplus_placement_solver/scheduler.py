@@ -15,6 +15,7 @@ from collections.abc import Iterable
 from oneplus_bus.telemetry import job_span
 from oneplus_contracts import JobFinished, JobPreempting, JobRecord
 from oneplus_contracts.arrays import JobArray, array_state, task_job_id
+from oneplus_placement.capacity import CapacityIndexes
 from oneplus_queueing.apply import Eviction, apply_decision
 from oneplus_queueing.arrays import count_task
 from oneplus_queueing.cycle import schedule_cycle
@@ -47,6 +48,10 @@ class Scheduler:
         self.usage: UsageHistory | None = None
         self.usage_queues: tuple[str, ...] = ()
         self.cycles = 0
+        # Per-node capacities by request shape, kept from cycle to cycle: each cycle recounts only the nodes that
+        # changed since the last (at 4,096 nodes, counting them all was a sixth of the solver's CPU placing jobs
+        # one by one).
+        self.indexes = CapacityIndexes()
 
     # -- the loop --------------------------------------------------------------------------------------------------
     async def run(self) -> None:
@@ -141,6 +146,7 @@ class Scheduler:
             in_flight=in_flight,
             # Replicas break ties among equally good nodes in different orders, so they collide less in Redis.
             seed=members.index(ctx.settings.replica) if len(members) > 1 else 0,
+            indexes=self.indexes,
         )
         self.decision = decision
         ctx.metrics.pending_jobs(pending_recs.values(), decision)

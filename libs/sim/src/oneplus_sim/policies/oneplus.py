@@ -15,6 +15,7 @@ from typing import Any
 
 from oneplus_contracts import Allocation, CheckpointPolicy, ElasticRange, JobSpec, RankResources, TopologyConstraint
 from oneplus_contracts.advance import AdvanceReservation
+from oneplus_placement.capacity import CapacityIndexes
 from oneplus_placement.snapshot import ClusterState
 from oneplus_queueing.apply import apply_decision
 from oneplus_queueing.config import (
@@ -125,6 +126,7 @@ class OnePlusPolicy:
         # Elastic: jobs the --elastic rule marked are elastic gangs (start smaller, grow, shrink); the engine then
         # also runs a cycle with nobody pending while one runs below its maximum, so that it can grow.
         self.elastic = elastic
+        self._indexes = CapacityIndexes()
         if elastic:
             self.name = "oneplus-elastic"
         self.leaf_required = leaf_required
@@ -185,6 +187,7 @@ class OnePlusPolicy:
             seed=self.seed,
             carry=self._carry,
             reservations=[r for r in self.reservations if r.created_ts <= now],
+            indexes=self._indexes,  # kept from cycle to cycle, as the live solver keeps them
         )
         self.counters["batch_plans"] += decision.stats.batch_solves
         applied = apply_decision(decision, self._state, self._pending, self._running, self.usage)
