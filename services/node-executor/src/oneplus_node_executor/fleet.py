@@ -67,6 +67,7 @@ from .settings import ExecutorSettings
 
 log = logging.getLogger("oneplus.fleet")
 
+CONSUMER_SETUP_S = 30.0  # how long the fleet's consumer (a filter subject per node) may take to create
 DEFAULT_HEARTBEAT_S = 5.0  # per node; 512 nodes at 5 s is ~100 heartbeats a second for the registry
 DEFAULT_PRESET = "h100_sxm_8gpu_nvswitch_nv18"
 DEFAULT_NODES_PER_LEAF = 16
@@ -328,7 +329,8 @@ class SimulatedFleet:
             max_deliver=self.svc.settings.max_deliver,
             max_ack_pending=MAX_ACK_PENDING,
         )
-        info = await self.svc.js.add_consumer(subjects.COMMANDS_STREAM, config=config)
+        # One filter subject a node: at 4,096 nodes the server took over nats-py's 5 s default on a busy 2-core host.
+        info = await self.svc.js.add_consumer(subjects.COMMANDS_STREAM, config=config, timeout=CONSUMER_SETUP_S)
         sub = await self.svc.js.subscribe_bind(
             subjects.COMMANDS_STREAM, info.config, info.name, cb=self.on_command, manual_ack=True
         )
