@@ -74,25 +74,25 @@ def launch(
     )
 
 
-def engine_unreachable_reason(url: str | None) -> str | None:
-    """Why the engine tests cannot run, or None when the engine answers a ping."""
+def engine_unreachable_reason(url: str | None, path: str = "/_ping", timeout_s: float = 3.0) -> str | None:
+    """Why the engine tests cannot run, or None when the engine answers `path` (a ping unless told)."""
     if not url:
         return 'ONEPLUS_DOCKER_URL is not set (run `eval "$(.ci/container-engine.sh)"` to start Podman\'s Docker API)'
     parsed = urlparse(url)
     try:
         if parsed.scheme == "unix":
             sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-            sock.settimeout(3)
+            sock.settimeout(timeout_s)
             sock.connect(parsed.path)
         else:
-            sock = socket.create_connection((parsed.hostname or "localhost", parsed.port or 2375), timeout=3)
+            sock = socket.create_connection((parsed.hostname or "localhost", parsed.port or 2375), timeout=timeout_s)
         with sock:
-            sock.sendall(b"GET /_ping HTTP/1.0\r\nHost: engine\r\n\r\n")
+            sock.sendall(f"GET {path} HTTP/1.0\r\nHost: engine\r\n\r\n".encode())
             answer = sock.recv(4096)
     except OSError as e:
         return f"container engine at {url} is unreachable: {e}"
     if b" 200 " not in answer.split(b"\r\n", 1)[0]:
-        return f"container engine at {url} answered the ping with {answer[:80]!r}"
+        return f"container engine at {url} answered {path} with {answer[:80]!r}"
     return None
 
 
@@ -127,8 +127,11 @@ async def private_podman(folder: Path, wait_s: float = 15.0) -> AsyncIterator[tu
                 stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True,
             )
         )  # fmt: skip
-        for _ in range(int(wait_s * 10)):
-            if engine_unreachable_reason(url) is None:
+        # Ready means /version answers, not /_ping: a fresh service's first /version (the runtime's health
+        # check) can take seconds on a loaded host while /_ping already answers.
+        deadline = asyncio.get_running_loop().time() + wait_s
+        while asyncio.get_running_loop().time() < deadline:
+            if await asyncio.to_thread(engine_unreachable_reason, url, "/version", wait_s) is None:
                 return
             await asyncio.sleep(0.1)
         raise AssertionError(f"the private podman service at {url} did not answer within {wait_s:g} s")

@@ -25,7 +25,8 @@ async def test_engine_stopped_marks_the_node_unhealthy_until_it_returns(
     private_engine: tuple[str, EngineControl, EngineControl], node_name: str, engine_url: str
 ) -> None:
     url, stop, start = private_engine
-    rt = DockerRuntime(url, node=node_name)
+    # The executor's own ping timeout (app.py): the default 3 s is tight on a loaded CI host.
+    rt = DockerRuntime(url, node=node_name, ping_timeout_s=5.0)
     job = new_job_id()
     try:
         assert await rt.healthy() == (True, None)
