@@ -7,6 +7,8 @@ stored its events; and a crash mid-projection may leave some of the last commit'
 
 from __future__ import annotations
 
+import time
+
 import pytest
 from nats.aio.client import Client
 from oneplus_bus import fencing
@@ -152,3 +154,43 @@ async def test_an_event_the_stream_already_holds_is_not_folded_twice(nc: Client)
     assert replayed.model_dump(exclude={"seq", "traceparent"}) == owner.index.get("d").model_dump(
         exclude={"seq", "traceparent"}
     )
+
+
+async def test_an_acceptance_of_a_job_that_finished_and_left_the_index_does_not_run_it_again(nc: Client) -> None:
+    # The multi-host run: an intake's retried `accepted` reached an owner whose index no longer held the finished job
+    # (archived, or a successor that listed none). JetStream dropped it as a duplicate, the owner folded it anyway and
+    # placed the job again: the stream held a second placed..finished after `finished`.
+    owner = await new_owner(nc)
+    accepted = JobAccepted(event_id="accepted-e", job_id="e", spec=spec(0))
+    await owner.commit(accepted)
+    await owner.commit(cancelled("e"))
+    owner.min_age_s = 0
+    await owner.expire(now=time.time() + 1)
+    assert owner.index.get("e") is None, "archived and forgotten"
+    js = nc.jetstream()
+
+    assert await owner.commit(accepted) == [None], "the stream holds it: refused, not a new job"
+    assert owner.index.get("e") is None
+    successor = await new_owner(nc)  # lists no live record for e: it is in the archive
+    assert await successor.commit(accepted) == [None]
+    assert successor.index.get("e") is None and not successor.stale
+    events = [parse_job_event(d) for _, d, _ in await read_stream(js, subjects.JOBS_STREAM, 1)]
+    assert [e.type for e in events if e.job_id == "e"] == ["accepted", "finished"], "nothing appended"
+    archived = await JobArchive(js).get("e")
+    assert archived is not None and archived.state == "CANCELLED"
+
+
+async def test_a_duplicate_past_the_index_makes_the_owner_catch_up_from_the_stream(nc: Client) -> None:
+    # The other reading of a duplicate for a job the index lacks: the index missed the event (past its last sequence).
+    owner = await new_owner(nc)
+    accepted = JobAccepted(event_id="accepted-f", job_id="f", spec=spec(0))
+    landed = await owner.fence.publish(
+        subjects.JOBS_STREAM, subjects.job_event("f", "accepted"), accepted.model_dump_json().encode(),
+        {"Nats-Msg-Id": accepted.event_id},
+    )  # fmt: skip
+    await owner.fence.acks(subjects.JOBS_STREAM, [landed])
+    assert await owner.commit(accepted) == [None]
+    assert owner.stale, "the stream holds what the index lacks"
+    await owner.commit(cancelled("g"))  # any next commit folds the stream first
+    rec = owner.index.get("f")
+    assert rec is not None and rec.state == "ACCEPTED" and not owner.stale

@@ -372,6 +372,18 @@ class JobOwner:
                 except IllegalTransition as exc:
                     log.error("%s of %s is in the job stream but does not apply: %s", event.type, event.job_id, exc)
                     continue
+            elif ack.duplicate and before is None:
+                # The stream holds this event and the index does not know the job: a redelivered or retried
+                # `accepted` of a job that finished and left the index. Folded, it would run the job again (seen in
+                # the multi-host run: a second placed..finished after `finished`). Past the index's last sequence
+                # the index missed it instead: the next commit catches up from the stream first.
+                self.refused.labels(event.type).inc()
+                log.warning("refused %s of %s: the stream already holds %s (sequence %d) and the job is not in the "
+                            "index", event.type, event.job_id, event.event_id, ack.seq)  # fmt: skip
+                if ack.seq > self.index.last_seq:
+                    self.stale = True
+                rebased.add(event.job_id)
+                continue
             elif ack.duplicate and before is not None and before.seq >= ack.seq:
                 # JetStream already held this event id (a decision taken again within the duplicate window) and the
                 # record has folded it: folding it twice would make the record differ from the stream.
