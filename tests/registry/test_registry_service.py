@@ -14,6 +14,7 @@ import time
 from collections.abc import AsyncIterator
 from pathlib import Path
 
+import nats.errors
 import pytest
 from nats.aio.client import Client
 from nats.aio.msg import Msg
@@ -452,3 +453,30 @@ async def test_a_node_heard_while_the_loss_detector_waits_on_a_write_is_not_decl
     await reg.check_lost()
     assert reg.records["s1"].status == "lost"
     assert reg.records["s2"].status == "ready" and reg.records["s2"].last_heartbeat == 1019.5
+
+
+async def test_a_write_not_answered_that_lands_later_is_overwritten_when_the_node_comes_back() -> None:
+    """The chaos test's NATS outage: the detector's `lost` write timed out, nats-py sent it once the server was back,
+    and the node's next heartbeat changed nothing the registry believed stored, so the bucket kept `lost` for good
+    (the solver never offered the node's GPUs again)."""
+    now = [1000.0]
+    store = _MemoryStore()
+    reg = Registry(store, None, RegistrySettings(lost_after_s=10.0), clock=lambda: now[0])
+    await reg.bootstrap()
+    await reg.on_topology(load_preset("dgx1_v100", "t1").model_copy(update={"leaf": "leaf-0"}))
+    await reg.on_heartbeat(NodeHeartbeat(node="t1", ts=1000.0))
+    real_put = store.put
+
+    async def put_then_time_out(rec: NodeRecord) -> None:
+        await real_put(rec)  # it lands ...
+        raise nats.errors.TimeoutError  # ... but the answer never came
+
+    store.put = put_then_time_out  # type: ignore[method-assign]
+    now[0] = 1020.0
+    with pytest.raises(nats.errors.TimeoutError):
+        await reg.check_lost()
+    assert store.records["t1"].status == "lost"
+    store.put = real_put  # type: ignore[method-assign]
+    await reg.on_heartbeat(NodeHeartbeat(node="t1", ts=1020.5))
+    assert reg.records["t1"].status == "ready"
+    assert store.records["t1"].status == "ready", "the bucket holds what memory holds"

@@ -150,7 +150,14 @@ class Registry:
                 # A write of this node may have landed while this one waited; writes of one node land in order.
                 if self._must_write(node):
                     latest = self.records[node]
-                    await self._store().put(latest)
+                    try:
+                        await self._store().put(latest)
+                    except BaseException:
+                        # Not answered is not refused: nats-py keeps the write in its buffer while it reconnects
+                        # and sends it once the server is back. Whichever record the bucket holds then, the next
+                        # commit writes memory's (a node back after an outage was left `lost` in the bucket).
+                        self.stored.pop(node, None)
+                        raise
                     self.stored[node] = latest
                     self.persisted_beat[node] = max(self.persisted_beat.get(node, 0.0), latest.last_heartbeat)
                 if self._beat_due(node):
