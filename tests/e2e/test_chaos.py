@@ -24,13 +24,18 @@ from nats.js.api import StreamConfig, StreamSource
 from oneplus_bus.fencing import EPOCH_HEADER
 from oneplus_contracts import (
     Allocation,
+    JobAccepted,
     JobEvent,
     JobFinished,
     JobPlaced,
+    JobRejected,
     JobRequeued,
+    JobSpec,
     NodeHeartbeat,
     RankPlacement,
     RankReport,
+    RankResources,
+    apply_event,
 )
 from oneplus_testing import FAULTS
 
@@ -42,6 +47,7 @@ from oneplus.testing.chaos import (
     Witnessed,
     check_attempts,
     check_heartbeats,
+    check_replay,
     deposed_writes,
     gpu_holds,
     read_witness,
@@ -96,6 +102,17 @@ def test_event_checks_flag_a_second_live_attempt_and_a_gpu_taken_while_held() ->
     holds, problems = gpu_holds(clash)
     assert len(problems) == 1 and "n0 GPU 1: b placed (token 2) while a (token 1)" in problems[0]
     assert holds[("n0", 1)] == [(1.0, float("inf"), "a", 1), (1.5, float("inf"), "b", 2)]
+
+
+def test_the_replay_check_takes_a_refused_try_before_an_accepted_retry_and_flags_a_refusal_after() -> None:
+    # The chaos run: a node declared lost during the NATS outage made one try of a 16-GPU gang "never fits"; the
+    # retry of the same submission, once the node was back, was accepted. A refusal makes no record.
+    accepted = JobAccepted(job_id="a", spec=JobSpec(name="g", image="img", resources=RankResources(gpus=8)), ts=1.5)
+    rec = apply_event(None, accepted)
+    assert check_replay({"a": [JobRejected(job_id="a", reason="never fits", ts=1.0), accepted]}, {"a": rec}) == []
+    late: list[JobEvent] = [accepted, JobRejected(job_id="a", reason="x", ts=2.0)]
+    [problem] = check_replay({"a": late}, {"a": rec})
+    assert problem.startswith("a: record differs from replay in ['reason', 'state', 'updated_ts']"), problem
 
 
 def test_heartbeat_checks_pass_a_hand_over_and_flag_double_use() -> None:

@@ -47,6 +47,7 @@ from oneplus_contracts import (
     IllegalTransition,
     JobEvent,
     JobRecord,
+    JobRejected,
     JobSpec,
     NodeHeartbeat,
     RankResources,
@@ -1004,6 +1005,10 @@ def check_replay(by_job: dict[str, list[JobEvent]], jobs: dict[str, JobRecord]) 
     for job_id, rec in jobs.items():
         folded: JobRecord | None = None
         for ev in by_job.get(job_id, []):
+            if isinstance(ev, JobRejected) and folded is None:
+                # The intake's answer to one try, before any record (a retry of the same submission id is judged
+                # again, and a node back from lost can make it fit): a refusal makes no record, so none to fold.
+                continue
             try:
                 folded = apply_event(folded, ev)
             except IllegalTransition as exc:
