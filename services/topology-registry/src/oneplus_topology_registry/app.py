@@ -121,6 +121,9 @@ class Registry:
         self.newest_beat: dict[str, float] = {}  # node → the `ts` (node's clock) of the newest heartbeat folded
         self.ready = asyncio.Event()
         self._locks: dict[str, asyncio.Lock] = {}
+        # Nodes whose last write was not answered: the loss detector writes memory's record again (a node lost while
+        # the bus was away may never be heard again, and then nothing else would write it).
+        self.unwritten: set[str] = set()
 
     def _store(self) -> NodeStore:
         assert self.store is not None, "the registry's store is attached on start"
@@ -157,8 +160,10 @@ class Registry:
                         # and sends it once the server is back. Whichever record the bucket holds then, the next
                         # commit writes memory's (a node back after an outage was left `lost` in the bucket).
                         self.stored.pop(node, None)
+                        self.unwritten.add(node)
                         raise
                     self.stored[node] = latest
+                    self.unwritten.discard(node)
                     self.persisted_beat[node] = max(self.persisted_beat.get(node, 0.0), latest.last_heartbeat)
                 if self._beat_due(node):
                     ts = self.records[node].last_heartbeat
@@ -215,6 +220,10 @@ class Registry:
         """One pass of the loss detector, over memory: only time moves a status between commits, so only a node
         silent past the threshold and not yet lost is looked at (every node each second was 0.01 of a core at
         4,096 nodes)."""
+        for node in sorted(self.unwritten):
+            rec = self.records[node]
+            if not await self._written(rec, rec, "written again"):
+                return  # the bus is still away: the next pass
         now = self.clock()
         silent_since = now - self.settings.lost_after_s
         for rec in [r for r in self.records.values() if 0 < r.last_heartbeat < silent_since and r.status != "lost"]:
@@ -223,7 +232,19 @@ class Registry:
             status = status_of(rec, now, self.settings.lost_after_s)
             if status != rec.status:
                 log.warning("node %s: %s -> %s", rec.topology.node, rec.status, status)
-                await self.commit(rec.model_copy(update={"status": status}), rec, f"status {status}")
+                if not await self._written(rec.model_copy(update={"status": status}), rec, f"status {status}"):
+                    return
+
+    async def _written(self, rec: NodeRecord, before: NodeRecord, reason: str) -> bool:
+        """Commit for the loss detector: a write the bus does not answer is a warning, not a failed loop, and is
+        tried again on the next pass (`unwritten`)."""
+        try:
+            await self.commit(rec, before, reason)
+        except Exception as exc:
+            log.warning("node %s: %s not stored yet (%s: %s); written again on the next pass", rec.topology.node,
+                        rec.status, type(exc).__name__, exc)  # fmt: skip
+            return False
+        return True
 
     async def loss_detector(self) -> None:
         await self.ready.wait()
