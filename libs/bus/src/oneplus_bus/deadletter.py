@@ -11,6 +11,7 @@ import json
 import logging
 import time
 import traceback
+import uuid
 import weakref
 from typing import Any
 
@@ -75,6 +76,7 @@ def _is_jetstream(raw: Any) -> bool:
 
 async def _publish_dead_letter(context: Any, raw: Any, exc: BaseException, delivered: int) -> None:
     broker = context.get("broker")
+    meta = raw.metadata if _is_jetstream(raw) else None  # a core NATS message (a heartbeat) has no stream place
     reason = f"{type(exc).__name__}: {exc}"
     log.error("dead-lettering %s after %d deliveries: %s", raw.subject, delivered, reason)
     headers = {
@@ -82,7 +84,7 @@ async def _publish_dead_letter(context: Any, raw: Any, exc: BaseException, deliv
         "Oneplus-Dlq-Subject": raw.subject,
         "Oneplus-Dlq-Deliveries": str(delivered),
         "Oneplus-Dlq-Ts": str(time.time()),
-        "Nats-Msg-Id": f"dlq-{raw.subject}-{getattr(raw.metadata.sequence, 'stream', 0)}",
+        "Nats-Msg-Id": f"dlq-{raw.subject}-{meta.sequence.stream if meta else uuid.uuid4().hex}",
     }
     body = {
         "subject": raw.subject,
@@ -96,5 +98,5 @@ async def _publish_dead_letter(context: Any, raw: Any, exc: BaseException, deliv
     )
     counter = _COUNTERS.get(broker)
     if counter is not None:
-        stream = getattr(getattr(raw, "metadata", None), "stream", None) or "none"
+        stream = (meta.stream if meta else None) or "none"
         counter.labels(stream=str(stream), error=type(exc).__name__).inc()

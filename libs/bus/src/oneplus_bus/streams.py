@@ -67,7 +67,7 @@ def stream_limits(name: str, env: Mapping[str, str] | None = None) -> StreamLimi
             max_age=_knob(env, "ONEPLUS_JOB_EVENTS_RETENTION_S", retention),
             max_msgs=int(_knob(env, "ONEPLUS_JOBS_STREAM_MAX_MSGS", JOBS_STREAM_MAX_MSGS)),
         ),
-        # Heartbeats are only news while fresh: keep a short tail per node, not a history.
+        # A node's reports and losses are only news while fresh: keep a short tail per node, not a history.
         subjects.NODES_STREAM: StreamLimits(max_msgs_per_subject=50),
         subjects.COMMANDS_STREAM: StreamLimits(max_age=DAY_S),
         subjects.FACTS_STREAM: StreamLimits(max_age=DAY_S),

@@ -35,7 +35,8 @@ TOPOLOGY_CHANGED = f"{PREFIX}.topology.changed"
 
 STREAMS: dict[str, list[str]] = {
     JOBS_STREAM: [JOB_EVENTS_ALL],
-    NODES_STREAM: [NODE_EVENTS_ALL, TOPOLOGY_CHANGED],
+    # Not heartbeats: they are core NATS, news only until the next one (the registry and the solver subscribe).
+    NODES_STREAM: [f"{PREFIX}.node.*.topology", f"{PREFIX}.node.*.lost", TOPOLOGY_CHANGED],
     COMMANDS_STREAM: [COMMANDS_ALL],
     DEAD_LETTER_STREAM: [DEAD_LETTER_ALL],
     FACTS_STREAM: [JOB_FACTS_ALL],
