@@ -19,7 +19,9 @@ from oneplus_contracts import (
     JobRecord,
     JobSpec,
     NodeHeartbeat,
+    NodeLease,
     NodeRecord,
+    NodeReportRequest,
     NodeTopology,
     PreemptionRequest,
     ReservationAudit,
@@ -39,6 +41,8 @@ MODELS: dict[str, type[BaseModel] | TypeAdapter[Any]] = {
     "SubmitReply": SubmitReply,
     "NodeTopology": NodeTopology,
     "NodeHeartbeat": NodeHeartbeat,
+    "NodeLease": NodeLease,
+    "NodeReportRequest": NodeReportRequest,
     "ReservationAudit": ReservationAudit,
     "NodeRecord": NodeRecord,
     "FactOutcome": FactOutcome,
@@ -127,9 +131,24 @@ CHANNELS: dict[str, tuple[str, str, str, str, str]] = {
     "nodeHeartbeat": (
         "oneplus.node.{node}.heartbeat",
         "NodeHeartbeat",
-        "Per-GPU health and engine health, every few seconds",
+        "The node's full report (per-GPU and engine health, its ranks): when it changes, and at least every "
+        "ONEPLUS_REPORT_EVERY_S (core NATS)",
+        "node-executor",
+        "topology-registry, placement-solver",
+    ),
+    "nodeLease": (
+        "oneplus.node.{node}.lease",
+        "NodeLease",
+        "Alive, and the last full report still holds: every heartbeat that would repeat it (core NATS)",
         "node-executor",
         "topology-registry",
+    ),
+    "nodeReportRequest": (
+        subjects.NODE_REPORT_REQUEST,
+        "NodeReportRequest",
+        "The nodes named (or all) send their full report with their next heartbeat (core NATS)",
+        "placement-solver (at its start), topology-registry (a lost node's lease)",
+        "node-executor",
     ),
 }
 

@@ -25,6 +25,8 @@ from oneplus_contracts import (
     JobSpec,
     LaunchRanks,
     NodeHeartbeat,
+    NodeLease,
+    NodeReportRequest,
     RankPlacement,
     RankResources,
     subjects,
@@ -270,6 +272,46 @@ async def test_64_heartbeating_nodes_write_the_registry_bucket_once_each(fleet: 
     assert int(info.state.last_seq or 0) == before, "heartbeats that change nothing write nothing"
     rows = await listed(fleet.client)
     assert len(rows) == N and all(r["status"] == "ready" for r in rows)
+
+
+async def test_nodes_report_once_then_lease_until_asked_and_a_lease_names_the_report_it_repeats(
+    fleet: Fleet, nc: Client
+) -> None:
+    """An unchanged report is not sent again (a lease is, every heartbeat); a report request naming one node gets
+    that node's full report, one naming none gets every node's."""
+    await until(lambda: all(ex.report_ts for ex in fleet.fleet.executors.values()))  # each sent its first report
+    reports: list[NodeHeartbeat] = []
+    leases: list[NodeLease] = []
+
+    async def on_report(m: Msg) -> None:
+        reports.append(NodeHeartbeat.model_validate_json(m.data))
+
+    async def on_lease(m: Msg) -> None:
+        leases.append(NodeLease.model_validate_json(m.data))
+
+    subs = [
+        await nc.subscribe(subjects.node_heartbeat("*"), cb=on_report),
+        await nc.subscribe(subjects.node_lease("*"), cb=on_lease),
+    ]
+    await asyncio.sleep(3 * HEARTBEAT_S + 0.2)
+    assert not reports, f"unchanged reports sent again: {[r.node for r in reports][:5]}"
+    assert {lease.node for lease in leases} == set(fleet.fleet.nodes), "every node leases, every heartbeat"
+    ex = fleet.fleet.executors["sim-0005"]
+    assert all(lease.report_ts == fleet.fleet.executors[lease.node].report_ts for lease in leases)
+
+    await nc.publish(subjects.NODE_REPORT_REQUEST, NodeReportRequest(nodes=["sim-0005"]).model_dump_json().encode())
+    await until(lambda: reports)
+    await asyncio.sleep(2 * HEARTBEAT_S)
+    assert [r.node for r in reports] == ["sim-0005"], "the node asked, once"
+    assert ex.report_ts == reports[0].ts
+
+    reports.clear()
+    await nc.publish(subjects.NODE_REPORT_REQUEST, NodeReportRequest().model_dump_json().encode())
+    await until(lambda: len(reports) >= N)
+    await asyncio.sleep(2 * HEARTBEAT_S)
+    assert sorted(r.node for r in reports) == sorted(fleet.fleet.nodes), "every node, once"
+    for sub in subs:
+        await sub.unsubscribe()
 
 
 def test_a_cluster_file_names_the_fleet_and_its_nodes(tmp_path: Path) -> None:

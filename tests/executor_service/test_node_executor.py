@@ -8,7 +8,16 @@ from typing import Any
 import pytest
 from executor_fakes import NODE, executor, placed, spec
 from oneplus_bus.service import OpsError
-from oneplus_contracts import NODE_COMMAND_ADAPTER, CancelRanks, JobPreempting, LaunchRanks, PreemptRanks, SignalRanks
+from oneplus_contracts import (
+    NODE_COMMAND_ADAPTER,
+    CancelRanks,
+    JobPreempting,
+    LaunchRanks,
+    NodeLease,
+    PreemptRanks,
+    SignalRanks,
+    subjects,
+)
 from oneplus_node_executor.node import LAUNCH_FAILED_EXIT, LOST_EXIT, STOP_GRACE_S, WATCH_TRIES
 from oneplus_node_executor.runtime.base import EngineUnavailable, LaunchFailed, RanksExit
 from oneplus_node_executor.runtime.simulated import SimulatedRuntime
@@ -280,3 +289,40 @@ async def test_the_logs_endpoint_refuses_bad_requests_by_name() -> None:
         await ex.logs({"job_id": "j", "rank": "first"})
     with pytest.raises(OpsError, match="cannot be negative"):
         await ex.logs({"job_id": "j", "since": -1})
+
+
+async def test_a_node_reports_in_full_on_change_when_asked_and_every_report_every_s_and_leases_in_between() -> None:
+    ex, svc, store = executor(SimulatedRuntime())
+    ex.report_every_s = 3600.0
+
+    def sent() -> list[str]:
+        kinds = [subject.rsplit(".", 1)[1] for subject, _ in svc.nc.published]
+        svc.nc.published.clear()
+        return kinds
+
+    await ex.publish_heartbeat()
+    await ex.publish_heartbeat()
+    assert sent() == ["heartbeat", "lease"], "the first is a full report; an unchanged one is a lease"
+    await ex.publish_heartbeat()
+    ((subject, body),) = svc.nc.published
+    lease = NodeLease.model_validate_json(body)
+    assert subject == subjects.node_lease(NODE) and lease.report_ts == ex.report_ts < lease.ts
+    svc.nc.published.clear()
+
+    await ex.launch(await placed(svc, store, "j-rep", spec(simulate={"duration_s": 30})))
+    await ex.publish_heartbeat()
+    (hb,) = svc.nc.heartbeats()
+    assert [(r.job_id, r.gpus) for r in hb.ranks] == [("j-rep", [0])], "a rank that starts is news"
+    sent()
+    await ex.engine_down(EngineUnavailable("the engine's socket is gone"))
+    assert sent() == ["heartbeat"], "an engine that goes is news, at once"
+    await ex.publish_heartbeat()
+    assert sent() == ["lease"]
+    ex.ask_for_report()
+    await ex.publish_heartbeat()
+    assert sent() == ["heartbeat"], "a report asked for is sent unchanged"
+    ex.report_every_s = 0.01
+    await asyncio.sleep(0.02)
+    await ex.publish_heartbeat()
+    assert sent() == ["heartbeat"], "an unchanged report is repeated every report_every_s"
+    await ex.stop_ranks("j-rep", 0.1)

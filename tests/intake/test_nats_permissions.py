@@ -138,6 +138,12 @@ SERVICE_SUBJECTS = [
     ("topology-registry", "oneplus.job.j-1.accepted", False),
     ("executor-h100-0", "oneplus.node.h100-0.heartbeat", True),
     ("executor-h100-0", "oneplus.node.h100-1.heartbeat", False),
+    ("executor-h100-0", "oneplus.node.h100-0.lease", True),  # alive, its last report holds
+    ("executor-h100-0", "oneplus.node.h100-1.lease", False),
+    ("executor-h100-0", "oneplus.nodes.report", False),  # asked for reports, never asks
+    ("placement-solver", "oneplus.nodes.report", True),  # at its start, every node's ranks
+    ("topology-registry", "oneplus.nodes.report", True),  # a lost node's full report before it counts again
+    ("intake", "oneplus.nodes.report", False),
     ("executor-h100-0", "oneplus.cmd.node.h100-1.launch", False),
     ("executor-h100-0", "oneplus.job.j-1.placed", False),
     ("executor-h100-0", "$KV.jobs.j-1", False),

@@ -57,3 +57,10 @@ def test_record_changed_sees_every_field_but_the_heartbeat_time() -> None:
     assert not record_changed(rec, rec.model_copy(update={"topology": load_preset(BOARD, "h0")}))
     other = load_preset(BOARD, "h0").model_copy(update={"leaf": "leaf-9"})
     assert record_changed(rec, rec.model_copy(update={"topology": other}))
+
+
+def test_a_report_folded_after_a_newer_lease_brings_its_news_and_keeps_the_clock() -> None:
+    """Reports and leases come on two subscriptions: a report taken at 104 can be folded after a lease of 106."""
+    rec = record().model_copy(update={"last_heartbeat": 106.0})
+    after = apply_heartbeat(rec, beat(104.0, GpuHealth(index=3, healthy=False, reason="Xid 79")))
+    assert after.unhealthy_gpus == [3] and after.last_heartbeat == 106.0

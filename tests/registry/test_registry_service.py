@@ -20,7 +20,7 @@ import pytest
 from nats.aio.client import Client
 from nats.aio.msg import Msg
 from oneplus_bus.settings import BusSettings
-from oneplus_contracts import GpuHealth, NodeHeartbeat, NodeRecord, subjects
+from oneplus_contracts import GpuHealth, NodeHeartbeat, NodeLease, NodeRecord, NodeReportRequest, subjects
 from oneplus_testing import Servers
 from oneplus_topology.presets import load_preset
 from oneplus_topology_registry.app import Registry, RegistrySettings, build
@@ -105,6 +105,45 @@ async def test_a_node_missing_heartbeats_is_lost_and_comes_back_when_they_return
     assert [c["status"] for c in changes if c["node"] == "n1"][-2:] == ["lost", "ready"]
     await sub.unsubscribe()
     await sub_lost.unsubscribe()
+
+
+async def lease(nc: Client, node: str, report_ts: float = 0.0) -> None:
+    await nc.publish(
+        subjects.node_lease(node), NodeLease(node=node, ts=time.time(), report_ts=report_ts).model_dump_json().encode()
+    )
+
+
+async def test_leases_keep_a_node_ready_and_a_lost_one_comes_back_on_the_full_report_it_is_asked_for(
+    registry: OnePlusClient, nc: Client
+) -> None:
+    """A lease moves only the node's clock. A node declared lost is forgotten by the solver (its ranks too): a lease
+    from it asks it for its full report, and the report, not the lease, brings it back."""
+    asked: list[NodeReportRequest] = []
+
+    async def on_ask(m: Msg) -> None:
+        asked.append(NodeReportRequest.model_validate_json(m.data))
+
+    sub = await nc.subscribe(subjects.NODE_REPORT_REQUEST, cb=on_ask)
+    await report(nc, "l1")
+    await beat(nc, "l1")
+    await node_record(registry, "l1", "ready")
+    for _ in range(int(LOST_AFTER * 4 / 0.3)):  # twice the loss threshold on leases alone
+        await lease(nc, "l1")
+        await asyncio.sleep(0.3)
+    assert (await node_record(registry, "l1")).status == "ready" and not asked
+
+    await node_record(registry, "l1", "lost", timeout=LOST_AFTER * 6)
+    await lease(nc, "l1")
+    deadline = time.monotonic() + 10
+    while not asked:
+        assert time.monotonic() < deadline, "the lost node was not asked for its report"
+        await asyncio.sleep(0.05)
+    assert asked[0].nodes == ["l1"]
+    await asyncio.sleep(0.3)
+    assert (await node_record(registry, "l1")).status == "lost", "a lease does not bring a lost node back"
+    await beat(nc, "l1")
+    await node_record(registry, "l1", "ready")
+    await sub.unsubscribe()
 
 
 async def test_a_degraded_nvlink_shrinks_the_nodes_nvlink_groups(registry: OnePlusClient, nc: Client) -> None:

@@ -11,7 +11,16 @@ import asyncio
 import time
 
 from nats.aio.client import Client
-from oneplus_contracts import JobAccepted, JobFinished, JobRequeued, NodeHeartbeat, RankReport, subjects
+from nats.aio.msg import Msg
+from oneplus_contracts import (
+    JobAccepted,
+    JobFinished,
+    JobRequeued,
+    NodeHeartbeat,
+    NodeReportRequest,
+    RankReport,
+    subjects,
+)
 from oneplus_reservations import EPOCH_SPAN, check_history
 from oneplus_stores.audit import audit_history, read_audit
 from oneplus_testing import Servers
@@ -128,6 +137,27 @@ async def test_a_gpu_a_node_still_reports_in_use_is_not_offered(
             assert time.monotonic() < deadline
             await asyncio.sleep(0.05)
         assert await solver.schedule_once() == 1
+
+
+async def test_a_solver_that_starts_asks_every_node_for_its_full_report(
+    nc: Client, servers: Servers, cluster_name: str
+) -> None:
+    """Nodes repeat an unchanged report (their ranks) only every ONEPLUS_REPORT_EVERY_S, leases in between: a solver
+    that starts knows no node's ranks, and asks all of them at once."""
+    asked: list[NodeReportRequest] = []
+
+    async def on_ask(m: Msg) -> None:
+        asked.append(NodeReportRequest.model_validate_json(m.data))
+
+    sub = await nc.subscribe(subjects.NODE_REPORT_REQUEST, cb=on_ask)
+    async with solver_on_fresh_bus(nc, servers, cluster_name):
+        await nc.flush()
+        deadline = time.monotonic() + 5
+        while not asked:
+            assert time.monotonic() < deadline, "the solver asked no node for its report"
+            await asyncio.sleep(0.05)
+    assert [a.nodes for a in asked] == [None], "every node, once"
+    await sub.unsubscribe()
 
 
 async def test_a_store_rolled_back_to_an_older_epoch_is_wiped_and_rebuilt(

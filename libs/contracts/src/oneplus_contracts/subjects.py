@@ -35,7 +35,7 @@ TOPOLOGY_CHANGED = f"{PREFIX}.topology.changed"
 
 STREAMS: dict[str, list[str]] = {
     JOBS_STREAM: [JOB_EVENTS_ALL],
-    # Not heartbeats: they are core NATS, news only until the next one (the registry and the solver subscribe).
+    # Not heartbeats nor leases: they are core NATS, news only until the next one.
     NODES_STREAM: [f"{PREFIX}.node.*.topology", f"{PREFIX}.node.*.lost", TOPOLOGY_CHANGED],
     COMMANDS_STREAM: [COMMANDS_ALL],
     DEAD_LETTER_STREAM: [DEAD_LETTER_ALL],
@@ -127,6 +127,17 @@ def node_topology(node: str) -> str:
 
 def node_heartbeat(node: str) -> str:
     return f"{PREFIX}.node.{node}.heartbeat"
+
+
+def node_lease(node: str) -> str:
+    """Core NATS, every heartbeat whose report would repeat the last one (`NodeLease`); read by the registry."""
+    return f"{PREFIX}.node.{node}.lease"
+
+
+# Core NATS, a `NodeReportRequest`: the nodes named (or all) send their full report with their next heartbeat. From a
+# solver replica that starts, and from the registry for a lost node that comes back; a node otherwise repeats an
+# unchanged report only every ONEPLUS_REPORT_EVERY_S.
+NODE_REPORT_REQUEST = f"{PREFIX}.nodes.report"
 
 
 def node_lost(node: str) -> str:

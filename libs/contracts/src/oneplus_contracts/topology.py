@@ -152,6 +152,25 @@ class NodeHeartbeat(Strict):
     )
 
 
+class NodeLease(Strict):
+    """A node saying "alive, and my last report still holds", in place of a heartbeat that repeats it: the full
+    report (`NodeHeartbeat`) goes out when something in it changes and at least every ONEPLUS_REPORT_EVERY_S, a lease
+    every heartbeat in between (Kubernetes' node Lease beside its NodeStatus). The registry takes either as liveness;
+    the solver reads only the reports."""
+
+    node: str
+    ts: float
+    report_ts: float = Field(description="The `ts` of the node's last full report, which this lease repeats")
+
+
+class NodeReportRequest(Strict):
+    """Nodes asked to send their full report with their next heartbeat: all of them when a solver starts (it keeps
+    no report across a restart), one when the registry hears a lease from a node it declared lost (its ranks must
+    be known again before it is offered)."""
+
+    nodes: list[str] | None = Field(None, description="The nodes asked; none named: every node")
+
+
 NodeStatus = Literal["ready", "lost", "draining", "cordoned", "unhealthy"]
 
 

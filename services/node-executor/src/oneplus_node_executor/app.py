@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from faststream.nats import NatsMessage
+from nats.aio.msg import Msg
 from oneplus_bus.metrics import add_metrics_port_argument
 from oneplus_bus.service import OneplusService
 from oneplus_bus.settings import BusSettings
@@ -26,6 +27,7 @@ from oneplus_contracts import (
     LaunchBatch,
     LaunchRanks,
     MpsDaemon,
+    NodeReportRequest,
     NodeTopology,
     SignalRanks,
     subjects,
@@ -34,7 +36,7 @@ from oneplus_contracts.features import node_features
 from oneplus_reservations.connect import RedisSettings
 
 from .gpu_health import GpuProbe, nvml_probe
-from .node import KEEP_FINISHED, NodeExecutor
+from .node import KEEP_FINISHED, REPORT_EVERY_S, NodeExecutor
 from .outbox import state_dir_from_env
 from .runtime import slurm
 from .runtime.base import Runtime
@@ -68,6 +70,7 @@ def create_executor(
     keep_finished: int = KEEP_FINISHED,
     gpu_probe: GpuProbe | None = None,
     state_dir: Path | None = None,
+    report_every_s: float = REPORT_EVERY_S,
 ) -> tuple[OneplusService, NodeExecutor]:
     """The service of one node: its command consumer, its logs endpoint, its heartbeat, around a NodeExecutor.
 
@@ -89,6 +92,7 @@ def create_executor(
         heartbeat_s=heartbeat_s,
         keep_finished=keep_finished,
         gpu_probe=gpu_probe,
+        report_every_s=report_every_s,
         state_dir=state_dir if state_dir is not None else state_dir_from_env(f"executor-{node}"),
     )
 
@@ -134,13 +138,33 @@ def create_executor(
     async def slurm_release(payload: dict[str, Any], headers: dict[str, str]) -> dict[str, int]:
         return await slurm.serve_release(ex.runtime, payload)
 
+    async def on_report_request(msg: Msg) -> None:
+        nodes = nodes_asked(msg)
+        if nodes is None or node in nodes:
+            ex.ask_for_report()
+
+    async def subscribe_report_requests() -> None:
+        await svc.nc.subscribe(subjects.NODE_REPORT_REQUEST, cb=on_report_request)
+
     svc.on_start(ex.start)
+    svc.on_start(subscribe_report_requests)
     svc.background(ex.heartbeat_loop)
     svc.background(ex.health_loop)
     if gpu_probe is not None:
         svc.background(ex.gpu_health_loop)
     svc.on_stop(ex.stop)
     return svc, ex
+
+
+def nodes_asked(msg: Msg) -> set[str] | None:
+    """The nodes a `NodeReportRequest` names, None for every node; an unreadable one asks everyone (a full report
+    too many costs one message)."""
+    try:
+        nodes = NodeReportRequest.model_validate_json(msg.data or b"{}").nodes
+    except ValueError as exc:
+        log.warning("unreadable report request on %s (answered as one for every node): %s", msg.subject, exc)
+        return None
+    return None if nodes is None else set(nodes)
 
 
 def load_topology(ref: str, node: str) -> NodeTopology:
@@ -295,6 +319,7 @@ def main() -> None:
         keep_finished=a.keep_finished,
         gpu_probe=nvml_probe(a.node) if a.topology == "nvml" else None,
         state_dir=Path(a.state_dir) if a.state_dir else None,
+        report_every_s=settings.report_every_s,
     )
     if a.metrics_port is not None:
         svc.metrics_port = a.metrics_port

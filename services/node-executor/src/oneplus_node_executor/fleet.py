@@ -60,7 +60,7 @@ from oneplus_reservations import DEFAULT_LEASE_S, RenewStatus, Reservation, Rese
 from oneplus_reservations.connect import RedisSettings
 from opentelemetry import propagate
 
-from .app import DEFAULT_INBOX, launch_attrs, make_runtime, simulated_node
+from .app import DEFAULT_INBOX, launch_attrs, make_runtime, nodes_asked, simulated_node
 from .node import KEEP_FINISHED, LEASE_S, NodeExecutor
 from .outbox import Outbox, fact_sender, state_dir_from_env
 from .settings import ExecutorSettings
@@ -224,6 +224,7 @@ class SimulatedFleet:
                 heartbeat_s=heartbeat_s,
                 keep_finished=keep_finished,
                 remember_ends=FLEET_REMEMBER_ENDS,
+                report_every_s=node_settings.report_every_s,
                 outbox=self.outbox,
             )
             for t in nodes
@@ -261,6 +262,7 @@ class SimulatedFleet:
         await self.reconcile()
         await self.subscribe_commands()
         self._subs.append(await self.svc.nc.subscribe(f"{subjects.PREFIX}.ops.node.*.logs", cb=self.on_logs))
+        self._subs.append(await self.svc.nc.subscribe(subjects.NODE_REPORT_REQUEST, cb=self.on_report_request))
         log.info(
             "fleet %s: %d nodes up in %.1f s (consumer %s, heartbeat every %g s)",
             self.name,
@@ -269,6 +271,13 @@ class SimulatedFleet:
             self.consumer,
             self.heartbeat_s,
         )
+
+    async def on_report_request(self, msg: Msg) -> None:
+        """The nodes asked (all, when a solver starts) send their full report with their next heartbeat (spread
+        over one interval)."""
+        nodes = nodes_asked(msg)
+        for ex in self._order if nodes is None else [self.executors[n] for n in nodes if n in self.executors]:
+            ex.ask_for_report()
 
     async def publish_topologies(self, chunk: int = 64) -> None:
         """What NodeExecutor.start publishes, for every node, `chunk` acknowledged publishes at a time."""

@@ -7,7 +7,7 @@ from __future__ import annotations
 from oneplus_bus.config import ServiceSettings
 from pydantic import Field, field_validator
 
-from .node import KEEP_FINISHED
+from .node import KEEP_FINISHED, REPORT_EVERY_S
 
 
 class ExecutorSettings(ServiceSettings):
@@ -25,6 +25,8 @@ class ExecutorSettings(ServiceSettings):
     simulation: bool = False
     node_address: str | None = None
     heartbeat_s: float = Field(2.0, gt=0)
+    # An unchanged full report (GPU health, ranks) is repeated this often; the heartbeats in between are leases.
+    report_every_s: float = Field(REPORT_EVERY_S, gt=0)
     keep_finished: int = Field(KEEP_FINISHED, ge=0)
     state_dir: str | None = None
     time_scale: float = Field(1.0, gt=0)  # a simulated rank's run time is divided by this

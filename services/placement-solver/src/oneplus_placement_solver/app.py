@@ -31,7 +31,7 @@ from oneplus_bus.informer import StreamTail, kv_list_and_watch
 from oneplus_bus.lease import Lease
 from oneplus_bus.service import OneplusService
 from oneplus_bus.settings import BusSettings
-from oneplus_contracts import subjects
+from oneplus_contracts import NodeReportRequest, subjects
 from oneplus_placement.live import LiveCapacity
 from oneplus_placement.reports import NodeReports
 from oneplus_queueing.advance import AdvanceBook
@@ -132,6 +132,8 @@ class Solver:
         await self.store_sync.sync_store()
         await svc.nc.subscribe(subjects.node_lost("*"), cb=self.controller.on_lost_msg)
         await svc.nc.subscribe(subjects.node_heartbeat("*"), cb=work.on_heartbeat_msg)
+        # Nodes repeat an unchanged report only every ONEPLUS_REPORT_EVERY_S: ask every node for its ranks now.
+        await svc.nc.publish(subjects.NODE_REPORT_REQUEST, NodeReportRequest().model_dump_json().encode())
         await svc.nc.subscribe(subjects.ops_solver_reasons(ctx.settings.replica), cb=self.ops.on_reasons_request)
         if ctx.leading:
             await self.controller.reconcile()

@@ -34,7 +34,7 @@ from oneplus_bus.deadletter import _is_poison, _publish_dead_letter
 from oneplus_bus.ledger import latest_values
 from oneplus_bus.service import OneplusService, OpsError
 from oneplus_bus.settings import BusSettings
-from oneplus_contracts import NodeHeartbeat, NodeRecord, NodeTopology, subjects
+from oneplus_contracts import NodeHeartbeat, NodeLease, NodeRecord, NodeReportRequest, NodeTopology, subjects
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 
@@ -110,6 +110,8 @@ class Registry:
     ) -> None:
         self.store = store
         self.publish = publish
+        # Asks one node for its full report (a NodeReportRequest, core NATS); set by `build`.
+        self.ask_report: Callable[[str], Awaitable[None]] | None = None
         self.settings = settings or RegistrySettings()
         self.clock = clock
         self.max_payload = max_payload
@@ -214,6 +216,20 @@ class Registry:
         self.newest_beat[hb.node] = hb.ts
         log.debug("heartbeat from %s", hb.node)  # one a node every few seconds: never at INFO
         await self.commit(self.status(apply_heartbeat(before, hb)), before, "heartbeat")
+
+    async def on_lease(self, lease: NodeLease) -> None:
+        """Alive, the last report still holds: only the node's clock moves. A node declared lost comes back on a
+        full report only, which it is asked for here: the solver forgot its ranks when it was lost, and must know
+        them again before its GPUs are offered."""
+        await self.ready.wait()
+        before = self.records.get(lease.node)
+        if before is None or lease.ts <= before.last_heartbeat:
+            return  # unknown yet (its report follows), or not newer than what was folded: no clock set back
+        if before.status == "lost":
+            if self.ask_report is not None:
+                await self.ask_report(lease.node)
+            return
+        await self.commit(self.status(before.model_copy(update={"last_heartbeat": lease.ts})), before, "lease")
 
     async def check_lost(self) -> None:
         """One pass of the loss detector, over memory: only time moves a status between commits, so only a node
@@ -346,7 +362,11 @@ def build(
     async def publish(subject: str, body: bytes) -> None:
         await svc.js.publish(subject, body, stream=subjects.NODES_STREAM)
 
+    async def ask_report(node: str) -> None:
+        await svc.nc.publish(subjects.NODE_REPORT_REQUEST, NodeReportRequest(nodes=[node]).model_dump_json().encode())
+
     async def start() -> None:
+        reg.ask_report = ask_report
         reg.store = KvNodeStore(svc.js, svc.kv[subjects.TOPOLOGY_KV], svc.kv[subjects.HEARTBEATS_KV])
         reg.publish = publish
         await reg.bootstrap()
@@ -375,6 +395,16 @@ def build(
                 log.warning("heartbeat on %s not stored (%s: %s): the next one will be", msg.subject,
                             type(exc).__name__, exc)  # fmt: skip
 
+    async def on_lease(msg: Msg) -> None:
+        try:
+            await reg.on_lease(NodeLease.model_validate_json(msg.data))
+        except Exception as exc:
+            if _is_poison(exc):
+                await _publish_dead_letter({"broker": svc.broker}, msg, exc, 1)
+            else:
+                log.warning("lease on %s not stored (%s: %s): the next one will be", msg.subject,
+                            type(exc).__name__, exc)  # fmt: skip
+
     async def retire_stored_heartbeats() -> None:
         """Until 2026-12 heartbeats were stored in ONEPLUS_NODES and read on a durable consumer: an upgraded
         registry deletes that consumer and the heartbeats the stream still holds, once."""
@@ -391,6 +421,7 @@ def build(
         # waits for an acknowledgement, and no span, metrics or log line is made per heartbeat.
         await retire_stored_heartbeats()
         subs.append(await svc.nc.subscribe(subjects.node_heartbeat("*"), queue=HEARTBEAT_QUEUE, cb=on_heartbeat))
+        subs.append(await svc.nc.subscribe(subjects.node_lease("*"), queue=HEARTBEAT_QUEUE, cb=on_lease))
 
     async def stop() -> None:
         for sub in subs:

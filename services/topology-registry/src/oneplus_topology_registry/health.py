@@ -40,7 +40,8 @@ def apply_heartbeat(rec: NodeRecord, hb: NodeHeartbeat) -> NodeRecord:
     return rec.model_copy(
         update={
             "topology": topo,
-            "last_heartbeat": hb.ts,
+            # A report folded after a newer lease (two subjects, two subscriptions) must not set the clock back.
+            "last_heartbeat": max(rec.last_heartbeat, hb.ts),
             "unhealthy_gpus": unhealthy,
             "engine_ok": hb.engine_ok,
             "reason": hb.engine_reason if not hb.engine_ok else None,
