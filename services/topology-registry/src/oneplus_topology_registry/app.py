@@ -383,27 +383,25 @@ def build(
     async def on_topology(msg: NatsMessage) -> None:
         await reg.on_topology(NodeTopology.model_validate_json(msg.body))
 
-    async def on_heartbeat(msg: Msg) -> None:
-        try:
-            await reg.on_heartbeat(NodeHeartbeat.model_validate_json(msg.data))
-        except Exception as exc:
-            if _is_poison(exc):
-                await _publish_dead_letter({"broker": svc.broker}, msg, exc, 1)
-            else:
-                # A bucket that refused the write (JetStream electing a leader, no answer): the news is in memory,
-                # and the next heartbeat, seconds away, writes the bucket, which still differs from memory.
-                log.warning("heartbeat on %s not stored (%s: %s): the next one will be", msg.subject,
-                            type(exc).__name__, exc)  # fmt: skip
+    def folding(what: str, fold: Callable[[bytes], Awaitable[None]]) -> Callable[[Msg], Awaitable[None]]:
+        """A core subscription's callback for heartbeats or leases: a malformed one is dead-lettered; one whose
+        bucket write was refused (JetStream electing a leader, no answer) is in memory already, and the next one,
+        seconds away, writes the bucket, which still differs from memory."""
 
-    async def on_lease(msg: Msg) -> None:
-        try:
-            await reg.on_lease(NodeLease.model_validate_json(msg.data))
-        except Exception as exc:
-            if _is_poison(exc):
-                await _publish_dead_letter({"broker": svc.broker}, msg, exc, 1)
-            else:
-                log.warning("lease on %s not stored (%s: %s): the next one will be", msg.subject,
-                            type(exc).__name__, exc)  # fmt: skip
+        async def on_msg(msg: Msg) -> None:
+            try:
+                await fold(msg.data)
+            except Exception as exc:
+                if _is_poison(exc):
+                    await _publish_dead_letter({"broker": svc.broker}, msg, exc, 1)
+                else:
+                    log.warning("%s on %s not stored (%s: %s): the next one will be", what, msg.subject,
+                                type(exc).__name__, exc)  # fmt: skip
+
+        return on_msg
+
+    on_heartbeat = folding("heartbeat", lambda data: reg.on_heartbeat(NodeHeartbeat.model_validate_json(data)))
+    on_lease = folding("lease", lambda data: reg.on_lease(NodeLease.model_validate_json(data)))
 
     async def retire_stored_heartbeats() -> None:
         """Until 2026-12 heartbeats were stored in ONEPLUS_NODES and read on a durable consumer: an upgraded
