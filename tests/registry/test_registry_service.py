@@ -592,3 +592,31 @@ async def test_heartbeats_are_not_stored_and_an_upgraded_registry_retires_the_st
             assert set(info.state.subjects or {}) == {subjects.node_topology("u1")}
     finally:
         await svc.app.stop()
+
+
+async def test_a_loss_whose_write_failed_is_announced_once_it_is_written() -> None:
+    """The solver requeues a lost node's gangs on the registry's `lost` announcement, which follows the write: a loss
+    written only on a later pass is announced then, once."""
+    now = [1000.0]
+    store = _MemoryStore()
+    published: list[str] = []
+
+    async def publish(subject: str, body: bytes) -> None:
+        published.append(subject)
+
+    reg = Registry(store, publish, RegistrySettings(lost_after_s=10.0), clock=lambda: now[0])
+    await reg.bootstrap()
+    await reg.on_topology(load_preset("dgx1_v100", "t3").model_copy(update={"leaf": "leaf-0"}))
+    real_put = store.put
+
+    async def refused(rec: NodeRecord) -> None:
+        raise nats.errors.TimeoutError
+
+    store.put = refused  # type: ignore[method-assign]
+    now[0] = 1020.0
+    await reg.check_lost()
+    assert subjects.node_lost("t3") not in published, "not written, not announced"
+    store.put = real_put  # type: ignore[method-assign]
+    await reg.check_lost()
+    await reg.check_lost()
+    assert published.count(subjects.node_lost("t3")) == 1

@@ -122,9 +122,15 @@ class Registry:
         self.newest_beat: dict[str, float] = {}  # node → the `ts` (node's clock) of the newest heartbeat folded
         self.ready = asyncio.Event()
         self._locks: dict[str, asyncio.Lock] = {}
-        # Nodes whose last write was not answered: the loss detector writes memory's record again (a node lost while
-        # the bus was away may never be heard again, and then nothing else would write it).
-        self.unwritten: set[str] = set()
+        # Node → the record last announced, for the nodes whose last write was not answered: the loss detector writes
+        # memory's record again (a node lost while the bus was away may never be heard again, and then nothing else
+        # would write it), and the commit that writes it announces what changed since that record.
+        self._unwritten: dict[str, NodeRecord | None] = {}
+
+    @property
+    def unwritten(self) -> set[str]:
+        """The nodes whose last write was not answered."""
+        return set(self._unwritten)
 
     def _store(self) -> NodeStore:
         assert self.store is not None, "the registry's store is attached on start"
@@ -149,6 +155,10 @@ class Registry:
         """Take `rec` into memory; write the bucket if it changed (or its heartbeat is due); say so if it matters."""
         node = rec.topology.node
         self.records[node] = rec
+        if node in self._unwritten:
+            # A change whose write failed was not announced either (the solver requeues a lost node's gangs on its
+            # `lost` announcement): say what changed since the last record announced.
+            before = self._unwritten[node]
         if self._must_write(node) or self._beat_due(node):
             async with self._locks.setdefault(node, asyncio.Lock()):
                 # A write of this node may have landed while this one waited; writes of one node land in order.
@@ -161,10 +171,10 @@ class Registry:
                         # and sends it once the server is back. Whichever record the bucket holds then, the next
                         # commit writes memory's (a node back after an outage was left `lost` in the bucket).
                         self.stored.pop(node, None)
-                        self.unwritten.add(node)
+                        self._unwritten.setdefault(node, before)
                         raise
                     self.stored[node] = latest
-                    self.unwritten.discard(node)
+                    self._unwritten.pop(node, None)
                     self.persisted_beat[node] = max(self.persisted_beat.get(node, 0.0), latest.last_heartbeat)
                 if self._beat_due(node):
                     ts = self.records[node].last_heartbeat
@@ -235,9 +245,9 @@ class Registry:
         """One pass of the loss detector, over memory: only time moves a status between commits, so only a node
         silent past the threshold and not yet lost is looked at (every node each second was 0.01 of a core at
         4,096 nodes)."""
-        for node in sorted(self.unwritten):
+        for node in sorted(self._unwritten):
             rec = self.records[node]
-            if not await self._written(rec, rec, "written again"):
+            if not await self._written(rec, rec, f"status {rec.status}"):
                 return  # the bus is still away: the next pass
         now = self.clock()
         silent_since = now - self.settings.lost_after_s
