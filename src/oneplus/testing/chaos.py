@@ -77,6 +77,7 @@ OUTCOMES = "every job ends as it should (none lost, none stuck)"
 FENCED_WRITES = "no write of a deposed owner landed (fenced streams, witnessed by mirrors)"
 FENCED_PAUSE_S = 18.0  # past the 10 s owner lease, with time for the other replica to take the lead and place
 SOLVERS = ("placement-solver", "placement-solver-2")
+STARTED = " started ("  # the line every service logs once it is up (oneplus_bus.service)
 
 
 # -- the workload ------------------------------------------------------------------------------------------------------
@@ -368,10 +369,27 @@ class ChaosRun:
         f.at_s = round(time.monotonic() - self.t0, 2)
         began = time.monotonic()
         self.log(f"[bold red]fault[/] {f.label} for {f.down_s:g}s")
+        starts = self.platform.logs(f.target).count(STARTED) if self.platform is not None else 0
         await self.apply_fault(f)
         f.lasted_s = round(time.monotonic() - began, 2)
         end_wall, end_mono = time.time(), time.monotonic()
         await self.measure_recovery(f, c, end_wall, end_mono)
+        if f.kind == "kill":
+            await self.wait_started(f, starts)
+
+    async def wait_started(self, f: Fault, starts: int, timeout_s: float = 60.0) -> None:
+        """Until the process a kill restarted has started (one more start line in its log): the next fault must not
+        come while it is still starting. Recovery is measured before this, from the moment it was restarted (the
+        platform places on the other nodes meanwhile), so the figures keep their meaning; seen in CI, an executor
+        restarted 0.1 s before the NATS outage exited on its start-up's timed-out request."""
+        p = self.platform
+        assert p is not None
+        deadline = time.monotonic() + timeout_s
+        while p.logs(f.target).count(STARTED) <= starts:
+            if p.procs[f.target].poll() is not None or time.monotonic() > deadline:
+                f.note = (f.note + "; " if f.note else "") + f"{f.target} did not start again"
+                return
+            await asyncio.sleep(0.1)
 
     async def apply_fault(self, f: Fault) -> None:
         """Do the fault and undo it (restart, resume) after `f.down_s`."""
